@@ -1,0 +1,261 @@
+"""Configuration: enums, defaults, and small frozen config objects grouped by concern.
+
+Strings are accepted at the public API edge only and turned into enums once, here, by
+the ``coerce_*`` and ``parse_*`` helpers, which raise :class:`ConfigError` naming the
+parameter, echoing the value and listing what is allowed.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_SHUFFLE_SEED",
+    "DEFAULT_SPLIT_BYTES",
+    "DistributedConfig",
+    "FileFormat",
+    "LoaderConfig",
+    "OutputConfig",
+    "OutputFormat",
+    "ReadConfig",
+    "ShuffleConfig",
+    "SplitConfig",
+    "SplitKind",
+    "coerce_enum",
+    "parse_size",
+]
+
+DEFAULT_BATCH_SIZE = 1024
+"""Rows per batch when ``batch_size`` is not given."""
+DEFAULT_SPLIT_BYTES = 64 * 1024**2
+"""Target chunk size on disk: consecutive row groups are packed up to 64 MiB."""
+DEFAULT_SHUFFLE_SEED = 0
+"""Seed of the chunk shuffle when ``shuffle_seed`` is not given."""
+
+
+class FileFormat(enum.Enum):
+    """Formats of data files."""
+
+    PARQUET = "parquet"
+    ORC = "orc"
+    CSV = "csv"
+    JSONL = "jsonl"
+
+
+_FORMAT_ALIASES = {"json": "jsonl", "ndjson": "jsonl", "pq": "parquet"}
+
+
+class OutputFormat(enum.Enum):
+    """What each batch is.
+
+    * ``TORCH``: ``dict[str, torch.Tensor]`` (strings as ``list[str]``).
+    * ``NUMPY``: ``dict[str, numpy.ndarray]`` (strings as object arrays).
+    * ``ARROW``: ``pyarrow.RecordBatch``.
+    * ``DICT``: ``dict[str, list]`` of Python values.
+    """
+
+    TORCH = "torch"
+    NUMPY = "numpy"
+    ARROW = "arrow"
+    DICT = "dict"
+
+
+class SplitKind(enum.Enum):
+    """Built-in split strategies."""
+
+    FILE = "file"
+    ROW_GROUP = "row_group"
+    BYTE_RANGE = "byte_range"
+
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def coerce_enum(value: object, enum_type: type[E], param: str, aliases: Mapping[str, str] | None = None) -> E:
+    """Turn ``value`` (an enum member or its string value) into a member of ``enum_type``.
+
+    Raises:
+        ConfigError: naming ``param``, echoing ``value`` and listing the allowed values.
+    """
+    if isinstance(value, enum_type):
+        return value
+    if isinstance(value, str):
+        key = value.strip().lower()
+        key = (aliases or {}).get(key, key)
+        for member in enum_type:
+            if member.value == key:
+                return member
+    allowed = ", ".join(repr(m.value) for m in enum_type)
+    raise ConfigError(f"{param}={value!r} is not supported; use one of {allowed}")
+
+
+def coerce_format(value: object) -> FileFormat:
+    """``format`` as a :class:`FileFormat` (accepts 'json' and 'ndjson' for JSONL)."""
+    return coerce_enum(value, FileFormat, "format", _FORMAT_ALIASES)
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "kib": 1024, "ki": 1024,
+    "m": 1000**2, "mb": 1000**2, "mib": 1024**2, "mi": 1024**2,
+    "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "gi": 1024**3,
+    "t": 1000**4, "tb": 1000**4, "tib": 1024**4, "ti": 1024**4,
+}  # fmt: skip
+
+
+def parse_size(value: object, param: str) -> int | None:
+    """A byte size from an int or a string such as ``"128MiB"``, ``"64MB"``, ``"1.5GiB"``.
+
+    Raises:
+        ConfigError: the value is not a positive size.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{param}={value!r} is not a size; pass bytes as an int or a string like '128MiB'")
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
+        size = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+    else:
+        raise ConfigError(
+            f"{param}={value!r} is not a size; pass bytes as an int or a string like "
+            "'128MiB', '64MB' or '1.5GiB'"
+        )
+    if size < 1:
+        raise ConfigError(f"{param}={value!r} must be at least 1 byte")
+    return size
+
+
+def check_int(
+    value: object, param: str, minimum: int, *, optional: bool = False, hint: str = ""
+) -> int | None:
+    """``value`` as an int >= ``minimum`` (``None`` allowed when ``optional``).
+
+    Raises:
+        ConfigError: naming ``param`` and echoing ``value``.
+    """
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{param}={value!r} must be an int >= {minimum}{hint}")
+    if value < minimum:
+        raise ConfigError(f"{param}={value!r} must be >= {minimum}{hint}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitConfig:
+    """How files are cut into chunks.
+
+    Attributes:
+        strategy: A built-in :class:`SplitKind`, or a custom strategy object.
+        split_bytes: Target chunk size on disk, or ``None``.
+        split_rows: Target rows per chunk, or ``None``.
+    """
+
+    strategy: SplitKind | object
+    split_bytes: int | None = DEFAULT_SPLIT_BYTES
+    split_rows: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShuffleConfig:
+    """Chunk-order shuffling: a permutation per ``(seed, epoch)``."""
+
+    enabled: bool = False
+    seed: int = DEFAULT_SHUFFLE_SEED
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadConfig:
+    """What is read from each chunk.
+
+    Attributes:
+        format: File format.
+        columns: Columns to return, in order, or ``None`` for all.
+        filters: A ``pyarrow.compute.Expression`` applied to rows (and to row-group
+            statistics and partition values for pruning), or ``None``.
+        batch_size: Rows per batch.
+        drop_last: Drop each worker's last, short batch.
+        partitioning: ``"hive"`` to read ``key=value`` directories as columns, or ``None``.
+        storage_options: Options for the fsspec filesystem (credentials, endpoint...).
+    """
+
+    format: FileFormat
+    columns: tuple[str, ...] | None = None
+    filters: Any = None
+    batch_size: int = DEFAULT_BATCH_SIZE
+    drop_last: bool = False
+    partitioning: str | None = None
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputConfig:
+    """How batches are handed to the training loop.
+
+    Attributes:
+        format: Output type of each batch.
+        null_fill: Value used for nulls in numeric columns: a scalar for every column or
+            a mapping column -> value. ``None`` makes a null an error.
+        collate_fn: Applied to every converted batch, in the worker.
+    """
+
+    format: OutputFormat = OutputFormat.TORCH
+    null_fill: Any = None
+    collate_fn: Callable[[Any], Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistributedConfig:
+    """The rank of this process among ``num_ranks`` (global rank, across nodes)."""
+
+    num_ranks: int = 1
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        check_int(self.num_ranks, "num_ranks", 1)
+        check_int(self.rank, "rank", 0)
+        if self.rank >= self.num_ranks:
+            raise ConfigError(
+                f"rank={self.rank} must be < num_ranks={self.num_ranks}; pass the global rank "
+                "(torch.distributed.get_rank()) and the world size (get_world_size())"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderConfig:
+    """Options passed through to ``torch.utils.data.DataLoader``."""
+
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+    timeout: float = 0
+    multiprocessing_context: Any = None
+
+    def __post_init__(self) -> None:
+        check_int(self.num_workers, "num_workers", 0)
+        if self.num_workers == 0:
+            if self.persistent_workers:
+                raise IncompatibleOptionsError(
+                    "persistent_workers=True needs num_workers >= 1 (got num_workers=0); "
+                    "set num_workers or drop persistent_workers"
+                )
+            if self.prefetch_factor is not None:
+                raise IncompatibleOptionsError(
+                    f"prefetch_factor={self.prefetch_factor!r} needs num_workers >= 1 "
+                    "(got num_workers=0); set num_workers or drop prefetch_factor"
+                )
+        check_int(self.prefetch_factor, "prefetch_factor", 1, optional=True)
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or self.timeout < 0:
+            raise ConfigError(f"timeout={self.timeout!r} must be a number of seconds >= 0")

@@ -1,0 +1,141 @@
+"""``discover``: from a user's path to files, schema, columns and pruned row groups."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from torch_dataloader_utils.config import FileFormat
+from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
+from torch_dataloader_utils.discovery.listing import list_files
+from torch_dataloader_utils.discovery.parquet import FooterInfo, prune, read_footers
+from torch_dataloader_utils.discovery.partitions import Partitions, infer_partitions
+from torch_dataloader_utils.errors import ConfigError, SchemaMismatchError
+from torch_dataloader_utils.io.fs import FileSystemSpec
+from torch_dataloader_utils.plan.types import FileInfo
+
+__all__ = ["Discovered", "discover"]
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """Everything planning and reading need to know about a dataset.
+
+    Attributes:
+        fs: The filesystem.
+        format: The file format.
+        files: The files (row groups pruned by ``filters`` left out), sorted by path.
+        schema: Data fields followed by partition fields.
+        output_columns: Columns of every batch, in order.
+        data_columns: File columns to read (outputs plus those the filter needs).
+        partition_columns: Partition columns to add (outputs plus those the filter needs).
+        partitions: Partition values per file, or ``None``.
+        filters: The row filter, or ``None``.
+    """
+
+    fs: FileSystemSpec
+    format: FileFormat
+    files: tuple[FileInfo, ...]
+    schema: pa.Schema
+    output_columns: tuple[str, ...]
+    data_columns: tuple[str, ...]
+    partition_columns: tuple[str, ...]
+    partitions: Partitions | None
+    filters: pc.Expression | None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        """Schema of every batch."""
+        return pa.schema([self.schema.field(c) for c in self.output_columns])
+
+
+def _check_consistent(footers: Sequence[FooterInfo], names: Sequence[str], fs: FileSystemSpec) -> None:
+    first = footers[0]
+    for other in footers[1:]:
+        if other.schema.equals(first.schema):
+            continue
+        for name in names:
+            a = first.schema.field(name) if name in first.schema.names else None
+            b = other.schema.field(name) if name in other.schema.names else None
+            if b is None:
+                raise SchemaMismatchError(
+                    f"field {name!r} is in {fs.display(first.file.path)!r} but missing from "
+                    f"{fs.display(other.file.path)!r}; rewrite the files to one schema or "
+                    "leave the field out of columns"
+                )
+            if a is not None and not a.type.equals(b.type):
+                raise SchemaMismatchError(
+                    f"field {name!r} is {a.type} in {fs.display(first.file.path)!r} but "
+                    f"{b.type} in {fs.display(other.file.path)!r}; rewrite the files to one "
+                    "type or leave the field out of columns"
+                )
+
+
+def discover(
+    path: str | Sequence[str],
+    *,
+    format: FileFormat,
+    columns: Sequence[str] | None = None,
+    filters: object = None,
+    partitioning: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Discovered:
+    """List ``path``, read metadata, check the request against the schema.
+
+    Raises:
+        PathNotFoundError, NoFilesFoundError: nothing to read.
+        CorruptFileError: a footer cannot be read (the file is named).
+        SchemaMismatchError: two files disagree on a needed field (both are named).
+        UnknownColumnError: ``columns`` or ``filters`` name a missing column.
+        ConfigError: a parameter has an unsupported value.
+    """
+    if partitioning not in (None, "hive"):
+        raise ConfigError(f"partitioning={partitioning!r} is not supported; use 'hive' or None")
+    listing = list_files(path, dict(storage_options or {}))
+    fs = listing.fs
+    partitions = infer_partitions(listing.files) if partitioning == "hive" else None
+    if format is not FileFormat.PARQUET:
+        raise ConfigError(f"format={format.value!r} is not implemented yet; use 'parquet'")
+    footers = read_footers(fs, listing.files, partitions)
+    data_schema = footers[0].schema
+    part_schema = partitions.schema if partitions is not None else pa.schema([])
+    clash = [n for n in part_schema.names if n in data_schema.names]
+    if clash:
+        raise SchemaMismatchError(
+            f"partitioning='hive': partition keys {clash} are also columns inside the files; "
+            "rename the directories or pass partitioning=None"
+        )
+    schema = pa.schema(list(data_schema) + list(part_schema))
+    output = check_columns(columns, schema)
+    expr = check_filter(filters, schema)
+    needed = list(dict.fromkeys(output + filter_fields(expr, schema)))
+    data_columns = [n for n in data_schema.names if n in needed]
+    _check_consistent(footers, data_columns, fs)
+    if expr is None:
+        files = [f.file for f in footers]
+    else:
+        files = [prune(f, expr, schema) for f in footers]
+        if all(f.live_rows == 0 for f in files):
+            warnings.warn(
+                f"filters={expr} excludes every row group of the {len(files)} files by their "
+                "statistics: the dataset yields no rows",
+                UserWarning,
+                stacklevel=3,
+            )
+    return Discovered(
+        fs=fs,
+        format=format,
+        files=tuple(files),
+        schema=schema,
+        output_columns=tuple(output),
+        data_columns=tuple(data_columns),
+        partition_columns=tuple(n for n in part_schema.names if n in needed),
+        partitions=partitions,
+        filters=expr,
+    )

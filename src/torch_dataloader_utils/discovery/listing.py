@@ -1,0 +1,204 @@
+"""Listing data files: a file, a directory (recursive), a glob, or a list of those."""
+
+from __future__ import annotations
+
+import glob as _glob
+import os
+import posixpath
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from torch_dataloader_utils.errors import ConfigError, NoFilesFoundError, PathNotFoundError
+from torch_dataloader_utils.io.fs import FileSystemSpec, resolve
+
+__all__ = ["Listing", "ListedFile", "list_files", "parse_hive_keys"]
+
+_MARKERS = frozenset({"_SUCCESS", "_metadata", "_common_metadata", "_committed", "_started"})
+_GLOB_CHARS = set("*?[")
+
+
+@dataclass(frozen=True, slots=True)
+class ListedFile:
+    """A data file found by listing.
+
+    Attributes:
+        path: Path on its filesystem (no scheme).
+        size: Size in bytes.
+        mtime: Modification time (seconds) when known.
+        base: The directory it was found under (for hive partition keys), or ``None``.
+    """
+
+    path: str
+    size: int
+    mtime: float | None
+    base: str | None
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The result of listing: the filesystem and the files, sorted by path."""
+
+    fs: FileSystemSpec
+    files: tuple[ListedFile, ...]
+    skipped: int
+
+
+def _skip(rel: str) -> bool:
+    """Whether a file under a listed directory is not data (hidden, markers, checksums)."""
+    parts = rel.split("/")
+    name = parts[-1]
+    if name in _MARKERS or name.endswith(".crc"):
+        return True
+    return any(p.startswith((".", "_")) for p in parts)
+
+
+def _is_glob(path: str) -> bool:
+    return any(ch in _GLOB_CHARS for ch in path)
+
+
+def _mtime(info: dict[str, Any]) -> float | None:
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, (int, float)):
+            return float(value)
+        timestamp = getattr(value, "timestamp", None)
+        if callable(timestamp):
+            return float(timestamp())
+    return None
+
+
+def _walk_local(root: str) -> Iterable[tuple[str, int, float]]:
+    """Files under ``root``, following symlinks (directory cycles visited once)."""
+    seen: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        dirnames.sort()
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            try:
+                st = os.stat(full)  # follows symlinks
+            except FileNotFoundError:  # dangling symlink
+                continue
+            yield full, st.st_size, st.st_mtime
+
+
+def _list_dir(fs: FileSystemSpec, root: str) -> Iterable[tuple[str, int, float | None]]:
+    if fs.is_local:
+        yield from _walk_local(root)
+        return
+    found = fs.fsspec().find(root, withdirs=False, detail=True)
+    for path, info in found.items():
+        yield path, int(info.get("size") or 0), _mtime(info)
+
+
+def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
+    client = fs.fsspec()
+    if _is_glob(path):
+        matches = sorted(_glob.glob(path, recursive=True)) if fs.is_local else sorted(client.glob(path))
+        base = path[: min(path.index(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
+        files: list[ListedFile] = []
+        skipped = 0
+        for m in matches:
+            m_files, m_skipped = _list_one(fs, m)
+            skipped += m_skipped
+            files.extend(ListedFile(f.path, f.size, f.mtime, f.base or base) for f in m_files)
+        return files, skipped
+    if fs.is_local:
+        if os.path.isdir(path):
+            kind = "directory"
+        elif os.path.isfile(path):
+            kind = "file"
+        else:
+            raise PathNotFoundError(f"path={path!r} does not exist (no such file or directory)")
+    else:
+        try:
+            info = client.info(path)
+        except FileNotFoundError as exc:
+            raise PathNotFoundError(f"path={fs.display(path)!r} does not exist") from exc
+        kind = info.get("type", "file")
+    if kind == "directory":
+        files, skipped = [], 0
+        root = path.rstrip("/")
+        for full, size, mtime in _list_dir(fs, root):
+            rel = posixpath.relpath(full.replace(os.sep, "/"), root.replace(os.sep, "/"))
+            if _skip(rel):
+                skipped += 1
+                continue
+            files.append(ListedFile(full, size, mtime, root))
+        return files, skipped
+    if fs.is_local:
+        st = os.stat(path)
+        return [ListedFile(path, st.st_size, st.st_mtime, None)], 0
+    return [ListedFile(path, int(info.get("size") or 0), _mtime(info), None)], 0
+
+
+def list_files(path: str | Sequence[str], storage_options: dict[str, Any] | None = None) -> Listing:
+    """List the data files of ``path``.
+
+    Args:
+        path: A file, a directory (listed recursively, so hive trees work), a glob, or a
+            list of those. URLs (``s3://...``) use fsspec with ``storage_options``.
+        storage_options: Options for the fsspec filesystem.
+
+    Returns:
+        The filesystem and the files, sorted and without duplicates. Hidden files and
+        directories (``.`` or ``_`` prefix), ``_SUCCESS`` / ``_metadata`` markers and
+        ``.crc`` checksums under a directory are skipped; symlinks are followed.
+
+    Raises:
+        PathNotFoundError: a path does not exist.
+        NoFilesFoundError: no data file was found.
+        ConfigError: paths of a list are on different filesystems.
+    """
+    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    if not paths:
+        raise ConfigError("path=[] is empty; pass a file, a directory, a glob or a list of them")
+    spec: FileSystemSpec | None = None
+    files: dict[str, ListedFile] = {}
+    skipped = 0
+    for p in paths:
+        if not isinstance(p, (str, os.PathLike)):
+            raise ConfigError(f"path={p!r} must be a string (file, directory, glob or URL)")
+        p_spec, stripped = resolve(os.fspath(p), storage_options)
+        if spec is None:
+            spec = p_spec
+        elif p_spec.protocol != spec.protocol:
+            raise ConfigError(
+                f"path lists files on different filesystems ({spec.protocol!r} and "
+                f"{p_spec.protocol!r}); read them as separate datasets"
+            )
+        found, n_skipped = _list_one(spec, stripped)
+        skipped += n_skipped
+        for f in found:
+            files.setdefault(f.path, f)
+    assert spec is not None
+    if not files:
+        hint = f" ({skipped} hidden/marker files were skipped)" if skipped else ""
+        raise NoFilesFoundError(f"no data files found under path={path!r}{hint}")
+    return Listing(spec, tuple(files[k] for k in sorted(files)), skipped)
+
+
+def parse_hive_keys(listed: ListedFile) -> list[tuple[str, str | None]]:
+    """The ``key=value`` directory pairs between a file's base directory and its name.
+
+    ``__HIVE_DEFAULT_PARTITION__`` becomes ``None``; values are URL-decoded.
+    """
+    if listed.base is None:
+        return []
+    rel = posixpath.relpath(listed.path.replace(os.sep, "/"), listed.base.replace(os.sep, "/"))
+    pairs: list[tuple[str, str | None]] = []
+    for part in rel.split("/")[:-1]:
+        if "=" not in part:
+            continue
+        key, value = part.split("=", 1)
+        decoded = unquote(value)
+        pairs.append((unquote(key), None if decoded == "__HIVE_DEFAULT_PARTITION__" else decoded))
+    return pairs

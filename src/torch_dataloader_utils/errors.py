@@ -1,0 +1,111 @@
+"""One exception hierarchy for the whole library.
+
+Every error the library raises on purpose derives from :class:`DataLoaderUtilsError`,
+so ``except DataLoaderUtilsError`` catches them all. Errors about a bad argument are
+also :class:`ValueError`, errors about a missing path are also
+:class:`FileNotFoundError`, so code written against the builtins keeps working::
+
+    DataLoaderUtilsError
+    ├── ConfigError (ValueError)              a parameter has an invalid value
+    │   └── IncompatibleOptionsError          two parameters cannot be combined
+    ├── DiscoveryError                        listing files or reading their metadata
+    │   ├── PathNotFoundError (FileNotFoundError)
+    │   ├── NoFilesFoundError                 the path exists but holds no data files
+    │   └── CorruptFileError                  a file's footer/metadata cannot be read
+    ├── SchemaError (ValueError)
+    │   ├── UnknownColumnError                a requested column does not exist
+    │   └── SchemaMismatchError               two files disagree on a field
+    ├── PlanError                             a split strategy produced an invalid plan
+    │   └── OverlappingChunksError            two chunks (or two ranks) share rows
+    ├── DistributedConfigError (ConfigError)  rank / world size disagree with the runtime
+    ├── ReadError                             reading a chunk's data failed
+    └── ConversionError (ValueError)          a column cannot become the output type
+        └── NullValueError                    a null in a column that cannot hold one
+
+Messages name the parameter or file, echo the offending value and say the fix.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "ConversionError",
+    "CorruptFileError",
+    "DataLoaderUtilsError",
+    "DiscoveryError",
+    "DistributedConfigError",
+    "IncompatibleOptionsError",
+    "NoFilesFoundError",
+    "NullValueError",
+    "OverlappingChunksError",
+    "PathNotFoundError",
+    "PlanError",
+    "ReadError",
+    "SchemaError",
+    "SchemaMismatchError",
+    "UnknownColumnError",
+]
+
+
+class DataLoaderUtilsError(Exception):
+    """Base class of every error raised on purpose by torch_dataloader_utils."""
+
+
+class ConfigError(DataLoaderUtilsError, ValueError):
+    """A parameter has an invalid value."""
+
+
+class IncompatibleOptionsError(ConfigError):
+    """Two parameters were given values that cannot be used together."""
+
+
+class DistributedConfigError(ConfigError):
+    """``rank`` / ``num_ranks`` disagree with each other or with the running job."""
+
+
+class DiscoveryError(DataLoaderUtilsError):
+    """Listing files or reading their metadata failed."""
+
+
+class PathNotFoundError(DiscoveryError, FileNotFoundError):
+    """A path given by the user does not exist."""
+
+
+class NoFilesFoundError(DiscoveryError):
+    """The path exists but no data files were found under it."""
+
+
+class CorruptFileError(DiscoveryError):
+    """A data file's metadata (footer, header) could not be read."""
+
+
+class SchemaError(DataLoaderUtilsError, ValueError):
+    """The data's schema does not fit the request."""
+
+
+class UnknownColumnError(SchemaError):
+    """A requested column (or a filter's column) does not exist."""
+
+
+class SchemaMismatchError(SchemaError):
+    """Two files of the same dataset disagree about a field."""
+
+
+class PlanError(DataLoaderUtilsError):
+    """A split strategy returned chunks that cannot be read exactly once."""
+
+
+class OverlappingChunksError(PlanError):
+    """Two chunks of an epoch's plan cover the same rows."""
+
+
+class ReadError(DataLoaderUtilsError):
+    """Reading a chunk's data failed."""
+
+
+class ConversionError(DataLoaderUtilsError, ValueError):
+    """A column cannot be converted to the requested output format."""
+
+
+class NullValueError(ConversionError):
+    """A column holds nulls and its output type cannot represent them."""

@@ -1,0 +1,111 @@
+"""Reading Parquet chunks: only the chunk's unpruned row groups and the needed columns."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from torch_dataloader_utils.discovery.partitions import Partitions
+from torch_dataloader_utils.errors import ReadError
+from torch_dataloader_utils.io.fs import FileSystemSpec
+from torch_dataloader_utils.plan.types import Chunk, FileInfo
+
+__all__ = ["ParquetReader"]
+
+_OPEN_FILES = 4
+
+
+class ParquetReader:
+    """A :class:`ChunkReader` for Parquet files.
+
+    A chunk ``[start, stop)`` reads the unpruned row groups overlapping it; a group only
+    partly inside is read and sliced, so chunks may be cut at any row. Partition values
+    are added as constant columns before the row filter, and the result is projected to
+    the output columns. Filesystem clients are built lazily in the reading process.
+    """
+
+    def __init__(
+        self,
+        fs: FileSystemSpec,
+        files: Mapping[str, FileInfo],
+        *,
+        data_columns: Sequence[str],
+        output_columns: Sequence[str],
+        partitions: Partitions | None = None,
+        partition_columns: Sequence[str] = (),
+        filters: pc.Expression | None = None,
+        batch_size: int = 65536,
+        use_threads: bool = True,
+    ) -> None:
+        self._fs = fs
+        self._files = files
+        self._data_columns = list(data_columns)
+        self._output_columns = list(output_columns)
+        self._partitions = partitions
+        self._partition_columns = list(partition_columns)
+        self._filters = filters
+        self._batch_size = batch_size
+        self._use_threads = use_threads
+        self._open: OrderedDict[str, pq.ParquetFile] = OrderedDict()
+
+    def __getstate__(self) -> dict[str, object]:
+        state = self.__dict__.copy()
+        state["_open"] = OrderedDict()  # open files never cross a process boundary
+        return state
+
+    def _file(self, path: str) -> pq.ParquetFile:
+        pf = self._open.pop(path, None)
+        if pf is None:
+            pf = pq.ParquetFile(path, filesystem=self._fs.arrow())
+        self._open[path] = pf
+        while len(self._open) > _OPEN_FILES:
+            self._open.popitem(last=False)
+        return pf
+
+    def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
+        """Yield the chunk's rows (filtered, projected) in file order."""
+        info = self._files[chunk.path]
+        groups = info.groups_in(chunk.start, chunk.stop)
+        if not groups:
+            return
+        try:
+            pf = self._file(chunk.path)
+            whole = all(chunk.start <= g.first_row and g.stop_row <= chunk.stop for g in groups)
+            if whole:
+                raw = pf.iter_batches(
+                    batch_size=self._batch_size,
+                    row_groups=[g.index for g in groups],
+                    columns=self._data_columns,
+                    use_threads=self._use_threads,
+                )
+                for batch in raw:
+                    yield self._finish(batch, chunk.path)
+                return
+            for g in groups:
+                lo = max(chunk.start, g.first_row) - g.first_row
+                hi = min(chunk.stop, g.stop_row) - g.first_row
+                table = pf.read_row_group(g.index, columns=self._data_columns, use_threads=self._use_threads)
+                for batch in table.slice(lo, hi - lo).to_batches(max_chunksize=self._batch_size):
+                    yield self._finish(batch, chunk.path)
+        except (OSError, pa.ArrowException) as exc:
+            raise ReadError(
+                f"reading {self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop}) failed: {exc}"
+            ) from exc
+
+    def _finish(self, batch: pa.RecordBatch, path: str) -> pa.RecordBatch:
+        if self._partition_columns and self._partitions is not None:
+            arrays = list(batch.columns)
+            names = list(batch.schema.names)
+            for name, array in self._partitions.columns(path, batch.num_rows, self._partition_columns):
+                arrays.append(array)
+                names.append(name)
+            batch = pa.RecordBatch.from_arrays(arrays, names=names)
+        if self._filters is not None:
+            batch = batch.filter(self._filters)
+        if batch.schema.names != self._output_columns:
+            batch = batch.select(self._output_columns)
+        return batch

@@ -1,0 +1,300 @@
+"""Split strategies: how files are cut into chunks.
+
+Built-in strategies return every chunk of the dataset; the planner shuffles them and
+deals them out to ranks and workers. Users can plug in their own strategy, an object
+with a ``generate`` method (no base class needed), in one of two signatures:
+
+* current: ``generate(files, num_workers, epoch, *, num_ranks, rank)`` returns the
+  chunks of *this* rank. The strategy shards; the planner checks, for every rank, that
+  no two ranks share a row.
+* older: ``generate(files, num_workers, epoch)`` returns the chunks of the whole
+  dataset. The planner gives every rank its share ``[rank::num_ranks]`` itself (and
+  says so once in a warning), so an older strategy can never make every rank read
+  the whole dataset.
+
+The signature is detected with :func:`inspect.signature`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from torch_dataloader_utils.errors import ConfigError, OverlappingChunksError, PlanError
+from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo, RowGroup
+
+__all__ = [
+    "FileSplit",
+    "LegacySplitStrategy",
+    "RankAwareStrategy",
+    "RowGroupSplit",
+    "SplitStrategy",
+    "Splitter",
+    "check_no_overlap",
+    "normalize_chunks",
+    "resolve_strategy",
+]
+
+
+@runtime_checkable
+class SplitStrategy(Protocol):
+    """A custom split strategy (current signature): returns this rank's chunks."""
+
+    def generate(
+        self,
+        files: Sequence[FileInfo],
+        num_workers: int,
+        epoch: int,
+        *,
+        num_ranks: int,
+        rank: int,
+    ) -> Sequence[Chunk]:
+        """Cut ``files`` into chunks and return the ones rank ``rank`` should read."""
+        ...
+
+
+@runtime_checkable
+class LegacySplitStrategy(Protocol):
+    """A custom split strategy in the older signature: returns every chunk."""
+
+    def generate(self, files: Sequence[FileInfo], num_workers: int, epoch: int) -> Sequence[Chunk]:
+        """Cut ``files`` into chunks covering the whole dataset."""
+        ...
+
+
+class Splitter(Protocol):
+    """What the planner calls for strategies that return every chunk of the dataset."""
+
+    @property
+    def name(self) -> str:
+        """Name used in messages."""
+        ...
+
+    def split(self, files: Sequence[FileInfo], *, num_workers: int, epoch: int) -> list[Chunk]:
+        """Every chunk of the dataset, in a deterministic order."""
+        ...
+
+
+@dataclass(frozen=True)
+class FileSplit:
+    """One chunk per file."""
+
+    name: str = "file"
+
+    def split(self, files: Sequence[FileInfo], *, num_workers: int = 1, epoch: int = 0) -> list[Chunk]:
+        """One chunk per file: its row range when rows are known, else its byte range."""
+        chunks = []
+        for f in files:
+            if f.num_rows is not None:
+                if f.live_rows == 0:
+                    continue
+                chunks.append(Chunk.rows(f))
+            elif f.size > 0:
+                chunks.append(Chunk.bytes(f))
+        return chunks
+
+
+@dataclass(frozen=True)
+class RowGroupSplit:
+    """Consecutive row groups (Parquet) or stripes (ORC) packed up to a target size.
+
+    A chunk closes before the group that would take it past ``split_bytes`` (bytes on
+    disk) or ``split_rows``; a single group larger than the target is a chunk of its
+    own, since a group cannot be decoded in part. With neither target every group is a
+    chunk. Files without row-group metadata fall back to one chunk per file.
+    """
+
+    split_bytes: int | None = None
+    split_rows: int | None = None
+    name: str = "row_group"
+
+    def split(self, files: Sequence[FileInfo], *, num_workers: int = 1, epoch: int = 0) -> list[Chunk]:
+        """Chunks of packed row groups, file by file, in file order."""
+        chunks: list[Chunk] = []
+        whole = FileSplit()
+        for f in files:
+            if f.row_groups is None:
+                chunks.extend(whole.split([f]))
+                continue
+            for run in self._runs(f.row_groups):
+                chunks.append(
+                    Chunk(
+                        f.path,
+                        run[0].first_row,
+                        run[-1].stop_row,
+                        ChunkUnit.ROWS,
+                        sum(g.num_rows for g in run),
+                        sum(g.num_bytes for g in run),
+                    )
+                )
+        return chunks
+
+    def _runs(self, groups: Iterable[RowGroup]) -> Iterable[list[RowGroup]]:
+        run: list[RowGroup] = []
+        run_bytes = run_rows = 0
+        for g in groups:
+            if g.num_rows == 0:
+                continue
+            full = (self.split_bytes is not None and run_bytes + g.num_bytes > self.split_bytes) or (
+                self.split_rows is not None and run_rows + g.num_rows > self.split_rows
+            )
+            if run and (full or (self.split_bytes is None and self.split_rows is None)):
+                yield run
+                run, run_bytes, run_rows = [], 0, 0
+            run.append(g)
+            run_bytes += g.num_bytes
+            run_rows += g.num_rows
+        if run:
+            yield run
+
+
+@dataclass(frozen=True)
+class LegacyAdapter:
+    """Wraps an older-signature strategy so the planner can shard its chunks."""
+
+    strategy: LegacySplitStrategy
+    name: str = "legacy"
+
+    def split(self, files: Sequence[FileInfo], *, num_workers: int, epoch: int) -> list[Chunk]:
+        """The strategy's chunks for the whole dataset, flattened."""
+        return _flatten(self.strategy.generate(files, num_workers, epoch), self.name)
+
+
+@dataclass(frozen=True)
+class RankAwareStrategy:
+    """Wraps a current-signature strategy: it returns one rank's chunks."""
+
+    strategy: SplitStrategy
+    name: str = "custom"
+
+    def split_rank(
+        self, files: Sequence[FileInfo], *, num_workers: int, epoch: int, num_ranks: int, rank: int
+    ) -> list[Chunk]:
+        """The strategy's chunks for ``rank``."""
+        out = self.strategy.generate(files, num_workers, epoch, num_ranks=num_ranks, rank=rank)
+        return _flatten(out, self.name)
+
+
+def _flatten(out: object, name: str) -> list[Chunk]:
+    if not isinstance(out, Iterable):
+        raise PlanError(f"split strategy {name!r} must return a sequence of Chunk, got {out!r}")
+    chunks: list[Chunk] = []
+    for item in out:
+        if isinstance(item, Chunk):
+            chunks.append(item)
+        elif isinstance(item, Iterable) and not isinstance(item, (str, bytes)):
+            # Older strategies sometimes return one list per worker.
+            chunks.extend(_flatten(item, name))
+        else:
+            raise PlanError(
+                f"split strategy {name!r} returned {item!r}; expected Chunk objects "
+                "(build them with Chunk.rows(file, start, stop) or Chunk.bytes(file, start, stop))"
+            )
+    return chunks
+
+
+def resolve_strategy(strategy: object) -> Splitter | RankAwareStrategy:
+    """Turn a user's strategy object into what the planner calls.
+
+    Raises:
+        ConfigError: ``strategy`` has no ``generate`` method of a known signature.
+    """
+    if hasattr(strategy, "split") and hasattr(strategy, "name") and not hasattr(strategy, "generate"):
+        return strategy  # type: ignore[return-value]  # a built-in Splitter
+    generate = getattr(strategy, "generate", None)
+    name = type(strategy).__name__
+    if not callable(generate):
+        raise ConfigError(
+            f"split_strategy={strategy!r} is not a known strategy name and has no generate() "
+            "method. Pass 'file', 'row_group' or 'byte_range', or an object with "
+            "generate(files, num_workers, epoch, *, num_ranks, rank)."
+        )
+    try:
+        sig = inspect.signature(generate)
+    except (TypeError, ValueError) as exc:  # builtins without a signature
+        raise ConfigError(f"split_strategy {name}.generate has no inspectable signature: {exc}") from exc
+    params = sig.parameters
+    has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if ("num_ranks" in params and "rank" in params) or has_var_kw:
+        return RankAwareStrategy(strategy, name=name)  # type: ignore[arg-type]
+    try:
+        sig.bind([], 1, 0)
+    except TypeError as exc:
+        raise ConfigError(
+            f"split_strategy {name}.generate{sig} matches neither supported signature: "
+            "generate(files, num_workers, epoch, *, num_ranks, rank) (current) or "
+            "generate(files, num_workers, epoch) (older)."
+        ) from exc
+    warnings.warn(
+        f"split_strategy {name} uses the older generate(files, num_workers, epoch) signature: "
+        "it returns chunks for the whole dataset, so torch_dataloader_utils gives each rank "
+        "the share [rank::num_ranks] itself. Add keyword parameters num_ranks and rank to "
+        "generate() to shard yourself.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return LegacyAdapter(strategy, name=name)  # type: ignore[arg-type,return-value]
+
+
+def normalize_chunks(
+    chunks: Sequence[Chunk], files_by_path: dict[str, FileInfo], strategy_name: str
+) -> list[Chunk]:
+    """Validate chunks from a strategy and fill in row counts it left out.
+
+    Raises:
+        PlanError: a chunk names an unknown file, or its range is empty or out of bounds.
+    """
+    out = []
+    for c in chunks:
+        f = files_by_path.get(c.path)
+        if f is None:
+            raise PlanError(
+                f"split strategy {strategy_name!r} returned a chunk of {c.path!r}, "
+                "which is not one of the dataset's files"
+            )
+        bound = f.num_rows if c.unit is ChunkUnit.ROWS else f.size
+        if bound is None:
+            raise PlanError(
+                f"split strategy {strategy_name!r} returned a row-range chunk of {c.path!r}, "
+                "whose row count is unknown; use byte ranges (Chunk.bytes) for this format"
+            )
+        if not 0 <= c.start < c.stop <= bound:
+            raise PlanError(
+                f"split strategy {strategy_name!r} returned chunk {c.path!r} "
+                f"[{c.start}, {c.stop}) {c.unit.value}, outside the file's [0, {bound})"
+            )
+        if c.unit is ChunkUnit.ROWS:
+            rows = f.rows_in(c.start, c.stop)
+            if c.num_rows != rows:
+                c = Chunk(c.path, c.start, c.stop, c.unit, rows, c.num_bytes or _bytes_of(f, c))
+        out.append(c)
+    return out
+
+
+def _bytes_of(f: FileInfo, c: Chunk) -> int:
+    if not f.num_rows:
+        return 0
+    return f.size * (c.stop - c.start) // f.num_rows
+
+
+def check_no_overlap(chunks: Iterable[Chunk], what: str = "the plan") -> None:
+    """Raise if two chunks cover the same rows (or bytes) of a file.
+
+    Raises:
+        OverlappingChunksError: naming both chunks.
+    """
+    ordered = sorted(chunks, key=lambda c: (c.path, c.start, c.stop))
+    for prev, cur in itertools.pairwise(ordered):
+        if prev.path != cur.path:
+            continue
+        if prev.unit is not cur.unit:
+            raise OverlappingChunksError(f"{what} mixes row-range and byte-range chunks of {cur.path!r}")
+        if cur.start < prev.stop:
+            raise OverlappingChunksError(
+                f"{what} reads rows twice: chunks [{prev.start}, {prev.stop}) and "
+                f"[{cur.start}, {cur.stop}) of {cur.path!r} overlap"
+            )

@@ -1,0 +1,1 @@
+"""The only package that touches torch.utils.data and torch.distributed."""

@@ -1,0 +1,129 @@
+"""The ONLY place that reads the environment: ranks, world size, workers, CPUs.
+
+Planning code receives plain ints built here; nothing else in the library looks at
+``RANK``/``WORLD_SIZE``, ``torch.distributed`` or the DataLoader's worker info.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch.distributed as dist
+import torch.utils.data
+
+from torch_dataloader_utils.errors import DistributedConfigError
+from torch_dataloader_utils.plan.types import World
+
+__all__ = ["DetectedWorld", "WorkerSlot", "cpus_per_rank", "detect", "resolve_world", "worker_slot"]
+
+
+@dataclass(frozen=True)
+class DetectedWorld:
+    """Ranks as seen by the running process.
+
+    Attributes:
+        num_ranks: World size.
+        rank: Global rank.
+        local_rank: Rank on this node, when the launcher says (``LOCAL_RANK``).
+        local_world_size: Ranks on this node, when the launcher says.
+        source: ``"torch.distributed"``, ``"env"`` or ``"default"``.
+    """
+
+    num_ranks: int
+    rank: int
+    local_rank: int | None
+    local_world_size: int | None
+    source: str
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return None
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise DistributedConfigError(f"environment variable {name}={value!r} is not an int") from exc
+
+
+def detect() -> DetectedWorld:
+    """Ranks from an initialized ``torch.distributed`` group, else ``RANK``/``WORLD_SIZE``."""
+    local_rank = _env_int("LOCAL_RANK")
+    local_world = _env_int("LOCAL_WORLD_SIZE")
+    if dist.is_available() and dist.is_initialized():
+        return DetectedWorld(
+            dist.get_world_size(), dist.get_rank(), local_rank, local_world, "torch.distributed"
+        )
+    rank = _env_int("RANK")
+    world = _env_int("WORLD_SIZE")
+    if rank is not None and world is not None:
+        return DetectedWorld(world, rank, local_rank, local_world, "env")
+    return DetectedWorld(1, 0, local_rank, local_world, "default")
+
+
+def resolve_world(num_ranks: int | None, rank: int | None) -> World:
+    """The world to plan for: explicit values, checked against the runtime, or detected.
+
+    Raises:
+        DistributedConfigError: only one of the two was given; they disagree with an
+            initialized process group; or ``rank`` looks like a local rank on a
+            multi-node job.
+    """
+    detected = detect()
+    if num_ranks is None and rank is None:
+        return World(detected.num_ranks, detected.rank)
+    if num_ranks is None or rank is None:
+        raise DistributedConfigError(
+            f"pass both num_ranks and rank or neither (got num_ranks={num_ranks!r}, rank={rank!r}); "
+            "with neither they come from torch.distributed or RANK/WORLD_SIZE"
+        )
+    from torch_dataloader_utils.config import DistributedConfig  # validates ints and range
+
+    DistributedConfig(num_ranks=num_ranks, rank=rank)
+    if detected.source == "torch.distributed":
+        if num_ranks != detected.num_ranks or rank != detected.rank:
+            raise DistributedConfigError(
+                f"num_ranks={num_ranks}, rank={rank} disagree with the initialized process group "
+                f"(world size {detected.num_ranks}, rank {detected.rank}); pass "
+                "torch.distributed.get_world_size() and get_rank(), or leave both unset"
+            )
+    elif (
+        detected.source == "env"
+        and num_ranks == detected.num_ranks
+        and rank != detected.rank
+        and detected.local_rank is not None
+        and rank == detected.local_rank
+    ):
+        raise DistributedConfigError(
+            f"rank={rank} equals LOCAL_RANK but RANK={detected.rank} on a job of "
+            f"{num_ranks} ranks; pass the global rank (RANK), not the local rank"
+        )
+    return World(num_ranks, rank)
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    """Which DataLoader worker this code runs in (``id=0, count=1`` in the main process)."""
+
+    id: int
+    count: int
+    in_worker: bool
+
+
+def worker_slot() -> WorkerSlot:
+    """The current DataLoader worker, from ``torch.utils.data.get_worker_info()``."""
+    info = torch.utils.data.get_worker_info()
+    if info is None:
+        return WorkerSlot(0, 1, False)
+    return WorkerSlot(info.id, info.num_workers, True)
+
+
+def cpus_per_rank() -> int:
+    """CPUs this process may use, divided among the ranks of this node."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    local = _env_int("LOCAL_WORLD_SIZE") or 1
+    return max(1, cpus // max(1, local))
