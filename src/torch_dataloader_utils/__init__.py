@@ -13,6 +13,9 @@ Quick start::
             ...
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from torch_dataloader_utils.config import FileFormat, OutputFormat, SplitKind
 from torch_dataloader_utils.errors import (
     ConfigError,
@@ -34,8 +37,27 @@ from torch_dataloader_utils.errors import (
 )
 from torch_dataloader_utils.plan.splits import LegacySplitStrategy, SplitStrategy
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, EpochPlan, FileInfo, RowGroup, World
-from torch_dataloader_utils.runtime.dataset import StructuredDataset
-from torch_dataloader_utils.runtime.loader import create_dataloader
+
+if TYPE_CHECKING:
+    from torch_dataloader_utils.runtime.dataset import StructuredDataset
+    from torch_dataloader_utils.runtime.loader import create_dataloader
+
+# torch and pyarrow are imported on first use of these names, so that importing the
+# pure parts (plan/, config, errors) stays light.
+_LAZY = {
+    "StructuredDataset": "torch_dataloader_utils.runtime.dataset",
+    "create_dataloader": "torch_dataloader_utils.runtime.loader",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torch_dataloader_utils' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,7 @@
 """Command line: ``demo`` (the README's main job) and ``plan`` (inspect a plan).
 
+Usage::
+
     python -m torch_dataloader_utils demo
     python -m torch_dataloader_utils plan PATH --num-ranks 4 --num-workers 2 --epoch 0
 """

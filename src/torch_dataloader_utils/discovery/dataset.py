@@ -103,6 +103,17 @@ def discover(
     if format is not FileFormat.PARQUET:
         raise ConfigError(f"format={format.value!r} is not implemented yet; use 'parquet'")
     footers = read_footers(fs, listing.files, partitions)
+    return _discover_parquet(fs, format, footers, partitions, columns, filters)
+
+
+def _discover_parquet(
+    fs: FileSystemSpec,
+    format: FileFormat,
+    footers: Sequence[FooterInfo],
+    partitions: Partitions | None,
+    columns: Sequence[str] | None,
+    filters: object,
+) -> Discovered:
     data_schema = footers[0].schema
     part_schema = partitions.schema if partitions is not None else pa.schema([])
     clash = [n for n in part_schema.names if n in data_schema.names]

@@ -32,7 +32,7 @@ from torch_dataloader_utils.discovery import Discovered, discover
 from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
-from torch_dataloader_utils.io.parquet import ParquetReader
+from torch_dataloader_utils.io.readers import make_reader
 from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
 from torch_dataloader_utils.plan.splits import (
     FileSplit,
@@ -253,16 +253,7 @@ class StructuredDataset(PlannedDataset):
         )
         self.discovered: Discovered = found
         """What discovery found: files, schema, columns."""
-        reader = ParquetReader(
-            found.fs,
-            {f.path: f for f in found.files},
-            data_columns=found.data_columns,
-            output_columns=found.output_columns,
-            partitions=found.partitions,
-            partition_columns=found.partition_columns,
-            filters=found.filters,
-            batch_size=batch_size,
-        )
+        reader = make_reader(found, batch_size)
         super().__init__(
             files=found.files,
             strategy=strategy,
