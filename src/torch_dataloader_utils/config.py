@@ -17,13 +17,16 @@ from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
+    "DEFAULT_EQUAL_BATCHES",
     "DEFAULT_SHUFFLE_SEED",
     "DEFAULT_SPLIT_BYTES",
     "DistributedConfig",
+    "EqualBatches",
     "FileFormat",
     "LoaderConfig",
     "OutputConfig",
     "OutputFormat",
+    "PADDING_COLUMN",
     "ReadConfig",
     "ShuffleConfig",
     "SplitConfig",
@@ -65,6 +68,51 @@ class OutputFormat(enum.Enum):
     NUMPY = "numpy"
     ARROW = "arrow"
     DICT = "dict"
+
+
+class EqualBatches(enum.Enum):
+    """How ranks are made to yield the same number of batches every epoch.
+
+    With ``num_ranks > 1`` and any policy but ``OFF``, the plan gives every rank
+    exactly the same number of rows, cutting chunks at row granularity, and gives
+    every worker a multiple of ``batch_size`` rows (one worker of each rank also takes
+    the rank's last, short batch). So every rank yields ``ceil(rows_per_rank /
+    batch_size)`` batches (``floor`` with ``drop_last``), whatever its ``num_workers``.
+    With one rank nothing is dropped or padded.
+
+    * ``DROP``: every rank gets ``total_rows // num_ranks`` rows; the remainder (at most
+      ``num_ranks - 1`` rows per epoch) is not read. Which rows are left out follows
+      the shuffle, so with ``shuffle=True`` it changes every epoch.
+    * ``PAD``: every rank gets ``ceil(total_rows / num_ranks)`` rows; ranks that are
+      short repeat rows (at most ``num_ranks - 1`` in all), and every batch carries a
+      boolean column ``_is_padding`` that is ``True`` on repeated rows.
+    * ``OFF``: ranks read the chunks ``[rank::num_ranks]`` whole and may yield different
+      numbers of batches; a loop with collectives then needs its own handling of uneven
+      inputs (e.g. ``torch.distributed.algorithms.Join``).
+    """
+
+    DROP = "drop"
+    PAD = "pad"
+    OFF = "off"
+
+
+DEFAULT_EQUAL_BATCHES = EqualBatches.DROP
+"""Default of ``equal_batches``: equal batch counts, dropping < ``num_ranks`` rows per epoch."""
+PADDING_COLUMN = "_is_padding"
+"""Name of the boolean column added with ``equal_batches='pad'``: ``True`` on repeated rows."""
+
+
+def coerce_equal_batches(value: object) -> EqualBatches:
+    """``equal_batches`` as an :class:`EqualBatches` (``'drop'``, ``'pad'`` or ``'off'``).
+
+    Raises:
+        ConfigError: naming the parameter, echoing the value and listing the choices.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(
+            f"equal_batches={value!r} is ambiguous; use 'drop' (default), 'pad' or 'off'"
+        )
+    return coerce_enum(value, EqualBatches, "equal_batches")
 
 
 class SplitKind(enum.Enum):

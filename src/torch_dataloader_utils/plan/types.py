@@ -115,6 +115,8 @@ class Chunk:
         unit: Whether ``start``/``stop`` count rows or bytes.
         num_rows: Rows the chunk yields before row-level filters, when known.
         num_bytes: Approximate bytes on disk, the balancing weight when rows are unknown.
+        padding: The chunk repeats rows read elsewhere in the epoch, to pad a rank
+            (``equal_batches='pad'``); its rows are flagged ``_is_padding``.
     """
 
     path: str
@@ -123,6 +125,7 @@ class Chunk:
     unit: ChunkUnit = ChunkUnit.ROWS
     num_rows: int | None = None
     num_bytes: int = 0
+    padding: bool = False
 
     @property
     def weight(self) -> int:
@@ -183,6 +186,8 @@ class EpochPlan:
         num_workers: Number of reading workers per rank (at least 1; a DataLoader with
             ``num_workers=0`` reads in one "worker", the main process).
         assignments: ``assignments[rank][worker]`` is that worker's chunks.
+        dropped: Row ranges left out of the epoch to give every rank the same number of
+            rows (``equal_batches='drop'``); fewer than ``num_ranks`` rows in all.
     """
 
     epoch: int
@@ -190,6 +195,7 @@ class EpochPlan:
     num_ranks: int
     num_workers: int
     assignments: tuple[tuple[WorkerChunks, ...], ...]
+    dropped: tuple[Chunk, ...] = ()
 
     def chunks_for(self, rank: int, worker: int) -> WorkerChunks:
         """The chunks of one worker of one rank, in reading order."""
@@ -202,6 +208,10 @@ class EpochPlan:
     def all_chunks(self) -> list[Chunk]:
         """Every chunk of the epoch, rank by rank, worker by worker."""
         return [c for rank in self.assignments for worker in rank for c in worker]
+
+    def rank_rows(self, rank: int) -> int | None:
+        """Rows planned for one rank (padding included), or ``None`` when unknown."""
+        return total_rows(self.rank_chunks(rank))
 
     def rows_for(self, rank: int, worker: int) -> int | None:
         """Rows planned for one worker, or ``None`` when a chunk's count is unknown."""
