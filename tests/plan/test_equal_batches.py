@@ -33,9 +33,7 @@ def batches(rows: int, batch_size: int, drop_last: bool) -> int:
 
 
 def rank_batches(plan: EpochPlan, rank: int, batch_size: int, drop_last: bool = False) -> int:
-    return sum(
-        batches(plan.rows_for(rank, w) or 0, batch_size, drop_last) for w in range(plan.num_workers)
-    )
+    return sum(batches(plan.rows_for(rank, w) or 0, batch_size, drop_last) for w in range(plan.num_workers))
 
 
 STRATEGIES = st.sampled_from([FileSplit(), RowGroupSplit(), RowGroupSplit(split_rows=50)])

@@ -1,6 +1,7 @@
 """``plan_epoch``: the one composition of split, shuffle, rank slicing and LPT.
 
-    files ──split──▶ chunks ──shuffle(seed, epoch)──▶ ──[rank::num_ranks] + equalize──▶ ──LPT + quotas──▶ workers
+    files ──split──▶ chunks ──shuffle(seed, epoch)──▶ ──[rank::num_ranks] + equalize──▶
+        ──LPT + quotas──▶ workers
 
 With ``equal_batches`` on (and more than one rank), every rank gets the same number
 of rows and every worker a multiple of ``batch_size`` (see :mod:`.ranks`).
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch_dataloader_utils.config import EqualBatches
 from torch_dataloader_utils.plan.assign import assign
 from torch_dataloader_utils.plan.ranks import equalize_ranks, fill_quotas, slice_for_rank, worker_quotas
 from torch_dataloader_utils.plan.shuffle import shuffled
@@ -23,7 +23,7 @@ from torch_dataloader_utils.plan.splits import (
     check_no_overlap,
     normalize_chunks,
 )
-from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo
+from torch_dataloader_utils.plan.types import Chunk, EpochPlan, EqualBatches, FileInfo
 
 __all__ = ["PlanSpec", "plan_epoch"]
 

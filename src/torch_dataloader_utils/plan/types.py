@@ -21,6 +21,32 @@ class ChunkUnit(enum.Enum):
     """Byte offsets inside the file (line-delimited text)."""
 
 
+class EqualBatches(enum.Enum):
+    """How ranks are made to yield the same number of batches every epoch.
+
+    With ``num_ranks > 1`` and any policy but ``OFF``, the plan gives every rank
+    exactly the same number of rows, cutting chunks at row granularity, and gives
+    every worker a multiple of ``batch_size`` rows (one worker of each rank also takes
+    the rank's last, short batch). So every rank yields ``ceil(rows_per_rank /
+    batch_size)`` batches (``floor`` with ``drop_last``), whatever its ``num_workers``.
+    With one rank nothing is dropped or padded.
+
+    * ``DROP``: every rank gets ``total_rows // num_ranks`` rows; the remainder (at most
+      ``num_ranks - 1`` rows per epoch) is not read. Which rows are left out follows
+      the shuffle, so with ``shuffle=True`` it changes every epoch.
+    * ``PAD``: every rank gets ``ceil(total_rows / num_ranks)`` rows; ranks that are
+      short repeat rows (at most ``num_ranks - 1`` in all), and every batch carries a
+      boolean column ``_is_padding`` that is ``True`` on repeated rows.
+    * ``OFF``: ranks read the chunks ``[rank::num_ranks]`` whole and may yield different
+      numbers of batches; a loop with collectives then needs its own handling of uneven
+      inputs (e.g. ``torch.distributed.algorithms.Join``).
+    """
+
+    DROP = "drop"
+    PAD = "pad"
+    OFF = "off"
+
+
 @dataclass(frozen=True, slots=True)
 class RowGroup:
     """A unit of a columnar file that can be read on its own (Parquet row group, ORC stripe).
