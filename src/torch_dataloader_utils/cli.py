@@ -190,6 +190,8 @@ def _plan(args: argparse.Namespace) -> int:
     )
     plan = dataset.plan(args.epoch, num_workers=max(1, args.num_workers))
     print(f"epoch {plan.epoch}  ranks {plan.num_ranks}  workers/rank {plan.num_workers}  seed {plan.seed}")
+    dropped = sum(c.num_rows or 0 for c in plan.dropped)
+    print(f"equal_batches {dataset.equal_batches.value}  rows dropped to equalize ranks: {dropped}")
     print(f"{'rank':>4} {'worker':>6} {'rows':>10} {'chunks':>6}  first chunks")
     for r in range(plan.num_ranks):
         for w in range(plan.num_workers):
