@@ -16,7 +16,7 @@ Quick start::
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from torch_dataloader_utils.config import FileFormat, OutputFormat, SplitKind
+from torch_dataloader_utils.config import EqualBatches, FileFormat, OutputFormat, SplitKind
 from torch_dataloader_utils.errors import (
     ConfigError,
     ConversionError,
@@ -34,6 +34,7 @@ from torch_dataloader_utils.errors import (
     SchemaError,
     SchemaMismatchError,
     UnknownColumnError,
+    UnknownLengthError,
 )
 from torch_dataloader_utils.plan.splits import LegacySplitStrategy, SplitStrategy
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, EpochPlan, FileInfo, RowGroup, World
@@ -71,6 +72,7 @@ __all__ = [
     "DiscoveryError",
     "DistributedConfigError",
     "EpochPlan",
+    "EqualBatches",
     "FileFormat",
     "FileInfo",
     "IncompatibleOptionsError",
@@ -89,6 +91,7 @@ __all__ = [
     "SplitStrategy",
     "StructuredDataset",
     "UnknownColumnError",
+    "UnknownLengthError",
     "World",
     "create_dataloader",
 ]

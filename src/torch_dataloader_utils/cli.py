@@ -2,17 +2,22 @@
 
 Usage::
 
-    python -m torch_dataloader_utils demo
+    python -m torch_dataloader_utils demo      # torchrun on CPU: 2 ranks x 2 workers
     python -m torch_dataloader_utils plan PATH --num-ranks 4 --num-workers 2 --epoch 0
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -53,46 +58,121 @@ def make_demo_dataset(root: Path, rows: int = DEMO_ROWS, files: int = DEMO_FILES
     return target
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _demo(args: argparse.Namespace) -> int:
+    """Launch the demo as real ranks: torchrun on CPU (gloo), then report its exit code."""
+    path = make_demo_dataset(Path(args.data_dir))
+    print(f"dataset: {path} ({DEMO_ROWS} rows in {DEMO_FILES} Parquet files)")
+    print(
+        f"launching torchrun: {args.num_ranks} ranks x {args.num_workers} workers on CPU (gloo), "
+        f"shuffle=True, epochs={args.epochs}",
+        flush=True,
+    )
+    package_root = str(Path(__file__).resolve().parents[1])
+    child_env = dict(os.environ)
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p
+    )
+    child_env.setdefault("OMP_NUM_THREADS", "1")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        child_env.pop(name, None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={args.num_ranks}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_free_port()}",
+        "--module",
+        "torch_dataloader_utils",
+        "demo-rank",
+        f"--data-dir={path}",
+        f"--num-workers={args.num_workers}",
+        f"--batch-size={args.batch_size}",
+        f"--epochs={args.epochs}",
+    ]
+    try:
+        done = subprocess.run(cmd, env=child_env, timeout=args.timeout, check=False)
+    except subprocess.TimeoutExpired:
+        print(f"FAIL: the demo did not finish in {args.timeout} s")
+        return 1
+    if done.returncode != 0:
+        print(f"FAIL: torchrun exited with {done.returncode}")
+    return 1 if done.returncode else 0
+
+
+def _demo_rank(args: argparse.Namespace) -> int:
+    """One rank of the demo: a loop with one all_reduce per batch; rank 0 verifies."""
+    import torch
+    import torch.distributed as dist
+
     from torch_dataloader_utils import StructuredDataset
 
-    path = make_demo_dataset(Path(args.data_dir))
-    num_ranks, num_workers = args.num_ranks, args.num_workers
-    print(f"dataset: {path} ({DEMO_ROWS} rows in {DEMO_FILES} Parquet files)")
-    print(f"reading as {num_ranks} ranks x {num_workers} workers, shuffle=True, epochs={args.epochs}")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    loader, dataset = StructuredDataset.create_dataloader(
+        path=args.data_dir,
+        format="parquet",
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        shuffle=True,
+        shuffle_seed=42,
+        split_rows=16384,
+    )  # num_ranks / rank come from the process group; equal_batches='drop' by default
     ok = True
     for epoch in range(args.epochs):
-        seen: list[np.ndarray] = []
-        print(f"\nepoch {epoch}\n  rank  rows     batches  seconds")
-        for rank in range(num_ranks):
-            t0 = time.perf_counter()
-            loader, dataset = StructuredDataset.create_dataloader(
-                path=str(path),
-                format="parquet",
-                batch_size=args.batch_size,
-                num_workers=num_workers,
-                shuffle=True,
-                shuffle_seed=42,
-                split_rows=16384,
-                num_ranks=num_ranks,
-                rank=rank,
-            )
-            dataset.set_epoch(epoch)
-            rows = batches = 0
-            for batch in loader:
-                seen.append(batch["id"].numpy().copy())
-                rows += len(batch["id"])
-                batches += 1
-            print(f"  {rank:<5d} {rows:<8d} {batches:<8d} {time.perf_counter() - t0:.2f}")
-        ids = np.concatenate(seen) if seen else np.empty(0, dtype=np.int64)
-        counts = np.bincount(ids, minlength=DEMO_ROWS)
-        missing, repeated = int((counts == 0).sum()), int((counts > 1).sum())
-        if len(ids) == DEMO_ROWS and missing == 0 and repeated == 0:
-            print(f"  OK: all {DEMO_ROWS} rows arrived exactly once")
-        else:
-            ok = False
-            print(f"  FAIL: {len(ids)} rows read, {missing} missing, {repeated} repeated")
+        dataset.set_epoch(epoch)
+        t0 = time.perf_counter()
+        parts: list[np.ndarray] = []
+        batches = 0
+        for batch in loader:
+            step = torch.ones(1)
+            dist.all_reduce(step)  # one collective per batch, as DDP's gradient sync
+            parts.append(batch["id"].numpy().copy())
+            batches += 1
+        ids = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        stats = (rank, len(ids), batches, len(loader), time.perf_counter() - t0)
+        gathered: list[object] = [None] * world if rank == 0 else []
+        dist.gather_object((stats, ids), gathered if rank == 0 else None, dst=0)
+        if rank == 0:
+            ok = _verify(epoch, gathered, dataset) and ok
+        flag = torch.tensor([1 if ok else 0])
+        dist.broadcast(flag, src=0)
+        ok = bool(flag.item())
+    dist.barrier()
+    dist.destroy_process_group()
     return 0 if ok else 1
+
+
+def _verify(epoch: int, gathered: Sequence[Any], dataset: Any) -> bool:
+    print(f"\nepoch {epoch}\n  rank  rows     batches  len(loader)  seconds")
+    seen = []
+    counts = set()
+    for (rank, rows, batches, length, seconds), ids in gathered:
+        print(f"  {rank:<5d} {rows:<8d} {batches:<8d} {length:<12d} {seconds:.2f}")
+        seen.append(ids)
+        counts.add(batches)
+        counts.add(length)
+    ids = np.concatenate(seen)
+    dropped = sum(c.num_rows or 0 for c in dataset.plan(epoch).dropped)
+    counts_ids = np.bincount(ids, minlength=DEMO_ROWS)
+    missing, repeated = int((counts_ids == 0).sum()), int((counts_ids > 1).sum())
+    if len(counts) == 1 and repeated == 0 and missing == dropped and len(ids) == DEMO_ROWS - dropped:
+        print(
+            f"  OK: every rank yielded {counts.pop()} batches; all {DEMO_ROWS - dropped} rows arrived "
+            f"exactly once ({dropped} dropped to equalize ranks)"
+        )
+        return True
+    print(
+        f"  FAIL: batch counts {sorted(counts)}, {len(ids)} rows read, {missing} missing "
+        f"({dropped} planned drops), {repeated} repeated"
+    )
+    return False
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -110,6 +190,8 @@ def _plan(args: argparse.Namespace) -> int:
     )
     plan = dataset.plan(args.epoch, num_workers=max(1, args.num_workers))
     print(f"epoch {plan.epoch}  ranks {plan.num_ranks}  workers/rank {plan.num_workers}  seed {plan.seed}")
+    dropped = sum(c.num_rows or 0 for c in plan.dropped)
+    print(f"equal_batches {dataset.equal_batches.value}  rows dropped to equalize ranks: {dropped}")
     print(f"{'rank':>4} {'worker':>6} {'rows':>10} {'chunks':>6}  first chunks")
     for r in range(plan.num_ranks):
         for w in range(plan.num_workers):
@@ -131,7 +213,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--num-workers", type=int, default=2)
     demo.add_argument("--batch-size", type=int, default=1000)
     demo.add_argument("--epochs", type=int, default=2)
+    demo.add_argument("--timeout", type=float, default=300, help="seconds before the demo gives up")
     demo.set_defaults(fn=_demo)
+    rank = sub.add_parser("demo-rank", help="one rank of the demo (started by torchrun)")
+    rank.add_argument("--data-dir", required=True)
+    rank.add_argument("--num-workers", type=int, default=2)
+    rank.add_argument("--batch-size", type=int, default=1000)
+    rank.add_argument("--epochs", type=int, default=2)
+    rank.set_defaults(fn=_demo_rank)
     plan = sub.add_parser("plan", help="show which chunks each rank and worker reads")
     plan.add_argument("path")
     plan.add_argument("--format", default="parquet")

@@ -14,16 +14,20 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError
+from torch_dataloader_utils.plan.types import EqualBatches  # defined in pure plan/, coerced here
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
+    "DEFAULT_EQUAL_BATCHES",
     "DEFAULT_SHUFFLE_SEED",
     "DEFAULT_SPLIT_BYTES",
     "DistributedConfig",
+    "EqualBatches",
     "FileFormat",
     "LoaderConfig",
     "OutputConfig",
     "OutputFormat",
+    "PADDING_COLUMN",
     "ReadConfig",
     "ShuffleConfig",
     "SplitConfig",
@@ -65,6 +69,23 @@ class OutputFormat(enum.Enum):
     NUMPY = "numpy"
     ARROW = "arrow"
     DICT = "dict"
+
+
+DEFAULT_EQUAL_BATCHES = EqualBatches.DROP
+"""Default of ``equal_batches``: equal batch counts, dropping < ``num_ranks`` rows per epoch."""
+PADDING_COLUMN = "_is_padding"
+"""Name of the boolean column added with ``equal_batches='pad'``: ``True`` on repeated rows."""
+
+
+def coerce_equal_batches(value: object) -> EqualBatches:
+    """``equal_batches`` as an :class:`EqualBatches` (``'drop'``, ``'pad'`` or ``'off'``).
+
+    Raises:
+        ConfigError: naming the parameter, echoing the value and listing the choices.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"equal_batches={value!r} is ambiguous; use 'drop' (default), 'pad' or 'off'")
+    return coerce_enum(value, EqualBatches, "equal_batches")
 
 
 class SplitKind(enum.Enum):

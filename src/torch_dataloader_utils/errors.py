@@ -18,6 +18,7 @@ also :class:`ValueError`, errors about a missing path are also
     ├── PlanError                             a split strategy produced an invalid plan
     │   └── OverlappingChunksError            two chunks (or two ranks) share rows
     ├── DistributedConfigError (ConfigError)  rank / world size disagree with the runtime
+    ├── UnknownLengthError (TypeError)        len() asked where row counts are unknown
     ├── ReadError                             reading a chunk's data failed
     └── ConversionError (ValueError)          a column cannot become the output type
         └── NullValueError                    a null in a column that cannot hold one
@@ -44,6 +45,7 @@ __all__ = [
     "SchemaError",
     "SchemaMismatchError",
     "UnknownColumnError",
+    "UnknownLengthError",
 ]
 
 
@@ -61,6 +63,14 @@ class IncompatibleOptionsError(ConfigError):
 
 class DistributedConfigError(ConfigError):
     """``rank`` / ``num_ranks`` disagree with each other or with the running job."""
+
+
+class UnknownLengthError(DataLoaderUtilsError, TypeError):
+    """``len()`` of a dataset or loader whose row counts are unknown before reading.
+
+    A :class:`TypeError`, as ``len()`` of an object without a length raises, so code
+    that probes ``len()`` (``list()``, progress bars) falls back to iterating.
+    """
 
 
 class DiscoveryError(DataLoaderUtilsError):

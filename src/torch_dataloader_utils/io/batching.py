@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
 
-__all__ = ["rebatch"]
+__all__ = ["rebatch", "with_flag"]
 
 
 def rebatch(
@@ -52,3 +52,10 @@ def _one_batch(table: pa.Table) -> pa.RecordBatch:
     if len(batches) == 1:
         return batches[0]
     return table.combine_chunks().to_batches()[0]
+
+
+def with_flag(batches: Iterable[pa.RecordBatch], name: str, value: bool) -> Iterator[pa.RecordBatch]:
+    """Append a constant boolean column ``name`` to every batch (e.g. ``_is_padding``)."""
+    for batch in batches:
+        flag = pa.array([value] * batch.num_rows, pa.bool_())
+        yield pa.RecordBatch.from_arrays([*batch.columns, flag], names=[*batch.schema.names, name])

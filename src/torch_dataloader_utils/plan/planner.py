@@ -1,6 +1,10 @@
 """``plan_epoch``: the one composition of split, shuffle, rank slicing and LPT.
 
-    files ──split──▶ chunks ──shuffle(seed, epoch)──▶ ──[rank::num_ranks]──▶ ──LPT──▶ workers
+    files ──split──▶ chunks ──shuffle(seed, epoch)──▶ ──[rank::num_ranks] + equalize──▶
+        ──LPT + quotas──▶ workers
+
+With ``equal_batches`` on (and more than one rank), every rank gets the same number
+of rows and every worker a multiple of ``batch_size`` (see :mod:`.ranks`).
 
 Every rank and every DataLoader worker calls :func:`plan_epoch` with the same values
 and so computes the same plan, with no communication.
@@ -11,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch_dataloader_utils.plan.assign import assign
-from torch_dataloader_utils.plan.ranks import slice_for_rank
+from torch_dataloader_utils.plan.ranks import equalize_ranks, fill_quotas, slice_for_rank, worker_quotas
 from torch_dataloader_utils.plan.shuffle import shuffled
 from torch_dataloader_utils.plan.splits import (
     RankAwareStrategy,
@@ -19,7 +23,7 @@ from torch_dataloader_utils.plan.splits import (
     check_no_overlap,
     normalize_chunks,
 )
-from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo
+from torch_dataloader_utils.plan.types import Chunk, EpochPlan, EqualBatches, FileInfo
 
 __all__ = ["PlanSpec", "plan_epoch"]
 
@@ -35,6 +39,8 @@ class PlanSpec:
         num_workers: Reading workers per rank (>= 1).
         shuffle: Whether chunk order is shuffled every epoch.
         seed: The shuffle seed.
+        equal_batches: The equal-batches policy (applies when ``num_ranks > 1``).
+        batch_size: Rows per batch (worker quotas are multiples of it).
     """
 
     files: tuple[FileInfo, ...]
@@ -43,6 +49,13 @@ class PlanSpec:
     num_workers: int = 1
     shuffle: bool = False
     seed: int = 0
+    equal_batches: EqualBatches = EqualBatches.OFF
+    batch_size: int = 1
+
+    @property
+    def equalized(self) -> bool:
+        """Whether ranks are given equal row counts (a policy is on and there are ranks)."""
+        return self.equal_batches is not EqualBatches.OFF and self.num_ranks > 1
 
     def __post_init__(self) -> None:
         if self.num_ranks < 1:
@@ -51,6 +64,8 @@ class PlanSpec:
             raise ValueError(f"num_workers must be >= 1 in a plan, got {self.num_workers}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
 
 def rank_shares(spec: PlanSpec, epoch: int) -> list[list[Chunk]]:
@@ -97,13 +112,25 @@ def plan_epoch(spec: PlanSpec, epoch: int) -> EpochPlan:
         The :class:`EpochPlan` for every rank and worker.
     """
     shares = rank_shares(spec, epoch)
-    assignments = tuple(tuple(tuple(b) for b in assign(share, spec.num_workers, _weight)) for share in shares)
+    dropped: list[Chunk] = []
+    files = {f.path: f for f in spec.files}
+    if spec.equalized:
+        shares, dropped = equalize_ranks(shares, files, pad=spec.equal_batches is EqualBatches.PAD)
+    per_rank = []
+    for share in shares:
+        bins = assign(share, spec.num_workers, _weight)
+        if spec.equalized:
+            rows = sum(c.num_rows or 0 for c in share)
+            bins, rest = fill_quotas(bins, worker_quotas(rows, spec.num_workers, spec.batch_size), files)
+            assert not rest, "worker quotas add up to the rank's rows"
+        per_rank.append(tuple(tuple(b) for b in bins))
     return EpochPlan(
         epoch=epoch,
         seed=spec.seed if spec.shuffle else None,
         num_ranks=spec.num_ranks,
         num_workers=spec.num_workers,
-        assignments=assignments,
+        assignments=tuple(per_rank),
+        dropped=tuple(dropped),
     )
 
 

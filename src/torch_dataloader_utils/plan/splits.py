@@ -284,10 +284,12 @@ def _bytes_of(f: FileInfo, c: Chunk) -> int:
 def check_no_overlap(chunks: Iterable[Chunk], what: str = "the plan") -> None:
     """Raise if two chunks cover the same rows (or bytes) of a file.
 
+    Padding chunks (deliberate repeats, see ``equal_batches='pad'``) are not checked.
+
     Raises:
         OverlappingChunksError: naming both chunks.
     """
-    ordered = sorted(chunks, key=lambda c: (c.path, c.start, c.stop))
+    ordered = sorted((c for c in chunks if not c.padding), key=lambda c: (c.path, c.start, c.stop))
     for prev, cur in itertools.pairwise(ordered):
         if prev.path != cur.path:
             continue

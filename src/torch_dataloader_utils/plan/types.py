@@ -21,6 +21,32 @@ class ChunkUnit(enum.Enum):
     """Byte offsets inside the file (line-delimited text)."""
 
 
+class EqualBatches(enum.Enum):
+    """How ranks are made to yield the same number of batches every epoch.
+
+    With ``num_ranks > 1`` and any policy but ``OFF``, the plan gives every rank
+    exactly the same number of rows, cutting chunks at row granularity, and gives
+    every worker a multiple of ``batch_size`` rows (one worker of each rank also takes
+    the rank's last, short batch). So every rank yields ``ceil(rows_per_rank /
+    batch_size)`` batches (``floor`` with ``drop_last``), whatever its ``num_workers``.
+    With one rank nothing is dropped or padded.
+
+    * ``DROP``: every rank gets ``total_rows // num_ranks`` rows; the remainder (at most
+      ``num_ranks - 1`` rows per epoch) is not read. Which rows are left out follows
+      the shuffle, so with ``shuffle=True`` it changes every epoch.
+    * ``PAD``: every rank gets ``ceil(total_rows / num_ranks)`` rows; ranks that are
+      short repeat rows (at most ``num_ranks - 1`` in all), and every batch carries a
+      boolean column ``_is_padding`` that is ``True`` on repeated rows.
+    * ``OFF``: ranks read the chunks ``[rank::num_ranks]`` whole and may yield different
+      numbers of batches; a loop with collectives then needs its own handling of uneven
+      inputs (e.g. ``torch.distributed.algorithms.Join``).
+    """
+
+    DROP = "drop"
+    PAD = "pad"
+    OFF = "off"
+
+
 @dataclass(frozen=True, slots=True)
 class RowGroup:
     """A unit of a columnar file that can be read on its own (Parquet row group, ORC stripe).
@@ -115,6 +141,8 @@ class Chunk:
         unit: Whether ``start``/``stop`` count rows or bytes.
         num_rows: Rows the chunk yields before row-level filters, when known.
         num_bytes: Approximate bytes on disk, the balancing weight when rows are unknown.
+        padding: The chunk repeats rows read elsewhere in the epoch, to pad a rank
+            (``equal_batches='pad'``); its rows are flagged ``_is_padding``.
     """
 
     path: str
@@ -123,6 +151,7 @@ class Chunk:
     unit: ChunkUnit = ChunkUnit.ROWS
     num_rows: int | None = None
     num_bytes: int = 0
+    padding: bool = False
 
     @property
     def weight(self) -> int:
@@ -183,6 +212,8 @@ class EpochPlan:
         num_workers: Number of reading workers per rank (at least 1; a DataLoader with
             ``num_workers=0`` reads in one "worker", the main process).
         assignments: ``assignments[rank][worker]`` is that worker's chunks.
+        dropped: Row ranges left out of the epoch to give every rank the same number of
+            rows (``equal_batches='drop'``); fewer than ``num_ranks`` rows in all.
     """
 
     epoch: int
@@ -190,6 +221,7 @@ class EpochPlan:
     num_ranks: int
     num_workers: int
     assignments: tuple[tuple[WorkerChunks, ...], ...]
+    dropped: tuple[Chunk, ...] = ()
 
     def chunks_for(self, rank: int, worker: int) -> WorkerChunks:
         """The chunks of one worker of one rank, in reading order."""
@@ -202,6 +234,10 @@ class EpochPlan:
     def all_chunks(self) -> list[Chunk]:
         """Every chunk of the epoch, rank by rank, worker by worker."""
         return [c for rank in self.assignments for worker in rank for c in worker]
+
+    def rank_rows(self, rank: int) -> int | None:
+        """Rows planned for one rank (padding included), or ``None`` when unknown."""
+        return total_rows(self.rank_chunks(rank))
 
     def rows_for(self, rank: int, worker: int) -> int | None:
         """Rows planned for one worker, or ``None`` when a chunk's count is unknown."""

@@ -12,26 +12,31 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset
 
 from torch_dataloader_utils.config import (
     DEFAULT_BATCH_SIZE,
+    DEFAULT_EQUAL_BATCHES,
     DEFAULT_SHUFFLE_SEED,
     DEFAULT_SPLIT_BYTES,
+    PADDING_COLUMN,
+    EqualBatches,
     FileFormat,
     OutputFormat,
     SplitKind,
     check_int,
     coerce_enum,
+    coerce_equal_batches,
     coerce_format,
     parse_size,
 )
 from torch_dataloader_utils.convert import BatchConverter, pack
 from torch_dataloader_utils.discovery import Discovered, discover
-from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError
+from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError, UnknownLengthError
 from torch_dataloader_utils.io.base import ChunkReader
-from torch_dataloader_utils.io.batching import rebatch
+from torch_dataloader_utils.io.batching import rebatch, with_flag
 from torch_dataloader_utils.io.readers import make_reader
 from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
 from torch_dataloader_utils.plan.splits import (
@@ -96,6 +101,12 @@ class PlannedDataset(IterableDataset[Any]):
     """Source-agnostic core: plans each epoch and reads this worker's chunks.
 
     Subclasses (files, Iceberg) discover the data and provide a reader.
+
+    ``equal_batches`` (default ``'drop'``) makes every rank yield the same number of
+    batches (see :class:`~torch_dataloader_utils.config.EqualBatches`). It needs exact
+    row counts: a subclass whose counts are not exact (a row filter, deletes) passes
+    ``row_count_issue``, a phrase saying why, which then makes ``equal_batches`` on more
+    than one rank an error (never a hang) and ``len()`` an :class:`UnknownLengthError`.
     """
 
     def __init__(
@@ -112,6 +123,8 @@ class PlannedDataset(IterableDataset[Any]):
         shuffle: bool,
         shuffle_seed: int,
         collate_fn: Callable[[Any], Any] | None,
+        equal_batches: EqualBatches = DEFAULT_EQUAL_BATCHES,
+        row_count_issue: str | None = None,
     ) -> None:
         super().__init__()
         self._files = tuple(files)
@@ -125,6 +138,17 @@ class PlannedDataset(IterableDataset[Any]):
         self._shuffle = shuffle
         self._seed = shuffle_seed
         self._collate_fn = collate_fn
+        self._equal_batches = equal_batches
+        self._row_count_issue = row_count_issue
+        if world.num_ranks > 1 and equal_batches is not EqualBatches.OFF and row_count_issue:
+            raise IncompatibleOptionsError(
+                f"equal_batches={equal_batches.value!r} needs exact row counts, but {row_count_issue}, "
+                f"so the {world.num_ranks} ranks' row counts are unknown before reading and they "
+                "could yield different numbers of batches (a DDP job would hang). Mask those rows "
+                "in the training step instead, rewrite the data already filtered, or pass "
+                "equal_batches='off' and handle uneven inputs yourself (torch.distributed."
+                "algorithms.Join)"
+            )
         # Shared memory: set_epoch in the main process reaches persistent workers.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self._check_plan()
@@ -162,6 +186,8 @@ class PlannedDataset(IterableDataset[Any]):
             num_workers=max(1, num_workers),
             shuffle=self._shuffle,
             seed=self._seed,
+            equal_batches=self._equal_batches,
+            batch_size=self._batch_size,
         )
 
     def plan(self, epoch: int | None = None, num_workers: int | None = None) -> EpochPlan:
@@ -169,6 +195,43 @@ class PlannedDataset(IterableDataset[Any]):
         epoch = self.epoch if epoch is None else epoch
         workers = self._num_workers if num_workers is None else num_workers
         return plan_epoch(self._spec(workers), epoch)
+
+    @property
+    def equal_batches(self) -> EqualBatches:
+        """The equal-batches policy (it acts only with more than one rank)."""
+        return self._equal_batches
+
+    def num_batches(self, epoch: int | None = None, num_workers: int | None = None) -> int:
+        """Batches this rank yields in ``epoch`` with ``num_workers`` DataLoader workers.
+
+        With ``equal_batches`` on, the count is the same on every rank and for any
+        ``num_workers``; otherwise each worker's last batch may be short, so it depends
+        on ``num_workers`` (default: the dataset's).
+
+        Raises:
+            UnknownLengthError: row counts are unknown before reading (a ``TypeError``).
+        """
+        if self._row_count_issue:
+            raise UnknownLengthError(
+                f"the number of batches is unknown before reading: {self._row_count_issue}. "
+                "Iterate to count, or drop the row filter to get len()"
+            )
+        plan = self.plan(epoch, num_workers)
+        total = 0
+        for worker in range(plan.num_workers):
+            rows = plan.rows_for(self._world.rank, worker)
+            if rows is None:
+                raise UnknownLengthError(
+                    "the number of batches is unknown before reading: this format's row counts "
+                    "are not in its metadata (byte-range chunks). Iterate to count"
+                )
+            full, rest = divmod(rows, self._batch_size)
+            total += full + (1 if rest and not self._drop_last else 0)
+        return total
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current epoch (see :meth:`num_batches`)."""
+        return self.num_batches()
 
     def _check_plan(self) -> None:
         plan = self.plan(0)
@@ -192,7 +255,12 @@ class PlannedDataset(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         slot = env.worker_slot()
         chunks = self.worker_chunks()
-        batches = itertools.chain.from_iterable(self._reader.read(c) for c in chunks)
+        if self._equal_batches is EqualBatches.PAD:
+            batches = itertools.chain.from_iterable(
+                with_flag(self._reader.read(c), PADDING_COLUMN, c.padding) for c in chunks
+            )
+        else:
+            batches = itertools.chain.from_iterable(self._reader.read(c) for c in chunks)
         for batch in rebatch(batches, self._batch_size, self._drop_last):
             out = self._converter(batch)
             if self._collate_fn is not None:
@@ -231,8 +299,10 @@ class StructuredDataset(PlannedDataset):
         num_ranks: int | None = None,
         rank: int | None = None,
         num_workers: int = 0,
+        equal_batches: str | EqualBatches = DEFAULT_EQUAL_BATCHES,
     ) -> None:
         fmt = coerce_format(format)
+        equal = coerce_equal_batches(equal_batches)
         out_fmt = coerce_enum(output_format, OutputFormat, "output_format")
         check_int(batch_size, "batch_size", 1, hint=" (rows per batch)")
         check_int(shuffle_seed, "shuffle_seed", 0)
@@ -254,11 +324,22 @@ class StructuredDataset(PlannedDataset):
         self.discovered: Discovered = found
         """What discovery found: files, schema, columns."""
         reader = make_reader(found, batch_size)
+        schema = found.output_schema
+        if equal is EqualBatches.PAD:
+            if PADDING_COLUMN in schema.names:
+                raise IncompatibleOptionsError(
+                    f"equal_batches='pad' adds a column {PADDING_COLUMN!r}, but the data already has "
+                    f"one; rename it or leave it out of columns"
+                )
+            schema = schema.append(pa.field(PADDING_COLUMN, pa.bool_(), nullable=False))
+        issue = None
+        if found.filters is not None:
+            issue = f"filters={found.filters} drops rows inside row groups"
         super().__init__(
             files=found.files,
             strategy=strategy,
             reader=reader,
-            converter=BatchConverter(found.output_schema, out_fmt, null_fill),
+            converter=BatchConverter(schema, out_fmt, null_fill),
             world=world,
             num_workers=num_workers,
             batch_size=batch_size,
@@ -266,6 +347,8 @@ class StructuredDataset(PlannedDataset):
             shuffle=bool(shuffle),
             shuffle_seed=shuffle_seed,
             collate_fn=collate_fn,
+            equal_batches=equal,
+            row_count_issue=issue,
         )
 
     @classmethod

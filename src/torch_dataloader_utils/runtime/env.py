@@ -65,6 +65,11 @@ def detect() -> DetectedWorld:
 def resolve_world(num_ranks: int | None, rank: int | None) -> World:
     """The world to plan for: explicit values, checked against the runtime, or detected.
 
+    With neither value given, an initialized ``torch.distributed`` group decides, else
+    the launcher's ``RANK`` / ``WORLD_SIZE``, else a single process. Explicit values
+    (Horovod: ``hvd.size()``, ``hvd.rank()``) are used as given when nothing in the
+    runtime contradicts them.
+
     Raises:
         DistributedConfigError: only one of the two was given; they disagree with an
             initialized process group; or ``rank`` looks like a local rank on a
@@ -81,23 +86,30 @@ def resolve_world(num_ranks: int | None, rank: int | None) -> World:
     from torch_dataloader_utils.config import DistributedConfig  # validates ints and range
 
     DistributedConfig(num_ranks=num_ranks, rank=rank)
+    looks_local = detected.local_rank is not None and rank == detected.local_rank and rank != detected.rank
+    hint = (
+        f" rank={rank} equals LOCAL_RANK={detected.local_rank}: pass the global rank "
+        f"(RANK={detected.rank}, torch.distributed.get_rank()), not the rank on this node."
+        if looks_local
+        else ""
+    )
     if detected.source == "torch.distributed":
         if num_ranks != detected.num_ranks or rank != detected.rank:
             raise DistributedConfigError(
                 f"num_ranks={num_ranks}, rank={rank} disagree with the initialized process group "
                 f"(world size {detected.num_ranks}, rank {detected.rank}); pass "
-                "torch.distributed.get_world_size() and get_rank(), or leave both unset"
+                "torch.distributed.get_world_size() and get_rank(), or leave both unset." + hint
             )
-    elif (
-        detected.source == "env"
-        and num_ranks == detected.num_ranks
-        and rank != detected.rank
-        and detected.local_rank is not None
-        and rank == detected.local_rank
-    ):
+    elif detected.source == "env" and looks_local:
+        nodes = ""
+        if detected.local_world_size is not None and detected.local_world_size < detected.num_ranks:
+            nodes = (
+                f" (a multi-node job: LOCAL_WORLD_SIZE={detected.local_world_size} < "
+                f"WORLD_SIZE={detected.num_ranks})"
+            )
         raise DistributedConfigError(
-            f"rank={rank} equals LOCAL_RANK but RANK={detected.rank} on a job of "
-            f"{num_ranks} ranks; pass the global rank (RANK), not the local rank"
+            f"rank={rank} equals LOCAL_RANK but RANK={detected.rank}{nodes}; pass the global "
+            f"rank (RANK={detected.rank}), not the local rank, with num_ranks={num_ranks}"
         )
     return World(num_ranks, rank)
 

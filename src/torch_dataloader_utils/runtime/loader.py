@@ -77,6 +77,7 @@ def create_dataloader(
     prefetch_factor: int | None = None,
     timeout: float = 0,
     multiprocessing_context: Any = None,
+    equal_batches: str = "drop",
 ) -> tuple[DataLoader[Any], StructuredDataset]:
     """Build a :class:`StructuredDataset` and a DataLoader that reads it.
 
@@ -114,9 +115,19 @@ def create_dataloader(
         prefetch_factor: DataLoader passthrough (needs ``num_workers >= 1``).
         timeout: DataLoader passthrough.
         multiprocessing_context: DataLoader passthrough (``"fork"``, ``"spawn"``...).
+        equal_batches: ``"drop"`` (default), ``"pad"`` or ``"off"``: with more than one
+            rank, ``"drop"`` and ``"pad"`` give every rank exactly the same number of
+            batches every epoch (any ``num_workers``), so a DDP loop cannot hang on
+            uneven data. ``"drop"`` leaves out fewer than ``num_ranks`` rows per epoch
+            (different ones each epoch with ``shuffle``); ``"pad"`` repeats fewer than
+            ``num_ranks`` rows and adds a bool column ``_is_padding`` to mask them;
+            ``"off"`` reads chunks whole, with uneven batch counts. Needs exact row
+            counts, so with a row filter on more than one rank pass ``"off"``. See
+            ``docs/distributed.md``.
 
     Returns:
         ``(loader, dataset)``. Call ``dataset.set_epoch(epoch)`` before each epoch.
+        ``len(loader)`` is this rank's batch count where row counts are known.
     """
     check_int(num_workers, "num_workers", 0, optional=True, hint=" (or None for automatic)")
     dataset = StructuredDataset(
@@ -139,6 +150,7 @@ def create_dataloader(
         num_ranks=num_ranks,
         rank=rank,
         num_workers=num_workers or 0,
+        equal_batches=equal_batches,
     )
     if num_workers is None:
         num_workers = auto_workers(dataset)

@@ -1,0 +1,95 @@
+"""World detection and validation: runtime/env.py is the only reader of the environment."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from torch_dataloader_utils.errors import ConfigError, DistributedConfigError
+from torch_dataloader_utils.plan.types import World
+from torch_dataloader_utils.runtime import env
+
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in LAUNCH_VARS:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def set_launch(mp, rank: int, world: int, local_rank: int, local_world: int) -> None:
+    for name, value in zip(LAUNCH_VARS, (rank, world, local_rank, local_world), strict=True):
+        mp.setenv(name, str(value))
+
+
+def test_defaults_to_one_process(clean_env):
+    assert env.resolve_world(None, None) == World(1, 0)
+
+
+def test_defaults_from_launcher_env(clean_env):
+    set_launch(clean_env, 5, 8, 1, 4)
+    assert env.resolve_world(None, None) == World(8, 5)
+
+
+def test_explicit_values_without_runtime_are_used(clean_env):
+    """The Horovod path: hvd.size() and hvd.rank() passed in, no RANK/WORLD_SIZE."""
+    assert env.resolve_world(4, 3) == World(4, 3)
+
+
+def test_local_rank_on_multi_node_job_says_pass_global_rank(clean_env):
+    set_launch(clean_env, 5, 8, 1, 4)  # node 1 of 2 nodes x 4 ranks
+    with pytest.raises(DistributedConfigError) as err:
+        env.resolve_world(8, 1)
+    msg = str(err.value)
+    assert "rank=1 equals LOCAL_RANK but RANK=5" in msg
+    assert "multi-node job: LOCAL_WORLD_SIZE=4 < WORLD_SIZE=8" in msg
+    assert "pass the global rank (RANK=5)" in msg
+    assert env.resolve_world(8, 5) == World(8, 5)
+
+
+def test_only_one_of_rank_and_num_ranks_is_an_error(clean_env):
+    with pytest.raises(DistributedConfigError, match=r"pass both num_ranks and rank or neither"):
+        env.resolve_world(4, None)
+
+
+def test_rank_out_of_range_is_an_error(clean_env):
+    with pytest.raises(ConfigError, match=r"rank=4 must be < num_ranks=4"):
+        env.resolve_world(4, 4)
+
+
+def test_bad_env_value_is_named(clean_env):
+    clean_env.setenv("RANK", "zero")
+    clean_env.setenv("WORLD_SIZE", "2")
+    with pytest.raises(DistributedConfigError, match=r"RANK='zero' is not an int"):
+        env.detect()
+
+
+@pytest.fixture
+def group(clean_env, tmp_path):
+    """A real (one-process) gloo group; explicit values are checked against it."""
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{tmp_path / 'store'}",
+        rank=0,
+        world_size=1,
+        timeout=timedelta(seconds=10),
+    )
+    yield
+    dist.destroy_process_group()
+
+
+def test_initialized_group_is_the_default(group):
+    assert env.detect().source == "torch.distributed"
+    assert env.resolve_world(None, None) == World(1, 0)
+    assert env.resolve_world(1, 0) == World(1, 0)
+
+
+def test_disagreeing_with_initialized_group_names_both(group):
+    with pytest.raises(DistributedConfigError) as err:
+        env.resolve_world(2, 1)
+    msg = str(err.value)
+    assert "num_ranks=2, rank=1 disagree with the initialized process group (world size 1, rank 0)" in msg
