@@ -1,8 +1,11 @@
 """Deterministic shuffling of chunk order, seeded by the pair ``(seed, epoch)``.
 
-The generator is ``numpy.random.default_rng((seed, epoch))``: the tuple goes through
-``SeedSequence``, so ``(42, 1)`` and ``(43, 0)`` give unrelated permutations (a seed of
-``seed + epoch`` would make them equal). No global random state is touched.
+The generator is ``numpy.random.default_rng`` seeded with the tuple ``(seed, epoch)``
+through ``SeedSequence``, so ``(42, 1)`` and ``(43, 0)`` give unrelated permutations (a
+seed of ``seed + epoch`` would make them equal). Each value is fed as two 32-bit words,
+followed by the number of values: ``SeedSequence`` would otherwise split a seed of
+``2**32 + 5`` into the words ``(5, 1)`` and collide with seed 5, epoch 1, and ignore a
+trailing zero salt. No global random state is touched.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ import numpy as np
 __all__ = ["permutation", "shuffled"]
 
 T = TypeVar("T")
+
+_LIMIT = 2**64
+_WORD = 2**32 - 1
 
 
 def permutation(n: int, seed: int, epoch: int, *salt: int) -> np.ndarray:
@@ -29,9 +35,11 @@ def permutation(n: int, seed: int, epoch: int, *salt: int) -> np.ndarray:
     Returns:
         An int64 array holding each of ``0..n-1`` once.
     """
-    if seed < 0 or epoch < 0 or any(s < 0 for s in salt):
-        raise ValueError(f"seed, epoch and salt must be >= 0, got {(seed, epoch, *salt)}")
-    rng = np.random.default_rng((seed, epoch, *salt))
+    values = (seed, epoch, *salt)
+    if any(not 0 <= v < _LIMIT for v in values):
+        raise ValueError(f"seed, epoch and salt must be >= 0 and < 2**64, got {values}")
+    words = [w for v in values for w in (int(v) & _WORD, int(v) >> 32)]
+    rng = np.random.default_rng([*words, len(values)])
     return rng.permutation(n)
 
 
