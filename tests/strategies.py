@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from torch_dataloader_utils.plan.splits import FileSplit, RowGroupSplit, resolve_strategy
@@ -39,6 +40,7 @@ __all__ = [
     "file_layouts",
     "half_file_chunks",
     "live_cells",
+    "more_examples",
     "num_ranks",
     "num_workers",
     "quiet_resolve",
@@ -204,7 +206,13 @@ num_ranks = st.integers(1, 16)
 num_workers = st.integers(0, 8).map(lambda n: max(n, 1))
 """Workers a plan is made for: a DataLoader with ``num_workers=0`` plans one worker."""
 epochs = st.integers(0, 1000)
-seeds = st.integers(0, 2**63 - 1) | st.integers(0, 50)
+seeds = st.integers(0, 2**70) | st.integers(0, 50)
+
+
+def more_examples(factor: int = 4) -> settings:
+    """Settings for the central properties: ``factor`` times the active profile's examples."""
+    return settings(max_examples=factor * settings.default.max_examples)
+
 
 # ---------------------------------------------------------------------------------------
 # Oracles

@@ -37,6 +37,7 @@ def test_large_seeds_do_not_collide_with_other_epochs() -> None:
     assert not np.array_equal(permutation(100, 2**32 + 5, 0), permutation(100, 5, 1))
     assert not np.array_equal(permutation(100, 2**32, 0), permutation(100, 0, 1))
     assert not np.array_equal(permutation(100, 7, 2**32), permutation(100, 7, 0, 1))
+    assert not np.array_equal(permutation(100, 2**64 + 3, 0), permutation(100, 3, 0, 1))
 
 
 def test_salt_is_part_of_the_seed() -> None:
@@ -49,9 +50,14 @@ def test_every_epoch_has_its_own_order() -> None:
     assert len(orders) == 20
 
 
-@pytest.mark.parametrize("args", [(-1, 0), (0, -1), (0, 0, -2), (2**64, 0), (0, 2**64)])
-def test_out_of_range_values_are_rejected(args: tuple[int, ...]) -> None:
-    with pytest.raises(ValueError, match=r"seed, epoch and salt must be"):
+def test_seeds_of_any_size_are_accepted() -> None:
+    orders = {tuple(permutation(50, s, 0).tolist()) for s in (2**63, 2**64, 2**64 + 1, 2**100)}
+    assert len(orders) == 4
+
+
+@pytest.mark.parametrize("args", [(-1, 0), (0, -1), (0, 0, -2)])
+def test_negative_values_are_rejected(args: tuple[int, ...]) -> None:
+    with pytest.raises(ValueError, match=r"seed, epoch and salt must be >= 0, got"):
         permutation(5, *args)
 
 

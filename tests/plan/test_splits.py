@@ -20,6 +20,7 @@ from tests.strategies import (
     file_layouts,
     half_file_chunks,
     live_cells,
+    more_examples,
     row_group_files,
 )
 from torch_dataloader_utils.errors import ConfigError, OverlappingChunksError, PlanError
@@ -40,6 +41,7 @@ from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo, RowGro
 # ---------------------------------------------------------------------------------------
 
 
+@more_examples()
 @given(file_layouts(), builtin_splits())
 def test_builtin_split_covers_every_live_row_exactly_once(
     files: list[FileInfo], split: FileSplit | RowGroupSplit
@@ -72,6 +74,7 @@ def test_file_split_is_one_chunk_per_nonempty_file(files: list[FileInfo]) -> Non
         assert (c.start, c.stop) == (0, f.num_rows if f.num_rows is not None else f.size)
 
 
+@more_examples()
 @given(
     row_group_files(),
     st.none() | st.integers(1, 1500),
@@ -123,6 +126,14 @@ def test_row_group_packing_example() -> None:
     got = [(c.start, c.stop, c.num_rows) for c in RowGroupSplit(split_bytes=250).split([f])]
     assert got == [(0, 20, 20), (20, 30, 10), (40, 60, 20)]
     got = [(c.start, c.stop) for c in RowGroupSplit(split_rows=15).split([f])]
+    assert got == [(0, 10), (10, 20), (20, 30), (40, 50), (50, 60)]
+    # A chunk that reaches a target exactly is still one chunk.
+    got = [(c.start, c.stop) for c in RowGroupSplit(split_bytes=200).split([f])]
+    assert got == [(0, 20), (20, 30), (40, 60)]
+    # Live groups 3 and 5 are consecutive once group 4 is pruned: one chunk of 20 rows.
+    got = [(c.start, c.stop, c.num_rows) for c in RowGroupSplit(split_rows=20).split([f])]
+    assert got == [(0, 20, 20), (20, 50, 20), (50, 60, 10)]
+    got = [(c.start, c.stop) for c in RowGroupSplit(split_bytes=200, split_rows=19).split([f])]
     assert got == [(0, 10), (10, 20), (20, 30), (40, 50), (50, 60)]
     assert len(RowGroupSplit().split([f])) == 5
     # Without row-group metadata a file is one chunk, by rows or by bytes.

@@ -2,10 +2,11 @@
 
 The generator is ``numpy.random.default_rng`` seeded with the tuple ``(seed, epoch)``
 through ``SeedSequence``, so ``(42, 1)`` and ``(43, 0)`` give unrelated permutations (a
-seed of ``seed + epoch`` would make them equal). Each value is fed as two 32-bit words,
-followed by the number of values: ``SeedSequence`` would otherwise split a seed of
-``2**32 + 5`` into the words ``(5, 1)`` and collide with seed 5, epoch 1, and ignore a
-trailing zero salt. No global random state is touched.
+seed of ``seed + epoch`` would make them equal). Each value is fed as its count of
+32-bit words followed by the words, and the number of values comes last: given the plain
+tuple, ``SeedSequence`` would split a seed of ``2**32 + 5`` into the words ``(5, 1)`` and
+collide with seed 5, epoch 1, and would ignore a trailing zero salt. No global random
+state is touched.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ __all__ = ["permutation", "shuffled"]
 
 T = TypeVar("T")
 
-_LIMIT = 2**64
 _WORD = 2**32 - 1
 
 
@@ -36,11 +36,24 @@ def permutation(n: int, seed: int, epoch: int, *salt: int) -> np.ndarray:
         An int64 array holding each of ``0..n-1`` once.
     """
     values = (seed, epoch, *salt)
-    if any(not 0 <= v < _LIMIT for v in values):
-        raise ValueError(f"seed, epoch and salt must be >= 0 and < 2**64, got {values}")
-    words = [w for v in values for w in (int(v) & _WORD, int(v) >> 32)]
-    rng = np.random.default_rng([*words, len(values)])
+    if any(v < 0 for v in values):
+        raise ValueError(f"seed, epoch and salt must be >= 0, got {values}")
+    entropy: list[int] = []
+    for v in values:
+        words = _words(int(v))
+        entropy += [len(words), *words]
+    rng = np.random.default_rng([*entropy, len(values)])
     return rng.permutation(n)
+
+
+def _words(value: int) -> list[int]:
+    """``value`` (>= 0) as 32-bit words, least significant first; 0 is one word."""
+    words = [value & _WORD]
+    value >>= 32
+    while value:
+        words.append(value & _WORD)
+        value >>= 32
+    return words
 
 
 def shuffled(items: Sequence[T], seed: int, epoch: int, *salt: int) -> list[T]:
