@@ -1,10 +1,256 @@
-"""Shared Hypothesis strategies: file layouts with row groups (some pruned) and worlds."""
+"""Shared Hypothesis strategies and oracles for the planning core.
+
+Strategies build *values* only (``FileInfo``, split configs, world sizes), so every
+test that plans can be shrunk by Hypothesis. The oracles expand chunks and files into
+the exact cells (``(path, row)`` or ``(path, byte)``) they stand for, so properties can
+compare multisets instead of trusting the code under test.
+
+Custom split strategies for tests:
+
+* :class:`HalfFileLegacy` has the older ``generate(files, num_workers, epoch)``
+  signature and returns every chunk of the dataset (two halves per file).
+* :class:`HalfFileSharded` has the current signature and returns only its rank's share.
+* :class:`EveryChunkOnEveryRank` has the current signature but forgets to shard: every
+  rank gets every chunk (the planner must refuse it with ``OverlappingChunksError``).
+"""
 
 from __future__ import annotations
 
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from torch_dataloader_utils.plan.types import FileInfo, RowGroup
+from torch_dataloader_utils.plan.splits import FileSplit, RowGroupSplit, resolve_strategy
+from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo, RowGroup
+
+__all__ = [
+    "file_infos",
+    "layouts",
+    "live_row_ids",
+    "Cell",
+    "EveryChunkOnEveryRank",
+    "HalfFileLegacy",
+    "HalfFileSharded",
+    "builtin_splits",
+    "chunk_cells",
+    "clone_files",
+    "clone_strategy",
+    "epochs",
+    "file_layouts",
+    "half_file_chunks",
+    "live_cells",
+    "more_examples",
+    "num_ranks",
+    "num_workers",
+    "quiet_resolve",
+    "seeds",
+    "split_strategies",
+]
+
+Cell = tuple[str, str, int]
+"""``(path, unit, position)``: one row (unit ``"rows"``) or one byte (``"bytes"``) of a file."""
+
+# ---------------------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------------------
+
+
+@st.composite
+def _row_group_file(draw: st.DrawFn, path: str) -> FileInfo:
+    """A columnar file: random row groups (some empty), some pruned by statistics."""
+    n_groups = draw(st.integers(0, 6))
+    rows = draw(st.lists(st.integers(0, 40), min_size=n_groups, max_size=n_groups))
+    sizes = draw(st.lists(st.integers(0, 600), min_size=n_groups, max_size=n_groups))
+    kept = draw(st.lists(st.booleans(), min_size=n_groups, max_size=n_groups))
+    groups, first = [], 0
+    for i, (n, b) in enumerate(zip(rows, sizes, strict=True)):
+        groups.append(RowGroup(i, first, n, b))
+        first += n
+    live = tuple(g for g, keep in zip(groups, kept, strict=True) if keep)
+    # num_rows counts every row of the file, pruned groups included.
+    return FileInfo(path, size=sum(sizes) + 8, num_rows=first, row_groups=live)
+
+
+@st.composite
+def _rows_only_file(draw: st.DrawFn, path: str) -> FileInfo:
+    """A file whose row count is known but which has no row-group metadata."""
+    n = draw(st.integers(0, 80))
+    return FileInfo(path, size=draw(st.integers(n, 4 * n + 16)), num_rows=n)
+
+
+@st.composite
+def _bytes_only_file(draw: st.DrawFn, path: str) -> FileInfo:
+    """A text file before any count pass: only its size is known."""
+    return FileInfo(path, size=draw(st.integers(0, 200)))
+
+
+@st.composite
+def file_layouts(draw: st.DrawFn, min_files: int = 0, max_files: int = 6) -> list[FileInfo]:
+    """A dataset's files in sorted path order, mixing the three kinds of metadata."""
+    n = draw(st.integers(min_files, max_files))
+    files = []
+    for i in range(n):
+        path = f"data/part-{i:03d}.parquet"
+        kind = draw(st.sampled_from(["row_groups", "row_groups", "rows_only", "bytes_only"]))
+        if kind == "row_groups":
+            files.append(draw(_row_group_file(path)))
+        elif kind == "rows_only":
+            files.append(draw(_rows_only_file(path)))
+        else:
+            files.append(draw(_bytes_only_file(path)))
+    return files
+
+
+@st.composite
+def row_group_files(draw: st.DrawFn, max_files: int = 6) -> list[FileInfo]:
+    """Files that all carry row-group metadata (for packing properties)."""
+    n = draw(st.integers(1, max_files))
+    return [draw(_row_group_file(f"rg/part-{i:03d}.parquet")) for i in range(n)]
+
+
+def clone_files(files: Iterable[FileInfo]) -> list[FileInfo]:
+    """Equal files built again from their values: no object is shared with ``files``."""
+    return [
+        FileInfo(
+            str(f.path),
+            int(f.size),
+            None if f.num_rows is None else int(f.num_rows),
+            None
+            if f.row_groups is None
+            else tuple(RowGroup(g.index, g.first_row, g.num_rows, g.num_bytes) for g in f.row_groups),
+            f.mtime,
+        )
+        for f in files
+    ]
+
+
+# ---------------------------------------------------------------------------------------
+# Split strategies
+# ---------------------------------------------------------------------------------------
+
+
+def half_file_chunks(files: Sequence[FileInfo]) -> list[Chunk]:
+    """Every file cut in two halves: by rows when known, else by bytes."""
+    out = []
+    for f in files:
+        n = f.num_rows if f.num_rows is not None else f.size
+        make = Chunk.rows if f.num_rows is not None else Chunk.bytes
+        mid = n // 2
+        out.extend(make(f, a, b) for a, b in ((0, mid), (mid, n)) if a < b)
+    return out
+
+
+class HalfFileLegacy:
+    """Older signature: returns every chunk of the dataset, whatever the rank."""
+
+    def generate(self, files: Sequence[FileInfo], num_workers: int, epoch: int) -> list[Chunk]:
+        return half_file_chunks(files)
+
+
+class HalfFileSharded:
+    """Current signature, sharding correctly: rank ``r`` gets chunks ``[r::num_ranks]``."""
+
+    def generate(
+        self, files: Sequence[FileInfo], num_workers: int, epoch: int, *, num_ranks: int, rank: int
+    ) -> list[Chunk]:
+        return half_file_chunks(files)[rank::num_ranks]
+
+
+class EveryChunkOnEveryRank:
+    """Current signature, buggy: ignores ``rank`` and returns every chunk on every rank."""
+
+    def generate(
+        self, files: Sequence[FileInfo], num_workers: int, epoch: int, *, num_ranks: int, rank: int
+    ) -> list[Chunk]:
+        return half_file_chunks(files)
+
+
+def builtin_splits() -> st.SearchStrategy[FileSplit | RowGroupSplit]:
+    """``FileSplit()`` or ``RowGroupSplit`` with or without byte and row targets."""
+    return st.one_of(
+        st.just(FileSplit()),
+        st.builds(
+            RowGroupSplit,
+            split_bytes=st.none() | st.integers(1, 1500),
+            split_rows=st.none() | st.integers(1, 120),
+        ),
+    )
+
+
+def split_strategies() -> st.SearchStrategy[Any]:
+    """What a user may pass: a built-in split or a custom strategy of either signature."""
+    return st.one_of(builtin_splits(), st.just(HalfFileLegacy()), st.just(HalfFileSharded()))
+
+
+def clone_strategy(strategy: Any) -> Any:
+    """An equal strategy object built again from its values."""
+    if isinstance(strategy, RowGroupSplit):
+        return RowGroupSplit(split_bytes=strategy.split_bytes, split_rows=strategy.split_rows)
+    return type(strategy)()
+
+
+def quiet_resolve(strategy: Any) -> Any:
+    """``resolve_strategy`` without the older-signature warning (tested on its own)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return resolve_strategy(strategy)
+
+
+# ---------------------------------------------------------------------------------------
+# World and epochs
+# ---------------------------------------------------------------------------------------
+
+num_ranks = st.integers(1, 16)
+"""Ranks in the job."""
+num_workers = st.integers(0, 8).map(lambda n: max(n, 1))
+"""Workers a plan is made for: a DataLoader with ``num_workers=0`` plans one worker."""
+epochs = st.integers(0, 1000)
+seeds = st.integers(0, 2**70) | st.integers(0, 50)
+
+
+def more_examples(factor: int = 4) -> settings:
+    """Settings for the central properties: ``factor`` times the active profile's examples."""
+    return settings(max_examples=factor * settings.default.max_examples)
+
+
+# ---------------------------------------------------------------------------------------
+# Oracles
+# ---------------------------------------------------------------------------------------
+
+
+def live_cells(files: Iterable[FileInfo]) -> Counter[Cell]:
+    """Every row an epoch must yield (rows of unpruned groups), or every byte when rows are unknown."""
+    cells: Counter[Cell] = Counter()
+    for f in files:
+        if f.row_groups is not None:
+            cells.update((f.path, "rows", r) for g in f.row_groups for r in range(g.first_row, g.stop_row))
+        elif f.num_rows is not None:
+            cells.update((f.path, "rows", r) for r in range(f.num_rows))
+        else:
+            cells.update((f.path, "bytes", b) for b in range(f.size))
+    return cells
+
+
+def chunk_cells(chunk: Chunk, files_by_path: dict[str, FileInfo]) -> list[Cell]:
+    """The rows (or bytes) a reader yields for ``chunk``: pruned groups yield nothing."""
+    f = files_by_path[chunk.path]
+    if chunk.unit is ChunkUnit.BYTES:
+        return [(f.path, "bytes", b) for b in range(chunk.start, chunk.stop)]
+    if f.row_groups is None:
+        assert f.num_rows is not None
+        return [(f.path, "rows", r) for r in range(max(chunk.start, 0), min(chunk.stop, f.num_rows))]
+    return [
+        (f.path, "rows", r)
+        for g in f.row_groups
+        for r in range(max(chunk.start, g.first_row), min(chunk.stop, g.stop_row))
+    ]
+
+
+# Strategies of the equal-batches properties (tests/plan/test_equal_batches.py).
 
 
 @st.composite

@@ -1,8 +1,12 @@
 """Deterministic shuffling of chunk order, seeded by the pair ``(seed, epoch)``.
 
-The generator is ``numpy.random.default_rng((seed, epoch))``: the tuple goes through
-``SeedSequence``, so ``(42, 1)`` and ``(43, 0)`` give unrelated permutations (a seed of
-``seed + epoch`` would make them equal). No global random state is touched.
+The generator is ``numpy.random.default_rng`` seeded with the tuple ``(seed, epoch)``
+through ``SeedSequence``, so ``(42, 1)`` and ``(43, 0)`` give unrelated permutations (a
+seed of ``seed + epoch`` would make them equal). Each value is fed as its count of
+32-bit words followed by the words, and the number of values comes last: given the plain
+tuple, ``SeedSequence`` would split a seed of ``2**32 + 5`` into the words ``(5, 1)`` and
+collide with seed 5, epoch 1, and would ignore a trailing zero salt. No global random
+state is touched.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import numpy as np
 __all__ = ["permutation", "shuffled"]
 
 T = TypeVar("T")
+
+_WORD = 2**32 - 1
 
 
 def permutation(n: int, seed: int, epoch: int, *salt: int) -> np.ndarray:
@@ -29,10 +35,25 @@ def permutation(n: int, seed: int, epoch: int, *salt: int) -> np.ndarray:
     Returns:
         An int64 array holding each of ``0..n-1`` once.
     """
-    if seed < 0 or epoch < 0 or any(s < 0 for s in salt):
-        raise ValueError(f"seed, epoch and salt must be >= 0, got {(seed, epoch, *salt)}")
-    rng = np.random.default_rng((seed, epoch, *salt))
+    values = (seed, epoch, *salt)
+    if any(v < 0 for v in values):
+        raise ValueError(f"seed, epoch and salt must be >= 0, got {values}")
+    entropy: list[int] = []
+    for v in values:
+        words = _words(int(v))
+        entropy += [len(words), *words]
+    rng = np.random.default_rng([*entropy, len(values)])
     return rng.permutation(n)
+
+
+def _words(value: int) -> list[int]:
+    """``value`` (>= 0) as 32-bit words, least significant first; 0 is one word."""
+    words = [value & _WORD]
+    value >>= 32
+    while value:
+        words.append(value & _WORD)
+        value >>= 32
+    return words
 
 
 def shuffled(items: Sequence[T], seed: int, epoch: int, *salt: int) -> list[T]:

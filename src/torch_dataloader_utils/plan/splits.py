@@ -186,7 +186,7 @@ def _flatten(out: object, name: str) -> list[Chunk]:
     for item in out:
         if isinstance(item, Chunk):
             chunks.append(item)
-        elif isinstance(item, Iterable) and not isinstance(item, (str, bytes)):
+        elif isinstance(item, (list, tuple)):
             # Older strategies sometimes return one list per worker.
             chunks.extend(_flatten(item, name))
         else:
@@ -219,16 +219,20 @@ def resolve_strategy(strategy: object) -> Splitter | RankAwareStrategy:
         raise ConfigError(f"split_strategy {name}.generate has no inspectable signature: {exc}") from exc
     params = sig.parameters
     has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    if ("num_ranks" in params and "rank" in params) or has_var_kw:
-        return RankAwareStrategy(strategy, name=name)  # type: ignore[arg-type]
+    rank_aware = ("num_ranks" in params and "rank" in params) or has_var_kw
     try:
-        sig.bind([], 1, 0)
+        if rank_aware:
+            sig.bind([], 1, 0, num_ranks=1, rank=0)
+        else:
+            sig.bind([], 1, 0)
     except TypeError as exc:
         raise ConfigError(
             f"split_strategy {name}.generate{sig} matches neither supported signature: "
             "generate(files, num_workers, epoch, *, num_ranks, rank) (current) or "
             "generate(files, num_workers, epoch) (older)."
         ) from exc
+    if rank_aware:
+        return RankAwareStrategy(strategy, name=name)  # type: ignore[arg-type]
     warnings.warn(
         f"split_strategy {name} uses the older generate(files, num_workers, epoch) signature: "
         "it returns chunks for the whole dataset, so torch_dataloader_utils gives each rank "

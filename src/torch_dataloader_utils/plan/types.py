@@ -118,7 +118,7 @@ class FileInfo:
 
     def groups_in(self, start: int, stop: int) -> tuple[RowGroup, ...]:
         """The unpruned row groups that overlap the row range ``[start, stop)``."""
-        if self.row_groups is None:
+        if self.row_groups is None or stop <= start:
             return ()
         i = max(0, bisect.bisect_right(self._starts, start) - 1)
         out = []
