@@ -117,12 +117,18 @@ def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
         elif os.path.isfile(path):
             kind = "file"
         else:
-            raise PathNotFoundError(f"path={path!r} does not exist (no such file or directory)")
+            raise PathNotFoundError(
+                f"path={path!r} does not exist (no such file or directory); check the spelling "
+                "or the working directory"
+            )
     else:
         try:
             info = client.info(path)
         except FileNotFoundError as exc:
-            raise PathNotFoundError(f"path={fs.display(path)!r} does not exist") from exc
+            raise PathNotFoundError(
+                f"path={fs.display(path)!r} does not exist; check the URL and that "
+                "storage_options point at the right endpoint and account"
+            ) from exc
         kind = info.get("type", "file")
     if kind == "directory":
         files, skipped = [], 0
@@ -158,7 +164,12 @@ def list_files(path: str | Sequence[str], storage_options: dict[str, Any] | None
         NoFilesFoundError: no data file was found.
         ConfigError: paths of a list are on different filesystems.
     """
-    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    if isinstance(path, (str, os.PathLike)):
+        paths = [path]
+    elif isinstance(path, (list, tuple)):
+        paths = list(path)
+    else:
+        raise ConfigError(f"path={path!r} must be a string (file, directory, glob or URL) or a list of them")
     if not paths:
         raise ConfigError("path=[] is empty; pass a file, a directory, a glob or a list of them")
     spec: FileSystemSpec | None = None
@@ -182,7 +193,10 @@ def list_files(path: str | Sequence[str], storage_options: dict[str, Any] | None
     assert spec is not None
     if not files:
         hint = f" ({skipped} hidden/marker files were skipped)" if skipped else ""
-        raise NoFilesFoundError(f"no data files found under path={path!r}{hint}")
+        raise NoFilesFoundError(
+            f"no data files found under path={path!r}{hint}; point path at a directory, file or "
+            "glob that holds data files (names starting with '.' or '_' and .crc files are skipped)"
+        )
     return Listing(spec, tuple(files[k] for k in sorted(files)), skipped)
 
 
