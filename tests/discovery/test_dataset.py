@@ -14,7 +14,12 @@ from tests.fixtures.data import WriteParquet
 from tests.fixtures.e2e import TOKEN, TokenMemoryFileSystem, upload
 from torch_dataloader_utils.config import FileFormat
 from torch_dataloader_utils.discovery import discover
-from torch_dataloader_utils.errors import ConfigError, CorruptFileError, SchemaMismatchError, UnknownColumnError
+from torch_dataloader_utils.errors import (
+    ConfigError,
+    CorruptFileError,
+    SchemaMismatchError,
+    UnknownColumnError,
+)
 
 PARQUET = FileFormat.PARQUET
 
@@ -48,7 +53,8 @@ def test_filter_column_is_read_but_not_output(write_parquet: WriteParquet) -> No
     found = discover(str(paths[0]), format=PARQUET, columns=["id"], filters=pc.field("label") > 2)
     assert found.output_columns == ("id",)
     assert found.data_columns == ("id", "label")
-    assert "s" not in found.data_columns and "x" not in found.data_columns
+    assert "s" not in found.data_columns
+    assert "x" not in found.data_columns
 
 
 def test_nested_filter_reference_needs_only_that_field(tmp_path: Path) -> None:
@@ -61,7 +67,9 @@ def test_nested_filter_reference_needs_only_that_field(tmp_path: Path) -> None:
 def test_row_groups_pruned_by_statistics(write_parquet: WriteParquet) -> None:
     # ids are sorted, so each row group has a narrow [min, max]: 0-99, 100-199, ...
     paths = write_parquet([500, 300], row_group_size=100)
-    found = discover(str(paths[0].parent), format=PARQUET, filters=(pc.field("id") >= 250) & (pc.field("id") < 620))
+    found = discover(
+        str(paths[0].parent), format=PARQUET, filters=(pc.field("id") >= 250) & (pc.field("id") < 620)
+    )
     kept = [[g.index for g in f.row_groups or ()] for f in found.files]
     assert kept == [[2, 3, 4], [0, 1]]
     assert [f.live_rows for f in found.files] == [300, 200]

@@ -107,6 +107,35 @@ def test_glob_matching_directories_lists_them(tmp_path: Path) -> None:
     assert listing.skipped == 1
 
 
+def test_glob_matches_skip_markers_checksums_and_hidden(tmp_path: Path) -> None:
+    for rel in [
+        "d/a.parquet",
+        "d/_SUCCESS",
+        "d/_metadata",
+        "d/a.parquet.crc",
+        "d/.b.parquet",
+        "d/_tmp/c.parquet",
+    ]:
+        _touch(tmp_path / rel)
+    listing = list_files(str(tmp_path / "d" / "*"))
+    assert _names(listing, tmp_path) == ["d/a.parquet"]
+    assert listing.skipped >= 4
+    assert _names(list_files(str(tmp_path / "d" / "**" / "*.parquet")), tmp_path) == ["d/a.parquet"]
+
+
+def test_glob_with_explicit_hidden_directory_is_honoured(tmp_path: Path) -> None:
+    _touch(tmp_path / ".cache" / "a.parquet")
+    _touch(tmp_path / ".cache" / "_SUCCESS")
+    assert _names(list_files(str(tmp_path / ".cache" / "*")), tmp_path) == [".cache/a.parquet"]
+
+
+def test_fsspec_glob_skips_markers(tokmem: TokenMemoryFileSystem) -> None:
+    for name in ["a.parquet", "_SUCCESS", "a.parquet.crc", ".hidden"]:
+        tokmem.pipe_file(f"/bucket/g/{name}", b"1")
+    listing = list_files("tokmem://bucket/g/*", {"token": TOKEN})
+    assert [f.path for f in listing.files] == ["/bucket/g/a.parquet"]
+
+
 def test_glob_matching_nothing(tmp_path: Path) -> None:
     _touch(tmp_path / "a.parquet")
     with pytest.raises(NoFilesFoundError):

@@ -12,10 +12,10 @@ import pytest
 
 from tests.fixtures.e2e import assert_exactly_once, column_chunk_range, corrupt, epoch_ids
 from torch_dataloader_utils import create_dataloader
+from torch_dataloader_utils.config import FileFormat
 from torch_dataloader_utils.discovery import discover
 from torch_dataloader_utils.discovery.listing import ListedFile
 from torch_dataloader_utils.discovery.partitions import infer_partitions
-from torch_dataloader_utils.config import FileFormat
 from torch_dataloader_utils.errors import ReadError, SchemaMismatchError
 
 
@@ -96,7 +96,13 @@ def test_partition_columns_are_typed_in_batches(hive: tuple[Path, dict]) -> None
     )
     schema = dataset.discovered.output_schema
     assert schema == pa.schema(
-        [("id", pa.int64()), ("v", pa.int64()), ("year", pa.int64()), ("region", pa.string()), ("w", pa.float64())]
+        [
+            ("id", pa.int64()),
+            ("v", pa.int64()),
+            ("year", pa.int64()),
+            ("region", pa.string()),
+            ("w", pa.float64()),
+        ]
     )
     rows = {}
     for batch in loader:
@@ -130,7 +136,9 @@ def test_partition_columns_in_torch_output(hive: tuple[Path, dict]) -> None:  # 
         ((pc.field("year") == 2021) & (pc.field("region") == "us"), lambda y, r, w: (y, r) == (2021, "us")),
     ],
 )
-def test_partition_filters_prune_whole_files(hive: tuple[Path, dict], expr: pc.Expression, keep: object) -> None:  # type: ignore[type-arg]
+def test_partition_filters_prune_whole_files(
+    hive: tuple[Path, dict], expr: pc.Expression, keep: object
+) -> None:  # type: ignore[type-arg]
     root, layout = hive
     found = discover(str(root), format=FileFormat.PARQUET, filters=expr, partitioning="hive")
     kept_keys = [k for k in layout if keep(*k)]  # type: ignore[operator]

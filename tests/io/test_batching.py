@@ -15,7 +15,11 @@ def _batches(sizes: list[int]) -> list[pa.RecordBatch]:
     start = 0
     for n in sizes:
         ids = pa.array(range(start, start + n), pa.int64())
-        out.append(pa.RecordBatch.from_arrays([ids, pa.array([f"s{i}" for i in range(start, start + n)])], ["id", "s"]))
+        out.append(
+            pa.RecordBatch.from_arrays(
+                [ids, pa.array([f"s{i}" for i in range(start, start + n)])], ["id", "s"]
+            )
+        )
         start += n
     return out
 
@@ -102,5 +106,7 @@ def test_property_exact_sizes_and_order(sizes: list[int], batch_size: int, drop_
 @pytest.mark.parametrize("batch_size", [1, 2])
 def test_tiny_batch_sizes(batch_size: int) -> None:
     out = list(rebatch(_batches([3, 2]), batch_size))
-    assert [b.num_rows for b in out] == [batch_size] * (5 // batch_size) + ([5 % batch_size] if 5 % batch_size else [])
+    assert [b.num_rows for b in out] == [batch_size] * (5 // batch_size) + (
+        [5 % batch_size] if 5 % batch_size else []
+    )
     assert _ids(out) == list(range(5))

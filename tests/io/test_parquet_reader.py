@@ -57,7 +57,9 @@ def test_whole_and_partial_row_group_chunks(write_parquet: WriteParquet) -> None
 
 def test_output_is_projected_and_filtered(write_parquet: WriteParquet) -> None:
     path = write_parquet([100], row_group_size=30)[0]
-    found = discover(str(path), format=FileFormat.PARQUET, columns=["x", "id"], filters=pc.field("label") == 3)
+    found = discover(
+        str(path), format=FileFormat.PARQUET, columns=["x", "id"], filters=pc.field("label") == 3
+    )
     reader = _reader(found)
     batches = list(reader.read(Chunk.rows(found.files[0])))
     assert all(b.schema.names == ["x", "id"] for b in batches)
@@ -125,7 +127,7 @@ def test_pruned_row_groups_are_never_decoded(tmp_path: Path, num_workers: int) -
     assert_exactly_once(epoch_ids(loader), range(2100, 2300))
     # The corruption is real: without the filter the same read fails.
     unfiltered, _ = create_dataloader(str(path), num_workers=0, batch_size=64)
-    with pytest.raises(ReadError, match="f.parquet"):
+    with pytest.raises(ReadError, match=r"f\.parquet"):
         epoch_ids(unfiltered)
 
 

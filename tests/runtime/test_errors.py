@@ -247,7 +247,7 @@ def test_invalid_split_bytes(data: str, value: object, part: str) -> None:
 
 @pytest.mark.parametrize("value", ["128MiB", "64MB", "1.5GiB", "1k", 4096, " 2 mib "])
 def test_valid_split_bytes_strings(data: str, value: object) -> None:
-    loader, dataset = create_dataloader(data, split_bytes=value, num_workers=0)
+    loader, _dataset = create_dataloader(data, split_bytes=value, num_workers=0)
     assert sum(len(b["id"]) for b in loader) == 70
 
 

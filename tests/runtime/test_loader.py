@@ -118,7 +118,7 @@ def _batches(loader: object) -> list[list[int]]:
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_batches_are_full_except_each_workers_last(data: Path, num_workers: int) -> None:
-    loader, dataset = create_dataloader(str(data), num_workers=num_workers, batch_size=64, split_rows=100)
+    loader, _dataset = create_dataloader(str(data), num_workers=num_workers, batch_size=64, split_rows=100)
     sizes = [len(batch_ids(b)) for b in loader]
     assert sum(sizes) == TOTAL
     short = [s for s in sizes if s != 64]
@@ -191,7 +191,7 @@ def test_worker_batches_arrive_as_plain_dict_with_correct_values(data: Path) -> 
 
 
 def test_auto_num_workers(data: Path) -> None:
-    loader, dataset = create_dataloader(str(data), num_workers=None, batch_size=100, split_rows=64)
+    loader, _dataset = create_dataloader(str(data), num_workers=None, batch_size=100, split_rows=64)
     assert 0 <= loader.num_workers <= MAX_AUTO_WORKERS
     assert loader.num_workers != 1
     assert_exactly_once(epoch_ids(loader), range(TOTAL))

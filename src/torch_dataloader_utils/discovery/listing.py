@@ -45,13 +45,17 @@ class Listing:
     skipped: int
 
 
-def _skip(rel: str) -> bool:
-    """Whether a file under a listed directory is not data (hidden, markers, checksums)."""
+def _skip(rel: str, literal: frozenset[str] | set[str] = frozenset()) -> bool:
+    """Whether a file under a listed directory is not data (hidden, markers, checksums).
+
+    ``literal`` holds path parts the user spelled out (in a glob pattern): those are
+    never a reason to skip, so ``data/.cache/*.parquet`` still lists ``.cache``.
+    """
     parts = rel.split("/")
     name = parts[-1]
-    if name in _MARKERS or name.endswith(".crc"):
+    if name not in literal and (name in _MARKERS or name.endswith(".crc")):
         return True
-    return any(p.startswith((".", "_")) for p in parts)
+    return any(p.startswith((".", "_")) and p not in literal for p in parts)
 
 
 def _is_glob(path: str) -> bool:
@@ -106,7 +110,17 @@ def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
         base = path[: min(path.index(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
         files: list[ListedFile] = []
         skipped = 0
+
+        def _rel(p: str) -> str:
+            p = p.replace(os.sep, "/")
+            return posixpath.relpath(p, base.replace(os.sep, "/")) if base else p.lstrip("/")
+
+        pattern_parts = set(_rel(path).split("/"))
         for m in matches:
+            rel = _rel(m)
+            if _skip(rel, literal=pattern_parts):
+                skipped += 1
+                continue
             m_files, m_skipped = _list_one(fs, m)
             skipped += m_skipped
             files.extend(ListedFile(f.path, f.size, f.mtime, f.base or base) for f in m_files)
