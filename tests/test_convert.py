@@ -280,3 +280,18 @@ def test_pack_puts_all_tensors_in_one_buffer() -> None:
 def test_pack_leaves_single_tensor_alone() -> None:
     batch = {"a": torch.arange(3), "s": ["x"]}
     assert pack(batch) is batch
+
+
+@pytest.mark.parametrize("output", list(OutputFormat))
+def test_converter_pickles_for_spawned_workers(output: OutputFormat) -> None:
+    batch = pa.record_batch([pa.array([1, None]), pa.array(["a", "b"])], ["n", "s"])
+    converter = BatchConverter(batch.schema, output, {"n": 7})
+    clone = pickle.loads(pickle.dumps(converter))
+    if output is OutputFormat.ARROW:
+        assert clone(batch) is batch
+    elif output is OutputFormat.DICT:
+        assert clone(batch) == {"n": [1, None], "s": ["a", "b"]}
+    else:
+        out = clone(batch)
+        assert out["n"].tolist() == [1, 7]
+        assert list(out["s"]) == ["a", "b"]

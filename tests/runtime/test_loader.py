@@ -217,3 +217,26 @@ def test_dataloader_passthrough_options(data: Path) -> None:
     assert loader.prefetch_factor == 3
     assert loader.timeout == 30
     assert_exactly_once(epoch_ids(loader), range(TOTAL))
+
+
+@pytest.mark.slow
+def test_spawn_workers_with_persistent_workers_and_set_epoch(data: Path) -> None:
+    # spawn (the default on macOS; forkserver is Python 3.14's default on Linux) pickles
+    # the dataset to each worker: it must hold no closures.
+    loader, dataset = create_dataloader(
+        str(data),
+        num_workers=2,
+        multiprocessing_context="spawn",
+        persistent_workers=True,
+        batch_size=64,
+        shuffle=True,
+        split_rows=100,
+        timeout=120,
+    )
+    orders = []
+    for epoch in range(2):
+        dataset.set_epoch(epoch)
+        ids = epoch_ids(loader)
+        assert_exactly_once(ids, range(TOTAL))
+        orders.append(ids)
+    assert orders[0] != orders[1]
