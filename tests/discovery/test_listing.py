@@ -232,3 +232,11 @@ def test_parse_hive_keys_decodes_and_maps_default_partition() -> None:
     f = ListedFile("/r/a%3Db=x%2Fy/k=__HIVE_DEFAULT_PARTITION__/plain/f.parquet", 1, None, "/r")
     assert parse_hive_keys(f) == [("a=b", "x/y"), ("k", None)]
     assert parse_hive_keys(ListedFile("/r/k=1/f.parquet", 1, None, None)) == []
+
+
+def test_glob_matches_use_the_fixed_prefix_as_base(tmp_path: Path) -> None:
+    _touch(tmp_path / "t" / "k=1" / "a.parquet")
+    _touch(tmp_path / "t" / "k=2" / "sub" / "b.parquet")
+    listing = list_files(str(tmp_path / "t" / "k=*"))
+    assert [f.base for f in listing.files] == [str(tmp_path / "t")] * 2
+    assert [parse_hive_keys(f) for f in listing.files] == [[("k", "1")], [("k", "2")]]

@@ -190,3 +190,19 @@ def test_inconsistent_partition_keys(tmp_path: Path) -> None:
         pq.write_table(pa.table({"id": [1]}), tmp_path / rel)
     with pytest.raises(SchemaMismatchError, match="every file needs the same key=value directories"):
         create_dataloader(str(tmp_path), partitioning="hive")
+
+
+@pytest.mark.parametrize("pattern", ["year=*", "year=202[23]", "*/region=eu"])
+def test_glob_over_partition_directories_keeps_their_keys(
+    hive: tuple[Path, dict],  # type: ignore[type-arg]
+    pattern: str,
+) -> None:
+    root, layout = hive
+    loader, _ = create_dataloader(
+        str(root / pattern), partitioning="hive", num_workers=0, batch_size=1000, columns=["id", "year"]
+    )
+    (batch,) = list(loader)
+    by_id = {i: y for (y, _, _), ids in layout.items() for i in ids}
+    got = dict(zip(batch["id"].tolist(), batch["year"].tolist(), strict=True))
+    assert got == {i: by_id[i] for i in got}
+    assert len(got) == {"year=*": 360, "year=202[23]": 240, "*/region=eu": 120}[pattern]

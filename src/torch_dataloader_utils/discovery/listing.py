@@ -123,7 +123,9 @@ def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
                 continue
             m_files, m_skipped = _list_one(fs, m)
             skipped += m_skipped
-            files.extend(ListedFile(f.path, f.size, f.mtime, f.base or base) for f in m_files)
+            # The glob's fixed prefix is the base of every match, so hive keys in the
+            # matched part (data/year=*/...) are kept.
+            files.extend(ListedFile(f.path, f.size, f.mtime, base) for f in m_files)
         return files, skipped
     if fs.is_local:
         if os.path.isdir(path):
