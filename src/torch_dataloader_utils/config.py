@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError
+from torch_dataloader_utils.errors import ConfigError, DistributedConfigError, IncompatibleOptionsError
 from torch_dataloader_utils.plan.types import EqualBatches  # defined in pure plan/, coerced here
 
 __all__ = [
@@ -157,19 +157,38 @@ def parse_size(value: object, param: str) -> int | None:
 
 
 def check_int(
-    value: object, param: str, minimum: int, *, optional: bool = False, hint: str = ""
+    value: object,
+    param: str,
+    minimum: int,
+    *,
+    optional: bool = False,
+    hint: str = "",
+    error: type[ConfigError] = ConfigError,
 ) -> int | None:
     """``value`` as an int >= ``minimum`` (``None`` allowed when ``optional``).
 
     Raises:
-        ConfigError: naming ``param`` and echoing ``value``.
+        ConfigError: (or the given subclass ``error``) naming ``param`` and echoing ``value``.
     """
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{param}={value!r} must be an int >= {minimum}{hint}")
+        raise error(f"{param}={value!r} must be an int >= {minimum}{hint}")
     if value < minimum:
-        raise ConfigError(f"{param}={value!r} must be >= {minimum}{hint}")
+        raise error(f"{param}={value!r} must be >= {minimum}{hint}")
+    return value
+
+
+def check_bool(value: object, param: str) -> bool:
+    """``value`` as a bool; anything but ``True``/``False`` is an error.
+
+    A string such as ``"no"`` is truthy, so accepting it would silently mean ``True``.
+
+    Raises:
+        ConfigError: naming ``param`` and echoing ``value``.
+    """
+    if not isinstance(value, bool):
+        raise ConfigError(f"{param}={value!r} must be True or False")
     return value
 
 
@@ -244,10 +263,12 @@ class DistributedConfig:
     rank: int = 0
 
     def __post_init__(self) -> None:
-        check_int(self.num_ranks, "num_ranks", 1)
-        check_int(self.rank, "rank", 0)
+        hint = " (the world size, e.g. torch.distributed.get_world_size())"
+        check_int(self.num_ranks, "num_ranks", 1, hint=hint, error=DistributedConfigError)
+        hint = " (the global rank, e.g. torch.distributed.get_rank())"
+        check_int(self.rank, "rank", 0, hint=hint, error=DistributedConfigError)
         if self.rank >= self.num_ranks:
-            raise ConfigError(
+            raise DistributedConfigError(
                 f"rank={self.rank} must be < num_ranks={self.num_ranks}; pass the global rank "
                 "(torch.distributed.get_rank()) and the world size (get_world_size())"
             )
@@ -266,6 +287,8 @@ class LoaderConfig:
 
     def __post_init__(self) -> None:
         check_int(self.num_workers, "num_workers", 0)
+        check_bool(self.pin_memory, "pin_memory")
+        check_bool(self.persistent_workers, "persistent_workers")
         if self.num_workers == 0:
             if self.persistent_workers:
                 raise IncompatibleOptionsError(

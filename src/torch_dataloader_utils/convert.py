@@ -76,10 +76,24 @@ class BatchConverter:
         self._output = output
         self._schema = schema
         self._fills = self._fill_map(schema, null_fill)
-        self._fns: list[tuple[str, ColumnFn]] = []
-        if output in (OutputFormat.TORCH, OutputFormat.NUMPY):
-            for f in schema:
-                self._fns.append((f.name, self._column_fn(f, output is OutputFormat.TORCH)))
+        self._fns = self._build_fns()
+
+    def _build_fns(self) -> list[tuple[str, ColumnFn]]:
+        if self._output not in (OutputFormat.TORCH, OutputFormat.NUMPY):
+            return []
+        to_torch = self._output is OutputFormat.TORCH
+        return [(f.name, self._column_fn(f, to_torch)) for f in self._schema]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The per-column functions are closures, which spawn / forkserver workers cannot
+        # unpickle; they are rebuilt from the schema on the other side.
+        state = self.__dict__.copy()
+        del state["_fns"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._fns = self._build_fns()
 
     @staticmethod
     def _fill_map(schema: pa.Schema, null_fill: Any) -> dict[str, Any]:

@@ -45,13 +45,17 @@ class Listing:
     skipped: int
 
 
-def _skip(rel: str) -> bool:
-    """Whether a file under a listed directory is not data (hidden, markers, checksums)."""
+def _skip(rel: str, literal: frozenset[str] | set[str] = frozenset()) -> bool:
+    """Whether a file under a listed directory is not data (hidden, markers, checksums).
+
+    ``literal`` holds path parts the user spelled out (in a glob pattern): those are
+    never a reason to skip, so ``data/.cache/*.parquet`` still lists ``.cache``.
+    """
     parts = rel.split("/")
     name = parts[-1]
-    if name in _MARKERS or name.endswith(".crc"):
+    if name not in literal and (name in _MARKERS or name.endswith(".crc")):
         return True
-    return any(p.startswith((".", "_")) for p in parts)
+    return any(p.startswith((".", "_")) and p not in literal for p in parts)
 
 
 def _is_glob(path: str) -> bool:
@@ -106,10 +110,22 @@ def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
         base = path[: min(path.index(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
         files: list[ListedFile] = []
         skipped = 0
+
+        def _rel(p: str) -> str:
+            p = p.replace(os.sep, "/")
+            return posixpath.relpath(p, base.replace(os.sep, "/")) if base else p.lstrip("/")
+
+        pattern_parts = set(_rel(path).split("/"))
         for m in matches:
+            rel = _rel(m)
+            if _skip(rel, literal=pattern_parts):
+                skipped += 1
+                continue
             m_files, m_skipped = _list_one(fs, m)
             skipped += m_skipped
-            files.extend(ListedFile(f.path, f.size, f.mtime, f.base or base) for f in m_files)
+            # The glob's fixed prefix is the base of every match, so hive keys in the
+            # matched part (data/year=*/...) are kept.
+            files.extend(ListedFile(f.path, f.size, f.mtime, base) for f in m_files)
         return files, skipped
     if fs.is_local:
         if os.path.isdir(path):
@@ -117,12 +133,18 @@ def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
         elif os.path.isfile(path):
             kind = "file"
         else:
-            raise PathNotFoundError(f"path={path!r} does not exist (no such file or directory)")
+            raise PathNotFoundError(
+                f"path={path!r} does not exist (no such file or directory); check the spelling "
+                "or the working directory"
+            )
     else:
         try:
             info = client.info(path)
         except FileNotFoundError as exc:
-            raise PathNotFoundError(f"path={fs.display(path)!r} does not exist") from exc
+            raise PathNotFoundError(
+                f"path={fs.display(path)!r} does not exist; check the URL and that "
+                "storage_options point at the right endpoint and account"
+            ) from exc
         kind = info.get("type", "file")
     if kind == "directory":
         files, skipped = [], 0
@@ -158,7 +180,12 @@ def list_files(path: str | Sequence[str], storage_options: dict[str, Any] | None
         NoFilesFoundError: no data file was found.
         ConfigError: paths of a list are on different filesystems.
     """
-    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    if isinstance(path, (str, os.PathLike)):
+        paths = [path]
+    elif isinstance(path, (list, tuple)):
+        paths = list(path)
+    else:
+        raise ConfigError(f"path={path!r} must be a string (file, directory, glob or URL) or a list of them")
     if not paths:
         raise ConfigError("path=[] is empty; pass a file, a directory, a glob or a list of them")
     spec: FileSystemSpec | None = None
@@ -182,7 +209,10 @@ def list_files(path: str | Sequence[str], storage_options: dict[str, Any] | None
     assert spec is not None
     if not files:
         hint = f" ({skipped} hidden/marker files were skipped)" if skipped else ""
-        raise NoFilesFoundError(f"no data files found under path={path!r}{hint}")
+        raise NoFilesFoundError(
+            f"no data files found under path={path!r}{hint}; point path at a directory, file or "
+            "glob that holds data files (names starting with '.' or '_' and .crc files are skipped)"
+        )
     return Listing(spec, tuple(files[k] for k in sorted(files)), skipped)
 
 

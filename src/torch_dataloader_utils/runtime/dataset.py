@@ -26,6 +26,7 @@ from torch_dataloader_utils.config import (
     FileFormat,
     OutputFormat,
     SplitKind,
+    check_bool,
     check_int,
     coerce_enum,
     coerce_equal_batches,
@@ -307,6 +308,8 @@ class StructuredDataset(PlannedDataset):
         check_int(batch_size, "batch_size", 1, hint=" (rows per batch)")
         check_int(shuffle_seed, "shuffle_seed", 0)
         check_int(num_workers, "num_workers", 0)
+        check_bool(shuffle, "shuffle")
+        check_bool(drop_last, "drop_last")
         if collate_fn is not None and not callable(collate_fn):
             raise ConfigError(f"collate_fn={collate_fn!r} must be callable")
         if storage_options is not None and not isinstance(storage_options, Mapping):

@@ -1,0 +1,193 @@
+"""ParquetReader: exact rows per chunk; pruned row groups and unneeded columns never read."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from tests.fixtures.data import WriteParquet
+from tests.fixtures.e2e import (
+    TOKEN,
+    TokenMemoryFileSystem,
+    assert_exactly_once,
+    column_chunk_range,
+    corrupt,
+    epoch_ids,
+    upload,
+)
+from torch_dataloader_utils import create_dataloader
+from torch_dataloader_utils.config import FileFormat
+from torch_dataloader_utils.discovery import Discovered, discover
+from torch_dataloader_utils.errors import ReadError
+from torch_dataloader_utils.io.base import ChunkReader
+from torch_dataloader_utils.io.parquet import ParquetReader
+from torch_dataloader_utils.io.readers import make_reader
+from torch_dataloader_utils.plan.types import Chunk
+
+
+def _reader(found: Discovered, batch_size: int = 1000) -> ParquetReader:
+    reader = make_reader(found, batch_size)
+    assert isinstance(reader, ParquetReader)
+    assert isinstance(reader, ChunkReader)
+    return reader
+
+
+def _ids(reader: ParquetReader, chunk: Chunk) -> list[int]:
+    return [i for b in reader.read(chunk) for i in b.column("id").to_pylist()]
+
+
+def test_whole_and_partial_row_group_chunks(write_parquet: WriteParquet) -> None:
+    path = write_parquet([100], row_group_size=30)[0]
+    found = discover(str(path), format=FileFormat.PARQUET)
+    f = found.files[0]
+    reader = _reader(found, batch_size=7)
+    assert _ids(reader, Chunk.rows(f)) == list(range(100))
+    assert _ids(reader, Chunk.rows(f, 30, 60)) == list(range(30, 60)), "exactly one group"
+    assert _ids(reader, Chunk.rows(f, 25, 65)) == list(range(25, 65)), "cut inside two groups"
+    assert _ids(reader, Chunk.rows(f, 99, 100)) == [99]
+    batches = list(reader.read(Chunk.rows(f, 0, 30)))
+    assert [b.num_rows for b in batches] == [7, 7, 7, 7, 2], "reader batch size is honoured"
+
+
+def test_output_is_projected_and_filtered(write_parquet: WriteParquet) -> None:
+    path = write_parquet([100], row_group_size=30)[0]
+    found = discover(
+        str(path), format=FileFormat.PARQUET, columns=["x", "id"], filters=pc.field("label") == 3
+    )
+    reader = _reader(found)
+    batches = list(reader.read(Chunk.rows(found.files[0])))
+    assert all(b.schema.names == ["x", "id"] for b in batches)
+    ids = [i for b in batches for i in b.column("id").to_pylist()]
+    assert ids == [i for i in range(100) if i % 7 == 3]
+
+
+def test_chunk_of_only_pruned_groups_reads_nothing(write_parquet: WriteParquet) -> None:
+    path = write_parquet([100], row_group_size=10)[0]
+    found = discover(str(path), format=FileFormat.PARQUET, filters=pc.field("id") < 10)
+    f = found.files[0]
+    reader = _reader(found)
+    assert _ids(reader, Chunk(f.path, 50, 100)) == []
+    assert _ids(reader, Chunk(f.path, 0, 100)) == list(range(10))
+
+
+def test_reader_pickles_without_open_files(write_parquet: WriteParquet) -> None:
+    path = write_parquet([20])[0]
+    found = discover(str(path), format=FileFormat.PARQUET)
+    reader = _reader(found)
+    assert _ids(reader, Chunk.rows(found.files[0])) == list(range(20))
+    assert reader._open, "a file handle is cached after reading"
+    clone = pickle.loads(pickle.dumps(reader))
+    assert not clone._open
+    assert _ids(clone, Chunk.rows(found.files[0])) == list(range(20))
+
+
+def test_read_error_names_file_and_rows(write_parquet: WriteParquet) -> None:
+    path = write_parquet([100], row_group_size=50)[0]
+    found = discover(str(path), format=FileFormat.PARQUET, columns=["id"])
+    corrupt(path, [column_chunk_range(path, 1, "id")])
+    reader = _reader(found)
+    assert _ids(reader, Chunk.rows(found.files[0], 0, 50)) == list(range(50))
+    with pytest.raises(ReadError, match=rf"reading '{path}' rows \[50, 100\) failed"):
+        _ids(reader, Chunk.rows(found.files[0], 50, 100))
+
+
+# -- never reading what is not needed: proven with corrupted bytes ------------------------
+
+
+def _sorted_file(path: Path, rows: int = 8000, group: int = 1000) -> Path:
+    ids = np.arange(rows, dtype=np.int64)
+    table = pa.table(
+        {
+            "id": ids,
+            "label": (ids % 5).astype(np.int64),
+            "payload": pa.array([f"p{i}" * 20 for i in ids]),
+            "extra": ids.astype(np.float64),
+        }
+    )
+    pq.write_table(table, path, row_group_size=group, use_dictionary=False)
+    return path
+
+
+@pytest.mark.filterwarnings("ignore:num_workers=2 but rank 0 has only 1 chunk")
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_pruned_row_groups_are_never_decoded(tmp_path: Path, num_workers: int) -> None:
+    path = _sorted_file(tmp_path / "f.parquet")
+    # Groups hold ids [0,1000), [1000,2000), ...; the filter keeps only group 2.
+    expr = (pc.field("id") >= 2100) & (pc.field("id") < 2300)
+    columns = ["id", "label", "payload", "extra"]
+    corrupt(path, [column_chunk_range(path, g, c) for g in (0, 1, 3, 4, 5, 6, 7) for c in columns])
+    loader, dataset = create_dataloader(str(path), filters=expr, num_workers=num_workers, batch_size=64)
+    assert [g.index for g in dataset.files[0].row_groups or ()] == [2]
+    assert_exactly_once(epoch_ids(loader), range(2100, 2300))
+    # The corruption is real: without the filter the same read fails.
+    unfiltered, _ = create_dataloader(str(path), num_workers=0, batch_size=64)
+    with pytest.raises(ReadError, match=r"f\.parquet"):
+        epoch_ids(unfiltered)
+
+
+@pytest.mark.filterwarnings("ignore:num_workers=2 but rank 0 has only 1 chunk")
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_unneeded_columns_are_never_decoded(tmp_path: Path, num_workers: int) -> None:
+    path = _sorted_file(tmp_path / "f.parquet")
+    corrupt(path, [column_chunk_range(path, g, c) for g in range(8) for c in ("payload", "extra")])
+    # Output "id", filter on "label" (not in columns): neither corrupted column is needed.
+    loader, dataset = create_dataloader(
+        str(path), columns=["id"], filters=pc.field("label") == 2, num_workers=num_workers, batch_size=100
+    )
+    assert dataset.discovered.data_columns == ("id", "label")
+    seen = []
+    for batch in loader:
+        assert list(batch) == ["id"]
+        seen.extend(batch["id"].tolist())
+    assert_exactly_once(seen, range(2, 8000, 5))
+    for bad in ("payload", "extra"):
+        loader, _ = create_dataloader(str(path), columns=["id", bad], num_workers=0)
+        with pytest.raises(ReadError):
+            epoch_ids(loader)
+
+
+# -- never reading what is not needed: proven with recorded byte ranges -------------------
+
+
+def _overlaps(reads: list[tuple[str, int, int]], path: str, lo: int, hi: int) -> bool:
+    return any(p == path and off < hi and lo < off + n for p, off, n in reads)
+
+
+def test_requested_byte_ranges_skip_pruned_groups_and_unneeded_columns(
+    tmp_path: Path, tokmem: TokenMemoryFileSystem
+) -> None:
+    local = _sorted_file(tmp_path / "f.parquet")
+    (remote,) = upload(tokmem, [local], tmp_path, "/bucket/t")
+    loader, _ = create_dataloader(
+        "tokmem://bucket/t",
+        storage_options={"token": TOKEN},
+        columns=["id"],
+        filters=(pc.field("id") >= 1500) & (pc.field("label") == 0),
+        num_workers=0,
+        batch_size=128,
+    )
+    TokenMemoryFileSystem.reads.clear()
+    assert_exactly_once(epoch_ids(loader), range(1500, 8000, 5))
+    size = tokmem.size(remote)
+    # pyarrow opens a file by reading its tail (up to 64 KiB) for the footer; that one
+    # speculative read is not a data read. Every other read is a column chunk.
+    tail = [r for r in TokenMemoryFileSystem.reads if r[1] + r[2] == size]
+    reads = [r for r in TokenMemoryFileSystem.reads if r[1] + r[2] != size]
+    assert len(tail) == 1, "the footer is read once per opened file"
+    assert reads, "the data came through the fsspec filesystem"
+    for column in ("id", "label"):
+        assert _overlaps(reads, remote, *column_chunk_range(local, 1, column)), f"group 1 {column} is read"
+    for group in range(8):
+        for column in ("payload", "extra"):
+            lo, hi = column_chunk_range(local, group, column)
+            assert not _overlaps(reads, remote, lo, hi), f"unneeded column {column} of group {group} read"
+    for group in (0,):
+        for column in ("id", "label", "payload", "extra"):
+            lo, hi = column_chunk_range(local, group, column)
+            assert not _overlaps(reads, remote, lo, hi), f"pruned group {group} ({column}) read"
