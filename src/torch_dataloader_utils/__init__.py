@@ -31,12 +31,21 @@ from torch_dataloader_utils.errors import (
     PathNotFoundError,
     PlanError,
     ReadError,
+    RecordBoundaryError,
     SchemaError,
     SchemaMismatchError,
     UnknownColumnError,
 )
 from torch_dataloader_utils.plan.splits import LegacySplitStrategy, SplitStrategy
-from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, EpochPlan, FileInfo, RowGroup, World
+from torch_dataloader_utils.plan.types import (
+    Chunk,
+    ChunkUnit,
+    EpochPlan,
+    FileInfo,
+    RecordIndex,
+    RowGroup,
+    World,
+)
 
 if TYPE_CHECKING:
     from torch_dataloader_utils.runtime.dataset import StructuredDataset
@@ -82,6 +91,8 @@ __all__ = [
     "PathNotFoundError",
     "PlanError",
     "ReadError",
+    "RecordBoundaryError",
+    "RecordIndex",
     "RowGroup",
     "SchemaError",
     "SchemaMismatchError",

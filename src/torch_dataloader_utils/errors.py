@@ -19,6 +19,8 @@ also :class:`ValueError`, errors about a missing path are also
     │   └── OverlappingChunksError            two chunks (or two ranks) share rows
     ├── DistributedConfigError (ConfigError)  rank / world size disagree with the runtime
     ├── ReadError                             reading a chunk's data failed
+    │   └── RecordBoundaryError               text records do not match their lines
+    │                                         (e.g. newlines inside quoted CSV fields)
     └── ConversionError (ValueError)          a column cannot become the output type
         └── NullValueError                    a null in a column that cannot hold one
 
@@ -41,6 +43,7 @@ __all__ = [
     "PathNotFoundError",
     "PlanError",
     "ReadError",
+    "RecordBoundaryError",
     "SchemaError",
     "SchemaMismatchError",
     "UnknownColumnError",
@@ -109,3 +112,11 @@ class ConversionError(DataLoaderUtilsError, ValueError):
 
 class NullValueError(ConversionError):
     """A column holds nulls and its output type cannot represent them."""
+
+
+class RecordBoundaryError(ReadError):
+    """A text chunk parsed into a different number of records than it has lines.
+
+    Raised instead of returning split or duplicated records, typically because quoted
+    CSV fields hold newlines and the file was split at byte offsets.
+    """
