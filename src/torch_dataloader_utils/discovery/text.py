@@ -246,7 +246,8 @@ def _inspect(
                 "CSV files need their column names on the first line"
             )
         try:
-            names = tuple(pcsv.read_csv(buffer_source(header)).column_names)
+            line = header if header.endswith(b"\n") else header + b"\n"
+            names = tuple(pcsv.read_csv(buffer_source(line)).column_names)
         except pa.ArrowException as exc:
             raise CorruptFileError(f"cannot parse the CSV header of {display!r} ({exc})") from exc
         data_start = len(header)
