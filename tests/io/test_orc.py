@@ -73,7 +73,12 @@ def test_planned_rows_equal_read_rows(
     ids: list[int] = []
     for rank in range(num_ranks):
         for worker in range(workers):
-            got = [i for c in plan.chunks_for(rank, worker) for b in ds._reader.read(c) for i in b["id"].to_pylist()]
+            got = [
+                i
+                for c in plan.chunks_for(rank, worker)
+                for b in ds._reader.read(c)
+                for i in b["id"].to_pylist()
+            ]
             assert plan.rows_for(rank, worker) == len(got)
             ids += got
     assert sorted(ids) == list(range(sum(map(sum, STRIPES))))
@@ -114,5 +119,5 @@ def test_not_an_orc_file(tmp_path: Path) -> None:
 
 
 def test_stripes_from_garbage_tail() -> None:
-    with pytest.raises(ValueError, match="footer|truncated|wire"):
+    with pytest.raises(ValueError, match=r"footer|truncated|wire"):
         stripes_from_tail(b"\x0a\xff")

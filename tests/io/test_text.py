@@ -40,7 +40,9 @@ def read_plan(ds: StructuredDataset, num_workers: int) -> tuple[list[int], dict[
 def oracle(path: Path, fmt: str) -> dict[int, str]:
     data = path.read_bytes()
     if fmt == "csv":
-        table = pcsv.read_csv(io.BytesIO(data), convert_options=pcsv.ConvertOptions(column_types={"s": pa.string()}))
+        table = pcsv.read_csv(
+            io.BytesIO(data), convert_options=pcsv.ConvertOptions(column_types={"s": pa.string()})
+        )
     else:
         table = pjson.read_json(io.BytesIO(data))
     return dict(zip(table.column("id").to_pylist(), table.column("s").to_pylist(), strict=True))
@@ -93,10 +95,12 @@ def write_csv_with_quoted_newline(path: Path, rows: int = 400) -> None:
 def test_quoted_newlines_undeclared_is_refused(tmp_path: Path, count_rows: bool) -> None:
     path = tmp_path / "q.csv"
     write_csv_with_quoted_newline(path)
-    ds = StructuredDataset(str(path), format="csv", split_bytes=500, count_rows=count_rows, output_format="arrow")
+    ds = StructuredDataset(
+        str(path), format="csv", split_bytes=500, count_rows=count_rows, output_format="arrow"
+    )
+    chunks = ds.plan(0).all_chunks()
     with pytest.raises(ReadError, match="quoted_newlines=True") as info:
-        for chunk in ds.plan(0).all_chunks():
-            list(ds._reader.read(chunk))
+        [b for chunk in chunks for b in ds._reader.read(chunk)]
     assert str(path) in str(info.value)
 
 
@@ -113,7 +117,12 @@ def test_quoted_newlines_declared_reads_whole_file(tmp_path: Path, count_rows: b
     path = tmp_path / "q.csv"
     write_csv_with_quoted_newline(path)
     ds = StructuredDataset(
-        str(path), format="csv", split_bytes=500, quoted_newlines=True, count_rows=count_rows, output_format="arrow"
+        str(path),
+        format="csv",
+        split_bytes=500,
+        quoted_newlines=True,
+        count_rows=count_rows,
+        output_format="arrow",
     )
     chunks = ds.plan(0).all_chunks()
     assert len(chunks) == 1
@@ -136,7 +145,9 @@ def test_compressed_files_are_whole_chunks(tmp_path: Path, suffix: str, compress
     else:
         path.write_bytes(compress(raw.encode()))  # type: ignore[operator]
     (tmp_path / "plain.csv").write_text("id,s\n" + "".join(f"{i},y{i}\n" for i in range(3000, 3100)))
-    ds = StructuredDataset(str(tmp_path), format="csv", split_bytes=100, count_rows=True, output_format="arrow")
+    ds = StructuredDataset(
+        str(tmp_path), format="csv", split_bytes=100, count_rows=True, output_format="arrow"
+    )
     chunks = ds.plan(0).all_chunks()
     compressed = [c for c in chunks if c.path.endswith(suffix)]
     assert len(compressed) == 1
@@ -148,7 +159,9 @@ def test_compressed_files_are_whole_chunks(tmp_path: Path, suffix: str, compress
 def test_header_applied_and_columns_selected(tmp_path: Path) -> None:
     path = tmp_path / "h.csv"
     path.write_text("a,id,b\n" + "".join(f"{i * 2},{i},b{i}\n" for i in range(500)))
-    ds = StructuredDataset(str(path), format="csv", split_bytes=64, columns=["b", "id"], output_format="arrow")
+    ds = StructuredDataset(
+        str(path), format="csv", split_bytes=64, columns=["b", "id"], output_format="arrow"
+    )
     batches = [b for c in ds.plan(0).all_chunks() for b in ds._reader.read(c)]
     table = pa.Table.from_batches(batches).sort_by("id")
     assert table.schema.names == ["b", "id"]
@@ -185,6 +198,9 @@ def test_late_type_change_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ReadError, match="pass schema="):
         list(ds)
     ds = StructuredDataset(
-        str(path), format="csv", schema=pa.schema([("id", pa.int64()), ("v", pa.string())]), output_format="arrow"
+        str(path),
+        format="csv",
+        schema=pa.schema([("id", pa.int64()), ("v", pa.string())]),
+        output_format="arrow",
     )
     assert sum(b.num_rows for b in ds) == 200_001

@@ -21,7 +21,9 @@ def write(tmp_path: Path, fmt: str) -> Path:
         path.write_text("id,x,s\r\n" + "".join(f'{i},{i * 0.5},"é,{i}"\r\n' for i in range(ROWS)))
     elif fmt == "jsonl":
         path = tmp_path / "d.jsonl"
-        path.write_text("".join(json.dumps({"id": i, "x": i * 0.5, "s": f"é{i}"}) + "\n" for i in range(ROWS)))
+        path.write_text(
+            "".join(json.dumps({"id": i, "x": i * 0.5, "s": f"é{i}"}) + "\n" for i in range(ROWS))
+        )
     else:
         path = tmp_path / "d.orc"
         ids = np.arange(ROWS)
