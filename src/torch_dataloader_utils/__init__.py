@@ -31,13 +31,22 @@ from torch_dataloader_utils.errors import (
     PathNotFoundError,
     PlanError,
     ReadError,
+    RecordBoundaryError,
     SchemaError,
     SchemaMismatchError,
     UnknownColumnError,
     UnknownLengthError,
 )
 from torch_dataloader_utils.plan.splits import LegacySplitStrategy, SplitStrategy
-from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, EpochPlan, FileInfo, RowGroup, World
+from torch_dataloader_utils.plan.types import (
+    Chunk,
+    ChunkUnit,
+    EpochPlan,
+    FileInfo,
+    RecordIndex,
+    RowGroup,
+    World,
+)
 
 if TYPE_CHECKING:
     from torch_dataloader_utils.runtime.dataset import StructuredDataset
@@ -84,6 +93,8 @@ __all__ = [
     "PathNotFoundError",
     "PlanError",
     "ReadError",
+    "RecordBoundaryError",
+    "RecordIndex",
     "RowGroup",
     "SchemaError",
     "SchemaMismatchError",

@@ -20,6 +20,8 @@ also :class:`ValueError`, errors about a missing path are also
     ├── DistributedConfigError (ConfigError)  rank / world size disagree with the runtime
     ├── UnknownLengthError (TypeError)        len() asked where row counts are unknown
     ├── ReadError                             reading a chunk's data failed
+    │   └── RecordBoundaryError               text records do not match their lines
+    │                                         (e.g. newlines inside quoted CSV fields)
     └── ConversionError (ValueError)          a column cannot become the output type
         └── NullValueError                    a null in a column that cannot hold one
 
@@ -42,6 +44,7 @@ __all__ = [
     "PathNotFoundError",
     "PlanError",
     "ReadError",
+    "RecordBoundaryError",
     "SchemaError",
     "SchemaMismatchError",
     "UnknownColumnError",
@@ -119,3 +122,11 @@ class ConversionError(DataLoaderUtilsError, ValueError):
 
 class NullValueError(ConversionError):
     """A column holds nulls and its output type cannot represent them."""
+
+
+class RecordBoundaryError(ReadError):
+    """A text chunk parsed into a different number of records than it has lines.
+
+    Raised instead of returning split or duplicated records, typically because quoted
+    CSV fields hold newlines and the file was split at byte offsets.
+    """

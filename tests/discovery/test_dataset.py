@@ -15,7 +15,6 @@ from tests.fixtures.e2e import TOKEN, TokenMemoryFileSystem, upload
 from torch_dataloader_utils.config import FileFormat
 from torch_dataloader_utils.discovery import discover
 from torch_dataloader_utils.errors import (
-    ConfigError,
     CorruptFileError,
     SchemaMismatchError,
     UnknownColumnError,
@@ -123,9 +122,9 @@ def test_corrupt_file_among_good_ones(write_parquet: WriteParquet) -> None:
         discover(str(paths[0].parent), format=PARQUET)
 
 
-def test_not_implemented_format(write_parquet: WriteParquet) -> None:
+def test_parquet_file_read_as_orc_names_the_file(write_parquet: WriteParquet) -> None:
     paths = write_parquet([10])
-    with pytest.raises(ConfigError, match="format='orc'"):
+    with pytest.raises(CorruptFileError, match=str(paths[0].name)):
         discover(str(paths[0]), format=FileFormat.ORC)
 
 

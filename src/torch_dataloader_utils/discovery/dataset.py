@@ -13,8 +13,10 @@ import pyarrow.compute as pc
 from torch_dataloader_utils.config import FileFormat
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
 from torch_dataloader_utils.discovery.listing import list_files
+from torch_dataloader_utils.discovery.orc import read_orc_footers
 from torch_dataloader_utils.discovery.parquet import FooterInfo, prune, read_footers
 from torch_dataloader_utils.discovery.partitions import Partitions, infer_partitions
+from torch_dataloader_utils.discovery.text import TextDiscovery, TextOptions, discover_text
 from torch_dataloader_utils.errors import ConfigError, SchemaMismatchError
 from torch_dataloader_utils.io.fs import FileSystemSpec
 from torch_dataloader_utils.plan.types import FileInfo
@@ -36,6 +38,9 @@ class Discovered:
         partition_columns: Partition columns to add (outputs plus those the filter needs).
         partitions: Partition values per file, or ``None``.
         filters: The row filter, or ``None``.
+        extra: Format-specific metadata for readers. CSV / JSONL: ``"text_meta"`` (a
+            :class:`~torch_dataloader_utils.io.text.TextFileMeta` per path) and
+            ``"text_options"`` (the :class:`TextOptions`).
     """
 
     fs: FileSystemSpec
@@ -85,8 +90,12 @@ def discover(
     filters: object = None,
     partitioning: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    text: TextOptions | None = None,
 ) -> Discovered:
     """List ``path``, read metadata, check the request against the schema.
+
+    Parquet reads footers (row groups pruned by ``filters``); ORC reads stripe lists;
+    CSV / JSONL read each file's head (and, with ``text.count_rows``, count records).
 
     Raises:
         PathNotFoundError, NoFilesFoundError: nothing to read.
@@ -100,10 +109,71 @@ def discover(
     listing = list_files(path, dict(storage_options or {}))
     fs = listing.fs
     partitions = infer_partitions(listing.files) if partitioning == "hive" else None
-    if format is not FileFormat.PARQUET:
-        raise ConfigError(f"format={format.value!r} is not implemented yet; use 'parquet'")
-    footers = read_footers(fs, listing.files, partitions)
-    return _discover_parquet(fs, format, footers, partitions, columns, filters)
+    if format is FileFormat.PARQUET:
+        footers = read_footers(fs, listing.files, partitions)
+        return _discover_parquet(fs, format, footers, partitions, columns, filters)
+    if format is FileFormat.ORC:
+        footers = read_orc_footers(fs, listing.files)
+        return _discover_parquet(fs, format, footers, partitions, columns, filters)
+    if format in (FileFormat.CSV, FileFormat.JSONL):
+        options = text or TextOptions()
+        found = discover_text(fs, format, listing.files, options)
+        return _discover_text(fs, format, found, options, partitions, columns, filters)
+    raise ConfigError(f"format={format.value!r} is not implemented yet")
+
+
+def _discover_text(
+    fs: FileSystemSpec,
+    format: FileFormat,
+    found: TextDiscovery,
+    options: TextOptions,
+    partitions: Partitions | None,
+    columns: Sequence[str] | None,
+    filters: object,
+) -> Discovered:
+    data_schema = found.schema
+    schema, output, expr, data_columns, part_columns = _resolve_request(
+        data_schema, partitions, columns, filters
+    )
+    if format is FileFormat.CSV:
+        for path, meta in found.meta.items():
+            missing = [c for c in data_columns if c not in meta.column_names]
+            if missing:
+                raise SchemaMismatchError(
+                    f"columns {missing} are not in the CSV header of {fs.display(path)!r} "
+                    f"(it has {list(meta.column_names)}); leave them out of columns or fix the file"
+                )
+    return Discovered(
+        fs=fs,
+        format=format,
+        files=found.files,
+        schema=schema,
+        output_columns=tuple(output),
+        data_columns=tuple(data_columns),
+        partition_columns=tuple(part_columns),
+        partitions=partitions,
+        filters=expr,
+        extra={"text_meta": found.meta, "text_options": options},
+    )
+
+
+def _resolve_request(
+    data_schema: pa.Schema, partitions: Partitions | None, columns: Sequence[str] | None, filters: object
+) -> tuple[pa.Schema, list[str], pc.Expression | None, list[str], list[str]]:
+    """Dataset schema, output columns, filter, file columns and partition columns to read."""
+    part_schema = partitions.schema if partitions is not None else pa.schema([])
+    clash = [n for n in part_schema.names if n in data_schema.names]
+    if clash:
+        raise SchemaMismatchError(
+            f"partitioning='hive': partition keys {clash} are also columns inside the files; "
+            "rename the directories or pass partitioning=None"
+        )
+    schema = pa.schema(list(data_schema) + list(part_schema))
+    output = check_columns(columns, schema)
+    expr = check_filter(filters, schema)
+    needed = list(dict.fromkeys(output + filter_fields(expr, schema)))
+    data_columns = [n for n in data_schema.names if n in needed]
+    return schema, output, expr, data_columns, [n for n in part_schema.names if n in needed]
 
 
 def _discover_parquet(
@@ -128,7 +198,7 @@ def _discover_parquet(
     needed = list(dict.fromkeys(output + filter_fields(expr, schema)))
     data_columns = [n for n in data_schema.names if n in needed]
     _check_consistent(footers, data_columns, fs)
-    if expr is None:
+    if expr is None or format is not FileFormat.PARQUET:
         files = [f.file for f in footers]
     else:
         files = [prune(f, expr, schema) for f in footers]

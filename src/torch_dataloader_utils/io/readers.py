@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from torch_dataloader_utils.config import FileFormat
 from torch_dataloader_utils.discovery.dataset import Discovered
 from torch_dataloader_utils.errors import ConfigError
 from torch_dataloader_utils.io.base import ChunkReader
+from torch_dataloader_utils.io.orc import OrcReader
 from torch_dataloader_utils.io.parquet import ParquetReader
+from torch_dataloader_utils.io.text import TextReader
 
 __all__ = ["make_reader"]
 
@@ -24,5 +28,35 @@ def make_reader(found: Discovered, batch_size: int) -> ChunkReader:
             partition_columns=found.partition_columns,
             filters=found.filters,
             batch_size=batch_size,
+        )
+    if found.format is FileFormat.ORC:
+        return OrcReader(
+            found.fs,
+            files,
+            data_columns=found.data_columns,
+            output_columns=found.output_columns,
+            partitions=found.partitions,
+            partition_columns=found.partition_columns,
+            filters=found.filters,
+            batch_size=batch_size,
+        )
+    if found.format in (FileFormat.CSV, FileFormat.JSONL):
+        options = found.extra["text_options"]
+        part_names = set(found.partitions.schema.names) if found.partitions is not None else set()
+        data_schema = pa.schema([f for f in found.schema if f.name not in part_names])
+        return TextReader(
+            found.fs,
+            files,
+            found.extra["text_meta"],
+            format=found.format,
+            schema=data_schema,
+            data_columns=found.data_columns,
+            output_columns=found.output_columns,
+            partitions=found.partitions,
+            partition_columns=found.partition_columns,
+            filters=found.filters,
+            batch_size=batch_size,
+            quoted_newlines=options.quoted_newlines,
+            strict_fields=options.schema is None,
         )
     raise ConfigError(f"format={found.format.value!r} has no reader yet")

@@ -8,15 +8,25 @@ from torch_dataloader_utils.plan.assign import assign
 from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
 from torch_dataloader_utils.plan.shuffle import permutation, shuffled
 from torch_dataloader_utils.plan.splits import (
+    ByteRangeSplit,
     FileSplit,
     LegacySplitStrategy,
     RowGroupSplit,
     SplitStrategy,
     resolve_strategy,
 )
-from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, EpochPlan, FileInfo, RowGroup, World
+from torch_dataloader_utils.plan.types import (
+    Chunk,
+    ChunkUnit,
+    EpochPlan,
+    FileInfo,
+    RecordIndex,
+    RowGroup,
+    World,
+)
 
 __all__ = [
+    "ByteRangeSplit",
     "Chunk",
     "ChunkUnit",
     "EpochPlan",
@@ -24,6 +34,7 @@ __all__ = [
     "FileSplit",
     "LegacySplitStrategy",
     "PlanSpec",
+    "RecordIndex",
     "RowGroup",
     "RowGroupSplit",
     "SplitStrategy",

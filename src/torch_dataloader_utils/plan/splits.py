@@ -28,6 +28,7 @@ from torch_dataloader_utils.errors import ConfigError, OverlappingChunksError, P
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo, RowGroup
 
 __all__ = [
+    "ByteRangeSplit",
     "FileSplit",
     "LegacySplitStrategy",
     "RankAwareStrategy",
@@ -93,8 +94,50 @@ class FileSplit:
                 if f.live_rows == 0:
                     continue
                 chunks.append(Chunk.rows(f))
-            elif f.size > 0:
+            elif f.size > 0 and (f.records is None or f.records.total > 0):
                 chunks.append(Chunk.bytes(f))
+        return chunks
+
+
+@dataclass(frozen=True)
+class ByteRangeSplit:
+    """Line-delimited text (CSV, JSONL) cut into byte ranges of about ``split_bytes``.
+
+    A chunk ``[start, stop)`` owns exactly the records whose first byte lies inside it:
+    the reader skips the partial line at ``start`` and reads past ``stop`` to finish
+    its last record, so consecutive ranges neither lose nor repeat a record.
+
+    Files marked unsplittable (compressed, or a CSV declared to hold newlines inside
+    quoted fields) are one chunk each. When discovery counted the records
+    (``FileInfo.records``), range ends are rounded to its blocks, so every chunk
+    carries its exact record count, and ranges holding no record start are dropped.
+    Files with row counts but no byte layout (columnar formats) are one row chunk each.
+    """
+
+    split_bytes: int
+    name: str = "byte_range"
+
+    def __post_init__(self) -> None:
+        size = self.split_bytes
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigError(f"split_bytes={self.split_bytes!r} must be an int >= 1 for byte_range")
+
+    def split(self, files: Sequence[FileInfo], *, num_workers: int = 1, epoch: int = 0) -> list[Chunk]:
+        """Byte-range chunks, file by file, in file order."""
+        chunks: list[Chunk] = []
+        whole = FileSplit()
+        for f in files:
+            if f.num_rows is not None or not f.splittable or f.size <= self.split_bytes:
+                chunks.extend(whole.split([f]))
+                continue
+            step = self.split_bytes
+            if f.records is not None:
+                block = f.records.block_bytes
+                step = max(1, step // block) * block
+            for start in range(0, f.size, step):
+                chunk = Chunk.bytes(f, start, min(f.size, start + step))
+                if chunk.num_rows != 0:
+                    chunks.append(chunk)
         return chunks
 
 

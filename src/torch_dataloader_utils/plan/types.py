@@ -70,6 +70,41 @@ class RowGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordIndex:
+    """Where the records of a line-delimited text file start, counted per fixed block.
+
+    Built by discovery's newline-count pass (no parsing). A record starts at the first
+    data byte of the file (after a CSV header) and after every newline byte that is
+    followed by a non-empty line. ``counts[i]`` is the number of records whose first byte lies in
+    ``[i * block_bytes, (i + 1) * block_bytes)``, so the records of any byte range whose
+    ends are block edges (or the end of the file) are known exactly, without I/O.
+
+    Attributes:
+        block_bytes: The block size (>= 1).
+        counts: Records starting in each block, ``ceil(size / block_bytes)`` entries.
+    """
+
+    block_bytes: int
+    counts: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.block_bytes < 1:
+            raise ValueError(f"block_bytes must be >= 1, got {self.block_bytes}")
+
+    @property
+    def total(self) -> int:
+        """Records in the whole file."""
+        return sum(self.counts)
+
+    def records_in(self, start: int, stop: int, size: int) -> int | None:
+        """Records starting in ``[start, stop)``, or ``None`` when an end is not a block edge."""
+        b = self.block_bytes
+        if start % b or (stop % b and stop != size):
+            return None
+        return sum(self.counts[start // b : -(-stop // b)])
+
+
+@dataclass(frozen=True, slots=True)
 class FileInfo:
     """Metadata of one data file, as found by discovery. No data is read to build it.
 
@@ -82,6 +117,11 @@ class FileInfo:
             Groups pruned by filter statistics are left out. ``None`` when the format
             has no row groups or they are unknown.
         mtime: Modification time, when the filesystem reports one (used in cache keys).
+        records: Text formats: where records start, when the count pass ran. ``num_rows``
+            stays ``None`` for text files, since a row position cannot be addressed
+            without parsing; chunks are byte ranges whose counts come from here.
+        splittable: ``False`` when the file can only be read whole (compressed text, a
+            CSV whose quoted fields hold newlines): byte-range splitting keeps it whole.
     """
 
     path: str
@@ -89,6 +129,8 @@ class FileInfo:
     num_rows: int | None = None
     row_groups: tuple[RowGroup, ...] | None = None
     mtime: float | None = None
+    records: RecordIndex | None = None
+    splittable: bool = True
     _starts: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -170,9 +212,14 @@ class Chunk:
 
     @classmethod
     def bytes(cls, file: FileInfo, start: int = 0, stop: int | None = None) -> Chunk:
-        """A byte-range chunk of ``file`` (the whole file by default)."""
+        """A byte-range chunk of ``file`` (the whole file by default).
+
+        Its record count is filled in when ``file.records`` knows it (both ends on block
+        edges, or the end of the file).
+        """
         stop = file.size if stop is None else stop
-        return cls(file.path, start, stop, ChunkUnit.BYTES, None, stop - start)
+        num_rows = None if file.records is None else file.records.records_in(start, stop, file.size)
+        return cls(file.path, start, stop, ChunkUnit.BYTES, num_rows, stop - start)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ persistent workers too.
 from __future__ import annotations
 
 import itertools
+import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -35,12 +36,14 @@ from torch_dataloader_utils.config import (
 )
 from torch_dataloader_utils.convert import BatchConverter, pack
 from torch_dataloader_utils.discovery import Discovered, discover
+from torch_dataloader_utils.discovery.text import COUNT_BLOCK_BYTES, TextOptions
 from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError, UnknownLengthError
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch, with_flag
 from torch_dataloader_utils.io.readers import make_reader
 from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
 from torch_dataloader_utils.plan.splits import (
+    ByteRangeSplit,
     FileSplit,
     RankAwareStrategy,
     RowGroupSplit,
@@ -89,6 +92,18 @@ def build_strategy(
             if size is None and rows is None:
                 size = DEFAULT_SPLIT_BYTES
             return RowGroupSplit(split_bytes=size, split_rows=rows)
+        if kind is SplitKind.BYTE_RANGE:
+            if format not in (FileFormat.CSV, FileFormat.JSONL):
+                raise IncompatibleOptionsError(
+                    f"split_strategy='byte_range' needs format='csv' or 'jsonl', got "
+                    f"format={format.value!r}; use 'row_group' or 'file'"
+                )
+            if rows is not None:
+                raise IncompatibleOptionsError(
+                    f"split_rows={split_rows!r} cannot size byte ranges (a row's position in a "
+                    "text file is unknown before parsing); pass split_bytes instead"
+                )
+            return ByteRangeSplit(split_bytes=size if size is not None else DEFAULT_SPLIT_BYTES)
         raise ConfigError(f"split_strategy={kind.value!r} is not implemented yet for format={format.value!r}")
     if split_bytes is not None or split_rows is not None:
         raise IncompatibleOptionsError(
@@ -96,6 +111,62 @@ def build_strategy(
             f"split_strategy ({type(split_strategy).__name__}) sizes its own chunks"
         )
     return resolve_strategy(split_strategy)
+
+
+def text_options(
+    format: FileFormat,
+    strategy: object,
+    schema: object,
+    quoted_newlines: object,
+    count_rows: object,
+    count_cache_dir: object,
+) -> TextOptions | None:
+    """Validate the text-format options; ``None`` for formats that are not text.
+
+    Raises:
+        ConfigError: an option has a value of the wrong type.
+        IncompatibleOptionsError: an option does not apply to ``format`` or needs another.
+    """
+    import pyarrow as pa
+
+    is_text = format in (FileFormat.CSV, FileFormat.JSONL)
+    if schema is not None and not isinstance(schema, pa.Schema):
+        raise ConfigError(
+            f"schema={schema!r} must be a pyarrow.Schema, e.g. "
+            "pyarrow.schema([('id', pyarrow.int64()), ('text', pyarrow.string())])"
+        )
+    if schema is not None and not is_text:
+        raise IncompatibleOptionsError(
+            f"schema= applies to format='csv' or 'jsonl' (format={format.value!r} stores its own "
+            "schema); drop schema"
+        )
+    for name, value in (("quoted_newlines", quoted_newlines), ("count_rows", count_rows)):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}={value!r} must be True or False")
+    if quoted_newlines and format is not FileFormat.CSV:
+        raise IncompatibleOptionsError(
+            f"quoted_newlines=True applies to format='csv' only (got format={format.value!r}); drop it"
+        )
+    if count_cache_dir is not None:
+        if not isinstance(count_cache_dir, (str, os.PathLike)):
+            raise ConfigError(f"count_cache_dir={count_cache_dir!r} must be a directory path (str)")
+        if not count_rows:
+            raise IncompatibleOptionsError(
+                f"count_cache_dir={os.fspath(count_cache_dir)!r} caches the counts of count_rows=True; "
+                "set count_rows=True or drop count_cache_dir"
+            )
+    if not is_text:
+        return None
+    block = COUNT_BLOCK_BYTES
+    if isinstance(strategy, ByteRangeSplit):
+        block = min(block, strategy.split_bytes)
+    return TextOptions(
+        schema=schema,
+        quoted_newlines=bool(quoted_newlines),
+        count_rows=bool(count_rows),
+        count_cache_dir=None if count_cache_dir is None else os.fspath(count_cache_dir),
+        count_block_bytes=block,
+    )
 
 
 class PlannedDataset(IterableDataset[Any]):
@@ -301,6 +372,10 @@ class StructuredDataset(PlannedDataset):
         rank: int | None = None,
         num_workers: int = 0,
         equal_batches: str | EqualBatches = DEFAULT_EQUAL_BATCHES,
+        schema: Any = None,
+        quoted_newlines: bool = False,
+        count_rows: bool = False,
+        count_cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         fmt = coerce_format(format)
         equal = coerce_equal_batches(equal_batches)
@@ -316,6 +391,7 @@ class StructuredDataset(PlannedDataset):
             raise ConfigError(f"storage_options={storage_options!r} must be a dict of filesystem options")
         world = env.resolve_world(num_ranks, rank)
         strategy = build_strategy(split_strategy, fmt, split_bytes, split_rows)
+        text = text_options(fmt, strategy, schema, quoted_newlines, count_rows, count_cache_dir)
         found = discover(
             path,
             format=fmt,
@@ -323,6 +399,7 @@ class StructuredDataset(PlannedDataset):
             filters=filters,
             partitioning=partitioning,
             storage_options=storage_options,
+            text=text,
         )
         self.discovered: Discovered = found
         """What discovery found: files, schema, columns."""

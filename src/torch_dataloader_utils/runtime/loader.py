@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -78,13 +79,17 @@ def create_dataloader(
     timeout: float = 0,
     multiprocessing_context: Any = None,
     equal_batches: str = "drop",
+    schema: Any = None,
+    quoted_newlines: bool = False,
+    count_rows: bool = False,
+    count_cache_dir: str | os.PathLike[str] | None = None,
 ) -> tuple[DataLoader[Any], StructuredDataset]:
     """Build a :class:`StructuredDataset` and a DataLoader that reads it.
 
     Args:
         path: A file, a directory (recursive), a glob, or a list of them; local paths
             or URLs of any fsspec filesystem (``s3://``, ``gs://``, ``memory://``...).
-        format: ``"parquet"`` (more formats: see the docs).
+        format: ``"parquet"``, ``"orc"``, ``"csv"`` or ``"jsonl"`` (see docs/formats.md).
         num_workers: DataLoader worker processes; ``None`` picks CPUs per rank, capped
             by this rank's chunk count and 8 (0 means read in the main process).
         batch_size: Rows per batch. Every batch has exactly this many rows except the
@@ -97,7 +102,8 @@ def create_dataloader(
         split_bytes: Target chunk size on disk, an int or a string such as
             ``"128MiB"`` (default 64 MiB for ``row_group``).
         split_rows: Target rows per chunk.
-        split_strategy: ``"row_group"`` (Parquet default), ``"file"``, or an object
+        split_strategy: ``"row_group"`` (Parquet / ORC default), ``"byte_range"``
+            (CSV / JSONL default), ``"file"``, or an object
             with ``generate(...)`` (see :mod:`torch_dataloader_utils.plan.splits`).
         output_format: ``"torch"`` (default), ``"numpy"``, ``"arrow"`` or ``"dict"``.
         null_fill: Value (or mapping column -> value) replacing nulls in columns
@@ -124,6 +130,16 @@ def create_dataloader(
             ``"off"`` reads chunks whole, with uneven batch counts. Needs exact row
             counts, so with a row filter on more than one rank pass ``"off"``. See
             ``docs/distributed.md``.
+        schema: CSV / JSONL: a ``pyarrow.Schema`` giving column types for every file;
+            by default types are inferred once per file from its head and unified.
+        quoted_newlines: CSV: quoted fields may hold newlines. Such files are read
+            whole (one chunk each). Without it, a record found spanning lines raises
+            :class:`RecordBoundaryError` rather than being split or duplicated.
+        count_rows: CSV / JSONL: count records with a fast newline pass at startup, so
+            every byte-range chunk carries its exact record count (balancing, equal
+            batches). Counts are cached per (path, size, mtime) in the process.
+        count_cache_dir: Also keep the counts in this directory across processes and
+            runs (needs ``count_rows=True``).
 
     Returns:
         ``(loader, dataset)``. Call ``dataset.set_epoch(epoch)`` before each epoch.
@@ -151,6 +167,10 @@ def create_dataloader(
         rank=rank,
         num_workers=num_workers or 0,
         equal_batches=equal_batches,
+        schema=schema,
+        quoted_newlines=quoted_newlines,
+        count_rows=count_rows,
+        count_cache_dir=count_cache_dir,
     )
     if num_workers is None:
         num_workers = auto_workers(dataset)

@@ -1,0 +1,338 @@
+"""Reading CSV and JSONL by byte range, and the line scanning shared with discovery.
+
+A byte-range chunk ``[start, stop)`` owns exactly the records whose first byte lies in
+it. A record starts at the file's first data byte (after the CSV header) and after
+every newline byte that is followed by a non-empty line. The reader
+
+1. seeks to ``start - 1`` and skips to just after the next newline (unless the range
+   begins at or before the first data byte),
+2. reads whole lines in pieces of about ``piece_bytes`` until it has finished the line
+   holding byte ``stop - 1``, reading past ``stop`` when a line crosses it,
+3. parses each piece with pyarrow (the CSV header and the dataset's one schema are
+   given, so every chunk of every file types its columns the same way), and
+4. checks that each piece parsed into exactly as many records as it has non-empty
+   lines. A mismatch means a record spans lines (a newline inside a quoted CSV
+   field): :class:`RecordBoundaryError` is raised, naming the file, the byte offset
+   and the option to set, instead of yielding split or duplicated records.
+
+Lines end with LF or CR LF. Multi-byte UTF-8 characters never contain the
+newline byte, so cutting at a newline never splits a character.
+
+Compressed files (``.gz``, ``.bz2``, ``.zst``, ``.lz4``) are streamed whole; a CSV
+declared to hold newlines in quoted fields (``quoted_newlines=True``) is read whole
+by pyarrow's streaming CSV reader, which follows quotes across lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.json as pjson
+
+from torch_dataloader_utils.config import FileFormat
+from torch_dataloader_utils.discovery.partitions import Partitions
+from torch_dataloader_utils.errors import ReadError, RecordBoundaryError
+from torch_dataloader_utils.io.finish import BatchFinisher
+from torch_dataloader_utils.io.fs import FileSystemSpec
+from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo
+
+__all__ = [
+    "COMPRESSION_SUFFIXES",
+    "PIECE_BYTES",
+    "TextFileMeta",
+    "TextReader",
+    "buffer_source",
+    "compression_of",
+    "count_records",
+    "iter_pieces",
+    "record_starts",
+]
+
+COMPRESSION_SUFFIXES = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", ".lz4": "lz4"}
+"""File name suffixes of compressed text, and their pyarrow codec names."""
+PIECE_BYTES = 4 * 1024**2
+"""Bytes parsed at once (rounded to whole lines): bounds memory for large chunks."""
+_SCAN_BYTES = 64 * 1024
+_NL = 10
+_CR = 13
+
+
+def buffer_source(data: bytes) -> Any:
+    """A zero-copy pyarrow reader over ``data`` (typed ``Any``: the stubs want file objects)."""
+    return pa.BufferReader(data)
+
+
+def compression_of(path: str) -> str | None:
+    """The pyarrow codec of ``path`` by its suffix, or ``None`` for plain text."""
+    lower = path.lower()
+    for suffix, codec in COMPRESSION_SUFFIXES.items():
+        if lower.endswith(suffix):
+            return codec
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class TextFileMeta:
+    """What the reader needs to know about one text file besides its ``FileInfo``.
+
+    Attributes:
+        compression: pyarrow codec name, or ``None`` for plain text.
+        data_start: Offset of the first data byte (after the CSV header line; 0 for JSONL),
+            in the decompressed stream for compressed files.
+        column_names: CSV: the header's column names; JSONL: empty.
+    """
+
+    compression: str | None
+    data_start: int
+    column_names: tuple[str, ...] = ()
+
+
+def record_starts(buf: bytes, offset: int, is_csv: bool) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """File offsets of the records whose lines lie in ``buf`` (which starts a line).
+
+    Empty lines hold no record: for CSV a line of zero bytes or of carriage returns
+    only; for JSONL a line of spaces, tabs and carriage returns only (what pyarrow skips).
+    """
+    a = np.frombuffer(buf, dtype=np.uint8)
+    n = len(a)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    nl = np.flatnonzero(a == _NL)
+    starts = np.empty(len(nl) + 1, dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = nl + 1
+    ends = np.empty_like(starts)
+    ends[:-1] = nl
+    ends[-1] = n
+    if starts[-1] >= n:  # buffer ends with a newline: no line after it
+        starts, ends = starts[:-1], ends[:-1]
+    lengths = ends - starts
+    nonempty = lengths > 0
+    first = a[np.minimum(starts, n - 1)]
+    blank_first = first == _CR
+    if not is_csv:
+        blank_first |= (first == 32) | (first == 9)
+    maybe_blank = nonempty & blank_first
+    for i in np.flatnonzero(maybe_blank):
+        line = buf[starts[i] : ends[i]]
+        if not (line.strip(b"\r") if is_csv else line.strip(b" \t\r")):
+            nonempty[i] = False
+    return starts[nonempty] + offset
+
+
+def count_records(buf: bytes, is_csv: bool) -> int:
+    """Records in ``buf`` (whole lines): its non-empty lines, see :func:`record_starts`."""
+    return len(record_starts(buf, 0, is_csv))
+
+
+def iter_pieces(
+    read: Callable[[int], bytes], first: int, stop: float, piece_bytes: int = PIECE_BYTES
+) -> Iterator[tuple[int, bytes]]:
+    """Whole lines from ``first`` (a line start) up to the one holding byte ``stop - 1``.
+
+    Args:
+        read: Reads the next ``n`` bytes of a stream positioned at ``first``
+            (``b""`` at the end).
+        first: Offset of the first line.
+        stop: End of the range; the line crossing it is finished. ``math.inf`` for all.
+        piece_bytes: About how many bytes each piece holds (a longer line is one piece).
+
+    Yields:
+        ``(offset, data)`` pieces of whole lines (the file's last line may lack its newline).
+    """
+    pos = first
+    buf = b""
+    while True:
+        block = read(piece_bytes)
+        eof = not block
+        buf = buf + block if buf else block
+        need = stop - 1 - pos
+        if need < len(buf):
+            nl = buf.find(b"\n", max(int(need), 0))
+            if nl >= 0:
+                yield pos, buf[: nl + 1]
+                return
+            if eof:
+                if buf:
+                    yield pos, buf
+                return
+            continue
+        if eof:
+            if buf:
+                yield pos, buf
+            return
+        nl = buf.rfind(b"\n")
+        if nl >= 0:
+            yield pos, buf[: nl + 1]
+            pos += nl + 1
+            buf = buf[nl + 1 :]
+
+
+def next_line_start(read: Callable[[int], bytes], pos: int) -> int:
+    """Offset just after the first newline at or after ``pos`` (stream positioned there)."""
+    while True:
+        block = read(_SCAN_BYTES)
+        if not block:
+            return pos
+        nl = block.find(b"\n")
+        if nl >= 0:
+            return pos + nl + 1
+        pos += len(block)
+
+
+class TextReader:
+    """A :class:`ChunkReader` for CSV and JSONL, by byte range (see the module docstring).
+
+    Args:
+        fs: The filesystem.
+        files: File metadata by path.
+        meta: Text metadata (compression, header) by path.
+        format: ``FileFormat.CSV`` or ``FileFormat.JSONL``.
+        schema: The dataset's data schema: every chunk is parsed to these types.
+        data_columns: File columns to read.
+        output_columns: Columns of every output batch.
+        partitions: Partition values, or ``None``.
+        partition_columns: Partition keys to add as columns.
+        filters: The row filter, or ``None``.
+        batch_size: Rows per yielded batch (at most).
+        quoted_newlines: CSV quoted fields may hold newlines (files are read whole).
+        strict_fields: JSONL: a key missing from ``schema`` is an error (else ignored).
+        piece_bytes: Bytes parsed at once.
+    """
+
+    def __init__(
+        self,
+        fs: FileSystemSpec,
+        files: Mapping[str, FileInfo],
+        meta: Mapping[str, TextFileMeta],
+        *,
+        format: FileFormat,
+        schema: pa.Schema,
+        data_columns: Sequence[str],
+        output_columns: Sequence[str],
+        partitions: Partitions | None = None,
+        partition_columns: Sequence[str] = (),
+        filters: pc.Expression | None = None,
+        batch_size: int = 65536,
+        quoted_newlines: bool = False,
+        strict_fields: bool = True,
+        piece_bytes: int = PIECE_BYTES,
+    ) -> None:
+        if format not in (FileFormat.CSV, FileFormat.JSONL):
+            raise ValueError(f"TextReader reads CSV and JSONL, not {format.value!r}")
+        self._fs = fs
+        self._files = files
+        self._meta = meta
+        self._csv = format is FileFormat.CSV
+        self._schema = schema
+        self._data_columns = list(data_columns)
+        self._finish = BatchFinisher(output_columns, partitions, partition_columns, filters)
+        self._batch_size = batch_size
+        self._quoted = quoted_newlines and self._csv
+        self._strict = strict_fields
+        self._piece = piece_bytes
+
+    def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
+        """Yield the records whose first byte lies in the chunk (filtered, projected)."""
+        info = self._files[chunk.path]
+        meta = self._meta[chunk.path]
+        if chunk.unit is not ChunkUnit.BYTES:
+            raise ReadError(f"text chunks are byte ranges; got a {chunk.unit.value} chunk of {chunk.path!r}")
+        whole = chunk.start == 0 and chunk.stop >= info.size
+        if not whole and (not info.splittable or meta.compression is not None):
+            raise ReadError(
+                f"{self._fs.display(chunk.path)!r} can only be read whole (compressed, or "
+                f"quoted_newlines=True), but the plan asks for bytes [{chunk.start}, {chunk.stop}); "
+                "use split_strategy='byte_range' or 'file'"
+            )
+        try:
+            if self._quoted:
+                yield from self._read_quoted(chunk.path, meta)
+                return
+            for offset, piece in self._pieces(chunk, meta):
+                table = self._parse(piece, chunk.path, offset, meta)
+                for batch in table.to_batches(max_chunksize=self._batch_size):
+                    yield self._finish(batch, chunk.path)
+        except (OSError, pa.ArrowException) as exc:
+            raise ReadError(
+                f"reading {self._fs.display(chunk.path)!r} bytes [{chunk.start}, {chunk.stop}) failed: "
+                f"{exc}. If a column's type is wrong for later rows, pass schema=; if quoted CSV "
+                "fields hold newlines, pass quoted_newlines=True"
+            ) from exc
+
+    # -- bytes -----------------------------------------------------------------
+    def _pieces(self, chunk: Chunk, meta: TextFileMeta) -> Iterator[tuple[int, bytes]]:
+        fs = self._fs.arrow()
+        if meta.compression is not None:
+            with fs.open_input_stream(chunk.path, compression=meta.compression) as stream:
+                stream.read(meta.data_start)
+                yield from iter_pieces(stream.read, meta.data_start, float("inf"), self._piece)
+            return
+        with fs.open_input_file(chunk.path) as f:
+            if chunk.start <= meta.data_start:
+                first = meta.data_start
+            else:
+                f.seek(chunk.start - 1)
+                first = next_line_start(f.read, chunk.start - 1)
+            if first >= chunk.stop:
+                return
+            f.seek(first)
+            yield from iter_pieces(f.read, first, chunk.stop, self._piece)
+
+    # -- parsing ---------------------------------------------------------------
+    def _parse(self, piece: bytes, path: str, offset: int, meta: TextFileMeta) -> pa.Table:
+        expected = count_records(piece, self._csv)
+        if expected == 0:
+            return self._schema.empty_table().select(self._data_columns)
+        source = buffer_source(piece)
+        block = max(len(piece) + 1, 1 << 16)
+        if self._csv:
+            table = pcsv.read_csv(
+                source,
+                read_options=pcsv.ReadOptions(
+                    column_names=list(meta.column_names), use_threads=False, block_size=block
+                ),
+                convert_options=self._csv_convert(meta),
+            )
+        else:
+            table = pjson.read_json(
+                source,
+                read_options=pjson.ReadOptions(use_threads=False, block_size=block),
+                parse_options=pjson.ParseOptions(
+                    explicit_schema=self._schema,
+                    unexpected_field_behavior="error" if self._strict else "ignore",
+                ),
+            ).select(self._data_columns)
+        if table.num_rows != expected:
+            raise RecordBoundaryError(
+                f"{self._fs.display(path)!r}: the lines at bytes [{offset}, {offset + len(piece)}) "
+                f"parsed into {table.num_rows} records but hold {expected} non-empty lines, so a "
+                "record spans lines (a newline inside a quoted CSV field?). Splitting this file "
+                "by bytes would split or duplicate records: pass quoted_newlines=True to read "
+                "such files whole"
+            )
+        return table
+
+    def _csv_convert(self, meta: TextFileMeta) -> pcsv.ConvertOptions:
+        types = {n: self._schema.field(n).type for n in meta.column_names if n in self._schema.names}
+        return pcsv.ConvertOptions(column_types=types, include_columns=self._data_columns)
+
+    def _read_quoted(self, path: str, meta: TextFileMeta) -> Iterator[pa.RecordBatch]:
+        fs = self._fs.arrow()
+        with fs.open_input_stream(path, compression=meta.compression) as stream:
+            reader = pcsv.open_csv(
+                cast(Any, stream),
+                read_options=pcsv.ReadOptions(use_threads=False, block_size=self._piece),
+                parse_options=pcsv.ParseOptions(newlines_in_values=True),
+                convert_options=self._csv_convert(meta),
+            )
+            for batch in reader:
+                table = pa.Table.from_batches([batch])
+                for piece in table.to_batches(max_chunksize=self._batch_size):
+                    yield self._finish(piece, path)
