@@ -17,8 +17,12 @@ from torch.utils.data import IterableDataset
 
 from torch_dataloader_utils.config import (
     DEFAULT_BATCH_SIZE,
+    DEFAULT_READ_AHEAD_BYTES,
+    DEFAULT_RETRIES,
+    DEFAULT_RETRY_BACKOFF,
     DEFAULT_SHUFFLE_SEED,
     DEFAULT_SPLIT_BYTES,
+    FetchConfig,
     FileFormat,
     OutputFormat,
     SplitKind,
@@ -42,7 +46,7 @@ from torch_dataloader_utils.plan.splits import (
     resolve_strategy,
 )
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
-from torch_dataloader_utils.runtime import env
+from torch_dataloader_utils.runtime import env, share
 
 __all__ = ["PlannedDataset", "StructuredDataset"]
 
@@ -192,6 +196,9 @@ class PlannedDataset(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         slot = env.worker_slot()
         chunks = self.worker_chunks()
+        schedule = getattr(self._reader, "schedule", None)
+        if schedule is not None:  # readers of remote files fetch the next chunks ahead
+            schedule(chunks)
         batches = itertools.chain.from_iterable(self._reader.read(c) for c in chunks)
         for batch in rebatch(batches, self._batch_size, self._drop_last):
             out = self._converter(batch)
@@ -231,8 +238,12 @@ class StructuredDataset(PlannedDataset):
         num_ranks: int | None = None,
         rank: int | None = None,
         num_workers: int = 0,
+        read_ahead_bytes: int | str | None = DEFAULT_READ_AHEAD_BYTES,
+        retries: int = DEFAULT_RETRIES,
+        retry_backoff: float = DEFAULT_RETRY_BACKOFF,
     ) -> None:
         fmt = coerce_format(format)
+        fetch = FetchConfig.from_user(read_ahead_bytes, retries, retry_backoff)
         out_fmt = coerce_enum(output_format, OutputFormat, "output_format")
         check_int(batch_size, "batch_size", 1, hint=" (rows per batch)")
         check_int(shuffle_seed, "shuffle_seed", 0)
@@ -250,10 +261,12 @@ class StructuredDataset(PlannedDataset):
             filters=filters,
             partitioning=partitioning,
             storage_options=storage_options,
+            fetch=fetch,
+            share=share.from_rank0,
         )
         self.discovered: Discovered = found
         """What discovery found: files, schema, columns."""
-        reader = make_reader(found, batch_size)
+        reader = make_reader(found, batch_size, fetch)
         super().__init__(
             files=found.files,
             strategy=strategy,

@@ -7,7 +7,15 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from torch_dataloader_utils.config import DEFAULT_BATCH_SIZE, DEFAULT_SHUFFLE_SEED, LoaderConfig, check_int
+from torch_dataloader_utils.config import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_READ_AHEAD_BYTES,
+    DEFAULT_RETRIES,
+    DEFAULT_RETRY_BACKOFF,
+    DEFAULT_SHUFFLE_SEED,
+    LoaderConfig,
+    check_int,
+)
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.dataset import PlannedDataset, StructuredDataset
 
@@ -77,6 +85,9 @@ def create_dataloader(
     prefetch_factor: int | None = None,
     timeout: float = 0,
     multiprocessing_context: Any = None,
+    read_ahead_bytes: int | str | None = DEFAULT_READ_AHEAD_BYTES,
+    retries: int = DEFAULT_RETRIES,
+    retry_backoff: float = DEFAULT_RETRY_BACKOFF,
 ) -> tuple[DataLoader[Any], StructuredDataset]:
     """Build a :class:`StructuredDataset` and a DataLoader that reads it.
 
@@ -114,6 +125,12 @@ def create_dataloader(
         prefetch_factor: DataLoader passthrough (needs ``num_workers >= 1``).
         timeout: DataLoader passthrough.
         multiprocessing_context: DataLoader passthrough (``"fork"``, ``"spawn"``...).
+        read_ahead_bytes: Remote storage only: memory bound of the bytes of upcoming
+            chunks fetched while one is decoded (an int or ``"256MiB"``; default
+            256 MiB per worker; ``0`` disables read-ahead).
+        retries: Remote storage only: retries of a request that failed with a transient
+            error (HTTP 5xx, connection reset, timeout); ``0`` disables them.
+        retry_backoff: Seconds before the first retry, doubled after each (max 10 s).
 
     Returns:
         ``(loader, dataset)``. Call ``dataset.set_epoch(epoch)`` before each epoch.
@@ -139,6 +156,9 @@ def create_dataloader(
         num_ranks=num_ranks,
         rank=rank,
         num_workers=num_workers or 0,
+        read_ahead_bytes=read_ahead_bytes,
+        retries=retries,
+        retry_backoff=retry_backoff,
     )
     if num_workers is None:
         num_workers = auto_workers(dataset)
