@@ -55,7 +55,8 @@ def test_ranks_and_two_workers_read_every_row_once(s3_server: S3Server, s3_datas
     all_ids = np.concatenate(seen)
     assert len(all_ids) == TOTAL
     assert np.array_equal(np.sort(all_ids), np.arange(TOTAL))
-    assert len(seen[0]) > 0 and len(seen[1]) > 0
+    assert len(seen[0]) > 0
+    assert len(seen[1]) > 0
 
 
 def test_row_group_split_same_chunks_as_local_copy(s3_server: S3Server, s3_dataset: tuple[str, Path]) -> None:
@@ -127,11 +128,17 @@ def test_permanent_failure_names_file_and_byte_range(
         retry_backoff=0.01,
     )
     s3_proxy.fail_every, s3_proxy.fail_path = 1, "part-0002.parquet"
-    rows = 0
-    with pytest.raises(ReadError, match=r"part-0002\.parquet' bytes \[\d+, \d+\) failed after 3 attempt\(s\)"):
+    rows = [0]
+
+    def consume() -> None:
         for batch in loader:
-            rows += len(batch["id"])
-    assert rows <= ROWS[0] + ROWS[1]  # the failing file's rows were not skipped over
+            rows[0] += len(batch["id"])
+
+    with pytest.raises(
+        ReadError, match=r"part-0002\.parquet' bytes \[\d+, \d+\) failed after 3 attempt\(s\)"
+    ):
+        consume()
+    assert rows[0] <= ROWS[0] + ROWS[1]  # the failing file's rows were not skipped over
     assert s3_proxy.failures == 3
 
 
@@ -143,6 +150,8 @@ def test_no_retries_fail_at_first_fault(
         url, storage_options=s3_server.options(s3_proxy.endpoint), num_workers=0, retries=0
     )
     s3_proxy.fail_every = 1
-    with pytest.raises(ReadError, match=r"s3://.*part-0000\.parquet' bytes \[\d+, \d+\) failed after 1 attempt"):
+    with pytest.raises(
+        ReadError, match=r"s3://.*part-0000\.parquet' bytes \[\d+, \d+\) failed after 1 attempt"
+    ):
         list(loader)
     assert s3_proxy.failures == 1

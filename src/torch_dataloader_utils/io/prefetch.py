@@ -476,7 +476,11 @@ class ChunkSource:
             return self._fetch(chunk.path, start, stop)
 
         sparse = _SparseFile(size, data, miss)
-        return pq.ParquetFile(pa.PythonFile(sparse, mode="r"), metadata=self.metadata(chunk.path))
+        # pre_buffer off: the bytes are in memory already, and its coalescing would read
+        # across the gaps (unprojected columns) that were never fetched.
+        return pq.ParquetFile(
+            pa.PythonFile(sparse, mode="r"), metadata=self.metadata(chunk.path), pre_buffer=False
+        )
 
     def close(self) -> None:
         """Cancel pending requests and stop the thread pool."""
