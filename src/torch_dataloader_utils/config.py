@@ -19,10 +19,14 @@ from torch_dataloader_utils.plan.types import EqualBatches  # defined in pure pl
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_EQUAL_BATCHES",
+    "DEFAULT_READ_AHEAD_BYTES",
+    "DEFAULT_RETRIES",
+    "DEFAULT_RETRY_BACKOFF",
     "DEFAULT_SHUFFLE_SEED",
     "DEFAULT_SPLIT_BYTES",
     "DistributedConfig",
     "EqualBatches",
+    "FetchConfig",
     "FileFormat",
     "LoaderConfig",
     "OutputConfig",
@@ -42,6 +46,14 @@ DEFAULT_SPLIT_BYTES = 64 * 1024**2
 """Target chunk size on disk: consecutive row groups are packed up to 64 MiB."""
 DEFAULT_SHUFFLE_SEED = 0
 """Seed of the chunk shuffle when ``shuffle_seed`` is not given."""
+DEFAULT_READ_AHEAD_BYTES = 256 * 1024**2
+"""Bytes of upcoming chunks fetched ahead from remote storage while one is decoded."""
+DEFAULT_RETRIES = 4
+"""Retries of a remote read that failed with a transient error (after the first try)."""
+DEFAULT_RETRY_BACKOFF = 0.2
+"""Seconds before the first retry; doubled after each, capped at ``MAX_RETRY_BACKOFF``."""
+MAX_RETRY_BACKOFF = 10.0
+"""Upper bound of the wait between two retries, in seconds."""
 
 
 class FileFormat(enum.Enum):
@@ -303,3 +315,65 @@ class LoaderConfig:
         check_int(self.prefetch_factor, "prefetch_factor", 1, optional=True)
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or self.timeout < 0:
             raise ConfigError(f"timeout={self.timeout!r} must be a number of seconds >= 0")
+
+
+def parse_read_ahead(value: object) -> int:
+    """``read_ahead_bytes`` as an int >= 0 (``0`` or ``None`` turns read-ahead off).
+
+    Raises:
+        ConfigError: the value is not a size.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"read_ahead_bytes={value!r} is not a size; pass 0 to disable or e.g. '256MiB'")
+    if value is None or value == 0 or (isinstance(value, str) and value.strip().lower() in ("0", "0b")):
+        return 0
+    if isinstance(value, int) and value < 0:
+        raise ConfigError(f"read_ahead_bytes={value!r} must be >= 0 (0 disables read-ahead)")
+    size = parse_size(value, "read_ahead_bytes")
+    assert size is not None
+    return size
+
+
+@dataclass(frozen=True, kw_only=True)
+class FetchConfig:
+    """How bytes are fetched from remote storage (object stores, any non-local fsspec).
+
+    Attributes:
+        read_ahead_bytes: Memory bound of the bytes of upcoming chunks fetched while the
+            current one is decoded; ``0`` fetches a chunk only when it is read.
+        retries: Retries of a request that failed with a transient error (HTTP 500/503,
+            connection reset, timeout); ``0`` fails at the first error.
+        retry_backoff: Seconds before the first retry, doubled after each retry (capped
+            at ``MAX_RETRY_BACKOFF``).
+    """
+
+    read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES
+    retries: int = DEFAULT_RETRIES
+    retry_backoff: float = DEFAULT_RETRY_BACKOFF
+
+    def __post_init__(self) -> None:
+        if isinstance(self.read_ahead_bytes, bool) or not isinstance(self.read_ahead_bytes, int):
+            raise ConfigError(f"read_ahead_bytes={self.read_ahead_bytes!r} must be an int number of bytes")
+        if self.read_ahead_bytes < 0:
+            raise ConfigError(
+                f"read_ahead_bytes={self.read_ahead_bytes!r} must be >= 0 (0 disables read-ahead)"
+            )
+        check_int(self.retries, "retries", 0, hint=" (0 disables retries)")
+        backoff = self.retry_backoff
+        if isinstance(backoff, bool) or not isinstance(backoff, (int, float)) or not 0 <= backoff <= 60:
+            raise ConfigError(
+                f"retry_backoff={backoff!r} must be a number of seconds between 0 and 60, e.g. 0.2"
+            )
+
+    @classmethod
+    def from_user(cls, read_ahead_bytes: object, retries: object, retry_backoff: object) -> FetchConfig:
+        """Build from the public keyword arguments (sizes may be strings like ``"256MiB"``)."""
+        return cls(
+            read_ahead_bytes=parse_read_ahead(read_ahead_bytes),
+            retries=retries,  # type: ignore[arg-type]
+            retry_backoff=retry_backoff,  # type: ignore[arg-type]
+        )
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait before retry number ``attempt`` (1-based)."""
+        return float(min(MAX_RETRY_BACKOFF, self.retry_backoff * 2 ** (attempt - 1)))

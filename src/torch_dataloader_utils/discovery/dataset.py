@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from torch_dataloader_utils.config import FileFormat
+from torch_dataloader_utils.config import FetchConfig, FileFormat
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
 from torch_dataloader_utils.discovery.listing import list_files
 from torch_dataloader_utils.discovery.orc import read_orc_footers
@@ -21,7 +21,19 @@ from torch_dataloader_utils.errors import ConfigError, SchemaMismatchError
 from torch_dataloader_utils.io.fs import FileSystemSpec
 from torch_dataloader_utils.plan.types import FileInfo
 
-__all__ = ["Discovered", "discover"]
+__all__ = ["Discovered", "ShareHook", "discover", "local_only"]
+
+ShareHook = Callable[[Callable[[], Any]], Any]
+"""Runs a metadata-reading function once and gives its (picklable) result to every rank.
+
+``share(read)`` returns ``read()``; the runtime passes one that calls it on rank 0 only
+and broadcasts the result. Discovery itself never communicates.
+"""
+
+
+def local_only(read: Callable[[], Any]) -> Any:
+    """The :data:`ShareHook` of a single process: just read."""
+    return read()
 
 
 @dataclass(frozen=True)
@@ -91,6 +103,8 @@ def discover(
     partitioning: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     text: TextOptions | None = None,
+    fetch: FetchConfig | None = None,
+    share: ShareHook = local_only,
 ) -> Discovered:
     """List ``path``, read metadata, check the request against the schema.
 
@@ -103,15 +117,26 @@ def discover(
         SchemaMismatchError: two files disagree on a needed field (both are named).
         UnknownColumnError: ``columns`` or ``filters`` name a missing column.
         ConfigError: a parameter has an unsupported value.
+
+    Listing and footers are read through ``share`` (once for all ranks when the runtime
+    passes a broadcasting hook); checking the request against them is done locally.
     """
     if partitioning not in (None, "hive"):
         raise ConfigError(f"partitioning={partitioning!r} is not supported; use 'hive' or None")
-    listing = list_files(path, dict(storage_options or {}))
+    fs_options = dict(storage_options or {})
+    if format is FileFormat.PARQUET:
+
+        def read_metadata() -> tuple[FileSystemSpec, Partitions | None, list[FooterInfo]]:
+            listing = list_files(path, fs_options)
+            partitions = infer_partitions(listing.files) if partitioning == "hive" else None
+            return listing.fs, partitions, read_footers(listing.fs, listing.files, partitions, fetch)
+
+        # With a process group, rank 0 reads the metadata and the others receive it.
+        fs, partitions, footers = share(read_metadata)
+        return _discover_parquet(fs, format, footers, partitions, columns, filters)
+    listing = list_files(path, fs_options)
     fs = listing.fs
     partitions = infer_partitions(listing.files) if partitioning == "hive" else None
-    if format is FileFormat.PARQUET:
-        footers = read_footers(fs, listing.files, partitions)
-        return _discover_parquet(fs, format, footers, partitions, columns, filters)
     if format is FileFormat.ORC:
         footers = read_orc_footers(fs, listing.files)
         return _discover_parquet(fs, format, footers, partitions, columns, filters)
@@ -219,4 +244,5 @@ def _discover_parquet(
         partition_columns=tuple(n for n in part_schema.names if n in needed),
         partitions=partitions,
         filters=expr,
+        extra={"parquet_footers": {f.file.path: f.footer for f in footers}},
     )

@@ -5,9 +5,10 @@ from __future__ import annotations
 import glob as _glob
 import os
 import posixpath
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 from torch_dataloader_utils.errors import ConfigError, NoFilesFoundError, PathNotFoundError
@@ -17,6 +18,19 @@ __all__ = ["Listing", "ListedFile", "list_files", "parse_hive_keys"]
 
 _MARKERS = frozenset({"_SUCCESS", "_metadata", "_common_metadata", "_committed", "_started"})
 _GLOB_CHARS = set("*?[")
+LISTING_THREADS = 32
+"""Paths (or glob matches) of a remote filesystem listed at once."""
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def _map(fs: FileSystemSpec, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    """``[fn(x) for x in items]``, concurrently on remote filesystems (each is a request)."""
+    if fs.is_local or len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=min(LISTING_THREADS, len(items))) as pool:
+        return list(pool.map(fn, items))
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,12 +130,13 @@ def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
             return posixpath.relpath(p, base.replace(os.sep, "/")) if base else p.lstrip("/")
 
         pattern_parts = set(_rel(path).split("/"))
+        kept = []
         for m in matches:
-            rel = _rel(m)
-            if _skip(rel, literal=pattern_parts):
+            if _skip(_rel(m), literal=pattern_parts):
                 skipped += 1
-                continue
-            m_files, m_skipped = _list_one(fs, m)
+            else:
+                kept.append(m)
+        for m_files, m_skipped in _map(fs, lambda m: _list_one(fs, m), kept):
             skipped += m_skipped
             # The glob's fixed prefix is the base of every match, so hive keys in the
             # matched part (data/year=*/...) are kept.
@@ -189,8 +204,7 @@ def list_files(path: str | Sequence[str], storage_options: dict[str, Any] | None
     if not paths:
         raise ConfigError("path=[] is empty; pass a file, a directory, a glob or a list of them")
     spec: FileSystemSpec | None = None
-    files: dict[str, ListedFile] = {}
-    skipped = 0
+    stripped_paths = []
     for p in paths:
         if not isinstance(p, (str, os.PathLike)):
             raise ConfigError(f"path={p!r} must be a string (file, directory, glob or URL)")
@@ -202,11 +216,15 @@ def list_files(path: str | Sequence[str], storage_options: dict[str, Any] | None
                 f"path lists files on different filesystems ({spec.protocol!r} and "
                 f"{p_spec.protocol!r}); read them as separate datasets"
             )
-        found, n_skipped = _list_one(spec, stripped)
+        stripped_paths.append(stripped)
+    assert spec is not None
+    fs = spec
+    files: dict[str, ListedFile] = {}
+    skipped = 0
+    for found, n_skipped in _map(fs, lambda p: _list_one(fs, p), stripped_paths):
         skipped += n_skipped
         for f in found:
             files.setdefault(f.path, f)
-    assert spec is not None
     if not files:
         hint = f" ({skipped} hidden/marker files were skipped)" if skipped else ""
         raise NoFilesFoundError(

@@ -10,37 +10,63 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
+from torch_dataloader_utils.config import FetchConfig
 from torch_dataloader_utils.discovery.listing import ListedFile
 from torch_dataloader_utils.discovery.partitions import Partitions
 from torch_dataloader_utils.errors import CorruptFileError
 from torch_dataloader_utils.io.fs import FileSystemSpec
+from torch_dataloader_utils.io.prefetch import NotParquetError, read_footer
 from torch_dataloader_utils.plan.types import FileInfo, RowGroup
 
 __all__ = ["FooterInfo", "read_footers", "METADATA_THREADS"]
 
-METADATA_THREADS = 16
-"""Footers read at once (bounded thread pool)."""
+METADATA_THREADS = 64
+"""Footers read at once (bounded thread pool). Each is one ranged request, mostly
+waiting on the network: 2,000 footers at 10 ms each take about 0.3 s with 64."""
 
 
 @dataclass(frozen=True)
 class FooterInfo:
-    """What one footer tells: the file (with every row group) and its Arrow schema."""
+    """What one footer tells: the file (with every row group) and its Arrow schema.
+
+    Plain values (picklable), so one rank can read the footers and send them to all.
+
+    Attributes:
+        file: The file with all its row groups.
+        schema: Its Arrow schema.
+        footer: The footer as a small Parquet buffer (see ``io.prefetch.read_footer``);
+            ``None`` for ORC files.
+        partition_expression: The file's partition values, for pruning.
+    """
 
     file: FileInfo
     schema: pa.Schema
-    fragment: Any  # pyarrow.dataset.ParquetFileFragment
+    footer: bytes | None
+    partition_expression: pc.Expression | None = None
+
+    def fragment(self) -> Any:
+        """A ``ParquetFileFragment`` over the footer alone (statistics, no data)."""
+        if self.footer is None:
+            raise ValueError(f"{self.file.path!r} has no Parquet footer")
+        frag: Any = ds.ParquetFileFormat().make_fragment(
+            pa.BufferReader(self.footer),  # type: ignore[arg-type]
+            partition_expression=self.partition_expression,
+        )
+        frag.ensure_complete_metadata()
+        return frag
 
 
-def _read_one(fs: FileSystemSpec, listed: ListedFile, partitions: Partitions | None) -> FooterInfo:
-    fmt = ds.ParquetFileFormat()
+def _read_one(
+    fs: FileSystemSpec, listed: ListedFile, partitions: Partitions | None, fetch: FetchConfig
+) -> FooterInfo:
     pexpr = partitions.expression(listed.path) if partitions is not None else None
     try:
-        frag: Any = fmt.make_fragment(listed.path, filesystem=fs.arrow(), partition_expression=pexpr)
-        frag.ensure_complete_metadata()
-        meta = frag.metadata
-        schema = frag.physical_schema
-    except (OSError, pa.ArrowException) as exc:
+        footer = read_footer(fs, listed.path, listed.size, fetch)
+        meta = pq.read_metadata(pa.BufferReader(footer))
+        schema = meta.schema.to_arrow_schema()
+    except (NotParquetError, OSError, pa.ArrowException) as exc:
         raise CorruptFileError(
             f"cannot read the Parquet footer of {fs.display(listed.path)!r} ({exc}); "
             "is it a Parquet file? Remove it from path or pass format= for its real format"
@@ -53,26 +79,31 @@ def _read_one(fs: FileSystemSpec, listed: ListedFile, partitions: Partitions | N
         groups.append(RowGroup(i, first, rg.num_rows, nbytes))
         first += rg.num_rows
     info = FileInfo(listed.path, listed.size, meta.num_rows, tuple(groups), listed.mtime)
-    return FooterInfo(info, schema, frag)
+    return FooterInfo(info, schema, footer, pexpr)
 
 
 def read_footers(
-    fs: FileSystemSpec, files: Sequence[ListedFile], partitions: Partitions | None
+    fs: FileSystemSpec,
+    files: Sequence[ListedFile],
+    partitions: Partitions | None,
+    fetch: FetchConfig | None = None,
 ) -> list[FooterInfo]:
-    """Every file's footer, read concurrently, in the order of ``files``.
+    """Every file's footer, each in one ranged request, concurrently, in the order of ``files``.
 
     Raises:
         CorruptFileError: naming the first file whose footer cannot be read.
+        ReadError: a footer could not be fetched (retries spent); file and range named.
     """
+    config = fetch or FetchConfig()
     if len(files) <= 1:
-        return [_read_one(fs, f, partitions) for f in files]
+        return [_read_one(fs, f, partitions, config) for f in files]
     with ThreadPoolExecutor(max_workers=min(METADATA_THREADS, len(files))) as pool:
-        return list(pool.map(lambda f: _read_one(fs, f, partitions), files))
+        return list(pool.map(lambda f: _read_one(fs, f, partitions, config), files))
 
 
 def prune(footer: FooterInfo, filters: pc.Expression, schema: pa.Schema) -> FileInfo:
     """The file with only the row groups whose statistics (or partition) may match."""
-    kept = {g.id for g in footer.fragment.subset(filters, schema=schema).row_groups}
+    kept = {g.id for g in footer.fragment().subset(filters, schema=schema).row_groups}
     f = footer.file
     assert f.row_groups is not None
     groups = tuple(g for g in f.row_groups if g.index in kept)

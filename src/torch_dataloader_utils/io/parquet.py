@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 from torch_dataloader_utils.discovery.partitions import Partitions
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.fs import FileSystemSpec
+from torch_dataloader_utils.io.prefetch import ChunkSource
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
 
 __all__ = ["ParquetReader"]
@@ -40,6 +41,7 @@ class ParquetReader:
         filters: pc.Expression | None = None,
         batch_size: int = 65536,
         use_threads: bool = True,
+        source: ChunkSource | None = None,
     ) -> None:
         self._fs = fs
         self._files = files
@@ -51,6 +53,13 @@ class ParquetReader:
         self._batch_size = batch_size
         self._use_threads = use_threads
         self._open: OrderedDict[str, pq.ParquetFile] = OrderedDict()
+        # Remote files: bytes come from the source (read-ahead, retries); see io/prefetch.py.
+        self._source = source
+
+    def schedule(self, chunks: Sequence[Chunk]) -> None:
+        """Announce the chunks this process reads next, in order (remote read-ahead)."""
+        if self._source is not None:
+            self._source.schedule(chunks)
 
     def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()
@@ -73,7 +82,7 @@ class ParquetReader:
         if not groups:
             return
         try:
-            pf = self._file(chunk.path)
+            pf = self._source.open(chunk) if self._source is not None else self._file(chunk.path)
             whole = all(chunk.start <= g.first_row and g.stop_row <= chunk.stop for g in groups)
             if whole:
                 raw = pf.iter_batches(

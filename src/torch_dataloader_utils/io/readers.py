@@ -4,21 +4,35 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from torch_dataloader_utils.config import FileFormat
+from torch_dataloader_utils.config import FetchConfig, FileFormat
 from torch_dataloader_utils.discovery.dataset import Discovered
 from torch_dataloader_utils.errors import ConfigError
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.orc import OrcReader
 from torch_dataloader_utils.io.parquet import ParquetReader
+from torch_dataloader_utils.io.prefetch import ChunkSource
 from torch_dataloader_utils.io.text import TextReader
 
 __all__ = ["make_reader"]
 
 
-def make_reader(found: Discovered, batch_size: int) -> ChunkReader:
-    """The :class:`ChunkReader` for ``found.format``."""
+def make_reader(found: Discovered, batch_size: int, fetch: FetchConfig | None = None) -> ChunkReader:
+    """The :class:`ChunkReader` for ``found.format``.
+
+    Files on remote storage are read through a :class:`ChunkSource` (ranged reads of the
+    needed columns, read-ahead, retries); local files are opened directly.
+    """
     files = {f.path: f for f in found.files}
     if found.format is FileFormat.PARQUET:
+        source = None
+        if not found.fs.is_local:
+            source = ChunkSource(
+                found.fs,
+                files,
+                columns=found.data_columns,
+                footers=found.extra.get("parquet_footers"),
+                config=fetch,
+            )
         return ParquetReader(
             found.fs,
             files,
@@ -28,6 +42,7 @@ def make_reader(found: Discovered, batch_size: int) -> ChunkReader:
             partition_columns=found.partition_columns,
             filters=found.filters,
             batch_size=batch_size,
+            source=source,
         )
     if found.format is FileFormat.ORC:
         return OrcReader(

@@ -20,10 +20,14 @@ from torch.utils.data import IterableDataset
 from torch_dataloader_utils.config import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_EQUAL_BATCHES,
+    DEFAULT_READ_AHEAD_BYTES,
+    DEFAULT_RETRIES,
+    DEFAULT_RETRY_BACKOFF,
     DEFAULT_SHUFFLE_SEED,
     DEFAULT_SPLIT_BYTES,
     PADDING_COLUMN,
     EqualBatches,
+    FetchConfig,
     FileFormat,
     OutputFormat,
     SplitKind,
@@ -51,7 +55,7 @@ from torch_dataloader_utils.plan.splits import (
     resolve_strategy,
 )
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
-from torch_dataloader_utils.runtime import env
+from torch_dataloader_utils.runtime import env, share
 
 __all__ = ["PlannedDataset", "StructuredDataset"]
 
@@ -327,6 +331,9 @@ class PlannedDataset(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         slot = env.worker_slot()
         chunks = self.worker_chunks()
+        schedule = getattr(self._reader, "schedule", None)
+        if schedule is not None:  # readers of remote files fetch the next chunks ahead
+            schedule(chunks)
         if self._equal_batches is EqualBatches.PAD:
             batches = itertools.chain.from_iterable(
                 with_flag(self._reader.read(c), PADDING_COLUMN, c.padding) for c in chunks
@@ -376,9 +383,13 @@ class StructuredDataset(PlannedDataset):
         quoted_newlines: bool = False,
         count_rows: bool = False,
         count_cache_dir: str | os.PathLike[str] | None = None,
+        read_ahead_bytes: int | str | None = DEFAULT_READ_AHEAD_BYTES,
+        retries: int = DEFAULT_RETRIES,
+        retry_backoff: float = DEFAULT_RETRY_BACKOFF,
     ) -> None:
         fmt = coerce_format(format)
         equal = coerce_equal_batches(equal_batches)
+        fetch = FetchConfig.from_user(read_ahead_bytes, retries, retry_backoff)
         out_fmt = coerce_enum(output_format, OutputFormat, "output_format")
         check_int(batch_size, "batch_size", 1, hint=" (rows per batch)")
         check_int(shuffle_seed, "shuffle_seed", 0)
@@ -400,10 +411,12 @@ class StructuredDataset(PlannedDataset):
             partitioning=partitioning,
             storage_options=storage_options,
             text=text,
+            fetch=fetch,
+            share=share.from_rank0,
         )
         self.discovered: Discovered = found
         """What discovery found: files, schema, columns."""
-        reader = make_reader(found, batch_size)
+        reader = make_reader(found, batch_size, fetch)
         schema = found.output_schema
         if equal is EqualBatches.PAD:
             if PADDING_COLUMN in schema.names:

@@ -8,7 +8,15 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from torch_dataloader_utils.config import DEFAULT_BATCH_SIZE, DEFAULT_SHUFFLE_SEED, LoaderConfig, check_int
+from torch_dataloader_utils.config import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_READ_AHEAD_BYTES,
+    DEFAULT_RETRIES,
+    DEFAULT_RETRY_BACKOFF,
+    DEFAULT_SHUFFLE_SEED,
+    LoaderConfig,
+    check_int,
+)
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.dataset import PlannedDataset, StructuredDataset
 
@@ -83,6 +91,9 @@ def create_dataloader(
     quoted_newlines: bool = False,
     count_rows: bool = False,
     count_cache_dir: str | os.PathLike[str] | None = None,
+    read_ahead_bytes: int | str | None = DEFAULT_READ_AHEAD_BYTES,
+    retries: int = DEFAULT_RETRIES,
+    retry_backoff: float = DEFAULT_RETRY_BACKOFF,
 ) -> tuple[DataLoader[Any], StructuredDataset]:
     """Build a :class:`StructuredDataset` and a DataLoader that reads it.
 
@@ -140,6 +151,12 @@ def create_dataloader(
             batches). Counts are cached per (path, size, mtime) in the process.
         count_cache_dir: Also keep the counts in this directory across processes and
             runs (needs ``count_rows=True``).
+        read_ahead_bytes: Remote storage only: memory bound of the bytes of upcoming
+            chunks fetched while one is decoded (an int or ``"256MiB"``; default
+            256 MiB per worker; ``0`` disables read-ahead).
+        retries: Remote storage only: retries of a request that failed with a transient
+            error (HTTP 5xx, connection reset, timeout); ``0`` disables them.
+        retry_backoff: Seconds before the first retry, doubled after each (max 10 s).
 
     Returns:
         ``(loader, dataset)``. Call ``dataset.set_epoch(epoch)`` before each epoch.
@@ -171,6 +188,9 @@ def create_dataloader(
         quoted_newlines=quoted_newlines,
         count_rows=count_rows,
         count_cache_dir=count_cache_dir,
+        read_ahead_bytes=read_ahead_bytes,
+        retries=retries,
+        retry_backoff=retry_backoff,
     )
     if num_workers is None:
         num_workers = auto_workers(dataset)

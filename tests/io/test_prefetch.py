@@ -1,0 +1,149 @@
+"""Ranged reads planned from footers, read-ahead within its bound, footers in one request."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import benchmarks.latency_fs as latency
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.fixtures.data import write_parquet_files
+from torch_dataloader_utils import ConfigError, CorruptFileError, create_dataloader
+from torch_dataloader_utils.config import FetchConfig
+from torch_dataloader_utils.io.fs import FileSystemSpec, native_s3_options
+from torch_dataloader_utils.io.prefetch import ChunkSource, coalesce, is_transient, read_footer
+
+
+def _latency_dataset(root: Path, **kwargs: object) -> tuple[object, object, latency.RequestStats]:
+    key = uuid.uuid4().hex
+    loader, dataset = create_dataloader(
+        f"latency://{root}", storage_options={"stats_key": key}, num_workers=0, **kwargs
+    )
+    return loader, dataset, latency.stats(key)
+
+
+def test_reads_only_projected_columns_of_unpruned_groups(tmp_path: Path) -> None:
+    write_parquet_files(tmp_path, [4000, 3000], row_group_size=500)
+    import pyarrow.compute as pc
+
+    loader, dataset, counters = _latency_dataset(
+        tmp_path, columns=["id"], filters=pc.field("id") >= 5000, split_rows=1000, batch_size=256
+    )
+    counters.reset()
+    ids = np.concatenate([b["id"].numpy() for b in loader])  # type: ignore[attr-defined]
+    assert np.array_equal(np.sort(ids), np.arange(5000, 7000))
+    source = dataset._reader._source  # type: ignore[attr-defined]
+    needed = 0
+    for name in ("part-0000.parquet", "part-0001.parquet"):
+        meta = pq.read_metadata(tmp_path / name)
+        for i in range(meta.num_row_groups):
+            col = meta.row_group(i).column(0)  # id
+            if col.statistics.max >= 5000:
+                needed += col.total_compressed_size
+    assert source.stats.bytes_needed == needed
+    assert counters.bytes == source.stats.bytes_fetched <= 1.05 * needed
+    assert source.stats.misses == 0
+
+
+def test_read_ahead_stays_within_its_bound(tmp_path: Path) -> None:
+    write_parquet_files(tmp_path, [6000], row_group_size=500)
+    _loader, dataset, _ = _latency_dataset(tmp_path, split_rows=500, read_ahead_bytes=1)
+    source: ChunkSource = dataset._reader._source  # type: ignore[attr-defined]
+    chunks = dataset.worker_chunks()  # type: ignore[attr-defined]
+    sizes = [sum(hi - lo for lo, hi in coalesce(source.needed_ranges(c))) for c in chunks]
+
+    def fits(first: int, bound: int) -> int:  # how many chunks from `first` fit in `bound`
+        n, used = 0, 0
+        while first + n < len(sizes) and used + sizes[first + n] <= bound:
+            used += sizes[first + n]
+            n += 1
+        return n
+
+    for bound in (0, sizes[1] - 1, sum(sizes[1:4]), sum(sizes[1:4]) + sizes[4] // 2):
+        source.config = FetchConfig(read_ahead_bytes=bound)
+        source.schedule(chunks)
+        source.open(chunks[0])
+        assert sorted(source._pending) == list(range(1, 1 + fits(1, bound)))
+        assert sum(f.nbytes for f in source._pending.values()) <= bound
+        source.open(chunks[1])  # consuming one frees room for the next
+        assert sorted(source._pending) == list(range(2, 2 + fits(2, bound)))
+    assert fits(1, sum(sizes[1:4])) == 3
+    source.close()
+
+
+def test_footer_is_one_request_and_large_footers_two(tmp_path: Path) -> None:
+    write_parquet_files(tmp_path, [100], row_group_size=10)
+    wide = pa.table({f"column_with_a_long_name_{i:04d}": [1, 2] for i in range(1500)})
+    pq.write_table(wide, tmp_path / "wide.parquet")
+    key = uuid.uuid4().hex
+    spec = FileSystemSpec("latency", {"stats_key": key})
+    counters = latency.stats(key)
+    for name, requests in (("part-0000.parquet", 1), ("wide.parquet", 2)):
+        counters.reset()
+        path = str(tmp_path / name)
+        footer = read_footer(spec, path, (tmp_path / name).stat().st_size, FetchConfig())
+        assert counters.requests == requests
+        assert pq.read_metadata(pa.BufferReader(footer)).equals(pq.read_metadata(path))
+
+
+def test_not_parquet_is_a_corrupt_file(tmp_path: Path) -> None:
+    (tmp_path / "a.parquet").write_bytes(b"x" * 100)
+    with pytest.raises(CorruptFileError, match=r"a\.parquet.*not a Parquet footer"):
+        _latency_dataset(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("exc", "transient"),
+    [
+        (ConnectionResetError("reset by peer"), True),
+        (TimeoutError("read timed out"), True),
+        (OSError("AWS Error SLOW_DOWN during GetObject operation: HTTP response code: 503"), True),
+        (OSError("When reading information: AWS Error NETWORK_CONNECTION, curlCode: 56"), True),
+        (FileNotFoundError("no such key"), False),
+        (PermissionError("AccessDenied: 403"), False),
+        (OSError("Cannot read past end of file"), False),
+    ],
+)
+def test_transient_errors_are_told_apart(exc: BaseException, transient: bool) -> None:
+    assert is_transient(exc) is transient
+
+
+def test_s3_options_translate_to_native_or_fall_back() -> None:
+    native = native_s3_options(
+        {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://h:9", "region_name": "r"}}
+    )
+    assert native is not None
+    assert (native["access_key"], native["secret_key"], native["endpoint_override"]) == ("k", "s", "h:9")
+    assert (native["scheme"], native["region"]) == ("http", "r")
+    assert native_s3_options({"profile": "dev"}) is None
+    assert native_s3_options({"client_kwargs": {"verify": False}}) is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"read_ahead_bytes": -1}, r"read_ahead_bytes=-1 must be >= 0"),
+        ({"read_ahead_bytes": "lots"}, r"read_ahead_bytes='lots' is not a size"),
+        ({"read_ahead_bytes": True}, r"read_ahead_bytes=True is not a size"),
+        ({"retries": -1}, r"retries=-1 must be >= 0"),
+        ({"retries": 1.5}, r"retries=1.5 must be an int"),
+        ({"retry_backoff": "1s"}, r"retry_backoff='1s' must be a number of seconds"),
+        ({"retry_backoff": -0.5}, r"retry_backoff=-0.5 must be a number of seconds"),
+    ],
+)
+def test_fetch_options_are_validated(tmp_path: Path, kwargs: dict[str, object], message: str) -> None:
+    write_parquet_files(tmp_path, [10])
+    with pytest.raises(ConfigError, match=message):
+        create_dataloader(str(tmp_path), **kwargs)  # type: ignore[arg-type]
+
+
+def test_read_ahead_accepts_sizes_and_zero() -> None:
+    assert FetchConfig.from_user("256MiB", 4, 0.2).read_ahead_bytes == 256 * 1024**2
+    assert FetchConfig.from_user(0, 0, 0).read_ahead_bytes == 0
+    assert FetchConfig.from_user(None, 0, 0).read_ahead_bytes == 0
+    assert FetchConfig(retry_backoff=1.0).backoff(1) == 1.0
+    assert FetchConfig(retry_backoff=1.0).backoff(20) == 10.0
