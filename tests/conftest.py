@@ -10,7 +10,7 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-pytest_plugins = ["tests.fixtures.data"]
+pytest_plugins = ["tests.fixtures.data", "tests.fixtures.iceberg"]
 
 settings.register_profile(
     "default",

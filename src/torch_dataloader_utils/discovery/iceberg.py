@@ -334,7 +334,9 @@ def discover_iceberg(
     snap = resolve_snapshot(tbl, snapshot_id, as_of)
     metadata = tbl.metadata
     schema = metadata.schema()
-    if snap is not None and snap.schema_id is not None:
+    time_travel = snapshot_id is not None or as_of is not None
+    if time_travel and snap is not None and snap.schema_id is not None:
+        # Time travel reads with the snapshot's schema; the current state with the current one.
         schema = metadata.schema_by_id(snap.schema_id) or schema
     fields = _arrow_fields(schema)
     arrow_schema = pa.schema([pa.field(name, t) for _, name, t in fields])
