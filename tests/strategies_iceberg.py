@@ -30,13 +30,13 @@ def table_histories(draw: st.DrawFn, max_appends: int = 3, max_rows: int = 40) -
     """Random appends, row groups, position deletes and equality deletes."""
     appends = tuple(draw(st.lists(st.integers(1, max_rows), min_size=1, max_size=max_appends)))
     total = sum(appends)
-    positions = tuple(
-        frozenset(draw(st.sets(st.integers(0, n - 1), max_size=n))) for n in appends
-    )
+    positions = tuple(frozenset(draw(st.sets(st.integers(0, n - 1), max_size=n))) for n in appends)
     equality = tuple(
         draw(
             st.lists(
-                st.tuples(st.integers(0, len(appends) - 1), st.frozensets(st.integers(0, total - 1), max_size=6)),
+                st.tuples(
+                    st.integers(0, len(appends) - 1), st.frozensets(st.integers(0, total - 1), max_size=6)
+                ),
                 max_size=2,
             )
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from pyiceberg.catalog.sql import SqlCatalog
 
@@ -45,6 +46,7 @@ def build(catalog: SqlCatalog, history: TableHistory) -> tuple[str, set[int]]:
     return name, live
 
 
+@pytest.mark.filterwarnings("ignore:num_workers=:UserWarning")
 @settings(max_examples=25)
 @given(history=table_histories(), setup=read_setups)
 def test_every_live_row_once(tmp_path: Path, iceberg_catalog: tuple[dict[str, str], SqlCatalog],

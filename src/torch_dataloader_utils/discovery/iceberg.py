@@ -70,7 +70,7 @@ class IcebergFileInfo(FileInfo):
     @property
     def live_rows(self) -> int | None:
         """Rows left after position deletes."""
-        rows = FileInfo.live_rows.fget(self)  # type: ignore[attr-defined]
+        rows: int | None = FileInfo.live_rows.fget(self)  # type: ignore[attr-defined]
         if rows is None or self.deleted is None:
             return rows
         return int(rows - len(self.deleted))
@@ -249,11 +249,14 @@ def resolve_snapshot(tbl: Any, snapshot_id: int | None, as_of: object) -> Any:
 def _arrow_fields(schema: Any) -> tuple[tuple[int, str, pa.DataType], ...]:
     from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-    out = []
+    out: list[tuple[int, str, pa.DataType]] = []
     for nf in schema.fields:
-        t = schema_to_pyarrow(schema.select(nf.name), include_field_ids=False).field(0).type
-        t = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}.get(t, t)
-        out.append((nf.field_id, nf.name, t))
+        t: pa.DataType = schema_to_pyarrow(schema.select(nf.name), include_field_ids=False).field(0).type
+        if pa.types.is_large_string(t):
+            t = pa.string()
+        elif pa.types.is_large_binary(t):
+            t = pa.binary()
+        out.append((int(nf.field_id), str(nf.name), t))
     return tuple(out)
 
 
@@ -474,7 +477,7 @@ def _name_mapping(metadata: Any, fields: Sequence[tuple[int, str, pa.DataType]])
     mapping = {name: fid for fid, name, _ in fields}
     try:
         nm = metadata.name_mapping()
-    except Exception:  # noqa: BLE001 - a malformed mapping falls back to current names
+    except Exception:
         nm = None
     if nm is not None:
         for mf in nm:

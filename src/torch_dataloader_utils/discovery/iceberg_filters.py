@@ -27,6 +27,10 @@ from pyiceberg.schema import Schema
 
 __all__ = ["to_iceberg_expression"]
 
+# pyiceberg's expression constructors accept plain names at runtime; their typed
+# signatures want bound terms, so they are called through an untyped alias.
+_ie: Any = ie
+
 _NUMBER = re.compile(r"-?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|inf)")
 
 
@@ -70,16 +74,16 @@ class _Translator:
 
     def _term(self, s: str) -> tuple[ie.BooleanExpression, bool]:
         if s.startswith("invert(") and _extent(s, 6) == len(s):
-            inner, exact = self.term(s[7:-1].strip())
-            return (ie.Not(inner), True) if exact else (ie.AlwaysTrue(), False)
+            negated, exact = self.term(s[7:-1].strip())
+            return (_ie.Not(negated), True) if exact else (ie.AlwaysTrue(), False)
         m = _IS_NULL.fullmatch(s)
         if m:
             self._field(m.group(1))
-            return ie.IsNull(m.group(1)), True
+            return _ie.IsNull(m.group(1)), True
         m = _IS_VALID.fullmatch(s)
         if m:
             self._field(m.group(1))
-            return ie.NotNull(m.group(1)), True
+            return _ie.NotNull(m.group(1)), True
         m = _IS_IN.fullmatch(s)
         if m:
             field = self._field(m.group(1))
@@ -87,7 +91,7 @@ class _Translator:
             values = [self._fit(field, _literal(v.strip())) for v in _split_items(raw)] if raw else []
             if not values:
                 raise _Untranslatable("empty value set")
-            return ie.In(m.group(1), values), True
+            return _ie.In(m.group(1), values), True
         if not (s.startswith("(") and _extent(s, 0) == len(s)):
             raise _Untranslatable(s)
         inner = s[1:-1].strip()
@@ -100,9 +104,9 @@ class _Translator:
                     left, left_exact = self.term(left_text.strip())
                     right, right_exact = self.term(rest[len(word) :].strip())
                     if word == " and ":
-                        return ie.And(left, right), left_exact and right_exact
+                        return _ie.And(left, right), left_exact and right_exact
                     if left_exact and right_exact:
-                        return ie.Or(left, right), True
+                        return _ie.Or(left, right), True
                     return ie.AlwaysTrue(), False
             raise _Untranslatable(inner)
         m = _COMPARISON.fullmatch(inner)
@@ -110,7 +114,7 @@ class _Translator:
             raise _Untranslatable(inner)
         name, op, raw = m.group(1), m.group(2), m.group(3)
         value = self._fit(self._field(name), _literal(raw))
-        return _CMP[op](name, value), True
+        return _CMP[op](name, value), True  # type: ignore[no-any-return]
 
     def _field(self, name: str) -> it.NestedField:
         try:

@@ -181,9 +181,9 @@ class IcebergReader:
                 if not column.type.equals(t):
                     column = column.cast(t)
             elif fid in constants:
-                column = pa.repeat(pa.scalar(constants[fid], t), n)
+                column = pa.repeat(pa.scalar(constants[fid], t), n)  # type: ignore[call-overload]
             else:
-                column = pa.nulls(n, t)
+                column = pa.nulls(n, t)  # type: ignore[call-overload]
             arrays.append(column)
         out = pa.RecordBatch.from_arrays(arrays, names=list(names))
         keep: np.ndarray[Any, Any] | None = None
@@ -215,7 +215,7 @@ class IcebergReader:
             for fid in delete.field_ids:
                 if fid not in ids:
                     raise ReadError(f"equality delete file {delete.path!r} has no column with field id {fid}")
-                name, t = self._by_id[fid]
+                name = self._by_id[fid][0]
                 cols.append(ids[fid])
                 names.append(name)
             raw = pf.read(columns=cols)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -35,7 +34,7 @@ class IcebergFileSystem:
         """This process's filesystem for ``location`` and the path inside it."""
         from pyiceberg.io.pyarrow import PyArrowFileIO
 
-        scheme, netloc, path = PyArrowFileIO.parse_location(location, self.properties)
+        scheme, netloc, path = PyArrowFileIO.parse_location(location, dict(self.properties))
         key = (os.getpid(), scheme, netloc, repr(sorted(self.properties.items())))
         client = _CLIENTS.get(key)
         if client is None:
