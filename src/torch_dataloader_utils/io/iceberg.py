@@ -135,12 +135,10 @@ class IcebergReader:
             table = pf.read_row_group(g.index, columns=file_cols, use_threads=self._use_threads)
             if lo != g.first_row or hi != g.stop_row:
                 table = table.slice(lo - g.first_row, hi - lo)
-            offset = lo
-            for batch in table.to_batches(max_chunksize=self._batch_size):
-                out = self._finish(batch, info, names, ids, offset)
-                offset += batch.num_rows
-                if out.num_rows:
-                    yield out
+            # Deletes and filters run once per row-group piece; batches are cut after.
+            out = self._finish(table, info, names, ids, lo)
+            if out.num_rows:
+                yield from out.to_batches(max_chunksize=self._batch_size)
 
     def _read_orc(self, info: IcebergFileInfo, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         import pyarrow.orc as po
@@ -156,21 +154,19 @@ class IcebergReader:
         names = self._needed(info.path)
         ids = {self._scan.name_mapping[n]: n for n in table.schema.names if n in self._scan.name_mapping}
         table = table.select([ids[self._by_name[n][0]] for n in names if self._by_name[n][0] in ids])
-        offset = 0
-        for batch in table.to_batches(max_chunksize=self._batch_size):
-            out = self._finish(batch, info, names, ids, offset)
-            offset += batch.num_rows
-            if out.num_rows:
-                yield out
+        out = self._finish(table, info, names, ids, 0)
+        if out.num_rows:
+            yield from out.to_batches(max_chunksize=self._batch_size)
 
     def _finish(
         self,
-        batch: pa.RecordBatch,
+        batch: pa.Table,
         info: IcebergFileInfo,
         names: Sequence[str],
         ids: Mapping[int, str],
         first_pos: int,
-    ) -> pa.RecordBatch:
+    ) -> pa.Table:
+        """Columns by field id, then position deletes, equality deletes, filter, projection."""
         n = batch.num_rows
         constants = dict(self._scan.constants.get(info.path, ()))
         arrays = []
@@ -185,7 +181,7 @@ class IcebergReader:
             else:
                 column = pa.nulls(n, t)  # type: ignore[call-overload]
             arrays.append(column)
-        out = pa.RecordBatch.from_arrays(arrays, names=list(names))
+        out = pa.Table.from_arrays(arrays, names=list(names))
         keep: np.ndarray[Any, Any] | None = None
         deleted = info.deleted_between(first_pos, first_pos + n)
         if len(deleted):
@@ -227,7 +223,7 @@ class IcebergReader:
             self.delete_file_reads += 1
         return table
 
-    def _equality_mask(self, batch: pa.RecordBatch, delete: EqualityDelete) -> np.ndarray[Any, Any]:
+    def _equality_mask(self, batch: pa.Table, delete: EqualityDelete) -> np.ndarray[Any, Any]:
         """Rows of ``batch`` equal (null-safe, per the spec) to some row of the delete file."""
         deletes = self._equality_table(delete)
         n = batch.num_rows
@@ -259,7 +255,7 @@ class IcebergReader:
         return present & np.isin(data_key, delete_key)
 
     @staticmethod
-    def _equality_mask_slow(batch: pa.RecordBatch, deletes: pa.Table) -> np.ndarray[Any, Any]:
+    def _equality_mask_slow(batch: pa.Table, deletes: pa.Table) -> np.ndarray[Any, Any]:
         keys = set(zip(*(deletes.column(n).to_pylist() for n in deletes.schema.names), strict=True))
         rows = zip(*(batch.column(n).to_pylist() for n in deletes.schema.names), strict=True)
         return np.fromiter((r in keys for r in rows), dtype=bool, count=batch.num_rows)
