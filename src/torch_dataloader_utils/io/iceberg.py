@@ -135,10 +135,12 @@ class IcebergReader:
             table = pf.read_row_group(g.index, columns=file_cols, use_threads=self._use_threads)
             if lo != g.first_row or hi != g.stop_row:
                 table = table.slice(lo - g.first_row, hi - lo)
-            # Deletes and filters run once per row-group piece; batches are cut after.
+            # Deletes and filters run once per row-group piece. The piece goes on as
+            # one batch: re-batching slices it without copies, where pre-cut batches
+            # would be misaligned by the deleted rows and copied again.
             out = self._finish(table, info, names, ids, lo)
             if out.num_rows:
-                yield from out.to_batches(max_chunksize=self._batch_size)
+                yield from out.to_batches()
 
     def _read_orc(self, info: IcebergFileInfo, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         import pyarrow.orc as po
@@ -156,7 +158,7 @@ class IcebergReader:
         table = table.select([ids[self._by_name[n][0]] for n in names if self._by_name[n][0] in ids])
         out = self._finish(table, info, names, ids, 0)
         if out.num_rows:
-            yield from out.to_batches(max_chunksize=self._batch_size)
+            yield from out.to_batches()
 
     def _finish(
         self,
