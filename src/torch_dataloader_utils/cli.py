@@ -3,6 +3,7 @@
 Usage::
 
     python -m torch_dataloader_utils demo
+    python -m torch_dataloader_utils demo-iceberg
     python -m torch_dataloader_utils plan PATH --num-ranks 4 --num-workers 2 --epoch 0
 """
 
@@ -95,6 +96,12 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _demo_iceberg(args: argparse.Namespace) -> int:
+    from torch_dataloader_utils.demo_iceberg import iceberg_demo
+
+    return iceberg_demo(args.data_dir, num_ranks=args.num_ranks, num_workers=args.num_workers)
+
+
 def _plan(args: argparse.Namespace) -> int:
     from torch_dataloader_utils import StructuredDataset
 
@@ -132,6 +139,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--batch-size", type=int, default=1000)
     demo.add_argument("--epochs", type=int, default=2)
     demo.set_defaults(fn=_demo)
+    demo_ice = sub.add_parser(
+        "demo-iceberg",
+        help="build a local SQLite-backed Iceberg table with deletes and read it as ranks x workers",
+    )
+    demo_ice.add_argument("--data-dir", default="demo_data")
+    demo_ice.add_argument("--num-ranks", type=int, default=2)
+    demo_ice.add_argument("--num-workers", type=int, default=2)
+    demo_ice.set_defaults(fn=_demo_iceberg)
     plan = sub.add_parser("plan", help="show which chunks each rank and worker reads")
     plan.add_argument("path")
     plan.add_argument("--format", default="parquet")
