@@ -290,3 +290,65 @@ def test_outputs_torch_tensors_through_workers(iceberg_catalog: Catalog, deleted
         assert sorted(ids) == oracle_ids(deleted_table)
         seen.append(ids[0])
     assert np.all(np.isfinite(np.array(seen)))
+
+
+def _write_with_ids(path: Path, table: pa.Table, ids: dict[str, int]) -> None:
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([f.with_metadata({b"PARQUET:field_id": str(ids[f.name])}) for f in table.schema])
+    pq.write_table(table.cast(schema), path)
+
+
+def test_identity_partition_value_fills_a_column_the_file_lacks(
+    iceberg_catalog: Catalog, tmp_path: Path
+) -> None:
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.transforms import IdentityTransform
+    from pyiceberg.typedef import Record
+
+    config, catalog = iceberg_catalog
+    t = catalog.create_table("ns.p", schema=id_table(0, 1).schema)
+    with t.update_spec() as u:
+        u.add_field("label", IdentityTransform(), "label")
+    t = t.refresh()
+    ids = {f.name: f.field_id for f in t.schema().fields}
+    # A data file written without its partition column (as some writers do).
+    rows = id_table(0, 6).drop_columns(["label"])
+    path = tmp_path / "no-label.parquet"
+    _write_with_ids(path, rows, ids)
+    data_file = DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=f"file://{path}",
+        file_format=FileFormat.PARQUET,
+        partition=Record(4),
+        record_count=6,
+        file_size_in_bytes=path.stat().st_size,
+        spec_id=t.spec().spec_id,
+    )
+    with t.transaction() as tx, tx.update_snapshot().fast_append() as append:
+        append.append_data_file(data_file)
+    t = t.refresh()
+    t = commit_deletes(t, [position_delete_file(t, {f"file://{path}": [1]}, partition=Record(4))])
+    batches = read_all("ns.p", config, output_format="arrow")
+    table = pa.Table.from_batches(batches).sort_by("id")
+    assert table.column("id").to_pylist() == [0, 2, 3, 4, 5]
+    assert table.column("label").to_pylist() == [4] * 5
+    assert table.column("s").to_pylist() == ["row-0", "row-2", "row-3", "row-4", "row-5"]
+
+
+def test_files_without_field_ids_use_the_name_mapping(iceberg_catalog: Catalog, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    config, catalog = iceberg_catalog
+    t = create_id_table(catalog)
+    path = tmp_path / "imported.parquet"
+    pq.write_table(id_table(0, 8), path)  # no field ids: add_files sets a name mapping
+    t.add_files([f"file://{path}"])
+    with t.update_schema() as u:
+        u.rename_column("s", "text")
+    t = t.refresh()
+    t = commit_deletes(t, [equality_delete_file(t, {"text": ["row-3"]})])
+    batches = read_all("ns.t", config, output_format="arrow", columns=["id", "text"])
+    table = pa.Table.from_batches(batches).sort_by("id")
+    assert table.column("id").to_pylist() == [0, 1, 2, 4, 5, 6, 7]
+    assert table.column("text").to_pylist() == [f"row-{i}" for i in (0, 1, 2, 4, 5, 6, 7)]

@@ -473,15 +473,20 @@ def discover_iceberg(
 
 
 def _name_mapping(metadata: Any, fields: Sequence[tuple[int, str, pa.DataType]]) -> dict[str, int]:
-    """Column name -> field id for files without field ids (the table's name mapping, else names)."""
-    mapping = {name: fid for fid, name, _ in fields}
+    """Column name -> field id for files without field ids.
+
+    The table's ``schema.name-mapping.default`` when it has one (as the spec requires),
+    else the current column names.
+    """
     try:
         nm = metadata.name_mapping()
-    except Exception:
-        nm = None
-    if nm is not None:
-        for mf in nm:
-            if mf.field_id is not None:
-                for name in mf.names:
-                    mapping.setdefault(name, mf.field_id)
+    except (ValueError, TypeError) as exc:
+        raise DiscoveryError(f"the table's schema.name-mapping.default cannot be parsed: {exc}") from exc
+    if nm is None:
+        return {name: fid for fid, name, _ in fields}
+    mapping: dict[str, int] = {}
+    for mf in nm:
+        if mf.field_id is not None:
+            for name in mf.names:
+                mapping.setdefault(name, int(mf.field_id))
     return mapping
