@@ -352,3 +352,27 @@ def test_files_without_field_ids_use_the_name_mapping(iceberg_catalog: Catalog, 
     table = pa.Table.from_batches(batches).sort_by("id")
     assert table.column("id").to_pylist() == [0, 1, 2, 4, 5, 6, 7]
     assert table.column("text").to_pylist() == [f"row-{i}" for i in (0, 1, 2, 4, 5, 6, 7)]
+
+
+def test_stop_after_cuts_after_live_rows(iceberg_catalog: Catalog) -> None:
+    config, catalog = iceberg_catalog
+    t = create_id_table(catalog)
+    t.append(id_table(0, 50))
+    (path,) = data_files(t)
+    t = commit_deletes(t, [position_delete_file(t, {path: [2, 3, 4, 10, 49]})])
+    ds = IcebergDataset("ns.t", catalog_config=config)
+    (info,) = ds.files
+    assert info.live_rows == 45
+    for start in range(50):
+        for rows in range(info.rows_in(start, 50) + 1):
+            stop = info.stop_after(start, rows)
+            assert info.rows_in(start, stop) == rows
+            assert stop == start or info.rows_in(start, stop - 1) == rows - 1  # the cut is tight
+    with pytest.raises(ValueError, match="fewer than 46 live rows"):
+        info.stop_after(0, 46)
+
+
+def test_planner_options_are_forwarded_to_the_core(iceberg_catalog: Catalog, deleted_table: Any) -> None:
+    config, _ = iceberg_catalog
+    with pytest.raises(TypeError, match="no_such_option"):
+        IcebergDataset("ns.t", catalog_config=config, no_such_option=1)

@@ -87,6 +87,27 @@ class IcebergFileInfo(FileInfo):
         lo, hi = np.searchsorted(self.deleted, [start, stop])
         return int(hi - lo)
 
+    def stop_after(self, start: int, rows: int) -> int:
+        """The smallest ``stop`` with ``rows_in(start, stop) == rows`` (a cut after ``rows`` live rows).
+
+        Planners that cut chunks at a row count (equal batches) must cut here rather
+        than at ``start + rows``, which would count deleted positions as rows.
+
+        Raises:
+            ValueError: fewer than ``rows`` live rows follow ``start``.
+        """
+        if rows < 0:
+            raise ValueError(f"rows must be >= 0, got {rows}")
+        stop = start + rows
+        while True:  # least fixed point of stop = start + rows + deleted_in(start, stop)
+            moved = start + rows + self.deleted_in(start, stop)
+            if moved == stop:
+                break
+            stop = moved
+        if self.num_rows is not None and stop > self.num_rows:
+            raise ValueError(f"{self.path!r} has fewer than {rows} live rows after position {start}")
+        return stop
+
     def deleted_between(self, start: int, stop: int) -> np.ndarray[Any, Any]:
         """The deleted positions in ``[start, stop)``, sorted."""
         if self.deleted is None or len(self.deleted) == 0:

@@ -30,6 +30,32 @@ from torch_dataloader_utils.runtime.dataset import PlannedDataset, build_strateg
 __all__ = ["IcebergDataset"]
 
 
+def _adapt_planner_options(options: dict[str, Any], scan: IcebergScan) -> dict[str, Any]:
+    """Options of :class:`PlannedDataset` that this version of the core understands.
+
+    Forwarded generically, so options added to the core (such as equal batches) reach
+    it unchanged; a string ``equal_batches`` is coerced with the core's own helper, and
+    where the core accepts ``row_count_issue`` it learns when equality deletes make
+    planned counts upper bounds.
+    """
+    import inspect
+
+    from torch_dataloader_utils import config
+
+    out = dict(options)
+    coerce = getattr(config, "coerce_equal_batches", None)
+    if "equal_batches" in out and callable(coerce):
+        out["equal_batches"] = coerce(out["equal_batches"])
+    accepted = inspect.signature(PlannedDataset.__init__).parameters
+    if "row_count_issue" in accepted and "row_count_issue" not in out and not scan.exact_counts:
+        n = sum(1 for v in scan.equality_deletes.values() if v)
+        out["row_count_issue"] = (
+            f"equality deletes apply to {n} data file(s) of the table, so their live row counts are "
+            "known only when read (compact the table to remove them)"
+        )
+    return out
+
+
 class IcebergDataset(PlannedDataset):
     """An Iceberg table read exactly once per epoch across ranks and workers.
 
@@ -100,6 +126,7 @@ class IcebergDataset(PlannedDataset):
         self.scan: IcebergScan = scan
         """What discovery planned: data files, deletes, schema."""
         self.table_name = table
+        planner_options = _adapt_planner_options(planner_options, scan)
         super().__init__(
             files=scan.files,
             strategy=strategy,
