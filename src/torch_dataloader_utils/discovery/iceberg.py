@@ -322,7 +322,10 @@ def _row_groups(fs: IcebergFileSystem, location: str) -> tuple[RowGroup, ...]:
 def _read_position_deletes(fs: IcebergFileSystem, location: str) -> pa.Table:
     filesystem, path = fs.resolve(location)
     try:
-        return pq.read_table(path, filesystem=filesystem, columns=["file_path", "pos"])
+        # file_path is dictionary-encoded in practice: read it as a dictionary, not as strings.
+        return pq.read_table(
+            path, filesystem=filesystem, columns=["file_path", "pos"], read_dictionary=["file_path"]
+        )
     except (OSError, pa.ArrowException) as exc:
         raise CorruptFileError(f"cannot read Iceberg position delete file {location!r}: {exc}") from exc
 
@@ -441,10 +444,12 @@ def discover_iceberg(
     for (_d, wanted), table in zip(
         work, _pmap(lambda x: _read_position_deletes(fs, x[0].file_path), work), strict=True
     ):
-        enc = table.column("file_path").combine_chunks().dictionary_encode()
-        indices = enc.indices.to_numpy(zero_copy_only=False)
+        column = table.column("file_path").unify_dictionaries().combine_chunks()
+        if not pa.types.is_dictionary(column.type):
+            column = column.dictionary_encode()
+        indices = column.indices.to_numpy(zero_copy_only=False)
         pos = table.column("pos").to_numpy()
-        for k, path in enumerate(enc.dictionary.to_pylist()):
+        for k, path in enumerate(column.dictionary.to_pylist()):
             if path in wanted:
                 positions[path].append(pos[indices == k])
     equality: dict[str, list[EqualityDelete]] = defaultdict(list)
