@@ -50,11 +50,13 @@ from torch_dataloader_utils.plan.types import (
 
 if TYPE_CHECKING:
     from torch_dataloader_utils.runtime.dataset import StructuredDataset
+    from torch_dataloader_utils.runtime.iceberg import IcebergDataset
     from torch_dataloader_utils.runtime.loader import create_dataloader
 
 # torch and pyarrow are imported on first use of these names, so that importing the
 # pure parts (plan/, config, errors) stays light.
 _LAZY = {
+    "IcebergDataset": "torch_dataloader_utils.runtime.iceberg",
     "StructuredDataset": "torch_dataloader_utils.runtime.dataset",
     "create_dataloader": "torch_dataloader_utils.runtime.loader",
 }
@@ -84,6 +86,7 @@ __all__ = [
     "EqualBatches",
     "FileFormat",
     "FileInfo",
+    "IcebergDataset",
     "IncompatibleOptionsError",
     "LegacySplitStrategy",
     "NoFilesFoundError",

@@ -61,8 +61,9 @@ def _rows(chunk: Chunk, what: str) -> int:
 def cut_chunk(chunk: Chunk, file: FileInfo, rows: int) -> tuple[Chunk, Chunk]:
     """Cut ``chunk`` after its first ``rows`` live rows: ``(head, tail)``.
 
-    Rows of pruned row groups are not counted, so the cut lands after the ``rows``-th
-    row that will actually be read. Bytes are shared in proportion to rows.
+    Rows of pruned row groups (and, for Iceberg, deleted positions) are not counted, so
+    the cut lands after the ``rows``-th row that will actually be read.
+    Bytes are shared in proportion to rows.
 
     Raises:
         ValueError: ``rows`` is not strictly between 0 and the chunk's row count.
@@ -70,16 +71,8 @@ def cut_chunk(chunk: Chunk, file: FileInfo, rows: int) -> tuple[Chunk, Chunk]:
     total = _rows(chunk, "cutting a chunk")
     if not 0 < rows < total:
         raise ValueError(f"can only cut a chunk of {total} rows after 1..{total - 1} rows, got {rows}")
-    position = chunk.start + rows
-    if file.row_groups is not None:
-        remaining = rows
-        for group in file.groups_in(chunk.start, chunk.stop):
-            lo = max(chunk.start, group.first_row)
-            hi = min(chunk.stop, group.stop_row)
-            if remaining <= hi - lo:
-                position = lo + remaining
-                break
-            remaining -= hi - lo
+    # FileInfo knows which positions hold no live row (pruned groups, deletes).
+    position = file.stop_after(chunk.start, rows)
     head_bytes = chunk.num_bytes * rows // total
     head = Chunk(chunk.path, chunk.start, position, ChunkUnit.ROWS, rows, head_bytes, chunk.padding)
     tail = Chunk(

@@ -158,6 +158,39 @@ class FileInfo:
             total += max(0, min(stop, group.stop_row) - max(start, group.first_row))
         return total
 
+    def stop_after(self, start: int, rows: int) -> int:
+        """The file position just after the ``rows``-th live row at or after ``start``.
+
+        A chunk ``[start, stop_after(start, rows))`` holds exactly ``rows`` live rows.
+        Rows of pruned row groups are not counted; subclasses that know of other
+        missing rows (Iceberg position deletes) override this.
+
+        Raises:
+            ValueError: fewer than ``rows`` live rows follow ``start``.
+        """
+        if rows < 0:
+            raise ValueError(f"rows must be >= 0, got {rows}")
+        if self.row_groups is None:
+            stop = start + rows
+            if self.num_rows is not None and stop > self.num_rows:
+                raise ValueError(f"{self.path!r} has fewer than {rows} rows after position {start}")
+            return stop
+        remaining = rows
+        i = max(0, bisect.bisect_right(self._starts, start) - 1)
+        position = start
+        for group in self.row_groups[i:]:
+            lo = max(start, group.first_row)
+            span = group.stop_row - lo
+            if span <= 0:
+                continue
+            if remaining <= span:
+                return lo + remaining
+            remaining -= span
+            position = group.stop_row
+        if remaining == 0:
+            return position
+        raise ValueError(f"{self.path!r} has fewer than {rows} live rows after position {start}")
+
     def groups_in(self, start: int, stop: int) -> tuple[RowGroup, ...]:
         """The unpruned row groups that overlap the row range ``[start, stop)``."""
         if self.row_groups is None or stop <= start:

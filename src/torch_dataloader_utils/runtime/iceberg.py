@@ -1,0 +1,196 @@
+"""``IcebergDataset``: an Apache Iceberg table, sharded with the same promises as files.
+
+The scan is planned from the table's manifests (:mod:`torch_dataloader_utils.discovery.iceberg`),
+data files are cut into row-group chunks by the usual planner, and each chunk is read
+with its own position deletes, the table's equality deletes and the row filter
+(:mod:`torch_dataloader_utils.io.iceberg`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from torch_dataloader_utils.config import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_SHUFFLE_SEED,
+    FileFormat,
+    LoaderConfig,
+    OutputFormat,
+    check_int,
+    coerce_enum,
+)
+from torch_dataloader_utils.convert import BatchConverter
+from torch_dataloader_utils.discovery.iceberg import IcebergScan, discover_iceberg, load_table
+from torch_dataloader_utils.errors import ConfigError
+from torch_dataloader_utils.io.iceberg import IcebergReader
+from torch_dataloader_utils.runtime import env
+from torch_dataloader_utils.runtime.dataset import PlannedDataset, build_strategy
+
+__all__ = ["IcebergDataset"]
+
+
+def _adapt_planner_options(options: dict[str, Any], scan: IcebergScan) -> dict[str, Any]:
+    """Options of :class:`PlannedDataset` that this version of the core understands.
+
+    Forwarded generically, so options added to the core (such as equal batches) reach
+    it unchanged; a string ``equal_batches`` is coerced with the core's own helper, and
+    where the core accepts ``row_count_issue`` it learns when equality deletes make
+    planned counts upper bounds.
+    """
+    import inspect
+
+    from torch_dataloader_utils import config
+
+    out = dict(options)
+    coerce = getattr(config, "coerce_equal_batches", None)
+    if "equal_batches" in out and callable(coerce):
+        out["equal_batches"] = coerce(out["equal_batches"])
+    accepted = inspect.signature(PlannedDataset.__init__).parameters
+    if "row_count_issue" in accepted and "row_count_issue" not in out and not scan.exact_counts:
+        n = sum(1 for v in scan.equality_deletes.values() if v)
+        out["row_count_issue"] = (
+            f"equality deletes apply to {n} data file(s) of the table, so their live row counts are "
+            "known only when read (compact the table to remove them)"
+        )
+    return out
+
+
+class IcebergDataset(PlannedDataset):
+    """An Iceberg table read exactly once per epoch across ranks and workers.
+
+    Prefer :meth:`create_dataloader`, which also builds the DataLoader.
+
+    Args:
+        table: ``"namespace.table"`` or ``"catalog.namespace.table"``.
+        catalog_config: Properties for ``pyiceberg.catalog.load_catalog`` (``type``,
+            ``uri``, ``warehouse``, ``s3.endpoint``, ``s3.access-key-id``, ...). They also
+            configure the storage every worker reads from.
+        snapshot_id: Read this snapshot (time travel).
+        as_of: Read the snapshot current at this time: an aware ``datetime`` or
+            milliseconds since the epoch.
+        columns: Columns to return, in order (``None``: all, in schema order).
+        filters: A ``pyarrow.compute.Expression``, translated to pyiceberg for file
+            pruning where that is exact, and always applied to rows.
+        scan_filter: A pyiceberg ``BooleanExpression`` used for pruning only (rows
+            are not filtered by it beyond the files it prunes).
+        batch_size, drop_last, shuffle, shuffle_seed, split_strategy, split_bytes,
+            split_rows, output_format, null_fill, collate_fn, num_ranks, rank,
+            num_workers: As for :class:`StructuredDataset`.
+        **planner_options: Further options of the source-agnostic core
+            (:class:`PlannedDataset`), forwarded unchanged.
+    """
+
+    def __init__(
+        self,
+        table: str,
+        *,
+        catalog_config: Mapping[str, Any] | None = None,
+        snapshot_id: int | None = None,
+        as_of: Any = None,
+        columns: Sequence[str] | None = None,
+        filters: Any = None,
+        scan_filter: Any = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        drop_last: bool = False,
+        shuffle: bool = False,
+        shuffle_seed: int = DEFAULT_SHUFFLE_SEED,
+        split_strategy: object = None,
+        split_bytes: int | str | None = None,
+        split_rows: int | None = None,
+        output_format: str | OutputFormat = "torch",
+        null_fill: Any = None,
+        collate_fn: Callable[[Any], Any] | None = None,
+        num_ranks: int | None = None,
+        rank: int | None = None,
+        num_workers: int = 0,
+        **planner_options: Any,
+    ) -> None:
+        out_fmt = coerce_enum(output_format, OutputFormat, "output_format")
+        check_int(batch_size, "batch_size", 1, hint=" (rows per batch)")
+        check_int(shuffle_seed, "shuffle_seed", 0)
+        check_int(num_workers, "num_workers", 0)
+        if collate_fn is not None and not callable(collate_fn):
+            raise ConfigError(f"collate_fn={collate_fn!r} must be callable")
+        world = env.resolve_world(num_ranks, rank)
+        strategy = build_strategy(split_strategy, FileFormat.PARQUET, split_bytes, split_rows)
+        tbl = load_table(table, catalog_config)
+        scan = discover_iceberg(
+            tbl,
+            snapshot_id=snapshot_id,
+            as_of=as_of,
+            columns=columns,
+            filters=filters,
+            scan_filter=scan_filter,
+        )
+        self.scan: IcebergScan = scan
+        """What discovery planned: data files, deletes, schema."""
+        self.table_name = table
+        planner_options = _adapt_planner_options(planner_options, scan)
+        super().__init__(
+            files=scan.files,
+            strategy=strategy,
+            reader=IcebergReader(scan, batch_size),
+            converter=BatchConverter(scan.output_schema, out_fmt, null_fill),
+            world=world,
+            num_workers=num_workers,
+            batch_size=batch_size,
+            drop_last=bool(drop_last),
+            shuffle=bool(shuffle),
+            shuffle_seed=shuffle_seed,
+            collate_fn=collate_fn,
+            **planner_options,
+        )
+
+    @property
+    def snapshot_id(self) -> int | None:
+        """The snapshot read (``None`` for a table without snapshots: zero rows)."""
+        return self.scan.snapshot_id
+
+    @property
+    def exact_row_counts(self) -> bool:
+        """Whether planned row counts are exact: ``False`` when equality deletes apply.
+
+        Position deletes are counted exactly per row range; rows removed by equality
+        deletes are only known once read, so counts are then upper bounds.
+        """
+        return self.scan.exact_counts
+
+    @classmethod
+    def create_dataloader(
+        cls,
+        table: str,
+        *,
+        num_workers: int | None = None,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        prefetch_factor: int | None = None,
+        timeout: float = 0,
+        multiprocessing_context: Any = None,
+        **kwargs: Any,
+    ) -> tuple[Any, IcebergDataset]:
+        """Build the dataset and a DataLoader that reads it.
+
+        Takes every argument of :class:`IcebergDataset` plus the DataLoader options of
+        :func:`torch_dataloader_utils.create_dataloader` (``num_workers=None`` picks
+        the worker count automatically).
+
+        Returns:
+            ``(loader, dataset)``. Call ``dataset.set_epoch(epoch)`` before each epoch.
+        """
+        from torch_dataloader_utils.runtime.loader import auto_workers, make_loader
+
+        check_int(num_workers, "num_workers", 0, optional=True, hint=" (or None for automatic)")
+        dataset = cls(table, num_workers=num_workers or 0, **kwargs)
+        if num_workers is None:
+            num_workers = auto_workers(dataset)
+            dataset._num_workers = num_workers
+        config = LoaderConfig(
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+            prefetch_factor=prefetch_factor,
+            timeout=timeout,
+            multiprocessing_context=multiprocessing_context,
+        )
+        return make_loader(dataset, config), dataset

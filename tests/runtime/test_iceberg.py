@@ -1,0 +1,387 @@
+"""IcebergDataset on real tables in a SQLite SqlCatalog, with position and equality deletes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.expressions import GreaterThanOrEqual
+from pyiceberg.types import LongType, StringType
+
+from tests.fixtures.iceberg import (
+    commit_deletes,
+    create_id_table,
+    data_files,
+    equality_delete_file,
+    id_table,
+    oracle_ids,
+    position_delete_file,
+)
+from torch_dataloader_utils import IcebergDataset
+from torch_dataloader_utils.errors import (
+    ConfigError,
+    IncompatibleOptionsError,
+    PathNotFoundError,
+    UnknownColumnError,
+)
+
+Catalog = tuple[dict[str, str], SqlCatalog]
+
+
+def read_all(table: str, config: dict[str, str], **kwargs: Any) -> list[Any]:
+    """Every batch of every rank, read through a real DataLoader (numpy output)."""
+    num_ranks = kwargs.pop("num_ranks", 1)
+    kwargs.setdefault("output_format", "numpy")
+    out = []
+    for rank in range(num_ranks):
+        loader, _ = IcebergDataset.create_dataloader(
+            table, catalog_config=config, num_ranks=num_ranks, rank=rank, **kwargs
+        )
+        out.extend(loader)
+    return out
+
+
+def ids_of(batches: list[Any]) -> list[int]:
+    return sorted(int(i) for b in batches for i in b["id"])
+
+
+def read_in_process(ds: IcebergDataset) -> list[int]:
+    """Read every (rank, worker)'s chunks of the epoch plan with the dataset's reader."""
+    ids: list[int] = []
+    for chunk in ds.plan().all_chunks():
+        for batch in ds._reader.read(chunk):
+            ids.extend(batch.column("id").to_pylist())
+    return sorted(ids)
+
+
+@pytest.fixture
+def deleted_table(iceberg_catalog: Catalog) -> Any:
+    """Three appends (ids 0..299) with position deletes and equality deletes across sequence numbers."""
+    _, catalog = iceberg_catalog
+    t = create_id_table(catalog)
+    t.append(id_table(0, 100))
+    t.append(id_table(100, 100))
+    first, second = data_files(t)
+    t = commit_deletes(t, [position_delete_file(t, {first: [0, 5, 17, 99], second: range(30, 45)})])
+    t = commit_deletes(t, [equality_delete_file(t, {"id": [3, 150, 250]})])
+    # Appended after the equality delete: its id 250 must survive (higher sequence number).
+    t.append(id_table(200, 100))
+    return t
+
+
+def test_deletes_match_independent_reader_across_ranks_and_workers(
+    iceberg_catalog: Catalog, deleted_table: Any
+) -> None:
+    config, _ = iceberg_catalog
+    expected = oracle_ids(deleted_table)
+    assert 250 in expected
+    assert 3 not in expected
+    assert 150 not in expected
+    batches = read_all(
+        "ns.t",
+        config,
+        num_ranks=2,
+        num_workers=2,
+        split_rows=20,
+        batch_size=16,
+        timeout=60,
+        equal_batches="off",
+    )
+    got = ids_of(batches)
+    assert got == expected
+    assert len(got) == len(set(got))
+
+
+def test_position_deletes_match_pyiceberg_scan(iceberg_catalog: Catalog) -> None:
+    config, catalog = iceberg_catalog
+    t = create_id_table(catalog)
+    t.append(id_table(0, 120))
+    (path,) = data_files(t)
+    t = commit_deletes(t, [position_delete_file(t, {path: [1, 2, 3, 59, 60, 119]})])
+    t = commit_deletes(t, [position_delete_file(t, {path: [3, 70]})])  # overlapping delete files
+    expected = sorted(t.scan().to_arrow().column("id").to_pylist())
+    assert len(expected) == 120 - 7
+    ds = IcebergDataset("ns.t", catalog_config=config, split_rows=10)
+    assert len(ds.plan().all_chunks()) == 12  # sub-file splits stay on
+    assert read_in_process(ds) == expected
+
+
+def test_each_chunk_applies_exactly_its_deletes_and_counts_them(iceberg_catalog: Catalog) -> None:
+    config, catalog = iceberg_catalog
+    t = create_id_table(catalog)
+    t.append(id_table(0, 120))  # one file: the row at position p has id p
+    (path,) = data_files(t)
+    pos = {0, 9, 10, 11, 55, 119}
+    t = commit_deletes(t, [position_delete_file(t, {path: pos})])
+    t = commit_deletes(t, [equality_delete_file(t, {"id": [12, 56, 57]})])
+    eq = {12, 56, 57}
+    ds = IcebergDataset("ns.t", catalog_config=config, split_rows=10, columns=["id"])
+    chunks = ds.plan().all_chunks()
+    assert len(chunks) == 12
+    for chunk in chunks:
+        ids = [i for b in ds._reader.read(chunk) for i in b.column("id").to_pylist()]
+        rows = set(range(chunk.start, chunk.stop))
+        assert ids == sorted(rows - pos - eq)
+        assert chunk.num_rows == len(rows - pos)  # position deletes are counted exactly
+    assert sum(c.num_rows for c in chunks) == 120 - len(pos)
+    assert not ds.exact_row_counts  # equality deletes make counts upper bounds
+    # The equality delete file was read once by this process, not once per chunk.
+    assert ds._reader.delete_file_reads == 1
+
+
+def test_schema_evolution_rename_add_drop_reorder_and_promote(iceberg_catalog: Catalog) -> None:
+    config, catalog = iceberg_catalog
+    schema = pa.schema([("id", pa.int64()), ("a", pa.int32()), ("b", pa.string()), ("c", pa.float64())])
+    t = catalog.create_table("ns.evo", schema=schema)
+    old = pa.table(
+        {"id": pa.array([0, 1, 2], pa.int64()), "a": pa.array([10, 11, 12], pa.int32()),
+         "b": ["x0", "x1", "x2"], "c": [0.5, 1.5, 2.5]},
+        schema=schema,
+    )  # fmt: skip
+    t.append(old)
+    (old_path,) = data_files(t)
+    with t.update_schema() as u:
+        u.rename_column("b", "label")
+        u.delete_column("c")
+        u.add_column("extra", StringType())
+        u.update_column("a", LongType())  # int -> long promotion
+    with t.update_schema() as u:
+        u.move_first("label")
+    t = t.refresh()
+    new = pa.table(
+        {"label": ["y3"], "id": pa.array([3], pa.int64()), "a": pa.array([13], pa.int64()), "extra": ["e3"]}
+    )
+    t.append(new)
+    t = commit_deletes(t, [position_delete_file(t, {old_path: [1]})])
+    batches = read_all("ns.evo", config, output_format="arrow", batch_size=100)
+    table = pa.Table.from_batches(batches).sort_by("id")
+    assert table.schema.names == ["label", "id", "a", "extra"]
+    assert table.column("id").to_pylist() == [0, 2, 3]
+    assert table.column("label").to_pylist() == ["x0", "x2", "y3"]
+    assert table.column("a").type == pa.int64()
+    assert table.column("a").to_pylist() == [10, 12, 13]
+    assert table.column("extra").to_pylist() == [None, None, "e3"]
+    # A column re-added under a dropped column's name is a new field: old files give nulls.
+    with t.update_schema() as u:
+        u.add_column("c", StringType())
+    batches = read_all("ns.evo", config, output_format="arrow", columns=["id", "c"])
+    assert pa.Table.from_batches(batches).column("c").to_pylist() == [None, None, None]
+
+
+def test_time_travel_by_snapshot_id_and_timestamp(iceberg_catalog: Catalog) -> None:
+    config, catalog = iceberg_catalog
+    t = create_id_table(catalog)
+    t.append(id_table(0, 10))
+    first = t.current_snapshot()
+    time.sleep(0.01)
+    t.append(id_table(10, 10))
+    t = commit_deletes(t, [equality_delete_file(t, {"id": [0, 15]})])
+    assert ids_of(read_all("ns.t", config)) == [i for i in range(20) if i not in (0, 15)]
+    assert ids_of(read_all("ns.t", config, snapshot_id=first.snapshot_id)) == list(range(10))
+    as_of = dt.datetime.fromtimestamp(first.timestamp_ms / 1000, tz=dt.UTC)
+    assert ids_of(read_all("ns.t", config, as_of=as_of)) == list(range(10))
+    assert ids_of(read_all("ns.t", config, as_of=first.timestamp_ms)) == list(range(10))
+    with pytest.raises(ConfigError, match="before the table's first snapshot"):
+        IcebergDataset("ns.t", catalog_config=config, as_of=first.timestamp_ms - 10_000)
+    with pytest.raises(ConfigError, match="snapshot_id=123 is not a snapshot"):
+        IcebergDataset("ns.t", catalog_config=config, snapshot_id=123)
+    with pytest.raises(IncompatibleOptionsError, match="pass one of them"):
+        IcebergDataset("ns.t", catalog_config=config, snapshot_id=first.snapshot_id, as_of=first.timestamp_ms)
+    with pytest.raises(ConfigError, match="no time zone"):
+        IcebergDataset("ns.t", catalog_config=config, as_of=dt.datetime(2020, 1, 1))
+
+
+@pytest.mark.parametrize(
+    ("expr", "prunes"),
+    [
+        (pc.field("id") >= 100, True),
+        (pc.field("id") > 99.5, False),  # oddly typed: not used for pruning, rows still exact
+        ((pc.field("id") >= 100) & (pc.field("s") != "row-150"), True),
+        ((pc.field("id") < 5) | (pc.field("id") > 195), False),
+        (~(pc.field("id") < 100), True),
+    ],
+)
+def test_filters_prune_files_and_always_filter_rows(
+    iceberg_catalog: Catalog, deleted_table: Any, expr: pc.Expression, prunes: bool
+) -> None:
+    config, _ = iceberg_catalog
+    live = pa.table({"id": oracle_ids(deleted_table)})
+    live = live.append_column("s", pa.array([f"row-{i}" for i in live.column("id").to_pylist()]))
+    expected = sorted(live.filter(expr).column("id").to_pylist())
+    ds = IcebergDataset("ns.t", catalog_config=config, filters=expr, columns=["id"])
+    assert read_in_process(ds) == expected
+    assert (len(ds.files) < 3) is prunes
+    assert ds.scan.output_columns == ("id",)
+
+
+def test_scan_filter_prunes_with_a_native_expression(iceberg_catalog: Catalog, deleted_table: Any) -> None:
+    config, _ = iceberg_catalog
+    ds = IcebergDataset("ns.t", catalog_config=config, scan_filter=GreaterThanOrEqual("id", 200))
+    assert len(ds.files) == 1
+    assert read_in_process(ds) == list(range(200, 300))
+    with pytest.raises(ConfigError, match=r"scan_filter=.*must be a pyiceberg expression"):
+        IcebergDataset("ns.t", catalog_config=config, scan_filter=pc.field("id") > 1)
+
+
+def test_identity_partitions_scope_deletes_and_prune(iceberg_catalog: Catalog) -> None:
+    from pyiceberg.transforms import IdentityTransform
+
+    config, catalog = iceberg_catalog
+    schema = id_table(0, 1).schema
+    t = catalog.create_table("ns.p", schema=schema)
+    with t.update_spec() as u:
+        u.add_field("label", IdentityTransform(), "label")
+    t = t.refresh()
+    t.append(id_table(0, 70))  # one file per label value 0..6
+    files = t.scan().plan_files()
+    by_label = {f.file.partition[0]: f.file for f in files}
+    assert sorted(by_label) == list(range(7))
+    # Equality delete on id 7 (label 0) and 8 (label 1), scoped to label 0's partition only.
+    eq = equality_delete_file(t, {"id": [7, 8]}, partition=by_label[0].partition)
+    pos = position_delete_file(t, {by_label[2].file_path: [0]}, partition=by_label[2].partition)
+    t = commit_deletes(t, [eq, pos])
+    expected = oracle_ids(t)
+    assert 7 not in expected
+    assert 8 in expected
+    assert 2 not in expected
+    assert ids_of(read_all("ns.p", config, num_workers=2, timeout=60)) == expected
+    ds = IcebergDataset("ns.p", catalog_config=config, filters=pc.field("label") == 3)
+    assert len(ds.files) == 1
+    assert read_in_process(ds) == [i for i in range(70) if i % 7 == 3]
+
+
+def test_empty_table_and_table_without_snapshot_yield_zero_rows(iceberg_catalog: Catalog) -> None:
+    config, catalog = iceberg_catalog
+    create_id_table(catalog, "ns.empty")
+    loader, ds = IcebergDataset.create_dataloader("ns.empty", catalog_config=config, num_workers=None)
+    assert ds.snapshot_id is None
+    assert list(loader) == []
+    t = create_id_table(catalog, "ns.emptied")
+    t.append(id_table(0, 5))
+    t.delete("id >= 0")
+    loader, ds = IcebergDataset.create_dataloader("ns.emptied", catalog_config=config)
+    assert ds.snapshot_id is not None
+    assert list(loader) == []
+
+
+def test_bad_table_names_and_columns_are_clear_errors(iceberg_catalog: Catalog, tmp_path: Path) -> None:
+    config, catalog = iceberg_catalog
+    create_id_table(catalog)
+    with pytest.raises(ConfigError, match=r"table='t' must be 'namespace.table'"):
+        IcebergDataset("t", catalog_config=config)
+    with pytest.raises(PathNotFoundError, match=r"table='ns\.missing' does not exist"):
+        IcebergDataset("ns.missing", catalog_config=config)
+    with pytest.raises(UnknownColumnError, match=r"\['nope'\] not found"):
+        IcebergDataset("ns.t", catalog_config=config, columns=["id", "nope"])
+    with pytest.raises(ConfigError, match=r"catalog_config=.*must be a dict"):
+        IcebergDataset("ns.t", catalog_config="sqlite:///x")  # type: ignore[arg-type]
+    # "catalog.ns.table" names the catalog.
+    assert IcebergDataset("default.ns.t", catalog_config=config).snapshot_id is None  # catalog.ns.table
+
+
+def test_outputs_torch_tensors_through_workers(iceberg_catalog: Catalog, deleted_table: Any) -> None:
+    config, _ = iceberg_catalog
+    loader, ds = IcebergDataset.create_dataloader(
+        "ns.t", catalog_config=config, num_workers=2, batch_size=32, shuffle=True, shuffle_seed=3,
+        columns=["id", "x"], split_rows=25, timeout=60,
+    )  # fmt: skip
+    seen: list[int] = []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        ids = [int(i) for b in loader for i in b["id"].tolist()]
+        assert sorted(ids) == oracle_ids(deleted_table)
+        seen.append(ids[0])
+    assert np.all(np.isfinite(np.array(seen)))
+
+
+def _write_with_ids(path: Path, table: pa.Table, ids: dict[str, int]) -> None:
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([f.with_metadata({b"PARQUET:field_id": str(ids[f.name])}) for f in table.schema])
+    pq.write_table(table.cast(schema), path)
+
+
+def test_identity_partition_value_fills_a_column_the_file_lacks(
+    iceberg_catalog: Catalog, tmp_path: Path
+) -> None:
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.transforms import IdentityTransform
+    from pyiceberg.typedef import Record
+
+    config, catalog = iceberg_catalog
+    t = catalog.create_table("ns.p", schema=id_table(0, 1).schema)
+    with t.update_spec() as u:
+        u.add_field("label", IdentityTransform(), "label")
+    t = t.refresh()
+    ids = {f.name: f.field_id for f in t.schema().fields}
+    # A data file written without its partition column (as some writers do).
+    rows = id_table(0, 6).drop_columns(["label"])
+    path = tmp_path / "no-label.parquet"
+    _write_with_ids(path, rows, ids)
+    data_file = DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=f"file://{path}",
+        file_format=FileFormat.PARQUET,
+        partition=Record(4),
+        record_count=6,
+        file_size_in_bytes=path.stat().st_size,
+        spec_id=t.spec().spec_id,
+    )
+    with t.transaction() as tx, tx.update_snapshot().fast_append() as append:
+        append.append_data_file(data_file)
+    t = t.refresh()
+    t = commit_deletes(t, [position_delete_file(t, {f"file://{path}": [1]}, partition=Record(4))])
+    batches = read_all("ns.p", config, output_format="arrow")
+    table = pa.Table.from_batches(batches).sort_by("id")
+    assert table.column("id").to_pylist() == [0, 2, 3, 4, 5]
+    assert table.column("label").to_pylist() == [4] * 5
+    assert table.column("s").to_pylist() == ["row-0", "row-2", "row-3", "row-4", "row-5"]
+
+
+def test_files_without_field_ids_use_the_name_mapping(iceberg_catalog: Catalog, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    config, catalog = iceberg_catalog
+    t = create_id_table(catalog)
+    path = tmp_path / "imported.parquet"
+    pq.write_table(id_table(0, 8), path)  # no field ids: add_files sets a name mapping
+    t.add_files([f"file://{path}"])
+    with t.update_schema() as u:
+        u.rename_column("s", "text")
+    t = t.refresh()
+    t = commit_deletes(t, [equality_delete_file(t, {"text": ["row-3"]})])
+    batches = read_all("ns.t", config, output_format="arrow", columns=["id", "text"])
+    table = pa.Table.from_batches(batches).sort_by("id")
+    assert table.column("id").to_pylist() == [0, 1, 2, 4, 5, 6, 7]
+    assert table.column("text").to_pylist() == [f"row-{i}" for i in (0, 1, 2, 4, 5, 6, 7)]
+
+
+def test_stop_after_cuts_after_live_rows(iceberg_catalog: Catalog) -> None:
+    config, catalog = iceberg_catalog
+    t = create_id_table(catalog)
+    t.append(id_table(0, 50))
+    (path,) = data_files(t)
+    t = commit_deletes(t, [position_delete_file(t, {path: [2, 3, 4, 10, 49]})])
+    ds = IcebergDataset("ns.t", catalog_config=config)
+    (info,) = ds.files
+    assert info.live_rows == 45
+    for start in range(50):
+        for rows in range(info.rows_in(start, 50) + 1):
+            stop = info.stop_after(start, rows)
+            assert info.rows_in(start, stop) == rows
+            assert stop == start or info.rows_in(start, stop - 1) == rows - 1  # the cut is tight
+    with pytest.raises(ValueError, match="fewer than 46 live rows"):
+        info.stop_after(0, 46)
+
+
+def test_planner_options_are_forwarded_to_the_core(iceberg_catalog: Catalog, deleted_table: Any) -> None:
+    config, _ = iceberg_catalog
+    with pytest.raises(TypeError, match="no_such_option"):
+        IcebergDataset("ns.t", catalog_config=config, no_such_option=1)
