@@ -31,23 +31,28 @@ from torch_dataloader_utils.errors import (
     PathNotFoundError,
     PlanError,
     ReadError,
+    ResumeStateError,
     SchemaError,
     SchemaMismatchError,
+    StateMismatchError,
     UnknownColumnError,
     UnknownLengthError,
 )
+from torch_dataloader_utils.plan.resume import merge_states
 from torch_dataloader_utils.plan.splits import LegacySplitStrategy, SplitStrategy
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, EpochPlan, FileInfo, RowGroup, World
 
 if TYPE_CHECKING:
     from torch_dataloader_utils.runtime.dataset import StructuredDataset
     from torch_dataloader_utils.runtime.loader import create_dataloader
+    from torch_dataloader_utils.runtime.resume import gather_state
 
 # torch and pyarrow are imported on first use of these names, so that importing the
 # pure parts (plan/, config, errors) stays light.
 _LAZY = {
     "StructuredDataset": "torch_dataloader_utils.runtime.dataset",
     "create_dataloader": "torch_dataloader_utils.runtime.loader",
+    "gather_state": "torch_dataloader_utils.runtime.resume",
 }
 
 
@@ -84,14 +89,18 @@ __all__ = [
     "PathNotFoundError",
     "PlanError",
     "ReadError",
+    "ResumeStateError",
     "RowGroup",
     "SchemaError",
     "SchemaMismatchError",
     "SplitKind",
     "SplitStrategy",
+    "StateMismatchError",
     "StructuredDataset",
     "UnknownColumnError",
     "UnknownLengthError",
     "World",
     "create_dataloader",
+    "gather_state",
+    "merge_states",
 ]

@@ -75,7 +75,9 @@ def consumed(result: ResumeResult, segment: dict, files: dict[str, FileInfo]) ->
 
 
 def all_rows(result: ResumeResult, files: dict[str, FileInfo]) -> list[tuple]:
-    return [row for workers in result.assignments for ps in workers for p in ps for row in piece_rows(p, files)]
+    return [
+        row for workers in result.assignments for ps in workers for p in ps for row in piece_rows(p, files)
+    ]
 
 
 def dropped_rows(result: ResumeResult, files: dict[str, FileInfo]) -> list[tuple]:
@@ -108,13 +110,21 @@ def check_equal(result: ResumeResult, files, world: World, batch_size: int, poli
 def test_resume_reads_every_row_exactly_once(
     files, strategy, before, middle, after, batch_size, epoch, shuffle, window, policy, data
 ):
-    spec = PlanSpec(files=files, strategy=strategy, shuffle=shuffle, seed=7, equal_batches=policy,
-                    batch_size=batch_size)
+    spec = PlanSpec(
+        files=files, strategy=strategy, shuffle=shuffle, seed=7, equal_batches=policy, batch_size=batch_size
+    )
     by_path = {f.path: f for f in files}
 
     def plan(segments, world):
-        return segment_pieces(spec, epoch, segments, num_ranks=world.num_ranks, num_workers=world.of,
-                              window_rows=window, exact=True)
+        return segment_pieces(
+            spec,
+            epoch,
+            segments,
+            num_ranks=world.num_ranks,
+            num_workers=world.of,
+            window_rows=window,
+            exact=True,
+        )
 
     first = plan([], before)
     check_equal(first, by_path, before, batch_size, policy)
@@ -172,8 +182,13 @@ def test_cursor_past_the_plan_is_an_error():
 
 
 def _state(fp, epoch=0, segments=None):
-    return {"format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": fp, "epoch": epoch,
-            "segments": segments or []}
+    return {
+        "format": STATE_FORMAT,
+        "version": STATE_VERSION,
+        "fingerprint": fp,
+        "epoch": epoch,
+        "segments": segments or [],
+    }
 
 
 def test_check_state_names_what_changed():

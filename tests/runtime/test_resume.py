@@ -105,7 +105,9 @@ def test_elastic_ranks_with_equal_batches(root):
     first: list[int] = []
     states = []
     for rank in range(3):
-        loader, _ = StructuredDataset.create_dataloader(root, num_workers=rank % 3, num_ranks=3, rank=rank, **opts)
+        loader, _ = StructuredDataset.create_dataloader(
+            root, num_workers=rank % 3, num_ranks=3, rank=rank, **opts
+        )
         first += run_until(loader, 4)
         states.append(json.loads(json.dumps(loader.state_dict())))
     merged = merge_states(states)
@@ -114,7 +116,9 @@ def test_elastic_ranks_with_equal_batches(root):
     rest: list[int] = []
     counts = []
     for rank in range(2):
-        loader, _ = StructuredDataset.create_dataloader(root, num_workers=2 - rank, num_ranks=2, rank=rank, **opts)
+        loader, _ = StructuredDataset.create_dataloader(
+            root, num_workers=2 - rank, num_ranks=2, rank=rank, **opts
+        )
         loader.load_state_dict(merged)
         expected = len(loader)
         got = [ids(b) for b in loader]
