@@ -47,7 +47,8 @@ def test_break_save_resume_with_other_workers(root, before, after, extra):
     dataset.set_epoch(1)
     first = run_until(loader, 9)  # 2 workers prefetch ahead: those batches are not consumed
     state = json.loads(json.dumps(loader.state_dict()))  # plain JSON
-    assert state["epoch"] == 1 and len(json.dumps(state)) < 2000
+    assert state["epoch"] == 1
+    assert len(json.dumps(state)) < 2000
     del loader
 
     loader2, dataset2 = StructuredDataset.create_dataloader(root, num_workers=after, **OPTIONS, **extra)
@@ -69,7 +70,7 @@ def test_break_save_resume_with_other_workers(root, before, after, extra):
 
 
 def test_resume_twice_in_one_epoch(root):
-    loader, dataset = StructuredDataset.create_dataloader(root, num_workers=2, **OPTIONS)
+    loader, _dataset = StructuredDataset.create_dataloader(root, num_workers=2, **OPTIONS)
     first = run_until(loader, 5)
     s1 = loader.state_dict()
     loader2, _ = StructuredDataset.create_dataloader(root, num_workers=1, **OPTIONS)
@@ -86,11 +87,15 @@ def test_resume_twice_in_one_epoch(root):
 def test_exception_in_loop_keeps_state_consistent(root):
     loader, _ = StructuredDataset.create_dataloader(root, num_workers=2, **OPTIONS)
     seen: list[int] = []
-    with pytest.raises(RuntimeError, match="boom"):
+
+    def train() -> None:
         for n, batch in enumerate(loader):
             if n == 6:
                 raise RuntimeError("boom")  # this batch was received but not used: it counts
             seen.extend(ids(batch))
+
+    with pytest.raises(RuntimeError, match="boom"):
+        train()
     state = loader.state_dict()
     loader2, _ = StructuredDataset.create_dataloader(root, num_workers=2, **OPTIONS)
     loader2.load_state_dict(state)
@@ -124,7 +129,8 @@ def test_elastic_ranks_with_equal_batches(root):
         got = [ids(b) for b in loader]
         counts.append((len(got), expected))
         rest += [i for b in got for i in b]
-    assert counts[0] == counts[1] and counts[0][0] == counts[0][1]  # equal batches, len() right
+    assert counts[0] == counts[1]
+    assert counts[0][0] == counts[0][1]
     everything = Counter(first + rest)
     assert all(n == 1 for n in everything.values())
     assert TOTAL - len(everything) <= (3 - 1) + (2 - 1)  # documented drops only

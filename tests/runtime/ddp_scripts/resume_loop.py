@@ -48,7 +48,7 @@ def last_complete_step(out: str, world: int) -> int:
 def main() -> None:
     data, out, phase = sys.argv[1:4]
     dist.init_process_group("gloo", timeout=timedelta(seconds=30))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, _world = dist.get_rank(), dist.get_world_size()
     workers = 2 if phase == "first" else rank + 1
     loader, dataset = StructuredDataset.create_dataloader(data, num_workers=workers, **OPTIONS)
     dataset.set_epoch(1)
