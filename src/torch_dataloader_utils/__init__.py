@@ -32,11 +32,14 @@ from torch_dataloader_utils.errors import (
     PlanError,
     ReadError,
     RecordBoundaryError,
+    ResumeStateError,
     SchemaError,
     SchemaMismatchError,
+    StateMismatchError,
     UnknownColumnError,
     UnknownLengthError,
 )
+from torch_dataloader_utils.plan.resume import merge_states
 from torch_dataloader_utils.plan.splits import LegacySplitStrategy, SplitStrategy
 from torch_dataloader_utils.plan.types import (
     Chunk,
@@ -52,6 +55,7 @@ if TYPE_CHECKING:
     from torch_dataloader_utils.runtime.dataset import StructuredDataset
     from torch_dataloader_utils.runtime.iceberg import IcebergDataset
     from torch_dataloader_utils.runtime.loader import create_dataloader
+    from torch_dataloader_utils.runtime.resume import gather_state
 
 # torch and pyarrow are imported on first use of these names, so that importing the
 # pure parts (plan/, config, errors) stays light.
@@ -59,6 +63,7 @@ _LAZY = {
     "IcebergDataset": "torch_dataloader_utils.runtime.iceberg",
     "StructuredDataset": "torch_dataloader_utils.runtime.dataset",
     "create_dataloader": "torch_dataloader_utils.runtime.loader",
+    "gather_state": "torch_dataloader_utils.runtime.resume",
 }
 
 
@@ -98,14 +103,18 @@ __all__ = [
     "ReadError",
     "RecordBoundaryError",
     "RecordIndex",
+    "ResumeStateError",
     "RowGroup",
     "SchemaError",
     "SchemaMismatchError",
     "SplitKind",
     "SplitStrategy",
+    "StateMismatchError",
     "StructuredDataset",
     "UnknownColumnError",
     "UnknownLengthError",
     "World",
     "create_dataloader",
+    "gather_state",
+    "merge_states",
 ]

@@ -18,6 +18,8 @@ also :class:`ValueError`, errors about a missing path are also
     ├── PlanError                             a split strategy produced an invalid plan
     │   └── OverlappingChunksError            two chunks (or two ranks) share rows
     ├── DistributedConfigError (ConfigError)  rank / world size disagree with the runtime
+    ├── ResumeStateError (ConfigError)        a resume state is malformed or incomplete
+    │   └── StateMismatchError                it was saved for other data or options
     ├── UnknownLengthError (TypeError)        len() asked where row counts are unknown
     ├── ReadError                             reading a chunk's data failed
     │   └── RecordBoundaryError               text records do not match their lines
@@ -45,8 +47,10 @@ __all__ = [
     "PlanError",
     "ReadError",
     "RecordBoundaryError",
+    "ResumeStateError",
     "SchemaError",
     "SchemaMismatchError",
+    "StateMismatchError",
     "UnknownColumnError",
     "UnknownLengthError",
 ]
@@ -66,6 +70,14 @@ class IncompatibleOptionsError(ConfigError):
 
 class DistributedConfigError(ConfigError):
     """``rank`` / ``num_ranks`` disagree with each other or with the running job."""
+
+
+class ResumeStateError(ConfigError):
+    """A resume state cannot be loaded: not a state, another version, or incomplete."""
+
+
+class StateMismatchError(ResumeStateError):
+    """A resume state was saved for other files or options than the dataset's."""
 
 
 class UnknownLengthError(DataLoaderUtilsError, TypeError):

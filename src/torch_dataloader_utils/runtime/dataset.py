@@ -7,7 +7,9 @@ persistent workers too.
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import json
 import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -41,11 +43,27 @@ from torch_dataloader_utils.config import (
 from torch_dataloader_utils.convert import BatchConverter, pack
 from torch_dataloader_utils.discovery import Discovered, discover
 from torch_dataloader_utils.discovery.text import COUNT_BLOCK_BYTES, TextOptions
-from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError, UnknownLengthError
+from torch_dataloader_utils.errors import (
+    ConfigError,
+    IncompatibleOptionsError,
+    ResumeStateError,
+    UnknownLengthError,
+)
 from torch_dataloader_utils.io.base import ChunkReader
-from torch_dataloader_utils.io.batching import rebatch, with_flag
+from torch_dataloader_utils.io.batching import rebatch
+from torch_dataloader_utils.io.pieces import read_piece
 from torch_dataloader_utils.io.readers import make_reader
 from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
+from torch_dataloader_utils.plan.resume import (
+    STATE_FORMAT,
+    STATE_VERSION,
+    Piece,
+    as_pieces,
+    check_state,
+    fingerprint,
+    normalize,
+    segment_pieces,
+)
 from torch_dataloader_utils.plan.splits import (
     ByteRangeSplit,
     FileSplit,
@@ -56,6 +74,7 @@ from torch_dataloader_utils.plan.splits import (
 )
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
 from torch_dataloader_utils.runtime import env, share
+from torch_dataloader_utils.runtime.resume import EpochProgress, Tagged
 
 __all__ = ["PlannedDataset", "StructuredDataset"]
 
@@ -173,6 +192,16 @@ def text_options(
     )
 
 
+def check_row_shuffle_window(row_shuffle_window: object, shuffle: object) -> None:
+    """``row_shuffle_window`` is ``None`` or rows >= 1, and needs ``shuffle=True``."""
+    check_int(row_shuffle_window, "row_shuffle_window", 1, optional=True, hint=" (rows shuffled together)")
+    if row_shuffle_window is not None and not shuffle:
+        raise IncompatibleOptionsError(
+            f"row_shuffle_window={row_shuffle_window!r} mixes rows across chunks, which is a shuffle; "
+            "pass shuffle=True too, or drop row_shuffle_window"
+        )
+
+
 class PlannedDataset(IterableDataset[Any]):
     """Source-agnostic core: plans each epoch and reads this worker's chunks.
 
@@ -201,6 +230,8 @@ class PlannedDataset(IterableDataset[Any]):
         collate_fn: Callable[[Any], Any] | None,
         equal_batches: EqualBatches = DEFAULT_EQUAL_BATCHES,
         row_count_issue: str | None = None,
+        row_shuffle_window: int | None = None,
+        identity: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self._files = tuple(files)
@@ -227,6 +258,7 @@ class PlannedDataset(IterableDataset[Any]):
             )
         # Shared memory: set_epoch in the main process reaches persistent workers.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self._init_resume(row_shuffle_window, identity)
         self._check_plan()
 
     # -- planning ---------------------------------------------------------------
@@ -253,6 +285,7 @@ class PlannedDataset(IterableDataset[Any]):
         """
         check_int(epoch, "epoch", 0)
         self._epoch.fill_(epoch)
+        self._on_set_epoch(epoch)
 
     def _spec(self, num_workers: int) -> PlanSpec:
         return PlanSpec(
@@ -292,6 +325,10 @@ class PlannedDataset(IterableDataset[Any]):
                 f"the number of batches is unknown before reading: {self._row_count_issue}. "
                 "Iterate to count, or drop the row filter to get len()"
             )
+        resumed = self._resumed_rows(self.epoch if epoch is None else epoch, num_workers)
+        if resumed is not None:
+            full_rest = [divmod(rows, self._batch_size) for rows in resumed]
+            return sum(full + (1 if rest and not self._drop_last else 0) for full, rest in full_rest)
         plan = self.plan(epoch, num_workers)
         total = 0
         for worker in range(plan.num_workers):
@@ -330,23 +367,205 @@ class PlannedDataset(IterableDataset[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         slot = env.worker_slot()
-        chunks = self.worker_chunks()
+        epoch = self.epoch
+        pieces = self._worker_pieces(slot, epoch)
         schedule = getattr(self._reader, "schedule", None)
         if schedule is not None:  # readers of remote files fetch the next chunks ahead
-            schedule(chunks)
-        if self._equal_batches is EqualBatches.PAD:
-            batches = itertools.chain.from_iterable(
-                with_flag(self._reader.read(c), PADDING_COLUMN, c.padding) for c in chunks
-            )
-        else:
-            batches = itertools.chain.from_iterable(self._reader.read(c) for c in chunks)
+            schedule([c for piece in pieces for c in piece.chunks])
+        flag = PADDING_COLUMN if self._equal_batches is EqualBatches.PAD else None
+        # Position bookkeeping for resume: starts[i] = rows read before piece i.
+        starts: list[int] = []
+        read = 0
+
+        def counted(index: int, piece: Piece) -> Iterator[Any]:
+            nonlocal read
+            starts.append(read)
+            for batch in read_piece(self._reader, piece, flag_column=flag, batch_size=self._batch_size):
+                read += batch.num_rows
+                yield batch
+
+        batches = itertools.chain.from_iterable(counted(i, p) for i, p in enumerate(pieces))
+        tagging = self._loader_active
+        progress = None if (tagging or slot.in_worker) else self._begin_progress(1)
+        token = int(self._resume_token.item())
+        emitted = 0
         for batch in rebatch(batches, self._batch_size, self._drop_last):
+            emitted += batch.num_rows
+            index = bisect.bisect_right(starts, emitted) - 1
+            tag = (token, slot.id, slot.count, index, emitted - starts[index])
             out = self._converter(batch)
             if self._collate_fn is not None:
                 out = self._collate_fn(out)
             if slot.in_worker:
                 out = pack(out)
+            if tagging:
+                yield Tagged(out, tag)
+                continue
+            if progress is not None:
+                progress.record(tag)
             yield out
+        if progress is not None:
+            self._finish_progress()
+
+    # >>> resume (issue 7) ------------------------------------------------------
+    def _init_resume(self, row_shuffle_window: int | None, identity: Mapping[str, Any] | None) -> None:
+        self._row_shuffle_window = row_shuffle_window
+        self._identity = dict(identity or {})
+        self._loader_active = False
+        """Set while a loader from create_dataloader iterates: batches are then tagged."""
+        self._resume: dict[str, Any] | None = None
+        """A loaded state's epoch, segments and token (pickled to workers)."""
+        # Shared memory: which loaded state is live (0: none), seen by persistent workers.
+        self._resume_token = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self._progress: EpochProgress | None = None
+
+    @property
+    def row_shuffle_window(self) -> int | None:
+        """Rows shuffled together (the row-level shuffle's window), or ``None``."""
+        return self._row_shuffle_window
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a resume state of this dataset is tied to (files digest and options)."""
+        strategy = repr(self._strategy)
+        if " at 0x" in strategy:
+            strategy = f"{type(self._strategy).__module__}.{type(self._strategy).__qualname__}"
+        options = {
+            "split_strategy": strategy,
+            "shuffle": self._shuffle,
+            "shuffle_seed": self._seed,
+            "batch_size": self._batch_size,
+            "drop_last": self._drop_last,
+            "equal_batches": self._equal_batches.value,
+            "row_shuffle_window": self._row_shuffle_window,
+            **self._identity,
+        }
+        return fingerprint(self._files, json.loads(json.dumps(options, default=str)))
+
+    def _live_segments(self, epoch: int) -> list[dict[str, Any]] | None:
+        """The loaded state's segments, when it is live and for ``epoch``."""
+        token = int(self._resume_token.item())
+        if token == 0:
+            return None
+        if self._resume is None or self._resume["token"] != token:
+            raise ResumeStateError(
+                "load_state_dict() was called after this loader's persistent workers started, so "
+                "they cannot see the state; create a new loader (or persistent_workers=False) and "
+                "load the state before the first iteration"
+            )
+        return list(self._resume["segments"]) if self._resume["epoch"] == epoch else None
+
+    def _worker_pieces(self, slot: env.WorkerSlot, epoch: int) -> tuple[Piece, ...]:
+        segments = self._live_segments(epoch)
+        if not segments and self._row_shuffle_window is None:
+            plan = plan_epoch(self._spec(slot.count), epoch)
+            return tuple(as_pieces(plan.chunks_for(self._world.rank, slot.id)))
+        return self._pieces(epoch, slot.count, segments or [])[slot.id]
+
+    def _pieces(
+        self, epoch: int, workers: int, segments: list[dict[str, Any]]
+    ) -> tuple[tuple[Piece, ...], ...]:
+        result = segment_pieces(
+            self._spec(workers),
+            epoch,
+            segments,
+            num_ranks=self._world.num_ranks,
+            num_workers=lambda rank: max(1, workers),
+            window_rows=self._row_shuffle_window,
+            exact=self._row_count_issue is None,
+        )
+        return result.assignments[self._world.rank]
+
+    def _resumed_rows(self, epoch: int, num_workers: int | None) -> list[int] | None:
+        segments = self._live_segments(epoch)
+        if not segments:
+            return None
+        workers = max(1, self._num_workers if num_workers is None else num_workers)
+        rows = []
+        for pieces in self._pieces(epoch, workers, segments):
+            counts = [p.num_rows for p in pieces]
+            if any(n is None for n in counts):
+                raise UnknownLengthError("the number of batches left in this resumed epoch is unknown")
+            rows.append(sum(n or 0 for n in counts))
+        return rows
+
+    def _on_set_epoch(self, epoch: int) -> None:
+        self._progress = None
+        if self._resume is not None and self._resume["epoch"] != epoch:
+            self._resume_token.fill_(0)
+
+    def _begin_progress(self, num_workers: int) -> EpochProgress:
+        base = self._live_segments(self.epoch) or []
+        self._progress = EpochProgress(max(1, num_workers), base=base)
+        return self._progress
+
+    def _consume(self, item: Any) -> Any:
+        """Main process: record a tagged batch as consumed and return the batch."""
+        if not isinstance(item, Tagged):
+            return item
+        if self._progress is not None:
+            self._progress.record(item.tag)
+        return item.batch
+
+    def _finish_progress(self) -> None:
+        if self._progress is not None:
+            self._progress.done = True
+        self._resume_token.fill_(0)  # the resumed rest is read: the next pass is a full epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the training loop has consumed of the current epoch, as plain JSON values.
+
+        Counted in the main process: the batches the loop received (from the loader of
+        ``create_dataloader``, or from iterating this dataset in the main process)
+        before this call; batches prefetched by workers are not consumed. The state
+        holds this rank only; combine ranks with ``merge_states`` or ``gather_state``.
+        It is tied to the files and options (``fingerprint``) and is small: a cursor
+        ``(piece, row offset)`` per worker, per interrupted segment of the epoch.
+        """
+        epoch = self.epoch
+        progress = self._progress
+        segments = progress.base if progress is not None else self._live_segments(epoch) or []
+        state: dict[str, Any] = {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "fingerprint": self.fingerprint(),
+            "epoch": epoch,
+            "seed": self._seed,
+            "world": {"num_ranks": self._world.num_ranks, "rank": self._world.rank},
+            "segments": segments,
+        }
+        if progress is None:
+            return state
+        segment = {"num_ranks": self._world.num_ranks, "ranks": {str(self._world.rank): progress.entry()}}
+        state["segments"] = [*segments, segment]
+        return normalize(state) if self._world.num_ranks == 1 else state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from a state: the next pass over its epoch reads only what was not consumed.
+
+        The state must hold every rank (one rank's own state on a single-rank job, else
+        ``merge_states([...])`` or ``gather_state``). The rest of the epoch is
+        re-planned over this dataset's world, which may have other ``num_ranks`` and
+        ``num_workers`` than the saved one. Sets :attr:`epoch` to the state's epoch;
+        the epoch after it is a normal full epoch.
+
+        Raises:
+            ResumeStateError: not a state, another version, or not every rank.
+            StateMismatchError: saved for other files or options (says what changed).
+        """
+        checked = check_state(json.loads(json.dumps(state)), self.fingerprint())
+        checked = normalize(checked)
+        self._epoch.fill_(checked["epoch"])
+        self._progress = None
+        if not checked["segments"]:
+            self._resume = None
+            self._resume_token.fill_(0)
+            return
+        token = int(torch.randint(1, 2**62, ()).item())
+        self._resume = {"epoch": checked["epoch"], "segments": checked["segments"], "token": token}
+        self._resume_token.fill_(token)
+        self._pieces(checked["epoch"], max(1, self._num_workers), checked["segments"])  # validates
+
+    # <<< resume ----------------------------------------------------------------
 
 
 class StructuredDataset(PlannedDataset):
@@ -386,8 +605,10 @@ class StructuredDataset(PlannedDataset):
         read_ahead_bytes: int | str | None = DEFAULT_READ_AHEAD_BYTES,
         retries: int = DEFAULT_RETRIES,
         retry_backoff: float = DEFAULT_RETRY_BACKOFF,
+        row_shuffle_window: int | None = None,
     ) -> None:
         fmt = coerce_format(format)
+        check_row_shuffle_window(row_shuffle_window, shuffle)
         equal = coerce_equal_batches(equal_batches)
         fetch = FetchConfig.from_user(read_ahead_bytes, retries, retry_backoff)
         out_fmt = coerce_enum(output_format, OutputFormat, "output_format")
@@ -442,6 +663,13 @@ class StructuredDataset(PlannedDataset):
             collate_fn=collate_fn,
             equal_batches=equal,
             row_count_issue=issue,
+            row_shuffle_window=row_shuffle_window,
+            identity={
+                "format": fmt.value,
+                "columns": list(found.output_columns),
+                "filters": None if found.filters is None else str(found.filters),
+                "partitioning": partitioning,
+            },
         )
 
     @classmethod

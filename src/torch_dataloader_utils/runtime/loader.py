@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -20,7 +20,7 @@ from torch_dataloader_utils.config import (
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.dataset import PlannedDataset, StructuredDataset
 
-__all__ = ["MAX_AUTO_WORKERS", "create_dataloader", "make_loader"]
+__all__ = ["MAX_AUTO_WORKERS", "ResumableDataLoader", "create_dataloader", "make_loader"]
 
 MAX_AUTO_WORKERS = 8
 """Upper bound of ``num_workers=None`` (auto)."""
@@ -41,6 +41,46 @@ def auto_workers(dataset: PlannedDataset) -> int:
     return 0 if workers <= 1 else workers
 
 
+# >>> resume (issue 7)
+class ResumableDataLoader(DataLoader[Any]):
+    """The DataLoader of ``create_dataloader``: it knows what the loop consumed.
+
+    Workers tag each batch with its position in their plan; this loader strips the tag
+    when it hands the batch to the loop, and records it. ``state_dict()`` therefore
+    describes exactly the batches yielded before it was called (prefetched batches are
+    not consumed), and ``load_state_dict()`` resumes after them, for any number of
+    workers or ranks. It follows the ``state_dict`` / ``load_state_dict`` protocol of
+    torchdata's ``StatefulDataLoader``, so trainers that checkpoint such loaders
+    (Lightning, Accelerate) save it with the model.
+    """
+
+    dataset: PlannedDataset
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        dataset = self.dataset
+        # len() may differ between a resumed pass and a full one; drop torch's cached value.
+        self._IterableDataset_len_called = None
+        dataset._begin_progress(self.num_workers)
+        dataset._loader_active = True  # set before workers start: they pickle the dataset
+        try:
+            for item in super().__iter__():
+                yield dataset._consume(item)
+            dataset._finish_progress()
+        finally:
+            dataset._loader_active = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's resume state; see :meth:`PlannedDataset.state_dict`."""
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from a (merged) state; see :meth:`PlannedDataset.load_state_dict`."""
+        self.dataset.load_state_dict(state)
+
+
+# <<< resume
+
+
 def make_loader(dataset: PlannedDataset, loader: LoaderConfig) -> DataLoader[Any]:
     """The DataLoader over ``dataset`` (which yields whole batches)."""
     kwargs: dict[str, Any] = {}
@@ -48,7 +88,7 @@ def make_loader(dataset: PlannedDataset, loader: LoaderConfig) -> DataLoader[Any
         kwargs["prefetch_factor"] = loader.prefetch_factor
     if loader.multiprocessing_context is not None:
         kwargs["multiprocessing_context"] = loader.multiprocessing_context
-    return DataLoader(
+    return ResumableDataLoader(
         dataset,
         batch_size=None,
         num_workers=loader.num_workers,
@@ -94,6 +134,7 @@ def create_dataloader(
     read_ahead_bytes: int | str | None = DEFAULT_READ_AHEAD_BYTES,
     retries: int = DEFAULT_RETRIES,
     retry_backoff: float = DEFAULT_RETRY_BACKOFF,
+    row_shuffle_window: int | None = None,
 ) -> tuple[DataLoader[Any], StructuredDataset]:
     """Build a :class:`StructuredDataset` and a DataLoader that reads it.
 
@@ -157,10 +198,17 @@ def create_dataloader(
         retries: Remote storage only: retries of a request that failed with a transient
             error (HTTP 5xx, connection reset, timeout); ``0`` disables them.
         retry_backoff: Seconds before the first retry, doubled after each (max 10 s).
+        row_shuffle_window: With ``shuffle=True``, also mix rows across chunks: each
+            worker reads runs of consecutive chunks of up to this many rows together
+            and yields their rows in a permutation seeded by ``(shuffle_seed, epoch,
+            ...)``. Memory holds at most ``max(row_shuffle_window, largest chunk)``
+            rows per worker. ``None`` (default) keeps file order inside chunks.
 
     Returns:
         ``(loader, dataset)``. Call ``dataset.set_epoch(epoch)`` before each epoch.
         ``len(loader)`` is this rank's batch count where row counts are known.
+        ``loader.state_dict()`` / ``load_state_dict()`` save and resume mid-epoch
+        (``docs/resume.md``).
     """
     check_int(num_workers, "num_workers", 0, optional=True, hint=" (or None for automatic)")
     dataset = StructuredDataset(
@@ -191,6 +239,7 @@ def create_dataloader(
         read_ahead_bytes=read_ahead_bytes,
         retries=retries,
         retry_backoff=retry_backoff,
+        row_shuffle_window=row_shuffle_window,
     )
     if num_workers is None:
         num_workers = auto_workers(dataset)
