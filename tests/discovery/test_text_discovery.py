@@ -46,7 +46,7 @@ def parquet_file(write_parquet):  # type: ignore[no-untyped-def]
         ("csv", {"count_cache_dir": 5, "count_rows": True}, ConfigError, r"count_cache_dir=5 must be"),
         (
             "csv",
-            {"count_cache_dir": "/tmp/x"},
+            {"count_cache_dir": "/tmp/x", "count_rows": False},
             IncompatibleOptionsError,
             r"count_cache_dir='/tmp/x'.*count_rows=True",
         ),

@@ -95,11 +95,44 @@ def test_one_rank_reads_everything_with_len(uneven):
     assert sorted(int(i) for b in batches for i in b["id"]) == list(range(TOTAL))
 
 
-def test_row_filter_on_many_ranks_is_a_clear_error(uneven):
+def test_row_filter_without_counting_on_many_ranks_is_a_clear_error(uneven):
     with pytest.raises(
-        IncompatibleOptionsError, match=r"equal_batches='drop' needs exact row counts.*filters"
+        IncompatibleOptionsError, match=r"equal_batches='drop' needs exact row counts.*filters.*count_rows"
     ):
-        StructuredDataset(str(uneven), filters=pc.field("label") == 3, num_ranks=2, rank=0)
+        StructuredDataset(str(uneven), filters=pc.field("label") == 3, num_ranks=2, rank=0, count_rows=False)
+
+
+@pytest.mark.parametrize("policy", ["drop", "pad"])
+def test_row_filter_counted_gives_equal_batches_and_exact_rows(uneven, policy):
+    """filters on a data column: a count pass makes counts exact, so equal batches hold."""
+    num_ranks, batch_size = 3, 16
+    expr = (pc.field("label") == 3) | (pc.field("id") < 40)
+    expected = {i for i in range(TOTAL) if i % 7 == 3 or i < 40}
+    counts, lengths, ids, pads = [], [], [], 0
+    for rank, workers in zip(range(num_ranks), [2, 0, 1], strict=True):
+        loader, dataset = StructuredDataset.create_dataloader(
+            str(uneven), filters=expr, num_ranks=num_ranks, rank=rank, num_workers=workers,
+            batch_size=batch_size, shuffle=True, shuffle_seed=3, split_rows=150, equal_batches=policy,
+        )  # fmt: skip
+        dataset.set_epoch(1)
+        lengths.append(len(loader))
+        batches = list(loader)
+        counts.append(len(batches))
+        for b in batches:
+            keep = ~b["_is_padding"] if policy == "pad" else torch.ones(len(b["id"]), dtype=torch.bool)
+            pads += int((~keep).sum())
+            ids.extend(int(i) for i in b["id"][keep])
+            assert all(int(i) in expected for i in b["id"])  # padding repeats real rows
+    assert len(set(counts)) == 1, counts
+    assert counts == lengths
+    assert len(ids) == len(set(ids))
+    missing = expected - set(ids)
+    assert set(ids) <= expected
+    if policy == "drop":
+        assert len(missing) == len(expected) % num_ranks
+    else:
+        assert not missing
+        assert pads == (-len(expected)) % num_ranks
 
 
 def test_row_filter_len_is_a_type_error_and_off_works(uneven):
@@ -131,3 +164,31 @@ def test_dropped_rows_rotate_with_the_shuffle(uneven):
 
     assert len(dropped(0)) == TOTAL % 3 == 2
     assert len({frozenset(dropped(e)) for e in range(5)}) > 1
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_text_on_many_ranks_counts_records_by_default(tmp_path, fmt):
+    """CSV / JSONL over several ranks: count_rows=None counts, so equal batches just work."""
+    rows = 1234
+    path = tmp_path / f"data.{fmt}"
+    if fmt == "csv":
+        path.write_text("id,x\n" + "".join(f"{i},{i * 0.5}\n" for i in range(rows)))
+    else:
+        path.write_text("".join(f'{{"id": {i}, "x": {i * 0.5}}}\n' for i in range(rows)))
+    counts, ids = [], []
+    for rank in range(3):
+        loader, _ = StructuredDataset.create_dataloader(
+            str(path),
+            format=fmt,
+            split_bytes=700,
+            num_ranks=3,
+            rank=rank,
+            num_workers=rank % 2 * 2,
+            batch_size=32,
+        )
+        batches = list(loader)
+        assert len(loader) == len(batches)
+        counts.append(len(batches))
+        ids.extend(int(i) for b in batches for i in b["id"])
+    assert len(set(counts)) == 1
+    assert len(ids) == len(set(ids)) == rows - rows % 3

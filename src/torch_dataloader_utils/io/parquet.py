@@ -13,7 +13,7 @@ from torch_dataloader_utils.discovery.partitions import Partitions
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.fs import FileSystemSpec
 from torch_dataloader_utils.io.prefetch import ChunkSource
-from torch_dataloader_utils.plan.types import Chunk, FileInfo
+from torch_dataloader_utils.plan.types import Chunk, FileInfo, RowGroup
 
 __all__ = ["ParquetReader"]
 
@@ -42,6 +42,7 @@ class ParquetReader:
         batch_size: int = 65536,
         use_threads: bool = True,
         source: ChunkSource | None = None,
+        filtered_positions: bool = False,
     ) -> None:
         self._fs = fs
         self._files = files
@@ -55,6 +56,9 @@ class ParquetReader:
         self._open: OrderedDict[str, pq.ParquetFile] = OrderedDict()
         # Remote files: bytes come from the source (read-ahead, retries); see io/prefetch.py.
         self._source = source
+        # Files counted by discovery.counts: row positions count only rows that pass the
+        # filter, so a row group is filtered first and sliced after.
+        self._filtered_positions = filtered_positions
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next, in order (remote read-ahead)."""
@@ -83,6 +87,9 @@ class ParquetReader:
             return
         try:
             pf = self._source.open(chunk) if self._source is not None else self._file(chunk.path)
+            if self._filtered_positions:
+                yield from self._read_filtered(pf, chunk, groups)
+                return
             whole = all(chunk.start <= g.first_row and g.stop_row <= chunk.stop for g in groups)
             if whole:
                 raw = pf.iter_batches(
@@ -104,6 +111,28 @@ class ParquetReader:
             raise ReadError(
                 f"reading {self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop}) failed: {exc}"
             ) from exc
+
+    def _read_filtered(
+        self, pf: pq.ParquetFile, chunk: Chunk, groups: Sequence[RowGroup]
+    ) -> Iterator[pa.RecordBatch]:
+        """Rows ``[start, stop)`` of a chunk in filtered coordinates (see discovery.counts)."""
+        for g in groups:
+            lo = max(chunk.start, g.first_row) - g.first_row
+            hi = min(chunk.stop, g.stop_row) - g.first_row
+            table = pf.read_row_group(g.index, columns=self._data_columns, use_threads=self._use_threads)
+            parts = [self._finish(b, chunk.path) for b in table.to_batches(max_chunksize=self._batch_size)]
+            passing = sum(b.num_rows for b in parts)
+            if passing != g.num_rows:
+                raise ReadError(
+                    f"row group {g.index} of {self._fs.display(chunk.path)!r} has {passing} rows passing "
+                    f"filters={self._filters} but {g.num_rows} were counted when the dataset was built; "
+                    "the file changed since then: build the dataset again"
+                )
+            if lo == 0 and hi == g.num_rows:
+                yield from parts
+            elif parts:
+                kept = pa.Table.from_batches(parts).slice(lo, hi - lo)
+                yield from kept.to_batches(max_chunksize=self._batch_size)
 
     def _finish(self, batch: pa.RecordBatch, path: str) -> pa.RecordBatch:
         if self._partition_columns and self._partitions is not None:

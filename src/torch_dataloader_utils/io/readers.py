@@ -43,6 +43,7 @@ def make_reader(found: Discovered, batch_size: int, fetch: FetchConfig | None = 
             filters=found.filters,
             batch_size=batch_size,
             source=source,
+            filtered_positions=bool(found.extra.get("filtered_positions", False)),
         )
     if found.format is FileFormat.ORC:
         return OrcReader(

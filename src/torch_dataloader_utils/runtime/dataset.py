@@ -8,6 +8,7 @@ persistent workers too.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import json
 import os
@@ -42,6 +43,8 @@ from torch_dataloader_utils.config import (
 )
 from torch_dataloader_utils.convert import BatchConverter, pack
 from torch_dataloader_utils.discovery import Discovered, discover
+from torch_dataloader_utils.discovery.columns import filter_fields
+from torch_dataloader_utils.discovery.counts import count_filtered_rows
 from torch_dataloader_utils.discovery.text import COUNT_BLOCK_BYTES, TextOptions
 from torch_dataloader_utils.errors import (
     ConfigError,
@@ -200,6 +203,41 @@ def check_row_shuffle_window(row_shuffle_window: object, shuffle: object) -> Non
             f"row_shuffle_window={row_shuffle_window!r} mixes rows across chunks, which is a shuffle; "
             "pass shuffle=True too, or drop row_shuffle_window"
         )
+
+
+def _count_filtered(found: Discovered, counting: bool) -> tuple[Discovered, str | None]:
+    """Exact counts under a row filter (Parquet), or the reason counts stay unknown.
+
+    A filter on hive partition columns only prunes whole files, so counts stay exact. A
+    filter on data columns drops rows inside row groups: with ``counting`` the files are
+    recounted in filtered coordinates (``discovery.counts``), else counts are unknown.
+    """
+    expr = found.filters
+    if expr is None:
+        return found, None
+    part_names = set(found.partitions.schema.names) if found.partitions is not None else set()
+    fields = filter_fields(found.filters, found.schema)
+    data_fields = [f for f in fields if f not in part_names]
+    if found.format is not FileFormat.PARQUET:
+        return found, f"filters={found.filters} drops rows whose count is unknown before reading"
+    if not data_fields:
+        return found, None  # partition values pruned whole files: counts are exact
+    if not counting:
+        return found, (
+            f"filters={found.filters} drops rows inside row groups and count_rows=False "
+            "(count_rows=None or True counts them at startup)"
+        )
+    files = share.from_rank0(
+        lambda: count_filtered_rows(
+            found.fs,
+            found.files,
+            expr,
+            filter_columns=data_fields,
+            partitions=found.partitions,
+            partition_columns=[f for f in fields if f in part_names],
+        )
+    )
+    return dataclasses.replace(found, files=files, extra={**found.extra, "filtered_positions": True}), None
 
 
 class PlannedDataset(IterableDataset[Any]):
@@ -600,7 +638,7 @@ class StructuredDataset(PlannedDataset):
         equal_batches: str | EqualBatches = DEFAULT_EQUAL_BATCHES,
         schema: Any = None,
         quoted_newlines: bool = False,
-        count_rows: bool = False,
+        count_rows: bool | None = None,
         count_cache_dir: str | os.PathLike[str] | None = None,
         read_ahead_bytes: int | str | None = DEFAULT_READ_AHEAD_BYTES,
         retries: int = DEFAULT_RETRIES,
@@ -623,7 +661,12 @@ class StructuredDataset(PlannedDataset):
             raise ConfigError(f"storage_options={storage_options!r} must be a dict of filesystem options")
         world = env.resolve_world(num_ranks, rank)
         strategy = build_strategy(split_strategy, fmt, split_bytes, split_rows)
-        text = text_options(fmt, strategy, schema, quoted_newlines, count_rows, count_cache_dir)
+        if count_rows is not None:
+            check_bool(count_rows, "count_rows")
+        # Exact counts are needed when ranks must get equal batches; None = count then.
+        need_counts = world.num_ranks > 1 and equal is not EqualBatches.OFF
+        counting = (need_counts or count_cache_dir is not None) if count_rows is None else count_rows
+        text = text_options(fmt, strategy, schema, quoted_newlines, counting, count_cache_dir)
         found = discover(
             path,
             format=fmt,
@@ -635,6 +678,7 @@ class StructuredDataset(PlannedDataset):
             fetch=fetch,
             share=share.from_rank0,
         )
+        found, issue = _count_filtered(found, counting)
         self.discovered: Discovered = found
         """What discovery found: files, schema, columns."""
         reader = make_reader(found, batch_size, fetch)
@@ -646,9 +690,6 @@ class StructuredDataset(PlannedDataset):
                     f"one; rename it or leave it out of columns"
                 )
             schema = schema.append(pa.field(PADDING_COLUMN, pa.bool_(), nullable=False))
-        issue = None
-        if found.filters is not None:
-            issue = f"filters={found.filters} drops rows inside row groups"
         super().__init__(
             files=found.files,
             strategy=strategy,

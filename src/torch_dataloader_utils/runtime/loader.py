@@ -129,7 +129,7 @@ def create_dataloader(
     equal_batches: str = "drop",
     schema: Any = None,
     quoted_newlines: bool = False,
-    count_rows: bool = False,
+    count_rows: bool | None = None,
     count_cache_dir: str | os.PathLike[str] | None = None,
     read_ahead_bytes: int | str | None = DEFAULT_READ_AHEAD_BYTES,
     retries: int = DEFAULT_RETRIES,
@@ -187,11 +187,15 @@ def create_dataloader(
         quoted_newlines: CSV: quoted fields may hold newlines. Such files are read
             whole (one chunk each). Without it, a record found spanning lines raises
             :class:`RecordBoundaryError` rather than being split or duplicated.
-        count_rows: CSV / JSONL: count records with a fast newline pass at startup, so
-            every byte-range chunk carries its exact record count (balancing, equal
-            batches). Counts are cached per (path, size, mtime) in the process.
-        count_cache_dir: Also keep the counts in this directory across processes and
-            runs (needs ``count_rows=True``).
+        count_rows: Count rows exactly at startup so every chunk carries its exact row
+            count (needed by ``equal_batches`` on several ranks, and by ``len()``).
+            CSV / JSONL: a fast newline pass (no parsing), cached per (path, size,
+            mtime). Parquet with ``filters`` on data columns: one read of only the
+            filter's columns, counting the rows that pass. ``None`` (default) counts
+            when equal batches need it (more than one rank and ``equal_batches`` on);
+            ``False`` never counts (then such a setup is a clear error).
+        count_cache_dir: Also keep text counts in this directory across processes and
+            runs (implies counting).
         read_ahead_bytes: Remote storage only: memory bound of the bytes of upcoming
             chunks fetched while one is decoded (an int or ``"256MiB"``; default
             256 MiB per worker; ``0`` disables read-ahead).
