@@ -205,3 +205,42 @@ def test_late_type_change_is_a_clear_error(tmp_path: Path) -> None:
         output_format="arrow",
     )
     assert sum(b.num_rows for b in ds) == 200_001
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+@pytest.mark.parametrize("policy", ["drop", "pad"])
+@settings(max_examples=30)
+@given(data=st.data())
+def test_equal_batches_over_byte_ranges(tmp_path: Path, fmt: str, policy: str, data: st.DataObject) -> None:
+    """Byte ranges cut at a record (record windows): equal rows per rank, every record once."""
+    case: TextCase = data.draw(text_files(fmt))
+    path = tmp_path / f"f.{fmt}"
+    path.write_bytes(case.data)
+    split = data.draw(st.integers(1, max(1, len(case.data) + 5)))
+    num_ranks = data.draw(st.integers(2, 4))
+    workers = data.draw(st.integers(1, 3))
+    ds = StructuredDataset(
+        str(path), format=fmt, split_bytes=split, num_ranks=num_ranks, rank=0,
+        output_format="arrow", equal_batches=policy, shuffle=data.draw(st.booleans()),
+    )  # fmt: skip
+    plan = ds.plan(0, num_workers=workers)
+    real: list[int] = []
+    per_rank = []
+    for rank in range(num_ranks):
+        n = 0
+        for worker in range(workers):
+            for chunk in plan.chunks_for(rank, worker):
+                got = [i for b in ds._reader.read(chunk) for i in b.column("id").to_pylist()]
+                assert chunk.num_rows == len(got), chunk
+                n += len(got)
+                if not chunk.padding:
+                    real += got
+        per_rank.append(n)
+    assert len(set(per_rank)) == 1, per_rank  # every rank gets the same number of rows
+    assert len(real) == len(set(real))
+    total = len(case.records)
+    if policy == "drop":
+        assert set(real) <= set(case.records)
+        assert total - len(real) == total % num_ranks
+    else:
+        assert sorted(real) == sorted(case.records)

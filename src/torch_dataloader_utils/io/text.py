@@ -255,16 +255,44 @@ class TextReader:
             if self._quoted:
                 yield from self._read_quoted(chunk.path, meta)
                 return
-            for offset, piece in self._pieces(chunk, meta):
-                table = self._parse(piece, chunk.path, offset, meta)
-                for batch in table.to_batches(max_chunksize=self._batch_size):
-                    yield self._finish(batch, chunk.path)
+            raw: Iterator[pa.RecordBatch] = (
+                batch
+                for offset, piece in self._pieces(chunk, meta)
+                for batch in self._parse(piece, chunk.path, offset, meta).to_batches(
+                    max_chunksize=self._batch_size
+                )
+            )
+            if chunk.windowed:
+                raw = self._window(raw, chunk)
+            for batch in raw:
+                yield self._finish(batch, chunk.path)
         except (OSError, pa.ArrowException) as exc:
             raise ReadError(
                 f"reading {self._fs.display(chunk.path)!r} bytes [{chunk.start}, {chunk.stop}) failed: "
                 f"{exc}. If a column's type is wrong for later rows, pass schema=; if quoted CSV "
                 "fields hold newlines, pass quoted_newlines=True"
             ) from exc
+
+    def _window(self, batches: Iterator[pa.RecordBatch], chunk: Chunk) -> Iterator[pa.RecordBatch]:
+        """Records ``[skip, skip + num_rows)`` of the range, before any filter.
+
+        Raises:
+            ReadError: the range holds fewer records than were counted (the file changed).
+        """
+        skip, take = chunk.skip, chunk.num_rows or 0
+        seen = 0
+        for batch in batches:
+            lo, hi = max(skip - seen, 0), min(skip + take - seen, batch.num_rows)
+            seen += batch.num_rows
+            if hi > lo:
+                yield batch.slice(lo, hi - lo)
+            if seen >= skip + take:
+                return
+        raise ReadError(
+            f"{self._fs.display(chunk.path)!r} bytes [{chunk.start}, {chunk.stop}) hold {seen} records, "
+            f"but {skip + take} were counted when the dataset was built; the file changed since then: "
+            "build the dataset again"
+        )
 
     # -- bytes -----------------------------------------------------------------
     def _pieces(self, chunk: Chunk, meta: TextFileMeta) -> Iterator[tuple[int, bytes]]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 from torch_dataloader_utils.errors import PlanError
@@ -49,7 +50,7 @@ def slice_for_rank(items: Sequence[T], num_ranks: int, rank: int) -> list[T]:
 
 
 def _rows(chunk: Chunk, what: str) -> int:
-    if chunk.num_rows is None or chunk.unit is not ChunkUnit.ROWS:
+    if chunk.num_rows is None:
         raise PlanError(
             f"{what} needs exact row counts, but chunk {chunk.path!r} [{chunk.start}, {chunk.stop}) "
             f"{chunk.unit.value} has an unknown row count; use a format whose row counts are "
@@ -71,9 +72,18 @@ def cut_chunk(chunk: Chunk, file: FileInfo, rows: int) -> tuple[Chunk, Chunk]:
     total = _rows(chunk, "cutting a chunk")
     if not 0 < rows < total:
         raise ValueError(f"can only cut a chunk of {total} rows after 1..{total - 1} rows, got {rows}")
+    head_bytes = chunk.num_bytes * rows // total
+    if chunk.unit is ChunkUnit.BYTES:
+        # A byte range cannot be cut at a record without reading it: both halves read
+        # the range and keep their own window of its records.
+        return (
+            replace(chunk, num_rows=rows, num_bytes=head_bytes),
+            replace(
+                chunk, skip=chunk.skip + rows, num_rows=total - rows, num_bytes=chunk.num_bytes - head_bytes
+            ),
+        )
     # FileInfo knows which positions hold no live row (pruned groups, deletes).
     position = file.stop_after(chunk.start, rows)
-    head_bytes = chunk.num_bytes * rows // total
     head = Chunk(chunk.path, chunk.start, position, ChunkUnit.ROWS, rows, head_bytes, chunk.padding)
     tail = Chunk(
         chunk.path,

@@ -336,7 +336,25 @@ def check_no_overlap(chunks: Iterable[Chunk], what: str = "the plan") -> None:
     Raises:
         OverlappingChunksError: naming both chunks.
     """
-    ordered = sorted((c for c in chunks if not c.padding), key=lambda c: (c.path, c.start, c.stop))
+    ranges: dict[tuple[str, int, int, ChunkUnit], list[Chunk]] = {}
+    for c in chunks:
+        if not c.padding:
+            ranges.setdefault((c.path, c.start, c.stop, c.unit), []).append(c)
+    for (path, start, stop, _), same in ranges.items():
+        if len(same) == 1:
+            continue
+        # One byte range shared by record windows (a cut byte range): windows must be disjoint.
+        if any(not c.windowed for c in same):
+            raise OverlappingChunksError(
+                f"{what} reads rows twice: chunk [{start}, {stop}) of {path!r} appears {len(same)} times"
+            )
+        windows = sorted((c.skip, c.skip + (c.num_rows or 0)) for c in same)
+        for (_, a_stop), (b_start, _) in itertools.pairwise(windows):
+            if b_start < a_stop:
+                raise OverlappingChunksError(
+                    f"{what} reads records twice: windows of bytes [{start}, {stop}) of {path!r} overlap"
+                )
+    ordered = sorted((same[0] for same in ranges.values()), key=lambda c: (c.path, c.start, c.stop))
     for prev, cur in itertools.pairwise(ordered):
         if prev.path != cur.path:
             continue

@@ -218,6 +218,8 @@ class Chunk:
         num_bytes: Approximate bytes on disk, the balancing weight when rows are unknown.
         padding: The chunk repeats rows read elsewhere in the epoch, to pad a rank
             (``equal_batches='pad'``); its rows are flagged ``_is_padding``.
+        skip: Byte-range chunks cut at a record (equal batches, resume): records of the
+            range to skip before the chunk's ``num_rows`` records. Always 0 for rows.
     """
 
     path: str
@@ -227,6 +229,12 @@ class Chunk:
     num_rows: int | None = None
     num_bytes: int = 0
     padding: bool = False
+    skip: int = 0
+
+    @property
+    def windowed(self) -> bool:
+        """A byte range read in part: records ``[skip, skip + num_rows)`` of it."""
+        return self.unit is ChunkUnit.BYTES and self.num_rows is not None
 
     @property
     def weight(self) -> int:
