@@ -52,7 +52,9 @@ def ids_of(batches: list[Any]) -> list[int]:
     return sorted(int(i) for b in batches for i in b["id"])
 
 
-def read_ranks(table: str, config: dict[str, str], num_ranks: int, **kwargs: Any) -> tuple[list[Any], list[int]]:
+def read_ranks(
+    table: str, config: dict[str, str], num_ranks: int, **kwargs: Any
+) -> tuple[list[Any], list[int]]:
     """Each rank's batches (real DataLoaders) and the ids equal batches dropped from the epoch.
 
     Checks that every rank yields the same number of batches, equal to ``len(loader)``.
@@ -115,7 +117,9 @@ def test_deletes_match_independent_reader_across_ranks_and_workers(
 
 
 @pytest.mark.parametrize("equal_batches", ["drop", "pad"])
-def test_equal_batches_with_equality_deletes_on_three_ranks(iceberg_catalog: Catalog, equal_batches: str) -> None:
+def test_equal_batches_with_equality_deletes_on_three_ranks(
+    iceberg_catalog: Catalog, equal_batches: str
+) -> None:
     config, catalog = iceberg_catalog
     t = create_id_table(catalog)
     t.append(id_table(0, 100))
@@ -463,10 +467,14 @@ def test_planner_options_are_forwarded_to_the_core(iceberg_catalog: Catalog, del
         IcebergDataset("ns.t", catalog_config=config, no_such_option=1)
 
 
-def test_filters_on_several_ranks_need_equal_batches_off(iceberg_catalog: Catalog, deleted_table: Any) -> None:
+def test_filters_on_several_ranks_need_equal_batches_off(
+    iceberg_catalog: Catalog, deleted_table: Any
+) -> None:
     config, _ = iceberg_catalog
     expr = pc.field("id") >= 100
-    with pytest.raises(IncompatibleOptionsError, match=r"equal_batches='drop' needs exact row counts.*filters"):
+    with pytest.raises(
+        IncompatibleOptionsError, match=r"equal_batches='drop' needs exact row counts.*filters"
+    ):
         IcebergDataset("ns.t", catalog_config=config, filters=expr, num_ranks=2, rank=0)
     ds = IcebergDataset("ns.t", catalog_config=config, filters=expr, num_ranks=2, rank=1, equal_batches="off")
     assert not ds.exact_row_counts
