@@ -52,6 +52,29 @@ def ids_of(batches: list[Any]) -> list[int]:
     return sorted(int(i) for b in batches for i in b["id"])
 
 
+def read_ranks(
+    table: str, config: dict[str, str], num_ranks: int, **kwargs: Any
+) -> tuple[list[Any], list[int]]:
+    """Each rank's batches (real DataLoaders) and the ids equal batches dropped from the epoch.
+
+    Checks that every rank yields the same number of batches, equal to ``len(loader)``.
+    """
+    kwargs.setdefault("output_format", "numpy")
+    per_rank = []
+    dropped: list[int] = []
+    for rank in range(num_ranks):
+        loader, ds = IcebergDataset.create_dataloader(
+            table, catalog_config=config, num_ranks=num_ranks, rank=rank, **kwargs
+        )
+        per_rank.append(list(loader))
+        assert len(per_rank[-1]) == len(loader)
+        plan = ds.plan()
+        dropped = [i for c in plan.dropped for b in ds._reader.read(c) for i in b.column("id").to_pylist()]
+        assert len(dropped) == sum(c.num_rows for c in plan.dropped) < num_ranks
+    assert len({len(batches) for batches in per_rank}) == 1
+    return per_rank, dropped
+
+
 def read_in_process(ds: IcebergDataset) -> list[int]:
     """Read every (rank, worker)'s chunks of the epoch plan with the dataset's reader."""
     ids: list[int] = []
@@ -84,19 +107,73 @@ def test_deletes_match_independent_reader_across_ranks_and_workers(
     assert 250 in expected
     assert 3 not in expected
     assert 150 not in expected
-    batches = read_all(
-        "ns.t",
-        config,
-        num_ranks=2,
-        num_workers=2,
-        split_rows=20,
-        batch_size=16,
-        timeout=60,
-        equal_batches="off",
+    per_rank, dropped = read_ranks(
+        "ns.t", config, num_ranks=2, num_workers=2, split_rows=20, batch_size=16, timeout=60
     )
-    got = ids_of(batches)
-    assert got == expected
+    got = ids_of([b for batches in per_rank for b in batches])
     assert len(got) == len(set(got))
+    assert not set(got) & set(dropped)
+    assert sorted(got + dropped) == expected  # every live row once, less < num_ranks dropped
+
+
+@pytest.mark.parametrize("equal_batches", ["drop", "pad"])
+def test_equal_batches_with_equality_deletes_on_three_ranks(
+    iceberg_catalog: Catalog, equal_batches: str
+) -> None:
+    config, catalog = iceberg_catalog
+    t = create_id_table(catalog)
+    t.append(id_table(0, 100))
+    (first,) = data_files(t)  # ids 0..99 at positions 0..99
+    t.append(id_table(100, 100))
+    t = commit_deletes(t, [position_delete_file(t, {first: [0, 5]})])
+    t = commit_deletes(t, [equality_delete_file(t, {"id": [5, 7, 150, 210]})])  # 5: deleted twice
+    t.append(id_table(200, 30))  # after the equality delete: id 210 survives
+    expected = oracle_ids(t)
+    assert len(expected) == 226
+    assert len(expected) % 3 == 1  # uneven: one row dropped, or two repeats padded
+    kwargs: dict[str, Any] = dict(num_workers=2, split_rows=15, batch_size=8, timeout=60)
+    per_rank, dropped = read_ranks("ns.t", config, 3, equal_batches=equal_batches, **kwargs)
+    if equal_batches == "drop":
+        got = ids_of([b for batches in per_rank for b in batches])
+        assert len(got) == len(set(got)) == 225
+        assert len(dropped) == 1
+        assert sorted(got + dropped) == expected
+        return
+    assert dropped == []
+    real: list[int] = []
+    repeats: list[int] = []
+    for batches in per_rank:
+        assert sum(len(b["id"]) for b in batches) == 76  # every rank: ceil(226 / 3) rows
+        for b in batches:
+            flags = b["_is_padding"].astype(bool)
+            real.extend(int(i) for i in b["id"][~flags])
+            repeats.extend(int(i) for i in b["id"][flags])
+    assert sorted(real) == expected  # every live row exactly once unflagged
+    assert len(repeats) == 2
+    assert set(repeats) <= set(expected)
+
+
+def test_equality_deletes_match_nulls_several_columns_and_promoted_types(iceberg_catalog: Catalog) -> None:
+    config, catalog = iceberg_catalog
+    schema = pa.schema([("id", pa.int64()), ("a", pa.int32()), ("s", pa.string())])
+    t = catalog.create_table("ns.eq", schema=schema)
+    a = [None if i % 3 == 0 else i for i in range(10)]
+    t.append(pa.table({"id": list(range(10)), "a": a, "s": [f"row-{i}" for i in range(10)]}, schema=schema))
+    t = commit_deletes(t, [equality_delete_file(t, {"a": [None]})])  # nulls match nulls: 0, 3, 6, 9
+    t = commit_deletes(t, [equality_delete_file(t, {"id": [1, 2], "s": ["row-1", "nope"]})])  # 1 only
+    with t.update_schema() as u:
+        u.update_column("a", LongType())  # the old file's int column is promoted to match
+    t = t.refresh()
+    t = commit_deletes(t, [equality_delete_file(t, {"a": [5]})])
+    new = pa.table({"id": [10, 11, 12], "a": pa.array([None, 11, 12], pa.int64()), "s": ["x", "y", "z"]})
+    t.append(new)  # after every delete: all three survive
+    ds = IcebergDataset("ns.eq", catalog_config=config, split_rows=3)
+    assert ds.exact_row_counts
+    assert sum(f.live_rows for f in ds.files) == 7
+    assert sum(c.num_rows for c in ds.plan().all_chunks()) == 7
+    assert read_in_process(ds) == [2, 4, 7, 8, 10, 11, 12] == oracle_ids(t)
+    assert ds.scan.delete_files_read == 3
+    assert ds.scan.equality_files_read == 1  # the new file is older than no delete
 
 
 def test_position_deletes_match_pyiceberg_scan(iceberg_catalog: Catalog) -> None:
@@ -120,8 +197,8 @@ def test_each_chunk_applies_exactly_its_deletes_and_counts_them(iceberg_catalog:
     (path,) = data_files(t)
     pos = {0, 9, 10, 11, 55, 119}
     t = commit_deletes(t, [position_delete_file(t, {path: pos})])
-    t = commit_deletes(t, [equality_delete_file(t, {"id": [12, 56, 57]})])
-    eq = {12, 56, 57}
+    eq = {10, 12, 56, 57}  # 10 is also position-deleted: counted once
+    t = commit_deletes(t, [equality_delete_file(t, {"id": sorted(eq)})])
     ds = IcebergDataset("ns.t", catalog_config=config, split_rows=10, columns=["id"])
     chunks = ds.plan().all_chunks()
     assert len(chunks) == 12
@@ -129,11 +206,14 @@ def test_each_chunk_applies_exactly_its_deletes_and_counts_them(iceberg_catalog:
         ids = [i for b in ds._reader.read(chunk) for i in b.column("id").to_pylist()]
         rows = set(range(chunk.start, chunk.stop))
         assert ids == sorted(rows - pos - eq)
-        assert chunk.num_rows == len(rows - pos)  # position deletes are counted exactly
-    assert sum(c.num_rows for c in chunks) == 120 - len(pos)
-    assert not ds.exact_row_counts  # equality deletes make counts upper bounds
-    # The equality delete file was read once by this process, not once per chunk.
-    assert ds._reader.delete_file_reads == 1
+        assert chunk.num_rows == len(rows - pos - eq)  # both kinds of deletes are counted exactly
+    assert sum(c.num_rows for c in chunks) == 120 - len(pos | eq) == 111
+    assert ds.exact_row_counts
+    (info,) = ds.files
+    assert info.deleted.tolist() == sorted(pos | eq)
+    # Each delete file was read once, at discovery, and the data file's equality column once.
+    assert ds.scan.delete_files_read == 2
+    assert ds.scan.equality_files_read == 1
 
 
 def test_schema_evolution_rename_add_drop_reorder_and_promote(iceberg_catalog: Catalog) -> None:
@@ -385,3 +465,18 @@ def test_planner_options_are_forwarded_to_the_core(iceberg_catalog: Catalog, del
     config, _ = iceberg_catalog
     with pytest.raises(TypeError, match="no_such_option"):
         IcebergDataset("ns.t", catalog_config=config, no_such_option=1)
+
+
+def test_filters_on_several_ranks_need_equal_batches_off(
+    iceberg_catalog: Catalog, deleted_table: Any
+) -> None:
+    config, _ = iceberg_catalog
+    expr = pc.field("id") >= 100
+    with pytest.raises(
+        IncompatibleOptionsError, match=r"equal_batches='drop' needs exact row counts.*filters"
+    ):
+        IcebergDataset("ns.t", catalog_config=config, filters=expr, num_ranks=2, rank=0)
+    ds = IcebergDataset("ns.t", catalog_config=config, filters=expr, num_ranks=2, rank=1, equal_batches="off")
+    assert not ds.exact_row_counts
+    with pytest.raises(TypeError, match="unknown before reading"):
+        len(ds)

@@ -51,25 +51,30 @@ def build(catalog: SqlCatalog, history: TableHistory) -> tuple[str, set[int]]:
 @given(history=table_histories(), setup=read_setups)
 def test_every_live_row_once(tmp_path: Path, iceberg_catalog: tuple[dict[str, str], SqlCatalog],
                              history: TableHistory, setup: ReadSetup) -> None:  # fmt: skip
+    """Default equal batches: every rank the same rows; all live rows once, less < num_ranks dropped."""
     config, catalog = iceberg_catalog
     name, live = build(catalog, history)
     seen: list[int] = []
+    rank_rows = set()
     for rank in range(setup.num_ranks):
         ds = IcebergDataset(
             name, catalog_config=config, split_rows=setup.split_rows, num_ranks=setup.num_ranks, rank=rank,
             num_workers=setup.num_workers, shuffle=setup.shuffle, shuffle_seed=setup.seed, columns=["id"],
-            equal_batches="off",
         )  # fmt: skip
+        assert ds.exact_row_counts
         plan = ds.plan(setup.epoch)
+        rows_of_rank = 0
         for worker in range(setup.num_workers):
             for chunk in plan.chunks_for(rank, worker):
                 rows = [i for b in ds._reader.read(chunk) for i in b.column("id").to_pylist()]
-                assert len(rows) <= chunk.num_rows  # counts are exact or (equality deletes) upper bounds
+                assert len(rows) == chunk.num_rows  # counts are exact, equality deletes included
                 seen.extend(rows)
-        if ds.exact_row_counts:
-            assert sum(c.num_rows for c in plan.rank_chunks(rank)) == sum(
-                1 for c in plan.rank_chunks(rank) for b in ds._reader.read(c) for _ in range(b.num_rows)
-            )
-    assert sorted(seen) == sorted(live)
+                rows_of_rank += len(rows)
+        rank_rows.add(rows_of_rank)
+        dropped = [i for c in plan.dropped for b in ds._reader.read(c) for i in b.column("id").to_pylist()]
+        assert len(dropped) == sum(c.num_rows for c in plan.dropped) < setup.num_ranks
+    assert len(rank_rows) == 1  # every rank reads the same number of rows
     assert len(seen) == len(set(seen))
+    assert not set(seen) & set(dropped)
+    assert sorted(seen + dropped) == sorted(live)
     assert sorted(live) == oracle_ids(catalog.load_table(name))

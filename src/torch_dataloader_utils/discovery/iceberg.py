@@ -1,4 +1,4 @@
-"""Iceberg discovery: the scan planned from the manifests, metadata only.
+"""Iceberg discovery: the scan planned from the manifests, every delete resolved to positions.
 
 pyiceberg's ``plan_files()`` refuses scans with equality deletes, so the scan is planned
 here from the manifest entries pyiceberg has already pruned by partition and column
@@ -6,18 +6,20 @@ statistics (``DataScan._plan_manifest_entries``; private, hence the pinned pyice
 
 * every live DATA entry becomes an :class:`IcebergFileInfo` with its exact row groups
   (read from the Parquet footer, so ``row_group`` splitting works) and the sorted row
-  positions deleted by position delete files;
+  positions deleted from it;
 * a position delete file applies to data files of the same partition (or to every
   data file when its spec is unpartitioned) whose data sequence number is ``<=`` its
   own; the delete files are read here, once, and only positions of data files in the
   scan are kept;
 * an equality delete file applies to data files of the same partition (or every file
-  when unpartitioned) with a data sequence number strictly ``<`` its own, and is
-  applied by the reader (rows are compared on its equality field ids).
+  when unpartitioned) with a data sequence number strictly ``<`` its own. Each is read
+  here, once; then the equality columns (only those) of every data file it applies to
+  are read, and the positions of the matching rows join the file's deleted positions
+  (:mod:`torch_dataloader_utils.io.iceberg_equality`).
 
-Row counts (``FileInfo.rows_in``) are the rows left after position deletes, exact per
-row range. Equality deletes are not counted (that would need the data): a file with
-equality deletes reports an upper bound, see :attr:`IcebergScan.exact_counts`.
+Row counts (``FileInfo.rows_in``) are therefore the live rows, exact per row range,
+whatever kind of delete applies. Discovery reads data only for equality deletes: the
+equality columns of the data files they apply to, once, in the main process.
 """
 
 from __future__ import annotations
@@ -37,11 +39,11 @@ import pyarrow.parquet as pq
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
 from torch_dataloader_utils.discovery.iceberg_filters import to_iceberg_expression
 from torch_dataloader_utils.errors import ConfigError, CorruptFileError, DiscoveryError, PathNotFoundError
+from torch_dataloader_utils.io.iceberg_equality import equality_positions, read_equality_delete
 from torch_dataloader_utils.io.iceberg_fs import IcebergFileSystem
 from torch_dataloader_utils.plan.types import FileInfo, RowGroup
 
 __all__ = [
-    "EqualityDelete",
     "IcebergFileInfo",
     "IcebergScan",
     "discover_iceberg",
@@ -51,7 +53,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 METADATA_THREADS = 16
-"""Footers and delete files read at once."""
+"""Footers, delete files and equality columns of data files read at once."""
 
 POS_FILE_PATH_ID = 2147483546
 POS_POS_ID = 2147483545
@@ -62,21 +64,22 @@ class IcebergFileInfo(FileInfo):
     """A data file of an Iceberg scan: a :class:`FileInfo` whose counts exclude deleted rows.
 
     Attributes:
-        deleted: Sorted, unique file row positions removed by position deletes.
+        deleted: Sorted, unique file row positions removed by position and equality
+            deletes (8 bytes per deleted row).
     """
 
     deleted: Any = field(default=None, compare=False, repr=False)
 
     @property
     def live_rows(self) -> int | None:
-        """Rows left after position deletes."""
+        """Rows left after deletes."""
         rows: int | None = FileInfo.live_rows.fget(self)  # type: ignore[attr-defined]
         if rows is None or self.deleted is None:
             return rows
         return int(rows - len(self.deleted))
 
     def rows_in(self, start: int, stop: int) -> int:
-        """Rows in ``[start, stop)`` left after position deletes."""
+        """Rows in ``[start, stop)`` left after deletes."""
         rows = FileInfo.rows_in(self, start, stop)
         return rows - self.deleted_in(start, stop)
 
@@ -117,20 +120,6 @@ class IcebergFileInfo(FileInfo):
 
 
 @dataclass(frozen=True)
-class EqualityDelete:
-    """An equality delete file that applies to a data file.
-
-    Attributes:
-        path: The delete file's location.
-        field_ids: The equality field ids.
-        format: ``"PARQUET"`` (other formats are rejected at discovery).
-    """
-
-    path: str
-    field_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class IcebergScan:
     """Everything planning and reading need to know about an Iceberg scan.
 
@@ -138,7 +127,6 @@ class IcebergScan:
         fs: Builds filesystems from the table's FileIO properties in each process.
         files: One :class:`IcebergFileInfo` per data file, sorted by path.
         formats: File format (``"PARQUET"``, ``"ORC"``) of each data file.
-        equality_deletes: The equality delete files of each data file that has some.
         constants: Identity partition values of each data file, by field id.
         fields: ``(field_id, name, arrow type)`` of every column of the scan's schema.
         output_columns: Columns of every batch, in order.
@@ -147,12 +135,15 @@ class IcebergScan:
         name_mapping: Column name -> field id for data files written without field ids.
         snapshot_id: The snapshot read, or ``None`` for an empty table.
         iceberg_filter: The pyiceberg expression used for pruning.
+        delete_files_read: Delete files (position and equality) read to plan the scan,
+            each once.
+        equality_files_read: Data files whose equality columns were read to resolve
+            equality deletes, each once.
     """
 
     fs: IcebergFileSystem
     files: tuple[IcebergFileInfo, ...]
     formats: Mapping[str, str]
-    equality_deletes: Mapping[str, tuple[EqualityDelete, ...]]
     constants: Mapping[str, tuple[tuple[int, Any], ...]]
     fields: tuple[tuple[int, str, pa.DataType], ...]
     output_columns: tuple[str, ...]
@@ -161,6 +152,8 @@ class IcebergScan:
     name_mapping: Mapping[str, int]
     snapshot_id: int | None
     iceberg_filter: Any = None
+    delete_files_read: int = 0
+    equality_files_read: int = 0
 
     @property
     def schema(self) -> pa.Schema:
@@ -172,11 +165,6 @@ class IcebergScan:
         """Schema of every batch."""
         by_name = {name: t for _, name, t in self.fields}
         return pa.schema([pa.field(n, by_name[n]) for n in self.output_columns])
-
-    @property
-    def exact_counts(self) -> bool:
-        """Whether every file's row counts are exact (no equality deletes apply)."""
-        return not any(self.equality_deletes.values())
 
 
 def load_table(table: str, catalog_config: Mapping[str, Any] | None) -> Any:
@@ -393,7 +381,7 @@ def discover_iceberg(
         "iceberg_filter": iceberg_filter,
     }
     if snap is None:
-        return IcebergScan(files=(), formats={}, equality_deletes={}, constants={}, snapshot_id=None, **base)
+        return IcebergScan(files=(), formats={}, constants={}, snapshot_id=None, **base)
     scan = tbl.scan(
         row_filter=iceberg_filter if iceberg_filter is not None else ALWAYS_TRUE, snapshot_id=snap.snapshot_id
     )
@@ -452,13 +440,39 @@ def discover_iceberg(
         for k, path in enumerate(column.dictionary.to_pylist()):
             if path in wanted:
                 positions[path].append(pos[indices == k])
-    equality: dict[str, list[EqualityDelete]] = defaultdict(list)
+    constants = {df.file_path: _identity_constants(df, specs) for df, _ in data}
+    # Equality deletes: read each delete file once, then the equality columns of each
+    # data file it applies to, and turn the matching rows into deleted positions.
+    equality: dict[str, list[int]] = defaultdict(list)  # data file -> delete indices
+    eq_work: list[tuple[str, tuple[int, ...]]] = []
     for d, s in eq_deletes:
         ids = tuple(int(i) for i in (d.equality_ids or ()))
         if not ids:
             raise DiscoveryError(f"equality delete file {d.file_path!r} has no equality_ids")
-        for df in applicable(d, s, strict=True):
-            equality[df.file_path].append(EqualityDelete(d.file_path, ids))
+        applies_to = applicable(d, s, strict=True)
+        if applies_to:
+            for target in applies_to:
+                equality[target.file_path].append(len(eq_work))
+            eq_work.append((d.file_path, ids))
+    if eq_work:
+        types = _field_types(metadata, fields, {fid for _, ids in eq_work for fid in ids}, eq_work)
+        matchers = _pmap(lambda x: read_equality_delete(fs, x[0], x[1], types, name_mapping), eq_work)
+        affected = sorted(equality)
+        found = _pmap(
+            lambda path: equality_positions(
+                fs,
+                path,
+                formats[path],
+                [matchers[k] for k in equality[path]],
+                types,
+                name_mapping,
+                dict(constants[path]),
+            ),
+            affected,
+        )
+        for path, pos in zip(affected, found, strict=True):
+            if len(pos):
+                positions[path].append(pos)
     parquet = [df for df, _ in data if formats[df.file_path] == "PARQUET"]
     groups = dict(
         zip(
@@ -468,14 +482,13 @@ def discover_iceberg(
         )
     )
     files = []
-    constants = {}
     for df, _ in sorted(data, key=lambda x: x[0].file_path):
         path = df.file_path
         deleted = None
         if positions.get(path):
             deleted = np.unique(np.concatenate(positions[path]).astype(np.int64))
             deleted = deleted[(deleted >= 0) & (deleted < df.record_count)]
-        if formats[path] == "ORC" and (deleted is not None or path in equality):
+        if formats[path] == "ORC" and deleted is not None:
             log.info("Iceberg ORC data file %s has deletes: it is read whole", path)
         files.append(
             IcebergFileInfo(
@@ -487,15 +500,42 @@ def discover_iceberg(
                 deleted=deleted,
             )
         )
-        constants[path] = _identity_constants(df, specs)
     return IcebergScan(
         files=tuple(files),
         formats=formats,
-        equality_deletes={k: tuple(v) for k, v in equality.items()},
-        constants=constants,
+        constants={df.file_path: constants[df.file_path] for df, _ in data},
         snapshot_id=snap.snapshot_id,
+        delete_files_read=len(work) + len(eq_work),
+        equality_files_read=len(equality),
         **base,
     )
+
+
+def _field_types(
+    metadata: Any,
+    fields: Sequence[tuple[int, str, pa.DataType]],
+    wanted: set[int],
+    deletes: Sequence[tuple[str, tuple[int, ...]]],
+) -> dict[int, pa.DataType]:
+    """Arrow type of each equality field id: the scanned schema's, else the newest schema's that has it.
+
+    Raises:
+        DiscoveryError: a field id is in no schema of the table.
+    """
+    types = {fid: t for fid, _, t in fields if fid in wanted}
+    for schema in sorted(metadata.schemas, key=lambda sc: sc.schema_id, reverse=True):
+        if wanted <= types.keys():
+            break
+        for fid, _, t in _arrow_fields(schema):
+            if fid in wanted:
+                types.setdefault(fid, t)
+    missing = sorted(wanted - types.keys())
+    if missing:
+        paths = [p for p, ids in deletes if set(ids) & set(missing)]
+        raise DiscoveryError(
+            f"equality delete file(s) {paths} use field id(s) {missing}, which no schema of the table has"
+        )
+    return types
 
 
 def _name_mapping(metadata: Any, fields: Sequence[tuple[int, str, pa.DataType]]) -> dict[str, int]:

@@ -1,8 +1,9 @@
 """``IcebergDataset``: an Apache Iceberg table, sharded with the same promises as files.
 
 The scan is planned from the table's manifests (:mod:`torch_dataloader_utils.discovery.iceberg`),
-data files are cut into row-group chunks by the usual planner, and each chunk is read
-with its own position deletes, the table's equality deletes and the row filter
+with every delete (position and equality) resolved to deleted row positions, so row
+counts are exact; data files are cut into row-group chunks by the usual planner, and
+each chunk is read with its own deleted positions and the row filter
 (:mod:`torch_dataloader_utils.io.iceberg`).
 """
 
@@ -11,49 +12,29 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import pyarrow as pa
+
 from torch_dataloader_utils.config import (
     DEFAULT_BATCH_SIZE,
+    DEFAULT_EQUAL_BATCHES,
     DEFAULT_SHUFFLE_SEED,
+    PADDING_COLUMN,
+    EqualBatches,
     FileFormat,
     LoaderConfig,
     OutputFormat,
     check_int,
     coerce_enum,
+    coerce_equal_batches,
 )
 from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.discovery.iceberg import IcebergScan, discover_iceberg, load_table
-from torch_dataloader_utils.errors import ConfigError
+from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError
 from torch_dataloader_utils.io.iceberg import IcebergReader
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.dataset import PlannedDataset, build_strategy
 
 __all__ = ["IcebergDataset"]
-
-
-def _adapt_planner_options(options: dict[str, Any], scan: IcebergScan) -> dict[str, Any]:
-    """Options of :class:`PlannedDataset` that this version of the core understands.
-
-    Forwarded generically, so options added to the core (such as equal batches) reach
-    it unchanged; a string ``equal_batches`` is coerced with the core's own helper, and
-    where the core accepts ``row_count_issue`` it learns when equality deletes make
-    planned counts upper bounds.
-    """
-    import inspect
-
-    from torch_dataloader_utils import config
-
-    out = dict(options)
-    coerce = getattr(config, "coerce_equal_batches", None)
-    if "equal_batches" in out and callable(coerce):
-        out["equal_batches"] = coerce(out["equal_batches"])
-    accepted = inspect.signature(PlannedDataset.__init__).parameters
-    if "row_count_issue" in accepted and "row_count_issue" not in out and not scan.exact_counts:
-        n = sum(1 for v in scan.equality_deletes.values() if v)
-        out["row_count_issue"] = (
-            f"equality deletes apply to {n} data file(s) of the table, so their live row counts are "
-            "known only when read (compact the table to remove them)"
-        )
-    return out
 
 
 class IcebergDataset(PlannedDataset):
@@ -76,7 +57,10 @@ class IcebergDataset(PlannedDataset):
             are not filtered by it beyond the files it prunes).
         batch_size, drop_last, shuffle, shuffle_seed, split_strategy, split_bytes,
             split_rows, output_format, null_fill, collate_fn, num_ranks, rank,
-            num_workers: As for :class:`StructuredDataset`.
+            num_workers, equal_batches: As for :class:`StructuredDataset`. Equal
+            batches work with deletes of every kind (row counts are exact); with
+            ``filters`` they need ``equal_batches='off'`` on more than one rank, as
+            for files.
         **planner_options: Further options of the source-agnostic core
             (:class:`PlannedDataset`), forwarded unchanged.
     """
@@ -104,12 +88,14 @@ class IcebergDataset(PlannedDataset):
         num_ranks: int | None = None,
         rank: int | None = None,
         num_workers: int = 0,
+        equal_batches: str | EqualBatches = DEFAULT_EQUAL_BATCHES,
         **planner_options: Any,
     ) -> None:
         out_fmt = coerce_enum(output_format, OutputFormat, "output_format")
         check_int(batch_size, "batch_size", 1, hint=" (rows per batch)")
         check_int(shuffle_seed, "shuffle_seed", 0)
         check_int(num_workers, "num_workers", 0)
+        equal = coerce_equal_batches(equal_batches)
         if collate_fn is not None and not callable(collate_fn):
             raise ConfigError(f"collate_fn={collate_fn!r} must be callable")
         world = env.resolve_world(num_ranks, rank)
@@ -126,12 +112,22 @@ class IcebergDataset(PlannedDataset):
         self.scan: IcebergScan = scan
         """What discovery planned: data files, deletes, schema."""
         self.table_name = table
-        planner_options = _adapt_planner_options(planner_options, scan)
+        schema = scan.output_schema
+        if equal is EqualBatches.PAD:
+            if PADDING_COLUMN in schema.names:
+                raise IncompatibleOptionsError(
+                    f"equal_batches='pad' adds a column {PADDING_COLUMN!r}, but the table already has "
+                    "one; rename it or leave it out of columns"
+                )
+            schema = schema.append(pa.field(PADDING_COLUMN, pa.bool_(), nullable=False))
+        issue = None
+        if scan.filters is not None:
+            issue = f"filters={scan.filters} drops rows inside row groups"
         super().__init__(
             files=scan.files,
             strategy=strategy,
             reader=IcebergReader(scan, batch_size),
-            converter=BatchConverter(scan.output_schema, out_fmt, null_fill),
+            converter=BatchConverter(schema, out_fmt, null_fill),
             world=world,
             num_workers=num_workers,
             batch_size=batch_size,
@@ -139,6 +135,8 @@ class IcebergDataset(PlannedDataset):
             shuffle=bool(shuffle),
             shuffle_seed=shuffle_seed,
             collate_fn=collate_fn,
+            equal_batches=equal,
+            row_count_issue=issue,
             **planner_options,
         )
 
@@ -149,12 +147,13 @@ class IcebergDataset(PlannedDataset):
 
     @property
     def exact_row_counts(self) -> bool:
-        """Whether planned row counts are exact: ``False`` when equality deletes apply.
+        """Whether planned row counts are exact: ``False`` only with ``filters``.
 
-        Position deletes are counted exactly per row range; rows removed by equality
-        deletes are only known once read, so counts are then upper bounds.
+        Position and equality deletes are resolved to row positions when the dataset is
+        built, so they are counted exactly per row range; a row filter's effect is known
+        only once the rows are read.
         """
-        return self.scan.exact_counts
+        return self.scan.filters is None
 
     @classmethod
     def create_dataloader(

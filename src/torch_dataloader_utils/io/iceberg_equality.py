@@ -1,0 +1,166 @@
+"""Equality deletes turned into row positions, once, when an Iceberg scan is planned.
+
+An equality delete file removes every row of the data files it applies to whose values
+on its equality columns (by field id) equal one of its rows; nulls match nulls, per the
+Iceberg spec. Discovery reads each equality delete file once (:func:`read_equality_delete`),
+then reads only the equality columns of each affected data file, a row group at a time,
+and returns the positions of the rows that match (:func:`equality_positions`). Those
+positions are merged with the file's position deletes, so the reader drops them as it
+drops position deletes and every planned row count is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from torch_dataloader_utils.errors import CorruptFileError, DiscoveryError
+from torch_dataloader_utils.io.iceberg_columns import column_by_id, orc_field_ids, parquet_field_ids
+from torch_dataloader_utils.io.iceberg_fs import IcebergFileSystem
+
+__all__ = ["EqualityMatcher", "equality_positions", "read_equality_delete"]
+
+Column: TypeAlias = "pa.Array[Any] | pa.ChunkedArray[Any]"
+
+
+class EqualityMatcher:
+    """Finds the rows equal (null-safe) to some row of one equality delete file.
+
+    Args:
+        field_ids: The delete file's equality field ids.
+        deletes: Its rows, one column per field id (in that order), cast to the
+            scanned schema's types.
+    """
+
+    def __init__(self, field_ids: tuple[int, ...], deletes: pa.Table) -> None:
+        self.field_ids = field_ids
+        self._deletes = deletes
+        self._distinct = [pc.unique(deletes.column(i).combine_chunks()) for i in range(deletes.num_columns)]
+        # Several columns: each column is coded by its position among the delete file's
+        # distinct values (nulls match nulls), and a row by one mixed-radix key.
+        self._keys: np.ndarray[Any, Any] | None = None
+        radix = 1
+        keys = np.zeros(deletes.num_rows, dtype=np.int64)
+        for i, distinct in enumerate(self._distinct):
+            size = len(distinct) + 1
+            if radix * size >= 2**62:
+                return  # too many combinations for an int64 key: match row tuples instead
+            codes = pc.index_in(deletes.column(i), value_set=distinct, skip_nulls=False)
+            keys += radix * codes.to_numpy(zero_copy_only=False).astype(np.int64)
+            radix *= size
+        self._keys = np.unique(keys)
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the delete file."""
+        return int(self._deletes.num_rows)
+
+    def mask(self, columns: Sequence[Column], num_rows: int) -> np.ndarray[Any, Any]:
+        """Which of ``num_rows`` rows (the equality columns, in ``field_ids`` order) are deleted."""
+        if self._deletes.num_rows == 0 or num_rows == 0:
+            return np.zeros(num_rows, dtype=bool)
+        if len(columns) == 1:
+            hit = pc.is_in(columns[0], value_set=self._distinct[0], skip_nulls=False)
+            return hit.to_numpy(zero_copy_only=False).astype(bool, copy=False)  # type: ignore[no-any-return]
+        if self._keys is None:
+            wanted = set(zip(*(c.to_pylist() for c in self._deletes.columns), strict=True))
+            rows = zip(*(c.to_pylist() for c in columns), strict=True)
+            return np.fromiter((r in wanted for r in rows), dtype=bool, count=num_rows)
+        key = np.zeros(num_rows, dtype=np.int64)
+        present = np.ones(num_rows, dtype=bool)
+        radix = 1
+        for column, distinct in zip(columns, self._distinct, strict=True):
+            codes = pc.index_in(column, value_set=distinct, skip_nulls=False)
+            present &= codes.is_valid().to_numpy(zero_copy_only=False)
+            key += radix * codes.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+            radix *= len(distinct) + 1
+        return present & np.isin(key, self._keys)
+
+
+def read_equality_delete(
+    fs: IcebergFileSystem,
+    location: str,
+    field_ids: tuple[int, ...],
+    types: Mapping[int, pa.DataType],
+    name_mapping: Mapping[str, int],
+) -> EqualityMatcher:
+    """Read an equality delete file's equality columns (by field id, cast to ``types``).
+
+    Raises:
+        CorruptFileError: the file cannot be read.
+        DiscoveryError: the file has no column with one of ``field_ids``.
+    """
+    filesystem, path = fs.resolve(location)
+    try:
+        pf = pq.ParquetFile(path, filesystem=filesystem)
+        ids = parquet_field_ids(pf.schema_arrow, name_mapping, location)
+        missing = [fid for fid in field_ids if fid not in ids]
+        if missing:
+            raise DiscoveryError(
+                f"equality delete file {location!r} has no column with field id(s) {missing} "
+                f"(its equality_ids are {list(field_ids)})"
+            )
+        raw = pf.read(columns=[ids[fid] for fid in field_ids], use_threads=False)
+    except (OSError, pa.ArrowException) as exc:
+        raise CorruptFileError(f"cannot read Iceberg equality delete file {location!r}: {exc}") from exc
+    arrays = [raw.column(ids[fid]).cast(types[fid]) for fid in field_ids]
+    return EqualityMatcher(field_ids, pa.table(arrays, names=[str(fid) for fid in field_ids]))
+
+
+def equality_positions(
+    fs: IcebergFileSystem,
+    location: str,
+    file_format: str,
+    matchers: Sequence[EqualityMatcher],
+    types: Mapping[int, pa.DataType],
+    name_mapping: Mapping[str, int],
+    constants: Mapping[int, Any],
+) -> np.ndarray[Any, Any]:
+    """Sorted row positions of data file ``location`` deleted by any of ``matchers``.
+
+    Reads only the equality columns, matched by field id and promoted exactly as the
+    chunk reader does (a column the file lacks is its identity partition value, else
+    nulls). Parquet files are read a row group at a time.
+
+    Raises:
+        CorruptFileError: the data file cannot be read.
+    """
+    wanted = sorted({fid for m in matchers for fid in m.field_ids})
+    filesystem, path = fs.resolve(location)
+    found: list[np.ndarray[Any, Any]] = []
+
+    def match(table: pa.Table, num_rows: int, ids: Mapping[int, str], first: int) -> None:
+        columns = {fid: column_by_id(table, num_rows, fid, types[fid], ids, constants) for fid in wanted}
+        hit = np.zeros(num_rows, dtype=bool)
+        for m in matchers:
+            hit |= m.mask([columns[fid] for fid in m.field_ids], num_rows)
+        found.append(np.flatnonzero(hit).astype(np.int64) + first)
+
+    try:
+        if file_format == "ORC":
+            import pyarrow.orc as po
+
+            with filesystem.open_input_file(path) as handle:
+                orc = po.ORCFile(handle)
+                ids = orc_field_ids(orc.schema, name_mapping)
+                table = orc.read(columns=[ids[fid] for fid in wanted if fid in ids])
+            match(table, orc.nrows, ids, 0)
+        else:
+            pf = pq.ParquetFile(path, filesystem=filesystem)
+            ids = parquet_field_ids(pf.schema_arrow, name_mapping, location)
+            names = [ids[fid] for fid in wanted if fid in ids]
+            first = 0
+            for i in range(pf.num_row_groups):
+                rows = pf.metadata.row_group(i).num_rows
+                match(pf.read_row_group(i, columns=names, use_threads=False), rows, ids, first)
+                first += rows
+    except (OSError, pa.ArrowException) as exc:
+        raise CorruptFileError(
+            f"cannot read the equality columns of Iceberg data file {location!r}: {exc}"
+        ) from exc
+    return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
