@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	$(PY) -m torch_dataloader_utils demo
+	$(PY) -m torch_dataloader_utils demo-iceberg
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
