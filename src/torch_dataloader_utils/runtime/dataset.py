@@ -27,7 +27,7 @@ from torch_dataloader_utils.config import (
     coerce_format,
     parse_size,
 )
-from torch_dataloader_utils.convert import BatchConverter, pack
+from torch_dataloader_utils.convert import BatchConverter, pack, pack_group
 from torch_dataloader_utils.discovery import Discovered, discover
 from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError
 from torch_dataloader_utils.io.base import ChunkReader
@@ -44,7 +44,13 @@ from torch_dataloader_utils.plan.splits import (
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
 from torch_dataloader_utils.runtime import env
 
-__all__ = ["PlannedDataset", "StructuredDataset"]
+__all__ = ["GROUP_BYTES", "GROUP_MAX_BATCHES", "PlannedDataset", "StructuredDataset"]
+
+GROUP_BYTES = 1 << 20
+"""A worker sends batches in groups of about this many bytes (when the loader flattens them)."""
+
+GROUP_MAX_BATCHES = 64
+"""At most this many batches per group."""
 
 _DEFAULT_STRATEGY = {
     FileFormat.PARQUET: SplitKind.ROW_GROUP,
@@ -97,6 +103,9 @@ class PlannedDataset(IterableDataset[Any]):
 
     Subclasses (files, Iceberg) discover the data and provide a reader.
     """
+
+    _group_transfer = False
+    """Set (around the start of workers) by a loader that flattens batch groups."""
 
     def __init__(
         self,
@@ -193,13 +202,33 @@ class PlannedDataset(IterableDataset[Any]):
         slot = env.worker_slot()
         chunks = self.worker_chunks()
         batches = itertools.chain.from_iterable(self._reader.read(c) for c in chunks)
+        converter, collate_fn = self._converter, self._collate_fn
+        if not slot.in_worker:
+            for batch in rebatch(batches, self._batch_size, self._drop_last):
+                out = converter(batch)
+                yield out if collate_fn is None else collate_fn(out)
+            return
+        # In a worker: one buffer per batch (see convert.pack); without a collate_fn,
+        # string columns travel as Arrow buffers and become lists in the main process.
+        # Under a loader that flattens groups (runtime.loader), small batches travel
+        # several to a transfer: the per-transfer cost of the DataLoader dominates them.
+        group = self._group_transfer
+        pending: list[Any] = []
+        pending_bytes = 0
         for batch in rebatch(batches, self._batch_size, self._drop_last):
-            out = self._converter(batch)
-            if self._collate_fn is not None:
-                out = self._collate_fn(out)
-            if slot.in_worker:
-                out = pack(out)
-            yield out
+            out = (
+                converter.convert_for_transfer(batch) if collate_fn is None else collate_fn(converter(batch))
+            )
+            if not group:
+                yield pack(out)
+                continue
+            pending.append(out)
+            pending_bytes += batch.nbytes
+            if pending_bytes >= GROUP_BYTES or len(pending) >= GROUP_MAX_BATCHES:
+                yield pack_group(pending)
+                pending, pending_bytes = [], 0
+        if pending:
+            yield pack_group(pending)
 
 
 class StructuredDataset(PlannedDataset):

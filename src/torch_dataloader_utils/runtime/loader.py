@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from torch.utils.data import DataLoader
 
 from torch_dataloader_utils.config import DEFAULT_BATCH_SIZE, DEFAULT_SHUFFLE_SEED, LoaderConfig, check_int
+from torch_dataloader_utils.convert import BatchGroup
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.dataset import PlannedDataset, StructuredDataset
 
-__all__ = ["MAX_AUTO_WORKERS", "create_dataloader", "make_loader"]
+__all__ = ["MAX_AUTO_WORKERS", "StructuredDataLoader", "create_dataloader", "make_loader"]
 
 MAX_AUTO_WORKERS = 8
 """Upper bound of ``num_workers=None`` (auto)."""
@@ -20,6 +21,52 @@ MAX_AUTO_WORKERS = 8
 def _passthrough(batch: Any) -> Any:
     """DataLoader ``collate_fn``: batches are already built by the dataset."""
     return batch
+
+
+class StructuredDataLoader(DataLoader[Any]):
+    """A ``DataLoader`` whose workers may send several small batches per transfer.
+
+    Each transfer between a worker and the main process has a fixed cost (queues,
+    pickling, waking processes) that dominates small batches; the workers of this
+    loader send batches in groups of about ``GROUP_BYTES`` and the loader yields them one
+    by one, in the order each worker produced them. The dataset (or a plain
+    ``DataLoader`` over it) never sees a group: they are enabled only while this loader
+    starts its workers.
+    """
+
+    def __iter__(self) -> Any:
+        dataset = self.dataset
+        if self.num_workers == 0 or not isinstance(dataset, PlannedDataset):
+            return super().__iter__()
+        dataset._group_transfer = True
+        try:
+            it = super().__iter__()  # starts (or reuses) the workers with groups enabled
+        finally:
+            dataset._group_transfer = False
+        return _FlatIterator(it)
+
+
+class _FlatIterator:
+    """Yields the batches of groups one by one; other attributes are the DataLoader iterator's."""
+
+    def __init__(self, inner: Iterator[Any]) -> None:
+        self._inner = inner
+        self._group: Iterator[Any] = iter(())
+
+    def __iter__(self) -> _FlatIterator:
+        return self
+
+    def __next__(self) -> Any:
+        for item in self._group:
+            return item
+        item = next(self._inner)
+        if type(item) is BatchGroup:
+            self._group = iter(item)
+            return next(self._group)  # groups are never empty
+        return item
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 def auto_workers(dataset: PlannedDataset) -> int:
@@ -39,7 +86,7 @@ def make_loader(dataset: PlannedDataset, loader: LoaderConfig) -> DataLoader[Any
         kwargs["prefetch_factor"] = loader.prefetch_factor
     if loader.multiprocessing_context is not None:
         kwargs["multiprocessing_context"] = loader.multiprocessing_context
-    return DataLoader(
+    return StructuredDataLoader(
         dataset,
         batch_size=None,
         num_workers=loader.num_workers,
