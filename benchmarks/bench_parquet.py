@@ -101,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         f"{s.rows_per_s / 1e6:.2f} M",
                         f"{ratio:.2f}x",
                         f"{min(s.seconds):.3f}-{max(s.seconds):.3f}",
+                        f"{s.median_cpu_s:.2f}",
                     ]
                 )
                 print(md_rows[-1], flush=True)
@@ -120,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"torch {info['torch']}, pyarrow {info['pyarrow']}; load average at start "
         f"{info['loadavg_at_start']}.\n\n"
         + common.table(
-            ["columns", "batch_size", "reader", "median s", "rows/s", "vs raw", "range s"], md_rows
+            ["columns", "batch_size", "reader", "median s", "rows/s", "vs raw", "range s", "CPU s"], md_rows
         )
     )
     common.write_results("bench_parquet", payload, md, args.out_dir)

@@ -12,6 +12,7 @@ import gc
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -87,12 +88,24 @@ def ensure_dataset(spec: DatasetSpec, root: Path = DEFAULT_DATA) -> list[Path]:
     return paths
 
 
-def timed(fn: Callable[[], int]) -> tuple[float, int]:
-    """Run ``fn`` (which returns a row count) once; returns ``(seconds, rows)``."""
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its finished children so far."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed(fn: Callable[[], int]) -> tuple[float, int, float]:
+    """Run ``fn`` (which returns a row count) once; returns ``(seconds, rows, cpu_seconds)``.
+
+    CPU time counts DataLoader workers once they have exited (the loader joins them at
+    the end of an epoch without persistent workers).
+    """
     gc.collect()
+    c0 = cpu_seconds()
     t0 = time.perf_counter()
     rows = fn()
-    return time.perf_counter() - t0, rows
+    return time.perf_counter() - t0, rows, cpu_seconds() - c0
 
 
 @dataclass
@@ -102,18 +115,24 @@ class Series:
     name: str
     params: dict[str, Any]
     seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)
     rows: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def add(self, seconds: float, rows: int) -> None:
+    def add(self, seconds: float, rows: int, cpu: float = float("nan")) -> None:
         if self.rows and rows != self.rows:
             raise AssertionError(f"{self.name}: row count changed between runs ({self.rows} -> {rows})")
         self.rows = rows
         self.seconds.append(seconds)
+        self.cpu_seconds.append(cpu)
 
     @property
     def median_s(self) -> float:
         return statistics.median(self.seconds)
+
+    @property
+    def median_cpu_s(self) -> float:
+        return statistics.median(self.cpu_seconds)
 
     @property
     def rows_per_s(self) -> float:
@@ -170,6 +189,7 @@ def series_json(series: Series) -> dict[str, Any]:
     out = asdict(series)
     out["median_s"] = series.median_s
     out["rows_per_s"] = series.rows_per_s
+    out["median_cpu_s"] = series.median_cpu_s
     return out
 
 

@@ -257,15 +257,16 @@ def _as_tensor(arr: np.ndarray) -> torch.Tensor:
 # Packing: one buffer per batch for the trip from a worker.
 #
 # Measured on 2 cores (docs/benchmarks.md): sending each tensor through torch's shared
-# memory costs a file descriptor handshake per tensor, and even one shared-memory
+# memory costs a file-descriptor handshake per tensor, and even one shared-memory
 # segment per batch costs more than copying a batch of a few hundred KiB through the
-# worker's pipe. So a batch's tensors (and the buffers of its string columns) are copied
-# into ONE buffer: a bytearray pickled in-band when small, one shared-memory segment
-# when large.
+# worker's pipe; for several MiB, one segment wins. So a batch's tensors (and the
+# buffers of its string columns) are copied into ONE buffer: a bytearray pickled in-band
+# up to PIPE_MAX_BYTES, one shared-memory segment above. Groups of batches
+# (runtime.loader.StructuredDataLoader) are sized to take the shared-memory path.
 
 _ALIGN = 64
 
-PIPE_MAX_BYTES = 4 << 20
+PIPE_MAX_BYTES = 1 << 20
 """Packed batches up to this size travel in the pipe; larger ones in shared memory."""
 
 

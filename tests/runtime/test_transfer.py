@@ -212,3 +212,13 @@ def test_numpy_output_from_workers(write_parquet: WriteParquet) -> None:
     assert all(isinstance(b["id"], np.ndarray) and b["s"].dtype == object for b in batches)
     ids = sorted(i for b in batches for i in b["id"].tolist())
     assert ids == sorted(_expected(paths))
+
+
+def test_large_group_travels_in_shared_memory() -> None:
+    n = PIPE_MAX_BYTES // 8
+    items = [{"a": torch.arange(n, dtype=torch.int64) + i, "s": ["x"]} for i in range(3)]
+    packed = pack_group(items)
+    assert isinstance(packed.buffer, torch.Tensor)
+    got = _roundtrip(packed)
+    assert type(got) is BatchGroup
+    _assert_same(list(got), items)
