@@ -46,15 +46,18 @@ from torch_dataloader_utils.runtime import env
 
 __all__ = ["GROUP_BYTES", "GROUP_MAX_BATCHES", "PlannedDataset", "StructuredDataset"]
 
-GROUP_BYTES = 4 << 20
+GROUP_BYTES = 8 << 20
 """A worker sends batches in groups of about this many bytes (when the loader flattens them).
 
 Such a group travels in one shared-memory segment (see ``convert.PIPE_MAX_BYTES``): one
-file-descriptor handshake per group instead of one per tensor or per batch. Measured
-on 2 cores, 4 MiB groups beat 256 KiB groups through the pipe by 1.2-1.5x.
+file-descriptor handshake per group instead of one per tensor or per batch. Every
+hand-off between processes waits for the scheduler, which on a busy 2-core machine
+costs more than the copying; measured there, 4-8 MiB groups beat 256 KiB groups through
+the pipe by 1.2-1.5x (docs/benchmarks.md). In flight at once: about
+``(prefetch_factor + 1) * num_workers`` groups.
 """
 
-GROUP_MAX_BATCHES = 64
+GROUP_MAX_BATCHES = 1024
 """At most this many batches per group."""
 
 _DEFAULT_STRATEGY = {
