@@ -222,3 +222,24 @@ def test_large_group_travels_in_shared_memory() -> None:
     got = _roundtrip(packed)
     assert type(got) is BatchGroup
     _assert_same(list(got), items)
+
+
+def test_batches_before_a_worker_error_still_arrive(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from torch_dataloader_utils.errors import NullValueError
+
+    root = tmp_path / "data"
+    root.mkdir()
+    pq.write_table(pa.table({"id": pa.array(range(1000), pa.int64())}), root / "a.parquet")
+    pq.write_table(pa.table({"id": pa.array([1000, None, 1002], pa.int64())}), root / "b.parquet")
+    loader, _ = create_dataloader(str(root), batch_size=10, num_workers=1, split_strategy="file", timeout=60)
+    seen: list[int] = []
+
+    def consume() -> None:
+        for b in loader:
+            seen.extend(b["id"].tolist())
+
+    with pytest.raises(NullValueError, match="'id'"):
+        consume()
+    assert seen == list(range(1000))

@@ -223,18 +223,24 @@ class PlannedDataset(IterableDataset[Any]):
         group = self._group_transfer
         pending: list[Any] = []
         pending_bytes = 0
-        for batch in rebatch(batches, self._batch_size, self._drop_last):
-            out = (
-                converter.convert_for_transfer(batch) if collate_fn is None else collate_fn(converter(batch))
-            )
-            if not group:
-                yield pack(out)
-                continue
-            pending.append(out)
-            pending_bytes += batch.nbytes
-            if pending_bytes >= GROUP_BYTES or len(pending) >= GROUP_MAX_BATCHES:
+        try:
+            for batch in rebatch(batches, self._batch_size, self._drop_last):
+                if collate_fn is None:
+                    out = converter.convert_for_transfer(batch)
+                else:
+                    out = collate_fn(converter(batch))
+                if not group:
+                    yield pack(out)
+                    continue
+                pending.append(out)
+                pending_bytes += batch.nbytes
+                if pending_bytes >= GROUP_BYTES or len(pending) >= GROUP_MAX_BATCHES:
+                    yield pack_group(pending)
+                    pending, pending_bytes = [], 0
+        except Exception:
+            if pending:  # the batches before an error still arrive, as without groups
                 yield pack_group(pending)
-                pending, pending_bytes = [], 0
+            raise
         if pending:
             yield pack_group(pending)
 
