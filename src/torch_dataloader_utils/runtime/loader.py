@@ -66,6 +66,8 @@ class _FlatIterator:
         return item
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_inner":  # not set yet (copy / unpickle): no recursion
+            raise AttributeError(name)
         return getattr(self._inner, name)
 
 
