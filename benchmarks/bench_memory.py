@@ -2,7 +2,8 @@
 
 Each configuration runs in its own Python process (so high-water marks do not mix);
 it reports the peak RSS of that process above its RSS just before the loop (after
-importing torch and pyarrow and building the dataset), and for ``num_workers > 0`` the
+importing torch and pyarrow and building the dataset; the peak is reset there with
+``/proc/self/clear_refs``), and for ``num_workers > 0`` the
 peak RSS of the largest worker. Repeated runs are interleaved; medians are reported.
 
 Run: ``python benchmarks/bench_memory.py`` (``--quick`` for a smoke run).
@@ -33,6 +34,24 @@ def _rss_mib() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def _reset_peak() -> bool:
+    """Reset this process's peak RSS (Linux ``clear_refs``), so imports do not count."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def child(kind: str, data_dir: str, colset: str, batch_size: int, workers: int) -> None:
     """Run one loop in this process and print a JSON line with the memory figures."""
     import warnings
@@ -48,11 +67,12 @@ def child(kind: str, data_dir: str, colset: str, batch_size: int, workers: int) 
 
         loader, _ = create_dataloader(data_dir, columns=columns, batch_size=batch_size, num_workers=workers)
     base = _rss_mib()
+    _reset_peak()
     if loader is None:
         rows = bench_parquet.raw_loop(files, columns, batch_size)
     else:
         rows = bench_parquet.loader_loop(loader)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _peak_mib()
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(json.dumps({"rows": rows, "base_mib": base, "peak_mib": peak, "worker_peak_mib": kids}))
 
