@@ -40,7 +40,7 @@ import torch
 from torch_dataloader_utils.config import OutputFormat
 from torch_dataloader_utils.errors import ConversionError, NullValueError
 
-__all__ = ["BatchConverter", "pack", "unpack"]
+__all__ = ["PIPE_MAX_BYTES", "BatchConverter", "BatchGroup", "DeferredText", "pack", "pack_group", "unpack"]
 
 ColumnFn = Callable[[Any], Any]
 
@@ -56,6 +56,18 @@ def _is_temporal_int(t: pa.DataType) -> bool:
         or pa.types.is_time(t)
         or pa.types.is_date64(t)
         or pa.types.is_date32(t)
+    )
+
+
+_NUMBER, _TEXT, _OTHER = 0, 1, 2
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
     )
 
 
@@ -76,24 +88,33 @@ class BatchConverter:
         self._output = output
         self._schema = schema
         self._fills = self._fill_map(schema, null_fill)
-        self._fns = self._build_fns()
+        self._to_torch = output is OutputFormat.TORCH
+        self._fns, self._plan = self._build_fns()
 
-    def _build_fns(self) -> list[tuple[str, ColumnFn]]:
-        if self._output not in (OutputFormat.TORCH, OutputFormat.NUMPY):
-            return []
-        to_torch = self._output is OutputFormat.TORCH
-        return [(f.name, self._column_fn(f, to_torch)) for f in self._schema]
+    def _build_fns(self) -> tuple[list[tuple[str, ColumnFn]], list[tuple[str, int, ColumnFn]]]:
+        # Per column: (name, kind, fn). Plain numbers take an inlined fast path; texts
+        # (string / binary without dictionary) may travel as Arrow buffers (see pack).
+        fns: list[tuple[str, ColumnFn]] = []
+        plan: list[tuple[str, int, ColumnFn]] = []
+        if self._output in (OutputFormat.TORCH, OutputFormat.NUMPY):
+            for f in self._schema:
+                fn = self._column_fn(f, self._to_torch)
+                fns.append((f.name, fn))
+                kind = _NUMBER if _is_number(f.type) else _TEXT if _is_text(f.type) else _OTHER
+                plan.append((f.name, kind, fn))
+        return fns, plan
 
     def __getstate__(self) -> dict[str, Any]:
         # The per-column functions are closures, which spawn / forkserver workers cannot
         # unpickle; they are rebuilt from the schema on the other side.
         state = self.__dict__.copy()
         del state["_fns"]
+        del state["_plan"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._fns = self._build_fns()
+        self._fns, self._plan = self._build_fns()
 
     @staticmethod
     def _fill_map(schema: pa.Schema, null_fill: Any) -> dict[str, Any]:
@@ -198,23 +219,99 @@ class BatchConverter:
             return batch
         if self._output is OutputFormat.DICT:
             return batch.to_pydict()
-        return {name: fn(batch.column(i)) for i, (name, fn) in enumerate(self._fns)}
+        return self._convert(batch, defer_text=False)
+
+    def convert_for_transfer(self, batch: pa.RecordBatch) -> Any:
+        """Convert one batch that :func:`pack` will send to another process.
+
+        The same as calling the converter, except that string and binary columns
+        without nulls stay Arrow arrays (wrapped in :class:`DeferredText`): :func:`pack`
+        sends their buffers, and :func:`unpack` builds the ``list`` (or object array)
+        in the receiving process, which is cheaper than pickling Python strings.
+        """
+        if self._output is OutputFormat.ARROW or self._output is OutputFormat.DICT:
+            return self(batch)
+        return self._convert(batch, defer_text=True)
+
+    def _convert(self, batch: pa.RecordBatch, defer_text: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        columns = batch.columns
+        to_torch = self._to_torch
+        for i, (name, kind, fn) in enumerate(self._plan):
+            a = columns[i]
+            if kind == _NUMBER:
+                if a.null_count:
+                    a = self._fill(name, a)
+                arr = a.to_numpy(zero_copy_only=True)
+                out[name] = _as_tensor(arr) if to_torch else arr
+            elif kind == _TEXT and defer_text and a.null_count == 0:
+                out[name] = DeferredText(a, to_torch)
+            else:
+                out[name] = fn(a)
+        return out
+
+
+_quiet = False
 
 
 def _as_tensor(arr: np.ndarray) -> torch.Tensor:
-    if arr.flags.writeable:
+    global _quiet
+    if _quiet or arr.flags.writeable:
         return torch.from_numpy(arr)
     # Arrow memory is read-only to numpy. The batch is ours alone, so handing out a
-    # tensor over it is safe; silence torch's warning about non-writable arrays.
+    # tensor over it is safe; silence torch's warning about non-writable arrays. torch
+    # gives that warning once per process, so only the first call needs the (costly)
+    # catch_warnings.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(arr)
+        t = torch.from_numpy(arr)
+    _quiet = True
+    return t
 
 
 # ----------------------------------------------------------------------------------
-# Packing: one shared-memory buffer per batch for the trip from a worker.
+# Packing: one buffer per batch for the trip from a worker.
+#
+# Measured on 2 cores (docs/benchmarks.md): sending each tensor through torch's shared
+# memory costs a file-descriptor handshake per tensor, and even one shared-memory
+# segment per batch costs more than copying a batch of a few hundred KiB through the
+# worker's pipe; for several MiB, one segment wins. So a batch's tensors (and the
+# buffers of its string columns) are copied into ONE buffer: a bytearray pickled in-band
+# up to PIPE_MAX_BYTES, one shared-memory segment above. Groups of batches
+# (runtime.loader.StructuredDataLoader) are sized to take the shared-memory path.
 
 _ALIGN = 64
+
+PIPE_MAX_BYTES = 1 << 20
+"""Packed batches up to this size travel in the pipe; larger ones in shared memory."""
+
+
+class DeferredText:
+    """A string / binary column kept as Arrow until it reaches the receiving process.
+
+    Pickled alone (outside :func:`pack`) it becomes the plain ``list`` (or object array).
+    """
+
+    __slots__ = ("array", "to_torch")
+
+    def __init__(self, array: Any, to_torch: bool) -> None:
+        self.array = array
+        self.to_torch = to_torch
+
+    def materialize(self) -> Any:
+        """The column as the converter would have returned it."""
+        return _text_out(self.array.to_pylist(), self.to_torch)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _identity, (self.materialize(),)
+
+
+def _identity(obj: Any) -> Any:
+    return obj
+
+
+def _text_out(values: list[Any], to_torch: bool) -> Any:
+    return values if to_torch else np.array(values, dtype=object)
 
 
 class PackedBatch:
@@ -222,23 +319,25 @@ class PackedBatch:
 
     __slots__ = ("buffer", "layout")
 
-    def __init__(self, buffer: torch.Tensor, layout: Any) -> None:
+    def __init__(self, buffer: bytearray | torch.Tensor, layout: Any) -> None:
         self.buffer = buffer
         self.layout = layout
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return unpack, (self.buffer, self.layout)
+        # bytes, not bytearray: unpickling a bytearray copies the data a second time.
+        buffer = bytes(self.buffer) if isinstance(self.buffer, bytearray) else self.buffer
+        return unpack, (buffer, self.layout)
 
 
-def _tensor_sizes(obj: Any, out: list[torch.Tensor]) -> None:
-    if isinstance(obj, torch.Tensor):
+def _leaves(obj: Any, out: list[Any]) -> None:
+    if isinstance(obj, (torch.Tensor, DeferredText)):
         out.append(obj)
     elif isinstance(obj, dict):
         for v in obj.values():
-            _tensor_sizes(v, out)
+            _leaves(v, out)
     elif isinstance(obj, (list, tuple)) and not _is_plain_list(obj):
         for v in obj:
-            _tensor_sizes(v, out)
+            _leaves(v, out)
 
 
 def _is_plain_list(obj: Any) -> bool:
@@ -253,51 +352,161 @@ def _new_shared(nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call,no-any-return]
 
 
-def pack(obj: Any) -> Any:
-    """Pack every tensor of ``obj`` (dict / list / tuple nesting) into one shared buffer.
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
 
-    Returns ``obj`` unchanged when it holds fewer than two tensors.
+
+def _text_parts(a: Any) -> tuple[np.ndarray, memoryview]:
+    """Offsets rebased to 0 and the data bytes of a null-free string / binary array."""
+    wide = pa.types.is_large_string(a.type) or pa.types.is_large_binary(a.type)
+    dtype = np.int64 if wide else np.int32
+    bufs = a.buffers()
+    n = len(a)
+    offsets: np.ndarray = np.frombuffer(bufs[1], dtype=dtype, count=n + 1, offset=a.offset * dtype().itemsize)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    data = memoryview(bufs[2])[lo:hi] if bufs[2] is not None else memoryview(b"")
+    return offsets - lo, data
+
+
+def pack(obj: Any) -> Any:
+    """Pack every tensor of ``obj`` (dict / list / tuple nesting) into one buffer.
+
+    :class:`DeferredText` columns travel as their Arrow buffers in the same buffer.
+    Returns ``obj`` unchanged when it holds no tensor (or a CUDA / sparse one).
     """
-    tensors: list[torch.Tensor] = []
-    _tensor_sizes(obj, tensors)
-    if len(tensors) < 2 or any(t.is_cuda or t.is_sparse for t in tensors):
+    leaves: list[Any] = []
+    _leaves(obj, leaves)
+    if not leaves or any(isinstance(t, torch.Tensor) and (t.is_cuda or t.is_sparse) for t in leaves):
         return obj
+    return _pack(obj, leaves, group=False)
+
+
+def pack_group(items: list[Any]) -> Any:
+    """Pack several batches into one buffer; it unpickles as a :class:`BatchGroup`.
+
+    Used between a worker and a loader that knows to flatten groups (see
+    ``runtime.loader``): one transfer for several small batches.
+    """
+    leaves: list[Any] = []
+    _leaves(items, leaves)
+    if any(isinstance(t, torch.Tensor) and (t.is_cuda or t.is_sparse) for t in leaves):
+        return BatchGroup(i.materialize() if isinstance(i, DeferredText) else i for i in items)
+    return _pack(items, leaves, group=True)
+
+
+class BatchGroup(list[Any]):
+    """Consecutive batches of one worker that travelled together; the loader flattens it."""
+
+
+def _np_dtype(dtype: torch.dtype) -> np.dtype[Any] | None:
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except (TypeError, RuntimeError):  # bfloat16 and other types numpy lacks
+        return None
+
+
+_NP_DTYPES: dict[torch.dtype, np.dtype[Any] | None] = {}
+
+
+def _pack(obj: Any, leaves: list[Any], group: bool) -> PackedBatch:
+    texts: dict[int, tuple[np.ndarray, memoryview]] = {}
     total = 0
-    for t in tensors:
-        total += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
-    buffer = _new_shared(max(total, 1))
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            total += _aligned(leaf.numel() * leaf.element_size())
+        else:
+            offsets, data = _text_parts(leaf.array)
+            texts[id(leaf)] = (offsets, data)
+            total += _aligned(offsets.nbytes) + _aligned(data.nbytes)
+    buffer: bytearray | torch.Tensor
+    if total <= PIPE_MAX_BYTES:
+        buffer = bytearray(total)
+        dst = np.frombuffer(buffer, dtype=np.uint8)
+        in_pipe = True
+    else:
+        buffer = _new_shared(total)
+        dst = buffer.numpy()
+        in_pipe = False
     offset = 0
 
-    def lay(o: Any) -> Any:
+    def put(src: Any, nbytes: int) -> int:
         nonlocal offset
+        start = offset
+        dst[start : start + nbytes] = np.frombuffer(src, dtype=np.uint8, count=nbytes)
+        offset += _aligned(nbytes)
+        return start
+
+    def lay(o: Any) -> Any:
         if isinstance(o, torch.Tensor):
             nbytes = o.numel() * o.element_size()
-            dst = buffer[offset : offset + nbytes].view(o.dtype).view(o.shape)
-            dst.copy_(o)
-            entry = ("t", offset, o.dtype, tuple(o.shape))
-            offset += -(-nbytes // _ALIGN) * _ALIGN
-            return entry
+            src = o.detach().contiguous().view(-1).view(torch.uint8).numpy() if nbytes else b""
+            at = put(src, nbytes)
+            if o.dtype not in _NP_DTYPES:
+                _NP_DTYPES[o.dtype] = _np_dtype(o.dtype)
+            np_dtype = _NP_DTYPES[o.dtype]
+            if in_pipe and np_dtype is not None:
+                # numpy views of the received bytearray: cheaper than torch slicing.
+                return ("n", at, np_dtype, o.numel(), tuple(o.shape))
+            return ("t", at, o.dtype, tuple(o.shape), nbytes)
+        if isinstance(o, DeferredText):
+            offsets, data = texts[id(o)]
+            at = put(offsets, offsets.nbytes)
+            data_at = put(data, data.nbytes)
+            return ("s", at, offsets.dtype.str, len(o.array), data_at, data.nbytes, o.array.type, o.to_torch)
         if isinstance(o, dict):
             return ("d", [(k, lay(v)) for k, v in o.items()])
         if isinstance(o, (list, tuple)) and not _is_plain_list(o):
             return ("l" if isinstance(o, list) else "u", [lay(v) for v in o])
         return ("o", o)
 
-    layout = lay(obj)
+    layout = ("g", [lay(item) for item in obj]) if group else lay(obj)
     return PackedBatch(buffer, layout)
 
 
-def unpack(buffer: torch.Tensor, layout: Any) -> Any:
-    """Rebuild the structure packed by :func:`pack`, as views of ``buffer``."""
+def unpack(buffer: bytes | bytearray | torch.Tensor, layout: Any) -> Any:
+    """Rebuild the structure packed by :func:`pack`, tensors as views of ``buffer``.
+
+    Tensors over a ``bytes`` buffer are, like tensors over Arrow memory in the main
+    process, backed by memory Python considers read-only (torch does not enforce it).
+    """
+    raw: Any
+    raw = buffer.numpy() if isinstance(buffer, torch.Tensor) else buffer
+    if layout[0] == "g":
+        return BatchGroup(_unpack(raw, buffer, item) for item in layout[1])
+    return _unpack(raw, buffer, layout)
+
+
+def _base(buffer: bytes | bytearray | torch.Tensor) -> torch.Tensor:
+    if isinstance(buffer, torch.Tensor):
+        return buffer
+    if not buffer:
+        return torch.empty(0, dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only bytes, as with Arrow memory
+        return torch.frombuffer(buffer, dtype=torch.uint8)
+
+
+def _unpack(raw: Any, buffer: Any, layout: Any) -> Any:
     kind = layout[0]
+    if kind == "n":
+        _, offset, np_dtype, count, shape = layout
+        arr = np.frombuffer(raw, dtype=np_dtype, count=count, offset=offset)
+        return _as_tensor(arr if len(shape) == 1 else arr.reshape(shape))
     if kind == "t":
-        _, offset, dtype, shape = layout
-        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
-        return buffer[offset : offset + nbytes].view(dtype).view(shape)
+        _, offset, dtype, shape, nbytes = layout
+        return _base(buffer)[offset : offset + nbytes].view(dtype).view(shape)
+    if kind == "s":
+        _, at, offsets_dtype, n, data_at, data_len, arrow_type, to_torch = layout
+        width = np.dtype(offsets_dtype).itemsize
+        view: Any = memoryview(raw) if not isinstance(raw, np.ndarray) else raw
+        offsets = pa.py_buffer(view[at : at + width * (n + 1)])
+        data = pa.py_buffer(view[data_at : data_at + data_len])
+        array = pa.Array.from_buffers(arrow_type, n, [None, offsets, data])
+        return _text_out(array.to_pylist(), to_torch)
     if kind == "d":
-        return {k: unpack(buffer, v) for k, v in layout[1]}
+        return {k: _unpack(raw, buffer, v) for k, v in layout[1]}
     if kind == "l":
-        return [unpack(buffer, v) for v in layout[1]]
+        return [_unpack(raw, buffer, v) for v in layout[1]]
     if kind == "u":
-        return tuple(unpack(buffer, v) for v in layout[1])
+        return tuple(_unpack(raw, buffer, v) for v in layout[1])
     return layout[1]

@@ -51,8 +51,9 @@ def test_whole_and_partial_row_group_chunks(write_parquet: WriteParquet) -> None
     assert _ids(reader, Chunk.rows(f, 30, 60)) == list(range(30, 60)), "exactly one group"
     assert _ids(reader, Chunk.rows(f, 25, 65)) == list(range(25, 65)), "cut inside two groups"
     assert _ids(reader, Chunk.rows(f, 99, 100)) == [99]
+    # The reader reads large pieces (rebatch cuts them to batch_size without copying).
     batches = list(reader.read(Chunk.rows(f, 0, 30)))
-    assert [b.num_rows for b in batches] == [7, 7, 7, 7, 2], "reader batch size is honoured"
+    assert sum(b.num_rows for b in batches) == 30
 
 
 def test_output_is_projected_and_filtered(write_parquet: WriteParquet) -> None:

@@ -14,8 +14,9 @@ def rebatch(
 ) -> Iterator[pa.RecordBatch]:
     """Yield batches of exactly ``batch_size`` rows; the last may be shorter.
 
-    Batches that already have the right size pass through without a copy; rows are
-    only copied when a batch is assembled from pieces (across row groups or files).
+    Batches are cut from the input as zero-copy slices; rows are only copied when an
+    output batch is assembled from pieces (across row groups or files), so reading
+    large batches and cutting them here costs one copy per boundary, not per batch.
 
     Args:
         batches: The input stream (any sizes, one schema).
@@ -25,33 +26,43 @@ def rebatch(
     pending: list[pa.RecordBatch] = []
     count = 0
     for batch in batches:
-        if batch.num_rows == 0:
+        n = batch.num_rows
+        if n == 0:
             continue
-        if not pending and batch.num_rows == batch_size:
+        offset = 0
+        if pending:
+            need = batch_size - count
+            if n < need:
+                pending.append(batch)
+                count += n
+                continue
+            pending.append(batch.slice(0, need))
+            yield _concat(pending)
+            pending = []
+            count = 0
+            offset = need
+        if offset == 0 and n == batch_size:
             yield batch
             continue
-        pending.append(batch)
-        count += batch.num_rows
-        if count < batch_size:
-            continue
-        table = pa.Table.from_batches(pending)
-        offset = 0
-        while count - offset >= batch_size:
-            piece = table.slice(offset, batch_size)
-            yield _one_batch(piece)
+        while n - offset >= batch_size:
+            yield batch.slice(offset, batch_size)
             offset += batch_size
-        rest = table.slice(offset)
-        pending = rest.to_batches() if rest.num_rows else []
-        count = rest.num_rows
+        if offset < n:
+            pending.append(batch.slice(offset))
+            count = n - offset
     if pending and not drop_last:
-        yield _one_batch(pa.Table.from_batches(pending))
+        yield _concat(pending)
 
 
-def _one_batch(table: pa.Table) -> pa.RecordBatch:
-    batches = table.to_batches()
-    if len(batches) == 1:
-        return batches[0]
-    return table.combine_chunks().to_batches()[0]
+def _concat(pieces: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(pieces) == 1:
+        return pieces[0]
+    concat = getattr(pa, "concat_batches", None)
+    if concat is not None:  # pyarrow >= 19
+        return concat(pieces)  # type: ignore[no-any-return]
+    table = pa.Table.from_batches(pieces).combine_chunks()
+    out = table.to_batches()
+    return out[0] if out else pa.RecordBatch.from_pylist([], schema=table.schema)
 
 
 def with_flag(batches: Iterable[pa.RecordBatch], name: str, value: bool) -> Iterator[pa.RecordBatch]:

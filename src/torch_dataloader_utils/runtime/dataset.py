@@ -431,11 +431,15 @@ class PlannedDataset(IterableDataset[Any]):
             emitted += batch.num_rows
             index = bisect.bisect_right(starts, emitted) - 1
             tag = (token, slot.id, slot.count, index, emitted - starts[index])
-            out = self._converter(batch)
-            if self._collate_fn is not None:
-                out = self._collate_fn(out)
-            if slot.in_worker:
-                out = pack(out)
+            if slot.in_worker and self._collate_fn is None:
+                # Strings travel as Arrow buffers in the batch's one buffer (convert.pack).
+                out = pack(self._converter.convert_for_transfer(batch))
+            else:
+                out = self._converter(batch)
+                if self._collate_fn is not None:
+                    out = self._collate_fn(out)
+                if slot.in_worker:
+                    out = pack(out)
             if tagging:
                 yield Tagged(out, tag)
                 continue
