@@ -397,8 +397,10 @@ def discover_iceberg(
         "name_mapping": name_mapping,
         "iceberg_filter": iceberg_filter,
     }
-    counting = bool(count_filtered) and expr is not None
-    row_filter = RowFilter(expr, tuple(f for f in fields if f[1] in filter_names)) if counting else None
+    row_filter = None
+    if count_filtered and expr is not None:
+        row_filter = RowFilter(expr, tuple(f for f in fields if f[1] in filter_names))
+    counting = row_filter is not None
     if snap is None:
         return IcebergScan(
             files=(), formats={}, constants={}, snapshot_id=None, filter_counted=counting, **base
