@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyarrow.compute as pc
 from hypothesis import strategies as st
 
 
@@ -65,3 +66,20 @@ read_setups = st.builds(
     seed=st.integers(0, 5),
     epoch=st.integers(0, 2),
 )
+
+
+@st.composite
+def row_filters(draw: st.DrawFn, max_id: int = 120) -> pc.Expression | None:
+    """``None`` or a pyarrow filter over :func:`tests.fixtures.iceberg.id_table`'s columns."""
+    kind = draw(st.sampled_from(["none", "none", "id", "label_or_x", "s", "odd"]))
+    if kind == "none":
+        return None
+    if kind == "id":
+        return pc.field("id") >= draw(st.integers(0, max_id))
+    if kind == "label_or_x":
+        return (pc.field("label") < draw(st.integers(0, 7))) | (
+            pc.field("x") >= draw(st.integers(0, max_id)) / 2
+        )
+    if kind == "s":
+        return pc.field("s") >= f"row-{draw(st.integers(0, max_id))}"  # string order, not numeric
+    return pc.field("id") > draw(st.integers(0, max_id)) + 0.5  # oddly typed: not used for pruning

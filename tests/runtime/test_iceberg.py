@@ -21,6 +21,7 @@ from tests.fixtures.iceberg import (
     data_files,
     equality_delete_file,
     id_table,
+    oracle_filtered_ids,
     oracle_ids,
     position_delete_file,
 )
@@ -467,16 +468,124 @@ def test_planner_options_are_forwarded_to_the_core(iceberg_catalog: Catalog, del
         IcebergDataset("ns.t", catalog_config=config, no_such_option=1)
 
 
-def test_filters_on_several_ranks_need_equal_batches_off(
+def test_count_rows_false_keeps_filters_with_equal_batches_an_error(
     iceberg_catalog: Catalog, deleted_table: Any
 ) -> None:
     config, _ = iceberg_catalog
     expr = pc.field("id") >= 100
     with pytest.raises(
-        IncompatibleOptionsError, match=r"equal_batches='drop' needs exact row counts.*filters"
+        IncompatibleOptionsError,
+        match=r"equal_batches='drop' needs exact row counts, but filters=.* count_rows=False did not "
+        r"count them \(count_rows=None or True counts them",
     ):
-        IcebergDataset("ns.t", catalog_config=config, filters=expr, num_ranks=2, rank=0)
+        IcebergDataset("ns.t", catalog_config=config, filters=expr, num_ranks=2, rank=0, count_rows=False)
     ds = IcebergDataset("ns.t", catalog_config=config, filters=expr, num_ranks=2, rank=1, equal_batches="off")
-    assert not ds.exact_row_counts
-    with pytest.raises(TypeError, match="unknown before reading"):
+    assert not ds.exact_row_counts  # nothing needs counts: none taken
+    assert ds.scan.filter_files_read == 0
+    with pytest.raises(TypeError, match=r"unknown before reading.*count_rows=True counts them"):
         len(ds)
+    assert not IcebergDataset("ns.t", catalog_config=config, filters=expr).exact_row_counts  # one rank
+    ds = IcebergDataset("ns.t", catalog_config=config, filters=expr, count_rows=True, batch_size=10)
+    assert ds.exact_row_counts
+    expected = [i for i in oracle_ids(deleted_table) if i >= 100]
+    assert len(ds) == -(-len(expected) // 10)
+    assert read_in_process(ds) == expected
+    with pytest.raises(ConfigError, match=r"count_rows='yes' must be True or False"):
+        IcebergDataset("ns.t", catalog_config=config, filters=expr, count_rows="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"count_rows=1 must be True or False"):
+        IcebergDataset.create_dataloader("ns.t", catalog_config=config, count_rows=1)
+
+
+FILTER = (pc.field("label") != 2) & ((pc.field("x") < 40.0) | (pc.field("s") >= "row-15"))
+
+
+@pytest.mark.parametrize("equal_batches", ["drop", "pad"])
+def test_filters_with_equal_batches_on_three_ranks_are_counted_exactly(
+    iceberg_catalog: Catalog, equal_batches: str
+) -> None:
+    config, catalog = iceberg_catalog
+    t = create_id_table(catalog)
+    t.append(id_table(0, 100))
+    (first,) = data_files(t)
+    t.append(id_table(100, 100))
+    t = commit_deletes(t, [position_delete_file(t, {first: [0, 5, 9, 16, 50]})])
+    t = commit_deletes(t, [equality_delete_file(t, {"id": [5, 7, 8, 150, 160, 210]})])
+    t.append(id_table(200, 40))  # after the equality delete: id 210 survives
+    expected = oracle_filtered_ids(t, FILTER)
+    assert 210 in expected
+    assert not {0, 5, 7, 8, 150, 2, 9}.intersection(expected)  # deleted, or filtered out
+    assert len(expected) % 3 != 0  # uneven: equal batches must drop or pad
+    kwargs: dict[str, Any] = dict(num_workers=2, split_rows=15, batch_size=8, timeout=60, filters=FILTER)
+    for rank in range(3):  # every chunk's planned count is exactly the rows it reads
+        ds = IcebergDataset("ns.t", catalog_config=config, num_ranks=3, rank=rank, split_rows=15,
+                            filters=FILTER, equal_batches=equal_batches)  # fmt: skip
+        assert ds.exact_row_counts
+        assert ds.scan.filter_files_read == 3
+        for chunk in ds.plan().all_chunks():
+            assert sum(b.num_rows for b in ds._reader.read(chunk)) == chunk.num_rows
+    per_rank, dropped = read_ranks("ns.t", config, 3, equal_batches=equal_batches, **kwargs)
+    if equal_batches == "drop":
+        got = ids_of([b for batches in per_rank for b in batches])
+        assert len(got) == len(set(got)) == len(expected) - len(dropped)
+        assert 0 < len(dropped) < 3
+        assert sorted(got + dropped) == expected
+        return
+    assert dropped == []
+    real: list[int] = []
+    repeats: list[int] = []
+    for batches in per_rank:
+        assert sum(len(b["id"]) for b in batches) == -(-len(expected) // 3)
+        for b in batches:
+            flags = b["_is_padding"].astype(bool)
+            real.extend(int(i) for i in b["id"][~flags])
+            repeats.extend(int(i) for i in b["id"][flags])
+    assert sorted(real) == expected  # every filtered live row exactly once unflagged
+    assert 0 < len(repeats) < 3
+    assert set(repeats) <= set(expected)
+
+
+def test_filtered_rows_join_position_and_equality_deletes(iceberg_catalog: Catalog) -> None:
+    config, catalog = iceberg_catalog
+    t = create_id_table(catalog)
+    t.append(id_table(0, 120))  # one file: the row at position p has id p
+    (path,) = data_files(t)
+    pos = {0, 9, 10, 55, 119}
+    t = commit_deletes(t, [position_delete_file(t, {path: pos})])
+    eq = {10, 12, 56, 66}
+    t = commit_deletes(t, [equality_delete_file(t, {"id": sorted(eq)})])
+    expr = (pc.field("label") != 3) & (pc.field("id") != 12)  # 10, 12, 66 are also deleted: once
+    fail = {i for i in range(120) if i % 7 == 3 or i == 12}
+    ds = IcebergDataset(
+        "ns.t", catalog_config=config, split_rows=10, columns=["id"], filters=expr, count_rows=True
+    )
+    (info,) = ds.files
+    assert info.deleted.tolist() == sorted(pos | eq | fail)
+    assert ds.scan.equality_files_read == 1
+    assert ds.scan.filter_files_read == 1  # the same single pass over the data file
+    assert ds.scan.read_columns == ("id", "label")
+    for chunk in ds.plan().all_chunks():
+        ids = [i for b in ds._reader.read(chunk) for i in b.column("id").to_pylist()]
+        assert ids == sorted(set(range(chunk.start, chunk.stop)) - pos - eq - fail)
+        assert chunk.num_rows == len(ids)
+    assert read_in_process(ds) == oracle_filtered_ids(t, expr)
+
+
+def test_counted_filters_read_columns_by_field_id(iceberg_catalog: Catalog) -> None:
+    config, catalog = iceberg_catalog
+    schema = pa.schema([("id", pa.int64()), ("a", pa.int32())])
+    t = catalog.create_table("ns.evo", schema=schema)
+    t.append(pa.table({"id": list(range(6)), "a": pa.array([5, None, 7, 8, 9, 10], pa.int32())}))
+    with t.update_schema() as u:
+        u.update_column("a", LongType())
+        u.rename_column("a", "b")
+        u.add_column("extra", StringType())
+    t = t.refresh()
+    t.append(pa.table({"id": [6, 7, 8], "b": pa.array([6, 20, None], pa.int64()), "extra": ["e", None, "e"]}))
+    # b: the old file's renamed, promoted a; extra: nulls in the old file.
+    expr = (pc.field("b") >= 7) & pc.field("extra").is_null()
+    ds = IcebergDataset("ns.evo", catalog_config=config, filters=expr, columns=["id"], num_ranks=2, rank=0)
+    assert ds.exact_row_counts
+    assert sum(f.live_rows for f in ds.files) == 5  # 2, 3, 4, 5 and 7
+    assert ids_of(read_all("ns.evo", config, filters=expr, num_ranks=2, equal_batches="pad")) == [
+        2, 3, 4, 5, 7, 7,
+    ]  # fmt: skip

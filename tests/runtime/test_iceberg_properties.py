@@ -5,6 +5,8 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from pyiceberg.catalog.sql import SqlCatalog
@@ -15,10 +17,11 @@ from tests.fixtures.iceberg import (
     data_files,
     equality_delete_file,
     id_table,
+    oracle_filtered_ids,
     oracle_ids,
     position_delete_file,
 )
-from tests.strategies_iceberg import ReadSetup, TableHistory, read_setups, table_histories
+from tests.strategies_iceberg import ReadSetup, TableHistory, read_setups, row_filters, table_histories
 from torch_dataloader_utils import IcebergDataset
 
 
@@ -48,18 +51,33 @@ def build(catalog: SqlCatalog, history: TableHistory) -> tuple[str, set[int]]:
 
 @pytest.mark.filterwarnings("ignore:num_workers=:UserWarning")
 @settings(max_examples=25)
-@given(history=table_histories(), setup=read_setups)
-def test_every_live_row_once(tmp_path: Path, iceberg_catalog: tuple[dict[str, str], SqlCatalog],
-                             history: TableHistory, setup: ReadSetup) -> None:  # fmt: skip
-    """Default equal batches: every rank the same rows; all live rows once, less < num_ranks dropped."""
+@given(history=table_histories(), setup=read_setups, expr=row_filters())
+def test_every_live_row_once(
+    tmp_path: Path,
+    iceberg_catalog: tuple[dict[str, str], SqlCatalog],
+    history: TableHistory,
+    setup: ReadSetup,
+    expr: pc.Expression | None,
+) -> None:
+    """Default equal batches: every rank the same rows; all live rows once, less < num_ranks dropped.
+
+    With a filter, the live rows that pass it (counted at discovery: on several ranks by
+    default, on one rank with ``count_rows=True``).
+    """
     config, catalog = iceberg_catalog
     name, live = build(catalog, history)
+    assert sorted(live) == oracle_ids(catalog.load_table(name))  # the brute force agrees
+    if expr is not None:
+        ids = sorted(live)
+        rows = id_table(0, 0) if not ids else pa.concat_tables([id_table(i, 1) for i in ids])
+        live = set(rows.filter(expr).column("id").to_pylist())
     seen: list[int] = []
     rank_rows = set()
     for rank in range(setup.num_ranks):
         ds = IcebergDataset(
             name, catalog_config=config, split_rows=setup.split_rows, num_ranks=setup.num_ranks, rank=rank,
             num_workers=setup.num_workers, shuffle=setup.shuffle, shuffle_seed=setup.seed, columns=["id"],
+            filters=expr, count_rows=None if setup.num_ranks > 1 else True,
         )  # fmt: skip
         assert ds.exact_row_counts
         plan = ds.plan(setup.epoch)
@@ -77,4 +95,5 @@ def test_every_live_row_once(tmp_path: Path, iceberg_catalog: tuple[dict[str, st
     assert len(seen) == len(set(seen))
     assert not set(seen) & set(dropped)
     assert sorted(seen + dropped) == sorted(live)
-    assert sorted(live) == oracle_ids(catalog.load_table(name))
+    if expr is not None:
+        assert sorted(live) == oracle_filtered_ids(catalog.load_table(name), expr)

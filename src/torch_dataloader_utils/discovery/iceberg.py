@@ -17,9 +17,14 @@ statistics (``DataScan._plan_manifest_entries``; private, hence the pinned pyice
   are read, and the positions of the matching rows join the file's deleted positions
   (:mod:`torch_dataloader_utils.io.iceberg_equality`).
 
+* with ``count_filtered`` and a row filter, the filter's columns (only those) of every
+  data file are read, in the same pass as its equality columns, and the positions of
+  the rows the filter drops join the file's deleted positions too.
+
 Row counts (``FileInfo.rows_in``) are therefore the live rows, exact per row range,
-whatever kind of delete applies. Discovery reads data only for equality deletes: the
-equality columns of the data files they apply to, once, in the main process.
+whatever kind of delete applies (and, when the filter is counted, exactly the rows that
+pass it). Discovery reads data only for equality deletes and counted filters: the
+equality and filter columns of the data files concerned, once, in the main process.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import pyarrow.parquet as pq
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
 from torch_dataloader_utils.discovery.iceberg_filters import to_iceberg_expression
 from torch_dataloader_utils.errors import ConfigError, CorruptFileError, DiscoveryError, PathNotFoundError
-from torch_dataloader_utils.io.iceberg_equality import equality_positions, read_equality_delete
+from torch_dataloader_utils.io.iceberg_equality import RowFilter, equality_positions, read_equality_delete
 from torch_dataloader_utils.io.iceberg_fs import IcebergFileSystem
 from torch_dataloader_utils.plan.types import FileInfo, RowGroup
 
@@ -139,6 +144,10 @@ class IcebergScan:
             each once.
         equality_files_read: Data files whose equality columns were read to resolve
             equality deletes, each once.
+        filter_counted: Whether the rows ``filters`` drops are among each file's deleted
+            positions, so that row counts are exact under the filter.
+        filter_files_read: Data files whose filter columns were read to count the
+            filter, each once (in the same pass as their equality columns).
     """
 
     fs: IcebergFileSystem
@@ -154,6 +163,8 @@ class IcebergScan:
     iceberg_filter: Any = None
     delete_files_read: int = 0
     equality_files_read: int = 0
+    filter_counted: bool = False
+    filter_files_read: int = 0
 
     @property
     def schema(self) -> pa.Schema:
@@ -333,8 +344,13 @@ def discover_iceberg(
     columns: Sequence[str] | None = None,
     filters: object = None,
     scan_filter: object = None,
+    count_filtered: bool = False,
 ) -> IcebergScan:
     """Plan the scan of ``tbl`` (a pyiceberg ``Table``): data files, row groups, deletes.
+
+    With ``count_filtered`` and ``filters``, the rows of every data file that the filter
+    drops are added to its deleted positions (one read of the filter's columns), so row
+    counts are exact under the filter; the reader's filter then keeps the same rows.
 
     Raises:
         ConfigError: bad ``snapshot_id`` / ``as_of`` / ``filters`` / ``scan_filter``.
@@ -357,7 +373,8 @@ def discover_iceberg(
     arrow_schema = pa.schema([pa.field(name, t) for _, name, t in fields])
     output = check_columns(columns, arrow_schema)
     expr = check_filter(filters, arrow_schema)
-    needed = set(output) | set(filter_fields(expr, arrow_schema))
+    filter_names = set(filter_fields(expr, arrow_schema))
+    needed = set(output) | filter_names
     read_columns = tuple(name for _, name, _ in fields if name in needed)
     if scan_filter is not None and not isinstance(scan_filter, BooleanExpression):
         raise ConfigError(
@@ -380,8 +397,14 @@ def discover_iceberg(
         "name_mapping": name_mapping,
         "iceberg_filter": iceberg_filter,
     }
+    row_filter = None
+    if count_filtered and expr is not None:
+        row_filter = RowFilter(expr, tuple(f for f in fields if f[1] in filter_names))
+    counting = row_filter is not None
     if snap is None:
-        return IcebergScan(files=(), formats={}, constants={}, snapshot_id=None, **base)
+        return IcebergScan(
+            files=(), formats={}, constants={}, snapshot_id=None, filter_counted=counting, **base
+        )
     scan = tbl.scan(
         row_filter=iceberg_filter if iceberg_filter is not None else ALWAYS_TRUE, snapshot_id=snap.snapshot_id
     )
@@ -454,25 +477,30 @@ def discover_iceberg(
             for target in applies_to:
                 equality[target.file_path].append(len(eq_work))
             eq_work.append((d.file_path, ids))
+    # A counted filter: the filter's columns of every data file are read in the same
+    # pass, and the rows it drops join the deleted positions.
+    types: dict[int, pa.DataType] = {}
+    matchers: list[Any] = []
     if eq_work:
         types = _field_types(metadata, fields, {fid for _, ids in eq_work for fid in ids}, eq_work)
         matchers = _pmap(lambda x: read_equality_delete(fs, x[0], x[1], types, name_mapping), eq_work)
-        affected = sorted(equality)
-        found = _pmap(
-            lambda path: equality_positions(
-                fs,
-                path,
-                formats[path],
-                [matchers[k] for k in equality[path]],
-                types,
-                name_mapping,
-                dict(constants[path]),
-            ),
-            affected,
-        )
-        for path, pos in zip(affected, found, strict=True):
-            if len(pos):
-                positions[path].append(pos)
+    affected = sorted(set(equality) | (set(formats) if row_filter is not None else set()))
+    found = _pmap(
+        lambda path: equality_positions(
+            fs,
+            path,
+            formats[path],
+            [matchers[k] for k in equality.get(path, ())],
+            types,
+            name_mapping,
+            dict(constants[path]),
+            row_filter,
+        ),
+        affected,
+    )
+    for path, pos in zip(affected, found, strict=True):
+        if len(pos):
+            positions[path].append(pos)
     parquet = [df for df, _ in data if formats[df.file_path] == "PARQUET"]
     groups = dict(
         zip(
@@ -507,6 +535,8 @@ def discover_iceberg(
         snapshot_id=snap.snapshot_id,
         delete_files_read=len(work) + len(eq_work),
         equality_files_read=len(equality),
+        filter_counted=counting,
+        filter_files_read=len(affected) if counting else 0,
         **base,
     )
 

@@ -7,11 +7,16 @@ then reads only the equality columns of each affected data file, a row group at 
 and returns the positions of the rows that match (:func:`equality_positions`). Those
 positions are merged with the file's position deletes, so the reader drops them as it
 drops position deletes and every planned row count is exact.
+
+A row filter is resolved the same way when exact counts are wanted: the rows that fail
+it join the deleted positions (:class:`RowFilter`), read in the same pass over the
+data file as its equality columns.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -23,7 +28,7 @@ from torch_dataloader_utils.errors import CorruptFileError, DiscoveryError
 from torch_dataloader_utils.io.iceberg_columns import column_by_id, orc_field_ids, parquet_field_ids
 from torch_dataloader_utils.io.iceberg_fs import IcebergFileSystem
 
-__all__ = ["EqualityMatcher", "equality_positions", "read_equality_delete"]
+__all__ = ["EqualityMatcher", "RowFilter", "equality_positions", "read_equality_delete"]
 
 Column: TypeAlias = "pa.Array[Any] | pa.ChunkedArray[Any]"
 
@@ -112,6 +117,43 @@ def read_equality_delete(
     return EqualityMatcher(field_ids, pa.table(arrays, names=[str(fid) for fid in field_ids]))
 
 
+@dataclass(frozen=True)
+class RowFilter:
+    """A row filter to resolve to deleted positions: the rows that fail it.
+
+    Attributes:
+        expression: The pyarrow expression.
+        fields: ``(field_id, name, arrow type)`` of each column it reads, named as the
+            expression names them.
+    """
+
+    expression: pc.Expression
+    fields: tuple[tuple[int, str, pa.DataType], ...]
+
+
+_POSITION = "__tdu_position"
+
+
+def _failing(
+    expression: pc.Expression,
+    columns: Sequence[tuple[str, Column]],
+    num_rows: int,
+) -> np.ndarray[Any, Any]:
+    """Which of ``num_rows`` rows ``expression`` drops (false or null), as the reader's filter does."""
+    names = [name for name, _ in columns]
+    position = _POSITION
+    while position in names:
+        position += "_"
+    table = pa.Table.from_arrays(
+        [c for _, c in columns] + [pa.array(np.arange(num_rows, dtype=np.int64))],
+        names=[*names, position],
+    )
+    kept = table.filter(expression).column(position).to_numpy()
+    fail = np.ones(num_rows, dtype=bool)
+    fail[kept] = False
+    return fail
+
+
 def equality_positions(
     fs: IcebergFileSystem,
     location: str,
@@ -120,25 +162,35 @@ def equality_positions(
     types: Mapping[int, pa.DataType],
     name_mapping: Mapping[str, int],
     constants: Mapping[int, Any],
+    row_filter: RowFilter | None = None,
 ) -> np.ndarray[Any, Any]:
-    """Sorted row positions of data file ``location`` deleted by any of ``matchers``.
+    """Sorted row positions of data file ``location`` deleted by any of ``matchers`` or ``row_filter``.
 
-    Reads only the equality columns, matched by field id and promoted exactly as the
-    chunk reader does (a column the file lacks is its identity partition value, else
-    nulls). Parquet files are read a row group at a time.
+    Reads only the equality columns (and the filter's columns), matched by field id and
+    promoted exactly as the chunk reader does (a column the file lacks is its identity
+    partition value, else nulls). Parquet files are read a row group at a time. With
+    ``row_filter``, the rows it drops (false or null) count as deleted, so counts of
+    the remaining rows are exact.
 
     Raises:
         CorruptFileError: the data file cannot be read.
     """
-    wanted = sorted({fid for m in matchers for fid in m.field_ids})
+    filter_fields = row_filter.fields if row_filter is not None else ()
+    wanted = sorted({fid for m in matchers for fid in m.field_ids} | {fid for fid, _, _ in filter_fields})
+    filter_types = {fid: t for fid, _, t in filter_fields}
     filesystem, path = fs.resolve(location)
     found: list[np.ndarray[Any, Any]] = []
 
+    def column(table: pa.Table, num_rows: int, fid: int, ids: Mapping[int, str]) -> Column:
+        return column_by_id(table, num_rows, fid, filter_types.get(fid) or types[fid], ids, constants)
+
     def match(table: pa.Table, num_rows: int, ids: Mapping[int, str], first: int) -> None:
-        columns = {fid: column_by_id(table, num_rows, fid, types[fid], ids, constants) for fid in wanted}
         hit = np.zeros(num_rows, dtype=bool)
         for m in matchers:
-            hit |= m.mask([columns[fid] for fid in m.field_ids], num_rows)
+            hit |= m.mask([column(table, num_rows, fid, ids) for fid in m.field_ids], num_rows)
+        if row_filter is not None:
+            columns = [(name, column(table, num_rows, fid, ids)) for fid, name, _ in filter_fields]
+            hit |= _failing(row_filter.expression, columns, num_rows)
         found.append(np.flatnonzero(hit).astype(np.int64) + first)
 
     try:
@@ -160,7 +212,6 @@ def equality_positions(
                 match(pf.read_row_group(i, columns=names, use_threads=False), rows, ids, first)
                 first += rows
     except (OSError, pa.ArrowException) as exc:
-        raise CorruptFileError(
-            f"cannot read the equality columns of Iceberg data file {location!r}: {exc}"
-        ) from exc
+        what = "equality columns" if row_filter is None else "equality and filter columns"
+        raise CorruptFileError(f"cannot read the {what} of Iceberg data file {location!r}: {exc}") from exc
     return np.concatenate(found) if found else np.empty(0, dtype=np.int64)

@@ -2,7 +2,8 @@
 
 The scan is planned from the table's manifests (:mod:`torch_dataloader_utils.discovery.iceberg`),
 with every delete (position and equality) resolved to deleted row positions, so row
-counts are exact; data files are cut into row-group chunks by the usual planner, and
+counts are exact (a row filter too, when ``count_rows`` counts it: the rows it drops
+join the deleted positions); data files are cut into row-group chunks by the usual planner, and
 each chunk is read with its own deleted positions and the row filter
 (:mod:`torch_dataloader_utils.io.iceberg`).
 """
@@ -23,6 +24,7 @@ from torch_dataloader_utils.config import (
     FileFormat,
     LoaderConfig,
     OutputFormat,
+    check_bool,
     check_int,
     coerce_enum,
     coerce_equal_batches,
@@ -58,9 +60,14 @@ class IcebergDataset(PlannedDataset):
         batch_size, drop_last, shuffle, shuffle_seed, split_strategy, split_bytes,
             split_rows, output_format, null_fill, collate_fn, num_ranks, rank,
             num_workers, equal_batches: As for :class:`StructuredDataset`. Equal
-            batches work with deletes of every kind (row counts are exact); with
-            ``filters`` they need ``equal_batches='off'`` on more than one rank, as
-            for files.
+            batches work with deletes of every kind (row counts are exact) and with
+            ``filters`` (see ``count_rows``).
+        count_rows: Make row counts exact under ``filters``: when the dataset is built,
+            read the filter's columns of every data file once and add the rows it drops
+            to the file's deleted positions (8 bytes of memory per dropped row).
+            ``None`` (default) counts when equal batches need it (more than one rank
+            and ``equal_batches`` not ``'off'``); ``False`` never counts, which makes
+            ``filters`` with equal batches on several ranks an error.
         **planner_options: Further options of the source-agnostic core
             (:class:`PlannedDataset`), forwarded unchanged.
     """
@@ -89,6 +96,7 @@ class IcebergDataset(PlannedDataset):
         rank: int | None = None,
         num_workers: int = 0,
         equal_batches: str | EqualBatches = DEFAULT_EQUAL_BATCHES,
+        count_rows: bool | None = None,
         **planner_options: Any,
     ) -> None:
         out_fmt = coerce_enum(output_format, OutputFormat, "output_format")
@@ -99,6 +107,11 @@ class IcebergDataset(PlannedDataset):
         if collate_fn is not None and not callable(collate_fn):
             raise ConfigError(f"collate_fn={collate_fn!r} must be callable")
         world = env.resolve_world(num_ranks, rank)
+        if count_rows is not None:
+            check_bool(count_rows, "count_rows")
+        # Exact counts are needed when ranks must get equal batches; None = count then.
+        need_counts = world.num_ranks > 1 and equal is not EqualBatches.OFF
+        counting = need_counts if count_rows is None else count_rows
         strategy = build_strategy(split_strategy, FileFormat.PARQUET, split_bytes, split_rows)
         tbl = load_table(table, catalog_config)
         scan = discover_iceberg(
@@ -108,6 +121,7 @@ class IcebergDataset(PlannedDataset):
             columns=columns,
             filters=filters,
             scan_filter=scan_filter,
+            count_filtered=counting,
         )
         self.scan: IcebergScan = scan
         """What discovery planned: data files, deletes, schema."""
@@ -121,8 +135,12 @@ class IcebergDataset(PlannedDataset):
                 )
             schema = schema.append(pa.field(PADDING_COLUMN, pa.bool_(), nullable=False))
         issue = None
-        if scan.filters is not None:
-            issue = f"filters={scan.filters} drops rows inside row groups"
+        if scan.filters is not None and not scan.filter_counted:
+            how = "count_rows=None or True" if count_rows is False else "count_rows=True"
+            issue = (
+                f"filters={scan.filters} drops rows inside row groups and count_rows={count_rows!r} "
+                f"did not count them ({how} counts them when the dataset is built)"
+            )
         super().__init__(
             files=scan.files,
             strategy=strategy,
@@ -147,13 +165,14 @@ class IcebergDataset(PlannedDataset):
 
     @property
     def exact_row_counts(self) -> bool:
-        """Whether planned row counts are exact: ``False`` only with ``filters``.
+        """Whether planned row counts are exact: ``False`` only with uncounted ``filters``.
 
         Position and equality deletes are resolved to row positions when the dataset is
-        built, so they are counted exactly per row range; a row filter's effect is known
-        only once the rows are read.
+        built, so they are counted exactly per row range; so are the rows a row filter
+        drops when it is counted (``count_rows``), else its effect is known only once
+        the rows are read.
         """
-        return self.scan.filters is None
+        return self.scan.filters is None or self.scan.filter_counted
 
     @classmethod
     def create_dataloader(
