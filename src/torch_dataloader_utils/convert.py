@@ -422,11 +422,9 @@ def _pack(obj: Any, leaves: list[Any], group: bool) -> PackedBatch:
     if total <= PIPE_MAX_BYTES:
         buffer = bytearray(total)
         dst = np.frombuffer(buffer, dtype=np.uint8)
-        in_pipe = True
     else:
         buffer = _new_shared(total)
         dst = buffer.numpy()
-        in_pipe = False
     offset = 0
 
     def put(src: Any, nbytes: int) -> int:
@@ -444,8 +442,8 @@ def _pack(obj: Any, leaves: list[Any], group: bool) -> PackedBatch:
             if o.dtype not in _NP_DTYPES:
                 _NP_DTYPES[o.dtype] = _np_dtype(o.dtype)
             np_dtype = _NP_DTYPES[o.dtype]
-            if in_pipe and np_dtype is not None:
-                # numpy views of the received bytearray: cheaper than torch slicing.
+            if np_dtype is not None:
+                # numpy views of the received buffer: cheaper than torch slicing.
                 return ("n", at, np_dtype, o.numel(), tuple(o.shape))
             return ("t", at, o.dtype, tuple(o.shape), nbytes)
         if isinstance(o, DeferredText):

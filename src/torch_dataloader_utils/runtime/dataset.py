@@ -41,7 +41,7 @@ from torch_dataloader_utils.config import (
     coerce_format,
     parse_size,
 )
-from torch_dataloader_utils.convert import BatchConverter, pack
+from torch_dataloader_utils.convert import BatchConverter, pack, pack_group
 from torch_dataloader_utils.discovery import Discovered, discover
 from torch_dataloader_utils.discovery.columns import filter_fields
 from torch_dataloader_utils.discovery.counts import count_filtered_rows
@@ -78,6 +78,18 @@ from torch_dataloader_utils.plan.splits import (
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
 from torch_dataloader_utils.runtime import env, share
 from torch_dataloader_utils.runtime.resume import EpochProgress, Tagged
+
+GROUP_BYTES = 8 << 20
+"""A worker under ``create_dataloader``'s loader sends batches in groups of about this size.
+
+Every hand-off between a worker and the main process has a fixed cost (queue, pickle,
+waking a process, a shared-memory segment); with small batches it dominates, so batches
+travel several to a transfer. In flight at once: about ``(prefetch_factor + 1) *
+num_workers`` groups. Measured in ``docs/benchmarks.md``.
+"""
+
+GROUP_MAX_BATCHES = 1024
+"""At most this many batches per group."""
 
 __all__ = ["PlannedDataset", "StructuredDataset"]
 
@@ -427,6 +439,11 @@ class PlannedDataset(IterableDataset[Any]):
         progress = None if (tagging or slot.in_worker) else self._begin_progress(1)
         token = int(self._resume_token.item())
         emitted = 0
+        if slot.in_worker and tagging:
+            # Under the loader of create_dataloader (which flattens groups): several
+            # batches per transfer, since each hand-off between processes has a fixed cost.
+            yield from self._grouped(rebatch(batches, self._batch_size, self._drop_last), starts, token, slot)
+            return
         for batch in rebatch(batches, self._batch_size, self._drop_last):
             emitted += batch.num_rows
             index = bisect.bisect_right(starts, emitted) - 1
@@ -448,6 +465,38 @@ class PlannedDataset(IterableDataset[Any]):
             yield out
         if progress is not None:
             self._finish_progress()
+
+    def _grouped(
+        self, batches: Iterator[pa.RecordBatch], starts: list[int], token: int, slot: env.WorkerSlot
+    ) -> Iterator[Any]:
+        """Worker side: tagged batches sent in groups of about ``GROUP_BYTES``.
+
+        A group is one :class:`Tagged` whose batch is a packed :class:`BatchGroup` and
+        whose tag is the tuple of the batches' tags; the loader yields them one by one.
+        Batches made before an error still arrive before the error.
+        """
+        pending: list[Any] = []
+        tags: list[tuple[int, int, int, int, int]] = []
+        size = emitted = 0
+        try:
+            for batch in batches:
+                emitted += batch.num_rows
+                index = bisect.bisect_right(starts, emitted) - 1
+                if self._collate_fn is None:
+                    pending.append(self._converter.convert_for_transfer(batch))
+                else:
+                    pending.append(self._collate_fn(self._converter(batch)))
+                tags.append((token, slot.id, slot.count, index, emitted - starts[index]))
+                size += batch.nbytes
+                if size >= GROUP_BYTES or len(pending) >= GROUP_MAX_BATCHES:
+                    yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
+                    pending, tags, size = [], [], 0
+        except Exception:
+            if pending:
+                yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
+            raise
+        if pending:
+            yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
 
     # >>> resume (issue 7) ------------------------------------------------------
     def _init_resume(self, row_shuffle_window: int | None, identity: Mapping[str, Any] | None) -> None:
@@ -541,7 +590,10 @@ class PlannedDataset(IterableDataset[Any]):
         return self._progress
 
     def _consume(self, item: Any) -> Any:
-        """Main process: record a tagged batch as consumed and return the batch."""
+        """Main process: record a tagged batch as consumed and return the batch.
+
+        (Groups of batches are split by the loader before they get here.)
+        """
         if not isinstance(item, Tagged):
             return item
         if self._progress is not None:

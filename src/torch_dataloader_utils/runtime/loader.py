@@ -17,8 +17,10 @@ from torch_dataloader_utils.config import (
     LoaderConfig,
     check_int,
 )
+from torch_dataloader_utils.convert import BatchGroup
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.dataset import PlannedDataset, StructuredDataset
+from torch_dataloader_utils.runtime.resume import Tagged
 
 __all__ = ["MAX_AUTO_WORKERS", "ResumableDataLoader", "create_dataloader", "make_loader"]
 
@@ -64,7 +66,12 @@ class ResumableDataLoader(DataLoader[Any]):
         dataset._loader_active = True  # set before workers start: they pickle the dataset
         try:
             for item in super().__iter__():
-                yield dataset._consume(item)
+                if isinstance(item, Tagged) and isinstance(item.batch, BatchGroup):
+                    # Several batches of one worker that travelled together.
+                    for batch, tag in zip(item.batch, item.tag, strict=True):
+                        yield dataset._consume(Tagged(batch, tag))  # type: ignore[arg-type]
+                else:
+                    yield dataset._consume(item)
             dataset._finish_progress()
         finally:
             dataset._loader_active = False
