@@ -209,19 +209,9 @@ def _discover_parquet(
     columns: Sequence[str] | None,
     filters: object,
 ) -> Discovered:
-    data_schema = footers[0].schema
-    part_schema = partitions.schema if partitions is not None else pa.schema([])
-    clash = [n for n in part_schema.names if n in data_schema.names]
-    if clash:
-        raise SchemaMismatchError(
-            f"partitioning='hive': partition keys {clash} are also columns inside the files; "
-            "rename the directories or pass partitioning=None"
-        )
-    schema = pa.schema(list(data_schema) + list(part_schema))
-    output = check_columns(columns, schema)
-    expr = check_filter(filters, schema)
-    needed = list(dict.fromkeys(output + filter_fields(expr, schema)))
-    data_columns = [n for n in data_schema.names if n in needed]
+    schema, output, expr, data_columns, part_columns = _resolve_request(
+        footers[0].schema, partitions, columns, filters
+    )
     _check_consistent(footers, data_columns, fs)
     if expr is None or format is not FileFormat.PARQUET:
         files = [f.file for f in footers]
@@ -241,7 +231,7 @@ def _discover_parquet(
         schema=schema,
         output_columns=tuple(output),
         data_columns=tuple(data_columns),
-        partition_columns=tuple(n for n in part_schema.names if n in needed),
+        partition_columns=tuple(part_columns),
         partitions=partitions,
         filters=expr,
         extra={"parquet_footers": {f.file.path: f.footer for f in footers}},

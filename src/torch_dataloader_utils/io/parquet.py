@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 
 from torch_dataloader_utils.discovery.partitions import Partitions
 from torch_dataloader_utils.errors import ReadError
+from torch_dataloader_utils.io.finish import BatchFinisher
 from torch_dataloader_utils.io.fs import FileSystemSpec
 from torch_dataloader_utils.io.prefetch import ChunkSource
 from torch_dataloader_utils.plan.types import Chunk, FileInfo, RowGroup
@@ -61,6 +62,7 @@ class ParquetReader:
         self._partitions = partitions
         self._partition_columns = list(partition_columns)
         self._filters = filters
+        self._finisher = BatchFinisher(output_columns, partitions, partition_columns, filters)
         self._batch_size = batch_size
         self._read_rows = max(batch_size, READ_BATCH_ROWS)
         self._use_threads = use_threads
@@ -146,15 +148,4 @@ class ParquetReader:
                 yield from kept.to_batches(max_chunksize=self._batch_size)
 
     def _finish(self, batch: pa.RecordBatch, path: str) -> pa.RecordBatch:
-        if self._partition_columns and self._partitions is not None:
-            arrays = list(batch.columns)
-            names = list(batch.schema.names)
-            for name, array in self._partitions.columns(path, batch.num_rows, self._partition_columns):
-                arrays.append(array)
-                names.append(name)
-            batch = pa.RecordBatch.from_arrays(arrays, names=names)
-        if self._filters is not None:
-            batch = batch.filter(self._filters)
-        if batch.schema.names != self._output_columns:
-            batch = batch.select(self._output_columns)
-        return batch
+        return self._finisher(batch, path)

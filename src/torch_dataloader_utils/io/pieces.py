@@ -44,7 +44,7 @@ def read_piece(
     parts = [b for i in range(len(piece.chunks)) for b in chunk_batches(i) if b.num_rows]
     if not parts:
         return
-    table = pa.Table.from_batches(parts).combine_chunks()
+    table = pa.Table.from_batches(parts)  # take() gathers across chunks: no concatenation copy
     order = permutation(table.num_rows, piece.key[0], piece.key[1], *piece.key[2:])
     order = order[piece.lo : piece.hi]
     if not len(order):
