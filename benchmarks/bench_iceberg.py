@@ -8,7 +8,7 @@ reference), several times; medians are reported.
 
 Usage::
 
-    python benchmarks/bench_iceberg.py [--rows 2000000] [--repeats 5] [--out docs/benchmarks-iceberg.md]
+    python benchmarks/bench_iceberg.py [--rows 2000000] [--repeats 5] [--out FILE.md]
 """
 
 from __future__ import annotations

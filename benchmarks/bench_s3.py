@@ -195,11 +195,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-s3", action="store_true")
+    parser.add_argument("--files", type=int, default=8, help="files of the throughput dataset")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tdu-bench-s3-"))
     try:
         big = tmp / "big"
-        write_dataset(big, files=8, rows=400_000, rg_rows=100_000)
+        write_dataset(big, files=args.files, rows=400_000, rg_rows=100_000)
         small = tmp / "small"
         write_dataset(small, files=2000, rows=50, rg_rows=50)
         out = ["## Startup", "", *bench_startup(small, args.repeats), ""]

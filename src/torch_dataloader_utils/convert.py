@@ -278,7 +278,7 @@ def _as_tensor(arr: np.ndarray) -> torch.Tensor:
 # worker's pipe; for several MiB, one segment wins. So a batch's tensors (and the
 # buffers of its string columns) are copied into ONE buffer: a bytearray pickled in-band
 # up to PIPE_MAX_BYTES, one shared-memory segment above. Groups of batches
-# (runtime.loader.StructuredDataLoader) are sized to take the shared-memory path.
+# (runtime.loader.ResumableDataLoader) are sized to take the shared-memory path.
 
 _ALIGN = 64
 

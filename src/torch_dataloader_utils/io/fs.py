@@ -6,7 +6,7 @@ in a forked DataLoader worker (s3fs, for one, refuses to be used after fork).
 
 The bytes of ``s3://`` files go through pyarrow's native ``S3FileSystem`` whenever the
 ``storage_options`` translate to it (credentials, endpoint, region, timeouts); the
-benchmark in ``docs/benchmarks-s3.md`` measured it faster than s3fs for ranged reads.
+benchmark in ``docs/benchmarks.md`` measured it faster than s3fs for ranged reads.
 Options only s3fs understands keep the whole path on s3fs. Listing always uses fsspec.
 """
 
