@@ -101,7 +101,7 @@ def pyarrow_read(fmt: str, path: Path) -> int:
     return table.select(COLUMNS).num_rows
 
 
-def loader_read(fmt: str, path: Path, workers: int) -> int:
+def loader_read(fmt: str, path: Path, workers: int, split: str) -> int:
     loader, _ = create_dataloader(
         str(path),
         format=fmt,
@@ -109,17 +109,47 @@ def loader_read(fmt: str, path: Path, workers: int) -> int:
         batch_size=BATCH,
         columns=COLUMNS,
         output_format="torch",
-        split_bytes="16MiB",
+        split_bytes=split,
         multiprocessing_context="fork" if workers else None,
         timeout=600 if workers else 0,
     )
     return sum(len(batch["id"]) for batch in loader)
 
 
+class SteadyLoader:
+    """One loader with persistent workers, started by a warm-up epoch: times steady-state epochs."""
+
+    def __init__(self, fmt: str, path: Path, workers: int, split: str) -> None:
+        self.loader, _ = create_dataloader(
+            str(path),
+            format=fmt,
+            num_workers=workers,
+            batch_size=BATCH,
+            columns=COLUMNS,
+            output_format="torch",
+            split_bytes=split,
+            persistent_workers=workers > 0,
+            multiprocessing_context="fork" if workers else None,
+            timeout=600 if workers else 0,
+        )
+        self()  # warm-up: starts the workers
+
+    def __call__(self) -> int:
+        return sum(len(batch["id"]) for batch in self.loader)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mb", type=int, default=200)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--split", default="4MiB", help="split_bytes (4 MiB: ~25 equal chunks per worker of a 200 MB file)"
+    )
+    parser.add_argument(
+        "--persistent",
+        action="store_true",
+        help="time steady-state epochs of loaders with persistent workers (started before timing)",
+    )
     parser.add_argument("--cache-dir", default=".bench_cache/text")
     parser.add_argument("--json", default=None, help="also write results as JSON here")
     args = parser.parse_args()
@@ -129,13 +159,18 @@ def main() -> None:
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     machine = f"{platform.platform()}, {os.cpu_count()} CPUs, load {load}"
     print(f"# {machine}, pyarrow {pa.__version__}, runs={args.runs}")
+    print(f"# split_bytes={args.split}, persistent={args.persistent}")
     for fmt, path in paths.items():
         size_mb = path.stat().st_size / 1e6
         got = timed_interleaved(
             {
                 "pyarrow": functools.partial(pyarrow_read, fmt, path),
-                "w0": functools.partial(loader_read, fmt, path, 0),
-                "w2": functools.partial(loader_read, fmt, path, 2),
+                "w0": SteadyLoader(fmt, path, 0, args.split)
+                if args.persistent
+                else functools.partial(loader_read, fmt, path, 0, args.split),
+                "w2": SteadyLoader(fmt, path, 2, args.split)
+                if args.persistent
+                else functools.partial(loader_read, fmt, path, 2, args.split),
             },
             args.runs,
         )
