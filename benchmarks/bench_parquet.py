@@ -64,6 +64,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--column-sets", nargs="+", default=list(common.COLUMN_SETS), choices=list(common.COLUMN_SETS)
     )
+    p.add_argument(
+        "--persistent",
+        action="store_true",
+        help="loaders with workers keep them (persistent_workers=True, started by a warm-up epoch): "
+        "steady-state epochs of a multi-epoch job",
+    )
     args = p.parse_args(argv)
     spec = common.spec_from_args(args)
     files = common.ensure_dataset(spec, args.data_dir)
@@ -80,7 +86,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             ]
             loaders = []
             for w in args.workers:
-                loader, _ = create_dataloader(str(data_dir), columns=columns, batch_size=bs, num_workers=w)
+                loader, _ = create_dataloader(
+                    str(data_dir),
+                    columns=columns,
+                    batch_size=bs,
+                    num_workers=w,
+                    persistent_workers=args.persistent and w > 0,
+                )
+                if args.persistent and w > 0:
+                    loader_loop(loader)  # warm-up: starts the workers
                 s = common.Series("loader", {"columns": colset, "batch_size": bs, "num_workers": w})
                 runs.append((s, lambda ld=loader: loader_loop(ld)))
                 loaders.append(s)
@@ -124,7 +138,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             ["columns", "batch_size", "reader", "median s", "rows/s", "vs raw", "range s", "CPU s"], md_rows
         )
     )
-    common.write_results("bench_parquet", payload, md, args.out_dir)
+    payload["persistent_workers"] = args.persistent
+    common.write_results(
+        "bench_parquet_persistent" if args.persistent else "bench_parquet", payload, md, args.out_dir
+    )
     return payload
 
 
