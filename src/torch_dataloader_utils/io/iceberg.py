@@ -15,8 +15,10 @@ ORC data files are read whole, by column name.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -42,11 +44,22 @@ class IcebergReader:
         self._use_threads = use_threads
         self._by_name = {name: (fid, t) for fid, name, t in scan.fields}
         self._open: OrderedDict[str, pq.ParquetFile] = OrderedDict()
+        self._decoder: ThreadPoolExecutor | None = None
+        self._decoder_pid = 0
 
     def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()
         state["_open"] = OrderedDict()  # open files never cross a process boundary
+        state["_decoder"] = None  # nor threads: made again in the process that reads
         return state
+
+    def _decode_ahead(self) -> ThreadPoolExecutor:
+        """One thread that decodes the next row group while this one is finished."""
+        # A forked DataLoader worker inherits this object but not its thread: make a new one.
+        if self._decoder is None or self._decoder_pid != os.getpid():
+            self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tdu-iceberg-decode")
+            self._decoder_pid = os.getpid()
+        return self._decoder
 
     # -- files ------------------------------------------------------------------
     def _parquet(self, path: str) -> pq.ParquetFile:
@@ -80,12 +93,25 @@ class IcebergReader:
         names = self._scan.read_columns
         ids = parquet_field_ids(pf.schema_arrow, self._scan.name_mapping, info.path)
         file_cols = [ids[self._by_name[n][0]] for n in names if self._by_name[n][0] in ids]
+        pieces = []
         for g in groups:
-            lo = max(start, g.first_row)
-            hi = min(stop, g.stop_row)
-            if info.deleted_in(lo, hi) == hi - lo:
-                continue  # every row of the piece is deleted
-            table = pf.read_row_group(g.index, columns=file_cols, use_threads=self._use_threads)
+            lo, hi = max(start, g.first_row), min(stop, g.stop_row)
+            if info.deleted_in(lo, hi) < hi - lo:  # else every row of the piece is deleted
+                pieces.append((g, lo, hi))
+
+        def decode(index: int) -> Future[pa.Table]:
+            group = pieces[index][0].index
+            return self._decode_ahead().submit(
+                pf.read_row_group, group, columns=file_cols, use_threads=self._use_threads
+            )
+
+        # While one row group's deletes, filter and projection run (one thread), the next
+        # group is decoded (pyarrow releases the GIL): the deletes cost no extra wall time.
+        pending = decode(0) if pieces else None
+        for i, (g, lo, hi) in enumerate(pieces):
+            assert pending is not None
+            table = pending.result()
+            pending = decode(i + 1) if i + 1 < len(pieces) else None
             if lo != g.first_row or hi != g.stop_row:
                 table = table.slice(lo - g.first_row, hi - lo)
             # Deletes and filters run once per row-group piece. The piece goes on as
