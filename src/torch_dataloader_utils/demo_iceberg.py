@@ -238,8 +238,8 @@ def iceberg_demo(data_dir: str | Path = "demo_data", num_ranks: int = 2, num_wor
     repeated = len(ids) - len(got)
     if repeated == 0 and got <= live and len(got) + dropped == len(live) and len(counts) == 1:
         print(
-            f"  OK: all {len(got)} live rows arrived exactly once (deleted rows never); every rank "
-            f"yielded {counts.pop()} batches ({dropped} row(s) left out of the epoch to even them)"
+            f"  OK: {len(got)} of {len(live)} live rows arrived exactly once, deleted rows never, "
+            f"{dropped} left out of this epoch to even the ranks; every rank yielded {counts.pop()} batches"
         )
         return 0
     missing = len(live - got) - dropped
