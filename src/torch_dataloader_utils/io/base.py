@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Protocol, runtime_checkable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import pyarrow as pa
 
 from torch_dataloader_utils.plan.types import Chunk
 
-__all__ = ["ChunkReader"]
+__all__ = ["ChunkReader", "OpenFiles"]
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -19,3 +22,45 @@ class ChunkReader(Protocol):
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the chunk's rows, in file order, as batches of the output schema."""
         ...
+
+
+class OpenFiles(Generic[T]):
+    """The few files a reader has open, most recently used last (per process).
+
+    Opening a file costs a footer read (and a request on object storage), so a reader
+    keeps the last ``size`` files it read from. The cache never crosses a process
+    boundary: it pickles empty, so each DataLoader worker opens its own files.
+
+    Args:
+        opener: Opens a path.
+        size: Files kept open.
+        closer: Called on a file dropped from the cache, when it needs closing.
+    """
+
+    def __init__(
+        self, opener: Callable[[str], T], size: int = 4, closer: Callable[[T], Any] | None = None
+    ) -> None:
+        self._opener = opener
+        self._size = size
+        self._closer = closer
+        self._open: OrderedDict[str, T] = OrderedDict()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_open"] = OrderedDict()
+        return state
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def get(self, path: str) -> T:
+        """The open file of ``path`` (opened now if it is not in the cache)."""
+        handle = self._open.pop(path, None)
+        if handle is None:
+            handle = self._opener(path)
+        self._open[path] = handle
+        while len(self._open) > self._size:
+            _, old = self._open.popitem(last=False)
+            if self._closer is not None:
+                self._closer(old)
+        return handle

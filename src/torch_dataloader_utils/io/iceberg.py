@@ -16,7 +16,6 @@ ORC data files are read whole, by column name.
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -26,12 +25,11 @@ import pyarrow.parquet as pq
 
 from torch_dataloader_utils.discovery.iceberg import IcebergFileInfo, IcebergScan
 from torch_dataloader_utils.errors import ReadError
+from torch_dataloader_utils.io.base import OpenFiles
 from torch_dataloader_utils.io.iceberg_columns import column_by_id, log_once, orc_field_ids, parquet_field_ids
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
 
 __all__ = ["IcebergReader"]
-
-_OPEN_FILES = 4
 
 
 class IcebergReader:
@@ -43,13 +41,12 @@ class IcebergReader:
         self._batch_size = batch_size
         self._use_threads = use_threads
         self._by_name = {name: (fid, t) for fid, name, t in scan.fields}
-        self._open: OrderedDict[str, pq.ParquetFile] = OrderedDict()
+        self._open = OpenFiles(self._open_parquet)
         self._decoder: ThreadPoolExecutor | None = None
         self._decoder_pid = 0
 
     def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()
-        state["_open"] = OrderedDict()  # open files never cross a process boundary
         state["_decoder"] = None  # nor threads: made again in the process that reads
         return state
 
@@ -62,15 +59,9 @@ class IcebergReader:
         return self._decoder
 
     # -- files ------------------------------------------------------------------
-    def _parquet(self, path: str) -> pq.ParquetFile:
-        pf = self._open.pop(path, None)
-        if pf is None:
-            filesystem, inner = self._scan.fs.resolve(path)
-            pf = pq.ParquetFile(inner, filesystem=filesystem)
-        self._open[path] = pf
-        while len(self._open) > _OPEN_FILES:
-            self._open.popitem(last=False)
-        return pf
+    def _open_parquet(self, path: str) -> pq.ParquetFile:
+        filesystem, inner = self._scan.fs.resolve(path)
+        return pq.ParquetFile(inner, filesystem=filesystem)
 
     # -- reading ----------------------------------------------------------------
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
@@ -87,7 +78,7 @@ class IcebergReader:
             ) from exc
 
     def _read_parquet(self, info: IcebergFileInfo, chunk: Chunk) -> Iterator[pa.RecordBatch]:
-        pf = self._parquet(info.path)
+        pf = self._open.get(info.path)
         start, stop = (0, info.num_rows or 0) if chunk.unit is ChunkUnit.BYTES else (chunk.start, chunk.stop)
         groups = info.groups_in(start, stop)
         names = self._scan.read_columns

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -12,13 +11,16 @@ import pyarrow.orc as orc
 
 from torch_dataloader_utils.discovery.partitions import Partitions
 from torch_dataloader_utils.errors import ReadError
+from torch_dataloader_utils.io.base import OpenFiles
 from torch_dataloader_utils.io.finish import BatchFinisher
 from torch_dataloader_utils.io.fs import FileSystemSpec
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
 
 __all__ = ["OrcReader"]
 
-_OPEN_FILES = 4
+
+def _close_source(entry: tuple[Any, orc.ORCFile]) -> None:
+    entry[0].close()
 
 
 class OrcReader:
@@ -46,29 +48,19 @@ class OrcReader:
         self._data_columns = list(data_columns)
         self._finish = BatchFinisher(output_columns, partitions, partition_columns, filters)
         self._batch_size = batch_size
-        self._open: OrderedDict[str, tuple[Any, orc.ORCFile]] = OrderedDict()
+        self._open: OpenFiles[tuple[Any, orc.ORCFile]] = OpenFiles(
+            self._open_orc, closer=lambda e: e[0].close()
+        )
 
-    def __getstate__(self) -> dict[str, object]:
-        state = self.__dict__.copy()
-        state["_open"] = OrderedDict()  # open files never cross a process boundary
-        return state
-
-    def _file(self, path: str) -> orc.ORCFile:
-        entry = self._open.pop(path, None)
-        if entry is None:
-            source = self._fs.arrow().open_input_file(path)
-            entry = (source, orc.ORCFile(source))
-        self._open[path] = entry
-        while len(self._open) > _OPEN_FILES:
-            old, _ = self._open.popitem(last=False)[1]
-            old.close()
-        return entry[1]
+    def _open_orc(self, path: str) -> tuple[Any, orc.ORCFile]:
+        source = self._fs.arrow().open_input_file(path)
+        return source, orc.ORCFile(source)
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the chunk's rows (filtered, projected) in file order."""
         info = self._files[chunk.path]
         try:
-            reader = self._file(chunk.path)
+            reader = self._open.get(chunk.path)[1]
             for g in info.groups_in(chunk.start, chunk.stop):
                 lo = max(chunk.start, g.first_row) - g.first_row
                 hi = min(chunk.stop, g.stop_row) - g.first_row

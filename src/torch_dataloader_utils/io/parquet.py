@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
@@ -11,6 +10,7 @@ import pyarrow.parquet as pq
 
 from torch_dataloader_utils.discovery.partitions import Partitions
 from torch_dataloader_utils.errors import ReadError
+from torch_dataloader_utils.io.base import OpenFiles
 from torch_dataloader_utils.io.finish import BatchFinisher
 from torch_dataloader_utils.io.fs import FileSystemSpec
 from torch_dataloader_utils.io.prefetch import ChunkSource
@@ -18,7 +18,6 @@ from torch_dataloader_utils.plan.types import Chunk, FileInfo, RowGroup
 
 __all__ = ["READ_BATCH_ROWS", "ParquetReader"]
 
-_OPEN_FILES = 4
 
 READ_BATCH_ROWS = 65536
 """Rows per read (pyarrow's own default), or ``batch_size`` when larger.
@@ -58,15 +57,12 @@ class ParquetReader:
         self._fs = fs
         self._files = files
         self._data_columns = list(data_columns)
-        self._output_columns = list(output_columns)
-        self._partitions = partitions
-        self._partition_columns = list(partition_columns)
         self._filters = filters
         self._finisher = BatchFinisher(output_columns, partitions, partition_columns, filters)
         self._batch_size = batch_size
         self._read_rows = max(batch_size, READ_BATCH_ROWS)
         self._use_threads = use_threads
-        self._open: OrderedDict[str, pq.ParquetFile] = OrderedDict()
+        self._open = OpenFiles(self._open_parquet)
         # Remote files: bytes come from the source (read-ahead, retries); see io/prefetch.py.
         self._source = source
         # Files counted by discovery.counts: row positions count only rows that pass the
@@ -78,19 +74,8 @@ class ParquetReader:
         if self._source is not None:
             self._source.schedule(chunks)
 
-    def __getstate__(self) -> dict[str, object]:
-        state = self.__dict__.copy()
-        state["_open"] = OrderedDict()  # open files never cross a process boundary
-        return state
-
-    def _file(self, path: str) -> pq.ParquetFile:
-        pf = self._open.pop(path, None)
-        if pf is None:
-            pf = pq.ParquetFile(path, filesystem=self._fs.arrow())
-        self._open[path] = pf
-        while len(self._open) > _OPEN_FILES:
-            self._open.popitem(last=False)
-        return pf
+    def _open_parquet(self, path: str) -> pq.ParquetFile:
+        return pq.ParquetFile(path, filesystem=self._fs.arrow())
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the chunk's rows (filtered, projected) in file order."""
@@ -99,7 +84,7 @@ class ParquetReader:
         if not groups:
             return
         try:
-            pf = self._source.open(chunk) if self._source is not None else self._file(chunk.path)
+            pf = self._source.open(chunk) if self._source is not None else self._open.get(chunk.path)
             if self._filtered_positions:
                 yield from self._read_filtered(pf, chunk, groups)
                 return

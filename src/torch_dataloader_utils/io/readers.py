@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 
 from torch_dataloader_utils.config import FetchConfig, FileFormat
@@ -23,6 +25,15 @@ def make_reader(found: Discovered, batch_size: int, fetch: FetchConfig | None = 
     needed columns, read-ahead, retries); local files are opened directly.
     """
     files = {f.path: f for f in found.files}
+    # What every reader needs: which columns to read and how to finish a batch.
+    common: dict[str, Any] = {
+        "data_columns": found.data_columns,
+        "output_columns": found.output_columns,
+        "partitions": found.partitions,
+        "partition_columns": found.partition_columns,
+        "filters": found.filters,
+        "batch_size": batch_size,
+    }
     if found.format is FileFormat.PARQUET:
         source = None
         if not found.fs.is_local:
@@ -36,26 +47,12 @@ def make_reader(found: Discovered, batch_size: int, fetch: FetchConfig | None = 
         return ParquetReader(
             found.fs,
             files,
-            data_columns=found.data_columns,
-            output_columns=found.output_columns,
-            partitions=found.partitions,
-            partition_columns=found.partition_columns,
-            filters=found.filters,
-            batch_size=batch_size,
+            **common,
             source=source,
             filtered_positions=bool(found.extra.get("filtered_positions", False)),
         )
     if found.format is FileFormat.ORC:
-        return OrcReader(
-            found.fs,
-            files,
-            data_columns=found.data_columns,
-            output_columns=found.output_columns,
-            partitions=found.partitions,
-            partition_columns=found.partition_columns,
-            filters=found.filters,
-            batch_size=batch_size,
-        )
+        return OrcReader(found.fs, files, **common)
     if found.format in (FileFormat.CSV, FileFormat.JSONL):
         options = found.extra["text_options"]
         part_names = set(found.partitions.schema.names) if found.partitions is not None else set()
@@ -66,12 +63,7 @@ def make_reader(found: Discovered, batch_size: int, fetch: FetchConfig | None = 
             found.extra["text_meta"],
             format=found.format,
             schema=data_schema,
-            data_columns=found.data_columns,
-            output_columns=found.output_columns,
-            partitions=found.partitions,
-            partition_columns=found.partition_columns,
-            filters=found.filters,
-            batch_size=batch_size,
+            **common,
             quoted_newlines=options.quoted_newlines,
             strict_fields=options.schema is None,
         )

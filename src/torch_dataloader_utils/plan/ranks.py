@@ -18,7 +18,7 @@ All of it is computed from chunk row counts alone, identically on every rank.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -29,6 +29,7 @@ __all__ = [
     "cut_chunk",
     "equalize_ranks",
     "fill_quotas",
+    "fill_quotas_by",
     "rank_quota",
     "slice_for_rank",
     "take_rows",
@@ -115,41 +116,57 @@ def fill_quotas(
         ``(bins, left_over)``: the new bins, and the pool rows no bin took. A bin ends
         short of its quota only when the pool runs dry.
     """
+    return fill_quotas_by(
+        bins,
+        quotas,
+        rows=lambda chunk: _rows(chunk, "equal_batches"),
+        cut=lambda chunk, n: cut_chunk(chunk, files[chunk.path], n),
+    )
+
+
+def fill_quotas_by(
+    bins: Sequence[Sequence[T]],
+    quotas: Sequence[int],
+    *,
+    rows: Callable[[T], int],
+    cut: Callable[[T, int], tuple[T, T]],
+) -> tuple[list[list[T]], list[T]]:
+    """:func:`fill_quotas` for any item with a row count and a cut (chunks, resume pieces)."""
     if len(bins) != len(quotas):
         raise ValueError(f"{len(bins)} bins but {len(quotas)} quotas")
-    kept: list[list[Chunk]] = []
+    kept: list[list[T]] = []
     have: list[int] = []
-    pool: deque[Chunk] = deque()
-    for chunks, quota in zip(bins, quotas, strict=True):
-        out: list[Chunk] = []
-        rows = 0
-        for chunk in chunks:
-            n = _rows(chunk, "equal_batches")
-            if rows >= quota and n > 0:
-                pool.append(chunk)
-            elif rows + n <= quota:
-                out.append(chunk)
-                rows += n
+    pool: deque[T] = deque()
+    for items, quota in zip(bins, quotas, strict=True):
+        out: list[T] = []
+        total = 0
+        for item in items:
+            n = rows(item)
+            if total >= quota and n > 0:
+                pool.append(item)
+            elif total + n <= quota:
+                out.append(item)
+                total += n
             else:
-                head, tail = cut_chunk(chunk, files[chunk.path], quota - rows)
+                head, tail = cut(item, quota - total)
                 out.append(head)
                 pool.append(tail)
-                rows = quota
+                total = quota
         kept.append(out)
-        have.append(rows)
-    for out, rows, quota in zip(kept, have, quotas, strict=True):
-        while rows < quota and pool:
-            chunk = pool.popleft()
-            n = _rows(chunk, "equal_batches")
-            if n <= quota - rows:
-                out.append(chunk)
-                rows += n
+        have.append(total)
+    for out, total, quota in zip(kept, have, quotas, strict=True):
+        while total < quota and pool:
+            item = pool.popleft()
+            n = rows(item)
+            if n <= quota - total:
+                out.append(item)
+                total += n
             else:
-                head, tail = cut_chunk(chunk, files[chunk.path], quota - rows)
+                head, tail = cut(item, quota - total)
                 out.append(head)
                 pool.appendleft(tail)
-                rows = quota
-    return kept, [c for c in pool if c.num_rows]
+                total = quota
+    return kept, [item for item in pool if rows(item)]
 
 
 def take_rows(chunks: Sequence[Chunk], rows: int, files: Mapping[str, FileInfo]) -> list[Chunk]:

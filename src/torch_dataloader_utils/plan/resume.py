@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -35,7 +34,7 @@ from typing import Any
 from torch_dataloader_utils.errors import ResumeStateError, StateMismatchError
 from torch_dataloader_utils.plan.assign import assign
 from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
-from torch_dataloader_utils.plan.ranks import cut_chunk, rank_quota, worker_quotas
+from torch_dataloader_utils.plan.ranks import cut_chunk, fill_quotas_by, rank_quota, worker_quotas
 from torch_dataloader_utils.plan.shuffle import permutation
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, EqualBatches, FileInfo
 
@@ -217,39 +216,7 @@ def _fill(
     bins: Sequence[Sequence[Piece]], quotas: Sequence[int], files: Mapping[str, FileInfo]
 ) -> tuple[list[list[Piece]], list[Piece]]:
     """:func:`~.ranks.fill_quotas` for pieces: exact quotas, cutting at row granularity."""
-    kept: list[list[Piece]] = []
-    have: list[int] = []
-    pool: deque[Piece] = deque()
-    for pieces, quota in zip(bins, quotas, strict=True):
-        out: list[Piece] = []
-        rows = 0
-        for piece in pieces:
-            n = _rows(piece)
-            if rows >= quota and n > 0:
-                pool.append(piece)
-            elif rows + n <= quota:
-                out.append(piece)
-                rows += n
-            else:
-                head, tail = cut_piece(piece, quota - rows, files, True)
-                out.append(head)
-                pool.append(tail)
-                rows = quota
-        kept.append(out)
-        have.append(rows)
-    for out, rows, quota in zip(kept, have, quotas, strict=True):
-        while rows < quota and pool:
-            piece = pool.popleft()
-            n = _rows(piece)
-            if n <= quota - rows:
-                out.append(piece)
-                rows += n
-            else:
-                head, tail = cut_piece(piece, quota - rows, files, True)
-                out.append(head)
-                pool.appendleft(tail)
-                rows = quota
-    return kept, [p for p in pool if _rows(p)]
+    return fill_quotas_by(bins, quotas, rows=_rows, cut=lambda piece, n: cut_piece(piece, n, files, True))
 
 
 def _rows(piece: Piece) -> int:
