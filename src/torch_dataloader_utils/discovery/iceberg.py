@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
 from torch_dataloader_utils.discovery.iceberg_filters import to_iceberg_expression
+from torch_dataloader_utils.discovery.parquet import row_groups
 from torch_dataloader_utils.errors import ConfigError, CorruptFileError, DiscoveryError, PathNotFoundError
 from torch_dataloader_utils.io.iceberg_equality import RowFilter, equality_positions, read_equality_delete
 from torch_dataloader_utils.io.iceberg_fs import IcebergFileSystem
@@ -308,14 +309,7 @@ def _row_groups(fs: IcebergFileSystem, location: str) -> tuple[RowGroup, ...]:
         raise CorruptFileError(
             f"cannot read the Parquet footer of Iceberg data file {location!r}: {exc}"
         ) from exc
-    groups = []
-    first = 0
-    for i in range(meta.num_row_groups):
-        rg = meta.row_group(i)
-        nbytes = sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
-        groups.append(RowGroup(i, first, rg.num_rows, nbytes))
-        first += rg.num_rows
-    return tuple(groups)
+    return row_groups(meta)
 
 
 def _read_position_deletes(fs: IcebergFileSystem, location: str) -> pa.Table:

@@ -58,6 +58,18 @@ class FooterInfo:
         return frag
 
 
+def row_groups(meta: pq.FileMetaData) -> tuple[RowGroup, ...]:
+    """Every row group of a Parquet footer: first row, rows and compressed bytes."""
+    groups = []
+    first = 0
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        nbytes = sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
+        groups.append(RowGroup(i, first, rg.num_rows, nbytes))
+        first += rg.num_rows
+    return tuple(groups)
+
+
 def _read_one(
     fs: FileSystemSpec, listed: ListedFile, partitions: Partitions | None, fetch: FetchConfig
 ) -> FooterInfo:
@@ -71,14 +83,7 @@ def _read_one(
             f"cannot read the Parquet footer of {fs.display(listed.path)!r} ({exc}); "
             "is it a Parquet file? Remove it from path or pass format= for its real format"
         ) from exc
-    groups = []
-    first = 0
-    for i in range(meta.num_row_groups):
-        rg = meta.row_group(i)
-        nbytes = sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
-        groups.append(RowGroup(i, first, rg.num_rows, nbytes))
-        first += rg.num_rows
-    info = FileInfo(listed.path, listed.size, meta.num_rows, tuple(groups), listed.mtime)
+    info = FileInfo(listed.path, listed.size, meta.num_rows, row_groups(meta), listed.mtime)
     return FooterInfo(info, schema, footer, pexpr)
 
 

@@ -217,6 +217,80 @@ def check_row_shuffle_window(row_shuffle_window: object, shuffle: object) -> Non
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class CommonOptions:
+    """The options every dataset (files, Iceberg) shares, checked and coerced once.
+
+    Attributes:
+        output: Output format of batches.
+        equal: Equal-batches policy.
+        world: The ranks to plan for.
+        counting: Whether rows the metadata does not count are counted at construction.
+    """
+
+    output: OutputFormat
+    equal: EqualBatches
+    world: World
+    counting: bool
+
+
+def check_common(
+    *,
+    output_format: object,
+    batch_size: object,
+    shuffle: object,
+    shuffle_seed: object,
+    drop_last: object,
+    num_workers: object,
+    collate_fn: object,
+    equal_batches: object,
+    num_ranks: int | None,
+    rank: int | None,
+    count_rows: object,
+    count_anyway: bool = False,
+) -> CommonOptions:
+    """Validate the shared options; decide whether rows are counted at construction.
+
+    ``count_rows=None`` counts when equal batches need exact counts (more than one rank
+    with ``equal_batches`` on), or when ``count_anyway`` (e.g. a count cache was given).
+
+    Raises:
+        ConfigError: an option has an invalid value (it is named, with the fix).
+    """
+    out = coerce_enum(output_format, OutputFormat, "output_format")
+    equal = coerce_equal_batches(equal_batches)
+    check_int(batch_size, "batch_size", 1, hint=" (rows per batch)")
+    check_int(shuffle_seed, "shuffle_seed", 0)
+    check_int(num_workers, "num_workers", 0)
+    check_bool(shuffle, "shuffle")
+    check_bool(drop_last, "drop_last")
+    if collate_fn is not None and not callable(collate_fn):
+        raise ConfigError(f"collate_fn={collate_fn!r} must be callable")
+    world = env.resolve_world(num_ranks, rank)
+    if count_rows is not None:
+        check_bool(count_rows, "count_rows")
+        counting = bool(count_rows)
+    else:
+        counting = (world.num_ranks > 1 and equal is not EqualBatches.OFF) or count_anyway
+    return CommonOptions(out, equal, world, counting)
+
+
+def batch_schema(schema: pa.Schema, equal: EqualBatches) -> pa.Schema:
+    """The schema of every batch: ``schema``, plus the padding flag with ``equal_batches='pad'``.
+
+    Raises:
+        IncompatibleOptionsError: the data already has a column of the flag's name.
+    """
+    if equal is not EqualBatches.PAD:
+        return schema
+    if PADDING_COLUMN in schema.names:
+        raise IncompatibleOptionsError(
+            f"equal_batches='pad' adds a column {PADDING_COLUMN!r}, but the data already has one; "
+            "rename it or leave it out of columns"
+        )
+    return schema.append(pa.field(PADDING_COLUMN, pa.bool_(), nullable=False))
+
+
 def _count_filtered(found: Discovered, counting: bool) -> tuple[Discovered, str | None]:
     """Exact counts under a row filter (Parquet), or the reason counts stay unknown.
 
@@ -703,26 +777,25 @@ class StructuredDataset(PlannedDataset):
     ) -> None:
         fmt = coerce_format(format)
         check_row_shuffle_window(row_shuffle_window, shuffle)
-        equal = coerce_equal_batches(equal_batches)
         fetch = FetchConfig.from_user(read_ahead_bytes, retries, retry_backoff)
-        out_fmt = coerce_enum(output_format, OutputFormat, "output_format")
-        check_int(batch_size, "batch_size", 1, hint=" (rows per batch)")
-        check_int(shuffle_seed, "shuffle_seed", 0)
-        check_int(num_workers, "num_workers", 0)
-        check_bool(shuffle, "shuffle")
-        check_bool(drop_last, "drop_last")
-        if collate_fn is not None and not callable(collate_fn):
-            raise ConfigError(f"collate_fn={collate_fn!r} must be callable")
+        common = check_common(
+            output_format=output_format,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            shuffle_seed=shuffle_seed,
+            drop_last=drop_last,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            equal_batches=equal_batches,
+            num_ranks=num_ranks,
+            rank=rank,
+            count_rows=count_rows,
+            count_anyway=count_cache_dir is not None,
+        )
         if storage_options is not None and not isinstance(storage_options, Mapping):
             raise ConfigError(f"storage_options={storage_options!r} must be a dict of filesystem options")
-        world = env.resolve_world(num_ranks, rank)
         strategy = build_strategy(split_strategy, fmt, split_bytes, split_rows)
-        if count_rows is not None:
-            check_bool(count_rows, "count_rows")
-        # Exact counts are needed when ranks must get equal batches; None = count then.
-        need_counts = world.num_ranks > 1 and equal is not EqualBatches.OFF
-        counting = (need_counts or count_cache_dir is not None) if count_rows is None else count_rows
-        text = text_options(fmt, strategy, schema, quoted_newlines, counting, count_cache_dir)
+        text = text_options(fmt, strategy, schema, quoted_newlines, common.counting, count_cache_dir)
         found = discover(
             path,
             format=fmt,
@@ -734,31 +807,24 @@ class StructuredDataset(PlannedDataset):
             fetch=fetch,
             share=share.from_rank0,
         )
-        found, issue = _count_filtered(found, counting)
+        found, issue = _count_filtered(found, common.counting)
         self.discovered: Discovered = found
         """What discovery found: files, schema, columns."""
-        reader = make_reader(found, batch_size, fetch)
-        schema = found.output_schema
-        if equal is EqualBatches.PAD:
-            if PADDING_COLUMN in schema.names:
-                raise IncompatibleOptionsError(
-                    f"equal_batches='pad' adds a column {PADDING_COLUMN!r}, but the data already has "
-                    f"one; rename it or leave it out of columns"
-                )
-            schema = schema.append(pa.field(PADDING_COLUMN, pa.bool_(), nullable=False))
         super().__init__(
             files=found.files,
             strategy=strategy,
-            reader=reader,
-            converter=BatchConverter(schema, out_fmt, null_fill),
-            world=world,
+            reader=make_reader(found, batch_size, fetch),
+            converter=BatchConverter(
+                batch_schema(found.output_schema, common.equal), common.output, null_fill
+            ),
+            world=common.world,
             num_workers=num_workers,
             batch_size=batch_size,
             drop_last=bool(drop_last),
             shuffle=bool(shuffle),
             shuffle_seed=shuffle_seed,
             collate_fn=collate_fn,
-            equal_batches=equal,
+            equal_batches=common.equal,
             row_count_issue=issue,
             row_shuffle_window=row_shuffle_window,
             identity={

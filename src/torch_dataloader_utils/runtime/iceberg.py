@@ -13,28 +13,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import pyarrow as pa
-
 from torch_dataloader_utils.config import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_EQUAL_BATCHES,
     DEFAULT_SHUFFLE_SEED,
-    PADDING_COLUMN,
     EqualBatches,
     FileFormat,
     LoaderConfig,
     OutputFormat,
-    check_bool,
     check_int,
-    coerce_enum,
-    coerce_equal_batches,
 )
 from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.discovery.iceberg import IcebergScan, discover_iceberg, load_table
-from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError
 from torch_dataloader_utils.io.iceberg import IcebergReader
-from torch_dataloader_utils.runtime import env
-from torch_dataloader_utils.runtime.dataset import PlannedDataset, build_strategy
+from torch_dataloader_utils.runtime.dataset import PlannedDataset, batch_schema, build_strategy, check_common
 
 __all__ = ["IcebergDataset"]
 
@@ -99,19 +91,19 @@ class IcebergDataset(PlannedDataset):
         count_rows: bool | None = None,
         **planner_options: Any,
     ) -> None:
-        out_fmt = coerce_enum(output_format, OutputFormat, "output_format")
-        check_int(batch_size, "batch_size", 1, hint=" (rows per batch)")
-        check_int(shuffle_seed, "shuffle_seed", 0)
-        check_int(num_workers, "num_workers", 0)
-        equal = coerce_equal_batches(equal_batches)
-        if collate_fn is not None and not callable(collate_fn):
-            raise ConfigError(f"collate_fn={collate_fn!r} must be callable")
-        world = env.resolve_world(num_ranks, rank)
-        if count_rows is not None:
-            check_bool(count_rows, "count_rows")
-        # Exact counts are needed when ranks must get equal batches; None = count then.
-        need_counts = world.num_ranks > 1 and equal is not EqualBatches.OFF
-        counting = need_counts if count_rows is None else count_rows
+        common = check_common(
+            output_format=output_format,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            shuffle_seed=shuffle_seed,
+            drop_last=drop_last,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            equal_batches=equal_batches,
+            num_ranks=num_ranks,
+            rank=rank,
+            count_rows=count_rows,
+        )
         strategy = build_strategy(split_strategy, FileFormat.PARQUET, split_bytes, split_rows)
         tbl = load_table(table, catalog_config)
         scan = discover_iceberg(
@@ -121,19 +113,11 @@ class IcebergDataset(PlannedDataset):
             columns=columns,
             filters=filters,
             scan_filter=scan_filter,
-            count_filtered=counting,
+            count_filtered=common.counting,
         )
         self.scan: IcebergScan = scan
         """What discovery planned: data files, deletes, schema."""
         self.table_name = table
-        schema = scan.output_schema
-        if equal is EqualBatches.PAD:
-            if PADDING_COLUMN in schema.names:
-                raise IncompatibleOptionsError(
-                    f"equal_batches='pad' adds a column {PADDING_COLUMN!r}, but the table already has "
-                    "one; rename it or leave it out of columns"
-                )
-            schema = schema.append(pa.field(PADDING_COLUMN, pa.bool_(), nullable=False))
         issue = None
         if scan.filters is not None and not scan.filter_counted:
             how = "count_rows=None or True" if count_rows is False else "count_rows=True"
@@ -145,15 +129,17 @@ class IcebergDataset(PlannedDataset):
             files=scan.files,
             strategy=strategy,
             reader=IcebergReader(scan, batch_size),
-            converter=BatchConverter(schema, out_fmt, null_fill),
-            world=world,
+            converter=BatchConverter(
+                batch_schema(scan.output_schema, common.equal), common.output, null_fill
+            ),
+            world=common.world,
             num_workers=num_workers,
             batch_size=batch_size,
             drop_last=bool(drop_last),
             shuffle=bool(shuffle),
             shuffle_seed=shuffle_seed,
             collate_fn=collate_fn,
-            equal_batches=equal,
+            equal_batches=common.equal,
             row_count_issue=issue,
             **planner_options,
         )
