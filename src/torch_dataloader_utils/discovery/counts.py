@@ -11,7 +11,7 @@ Parquet reader reads such chunks by filtering each row group first and slicing a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
@@ -36,12 +36,15 @@ def _count_file(
     data_columns: Sequence[str],
     partitions: Partitions | None,
     partition_columns: Sequence[str],
+    footer: bytes | None,
 ) -> FileInfo:
     groups = file.row_groups or ()
     if not groups:
         return FileInfo(file.path, file.size, 0, (), file.mtime)
     try:
-        pf = pq.ParquetFile(file.path, filesystem=fs.arrow())
+        # The footer discovery already read: opening the file does not fetch it again.
+        meta = pq.read_metadata(pa.BufferReader(footer)) if footer is not None else None
+        pf = pq.ParquetFile(file.path, filesystem=fs.arrow(), metadata=meta)
         kept: list[RowGroup] = []
         first = 0
         for g in groups:
@@ -70,6 +73,7 @@ def count_filtered_rows(
     filter_columns: Sequence[str],
     partitions: Partitions | None,
     partition_columns: Sequence[str],
+    footers: Mapping[str, bytes | None] | None = None,
 ) -> tuple[FileInfo, ...]:
     """The files in filtered coordinates, with the exact passing rows of each row group.
 
@@ -80,13 +84,18 @@ def count_filtered_rows(
         filter_columns: File columns the filter reads (only these are read).
         partitions: Partition values, when the filter reads partition columns.
         partition_columns: Partition columns the filter reads.
+        footers: Footer bytes discovery already read, by path (not fetched again).
 
     Returns:
         One file per input, row groups without passing rows left out.
     """
+    footers = footers or {}
     with ThreadPoolExecutor(max_workers=max(1, min(COUNT_THREADS, len(files)))) as pool:
         return tuple(
             pool.map(
-                lambda f: _count_file(fs, f, filters, filter_columns, partitions, partition_columns), files
+                lambda f: _count_file(
+                    fs, f, filters, filter_columns, partitions, partition_columns, footers.get(f.path)
+                ),
+                files,
             )
         )

@@ -68,5 +68,5 @@ def _concat(pieces: list[pa.RecordBatch]) -> pa.RecordBatch:
 def with_flag(batches: Iterable[pa.RecordBatch], name: str, value: bool) -> Iterator[pa.RecordBatch]:
     """Append a constant boolean column ``name`` to every batch (e.g. ``_is_padding``)."""
     for batch in batches:
-        flag = pa.array([value] * batch.num_rows, pa.bool_())
+        flag = pa.repeat(pa.scalar(value, pa.bool_()), batch.num_rows)  # no per-row Python list
         yield pa.RecordBatch.from_arrays([*batch.columns, flag], names=[*batch.schema.names, name])

@@ -321,6 +321,7 @@ def _count_filtered(found: Discovered, counting: bool) -> tuple[Discovered, str 
             filter_columns=data_fields,
             partitions=found.partitions,
             partition_columns=[f for f in fields if f in part_names],
+            footers=found.extra.get("parquet_footers"),
         )
     )
     return dataclasses.replace(found, files=files, extra={**found.extra, "filtered_positions": True}), None
