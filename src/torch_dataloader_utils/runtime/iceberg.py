@@ -19,7 +19,6 @@ from torch_dataloader_utils.config import (
     DEFAULT_SHUFFLE_SEED,
     EqualBatches,
     FileFormat,
-    LoaderConfig,
     OutputFormat,
     check_int,
 )
@@ -182,14 +181,12 @@ class IcebergDataset(PlannedDataset):
         Returns:
             ``(loader, dataset)``. Call ``dataset.set_epoch(epoch)`` before each epoch.
         """
-        from torch_dataloader_utils.runtime.loader import auto_workers, make_loader
+        from torch_dataloader_utils.runtime.loader import loader_for
 
         check_int(num_workers, "num_workers", 0, optional=True, hint=" (or None for automatic)")
         dataset = cls(table, num_workers=num_workers or 0, **kwargs)
-        if num_workers is None:
-            num_workers = auto_workers(dataset)
-            dataset._num_workers = num_workers
-        config = LoaderConfig(
+        loader = loader_for(
+            dataset,
             num_workers=num_workers,
             pin_memory=pin_memory,
             persistent_workers=persistent_workers,
@@ -197,4 +194,4 @@ class IcebergDataset(PlannedDataset):
             timeout=timeout,
             multiprocessing_context=multiprocessing_context,
         )
-        return make_loader(dataset, config), dataset
+        return loader, dataset

@@ -22,7 +22,7 @@ from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.dataset import PlannedDataset, StructuredDataset
 from torch_dataloader_utils.runtime.resume import Tagged
 
-__all__ = ["MAX_AUTO_WORKERS", "ResumableDataLoader", "create_dataloader", "make_loader"]
+__all__ = ["MAX_AUTO_WORKERS", "ResumableDataLoader", "create_dataloader", "loader_for", "make_loader"]
 
 MAX_AUTO_WORKERS = 8
 """Upper bound of ``num_workers=None`` (auto)."""
@@ -88,7 +88,7 @@ class ResumableDataLoader(DataLoader[Any]):
 # <<< resume
 
 
-def make_loader(dataset: PlannedDataset, loader: LoaderConfig) -> DataLoader[Any]:
+def make_loader(dataset: PlannedDataset, loader: LoaderConfig) -> ResumableDataLoader:
     """The DataLoader over ``dataset`` (which yields whole batches)."""
     kwargs: dict[str, Any] = {}
     if loader.prefetch_factor is not None:
@@ -252,6 +252,29 @@ def create_dataloader(
         retry_backoff=retry_backoff,
         row_shuffle_window=row_shuffle_window,
     )
+    loader = loader_for(
+        dataset,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=persistent_workers,
+        prefetch_factor=prefetch_factor,
+        timeout=timeout,
+        multiprocessing_context=multiprocessing_context,
+    )
+    return loader, dataset
+
+
+def loader_for(
+    dataset: PlannedDataset,
+    *,
+    num_workers: int | None,
+    pin_memory: bool = False,
+    persistent_workers: bool = False,
+    prefetch_factor: int | None = None,
+    timeout: float = 0,
+    multiprocessing_context: Any = None,
+) -> ResumableDataLoader:
+    """The loader of a built dataset from the DataLoader options (``num_workers=None``: auto)."""
     if num_workers is None:
         num_workers = auto_workers(dataset)
         dataset._num_workers = num_workers
@@ -263,4 +286,4 @@ def create_dataloader(
         timeout=timeout,
         multiprocessing_context=multiprocessing_context,
     )
-    return make_loader(dataset, config), dataset
+    return make_loader(dataset, config)
