@@ -38,6 +38,7 @@ from torch_dataloader_utils.errors import (
     StateMismatchError,
     UnknownColumnError,
     UnknownLengthError,
+    UnknownOptionError,
 )
 from torch_dataloader_utils.plan.resume import merge_states
 from torch_dataloader_utils.plan.splits import LegacySplitStrategy, SplitStrategy
@@ -52,18 +53,22 @@ from torch_dataloader_utils.plan.types import (
 )
 
 if TYPE_CHECKING:
-    from torch_dataloader_utils.runtime.dataset import StructuredDataset
+    from torch_dataloader_utils.runtime.files import StructuredDataset, create_dataloader
     from torch_dataloader_utils.runtime.iceberg import IcebergDataset
-    from torch_dataloader_utils.runtime.loader import create_dataloader
-    from torch_dataloader_utils.runtime.resume import gather_state
+    from torch_dataloader_utils.runtime.loader import ResumableDataLoader
+    from torch_dataloader_utils.runtime.options import FileLoaderOptions, IcebergLoaderOptions
+    from torch_dataloader_utils.runtime.state import gather_state
 
 # torch and pyarrow are imported on first use of these names, so that importing the
 # pure parts (plan/, config, errors) stays light.
 _LAZY = {
+    "FileLoaderOptions": "torch_dataloader_utils.runtime.options",
     "IcebergDataset": "torch_dataloader_utils.runtime.iceberg",
-    "StructuredDataset": "torch_dataloader_utils.runtime.dataset",
-    "create_dataloader": "torch_dataloader_utils.runtime.loader",
-    "gather_state": "torch_dataloader_utils.runtime.resume",
+    "IcebergLoaderOptions": "torch_dataloader_utils.runtime.options",
+    "ResumableDataLoader": "torch_dataloader_utils.runtime.loader",
+    "StructuredDataset": "torch_dataloader_utils.runtime.files",
+    "create_dataloader": "torch_dataloader_utils.runtime.files",
+    "gather_state": "torch_dataloader_utils.runtime.state",
 }
 
 
@@ -91,7 +96,9 @@ __all__ = [
     "EqualBatches",
     "FileFormat",
     "FileInfo",
+    "FileLoaderOptions",
     "IcebergDataset",
+    "IcebergLoaderOptions",
     "IncompatibleOptionsError",
     "LegacySplitStrategy",
     "NoFilesFoundError",
@@ -103,6 +110,7 @@ __all__ = [
     "ReadError",
     "RecordBoundaryError",
     "RecordIndex",
+    "ResumableDataLoader",
     "ResumeStateError",
     "RowGroup",
     "SchemaError",
@@ -113,6 +121,7 @@ __all__ = [
     "StructuredDataset",
     "UnknownColumnError",
     "UnknownLengthError",
+    "UnknownOptionError",
     "World",
     "create_dataloader",
     "gather_state",

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from torch_dataloader_utils.errors import ConfigError, DistributedConfigError, IncompatibleOptionsError
@@ -24,15 +24,18 @@ __all__ = [
     "DEFAULT_RETRY_BACKOFF",
     "DEFAULT_SHUFFLE_SEED",
     "DEFAULT_SPLIT_BYTES",
+    "BatchConfig",
+    "CountConfig",
     "DistributedConfig",
     "EqualBatches",
     "FetchConfig",
     "FileFormat",
+    "FileSourceConfig",
+    "IcebergSourceConfig",
     "LoaderConfig",
     "OutputConfig",
     "OutputFormat",
     "PADDING_COLUMN",
-    "ReadConfig",
     "ShuffleConfig",
     "SplitConfig",
     "SplitKind",
@@ -204,51 +207,80 @@ def check_bool(value: object, param: str) -> bool:
     return value
 
 
+def _check_callable(value: object, param: str) -> None:
+    if value is not None and not callable(value):
+        raise ConfigError(f"{param}={value!r} must be callable")
+
+
 @dataclass(frozen=True, kw_only=True)
 class SplitConfig:
-    """How files are cut into chunks.
+    """How files are cut into chunks (the keywords ``split_strategy``, ``split_bytes``, ``split_rows``).
 
     Attributes:
-        strategy: A built-in :class:`SplitKind`, or a custom strategy object.
-        split_bytes: Target chunk size on disk, or ``None``.
+        split_strategy: A built-in :class:`SplitKind`, a custom strategy object, or
+            ``None`` for the format's default (row groups / stripes for Parquet and ORC,
+            byte ranges for CSV and JSONL).
+        split_bytes: Target chunk size on disk in bytes, or ``None`` (64 MiB for the
+            built-in strategies that take a size).
         split_rows: Target rows per chunk, or ``None``.
     """
 
-    strategy: SplitKind | object
-    split_bytes: int | None = DEFAULT_SPLIT_BYTES
+    split_strategy: SplitKind | object | None = None
+    split_bytes: int | None = None
     split_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.split_bytes is not None:
+            check_int(self.split_bytes, "split_bytes", 1, hint=" (bytes, or a string like '128MiB')")
+        check_int(self.split_rows, "split_rows", 1, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ShuffleConfig:
-    """Chunk-order shuffling: a permutation per ``(seed, epoch)``."""
+    """Shuffling: chunk order by ``(shuffle_seed, epoch)``, optionally rows across chunks.
 
-    enabled: bool = False
-    seed: int = DEFAULT_SHUFFLE_SEED
+    Attributes:
+        shuffle: Whether the order changes every epoch.
+        shuffle_seed: Seed of the permutation (the same on every rank).
+        row_shuffle_window: Rows mixed together across chunks, or ``None`` (chunk order
+            only). Needs ``shuffle=True``.
+    """
+
+    shuffle: bool = False
+    shuffle_seed: int = DEFAULT_SHUFFLE_SEED
+    row_shuffle_window: int | None = None
+
+    def __post_init__(self) -> None:
+        check_bool(self.shuffle, "shuffle")
+        check_int(self.shuffle_seed, "shuffle_seed", 0)
+        window = self.row_shuffle_window
+        check_int(window, "row_shuffle_window", 1, optional=True, hint=" (rows shuffled together)")
+        if window is not None and not self.shuffle:
+            raise IncompatibleOptionsError(
+                f"row_shuffle_window={window!r} mixes rows across chunks, which is a shuffle; "
+                "pass shuffle=True too, or drop row_shuffle_window"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReadConfig:
-    """What is read from each chunk.
+class BatchConfig:
+    """How rows are grouped into batches, and how ranks are evened out.
 
     Attributes:
-        format: File format.
-        columns: Columns to return, in order, or ``None`` for all.
-        filters: A ``pyarrow.compute.Expression`` applied to rows (and to row-group
-            statistics and partition values for pruning), or ``None``.
         batch_size: Rows per batch.
         drop_last: Drop each worker's last, short batch.
-        partitioning: ``"hive"`` to read ``key=value`` directories as columns, or ``None``.
-        storage_options: Options for the fsspec filesystem (credentials, endpoint...).
+        equal_batches: The equal-batches policy across ranks.
     """
 
-    format: FileFormat
-    columns: tuple[str, ...] | None = None
-    filters: Any = None
     batch_size: int = DEFAULT_BATCH_SIZE
     drop_last: bool = False
-    partitioning: str | None = None
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    equal_batches: EqualBatches = DEFAULT_EQUAL_BATCHES
+
+    def __post_init__(self) -> None:
+        check_int(self.batch_size, "batch_size", 1, hint=" (rows per batch)")
+        check_bool(self.drop_last, "drop_last")
+        if not isinstance(self.equal_batches, EqualBatches):
+            coerce_equal_batches(self.equal_batches)  # raises, naming the choices
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,15 +288,54 @@ class OutputConfig:
     """How batches are handed to the training loop.
 
     Attributes:
-        format: Output type of each batch.
-        null_fill: Value used for nulls in numeric columns: a scalar for every column or
-            a mapping column -> value. ``None`` makes a null an error.
+        output_format: Output type of each batch.
+        null_fill: Value used for nulls in columns whose output type has no null: a
+            scalar for every column or a mapping column -> value. ``None`` makes a null
+            there an error.
         collate_fn: Applied to every converted batch, in the worker.
     """
 
-    format: OutputFormat = OutputFormat.TORCH
+    output_format: OutputFormat = OutputFormat.TORCH
     null_fill: Any = None
     collate_fn: Callable[[Any], Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.output_format, OutputFormat):
+            coerce_enum(self.output_format, OutputFormat, "output_format")  # raises
+        _check_callable(self.collate_fn, "collate_fn")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CountConfig:
+    """Exact row counts at construction, where the metadata does not hold them.
+
+    Attributes:
+        count_rows: ``True`` counts, ``False`` never counts, ``None`` counts when
+            equal batches need exact counts (see :meth:`counts`).
+        count_cache_dir: A directory keeping text-format counts across runs (implies
+            counting).
+    """
+
+    count_rows: bool | None = None
+    count_cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.count_rows is not None:
+            check_bool(self.count_rows, "count_rows")
+        if self.count_cache_dir is not None:
+            if not isinstance(self.count_cache_dir, str):
+                raise ConfigError(f"count_cache_dir={self.count_cache_dir!r} must be a directory path (str)")
+            if self.count_rows is False:
+                raise IncompatibleOptionsError(
+                    f"count_cache_dir={self.count_cache_dir!r} caches the counts of count_rows=True; "
+                    "set count_rows=True or drop count_cache_dir"
+                )
+
+    def counts(self, equalized: bool) -> bool:
+        """Whether rows are counted at construction, given whether ranks are equalized."""
+        if self.count_rows is not None:
+            return self.count_rows
+        return equalized or self.count_cache_dir is not None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,9 +359,13 @@ class DistributedConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderConfig:
-    """Options passed through to ``torch.utils.data.DataLoader``."""
+    """Options passed through to ``torch.utils.data.DataLoader``.
 
-    num_workers: int = 0
+    ``num_workers=None`` means automatic: the dataset resolves it once (CPUs per rank,
+    at most one per chunk, at most 8), before the loader is built.
+    """
+
+    num_workers: int | None = None
     pin_memory: bool = False
     persistent_workers: bool = False
     prefetch_factor: int | None = None
@@ -298,10 +373,10 @@ class LoaderConfig:
     multiprocessing_context: Any = None
 
     def __post_init__(self) -> None:
-        check_int(self.num_workers, "num_workers", 0)
+        check_int(self.num_workers, "num_workers", 0, optional=True, hint=" (or None for automatic)")
         check_bool(self.pin_memory, "pin_memory")
         check_bool(self.persistent_workers, "persistent_workers")
-        if self.num_workers == 0:
+        if self.num_workers == 0:  # (None: decided later, checked again then)
             if self.persistent_workers:
                 raise IncompatibleOptionsError(
                     "persistent_workers=True needs num_workers >= 1 (got num_workers=0); "
@@ -377,3 +452,57 @@ class FetchConfig:
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based)."""
         return float(min(MAX_RETRY_BACKOFF, self.retry_backoff * 2 ** (attempt - 1)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileSourceConfig:
+    """Which files are read, and how (the source options of :class:`StructuredDataset`).
+
+    Attributes:
+        format: The files' format.
+        columns: Columns to return, in order, or ``None`` for all.
+        filters: A ``pyarrow.compute.Expression`` applied to rows (and to row-group
+            statistics and partition values for pruning), or ``None``.
+        partitioning: ``"hive"`` to read ``key=value`` directories as columns, or ``None``.
+        storage_options: Options of the fsspec filesystem (credentials, endpoint...).
+        schema: CSV / JSONL: a ``pyarrow.Schema`` for every file, or ``None`` to infer.
+        quoted_newlines: CSV: quoted fields may hold newlines (such files are read whole).
+    """
+
+    format: FileFormat = FileFormat.PARQUET
+    columns: Sequence[str] | None = None
+    filters: Any = None
+    partitioning: str | None = None
+    storage_options: Mapping[str, Any] | None = None
+    schema: Any = None
+    quoted_newlines: bool = False
+
+    def __post_init__(self) -> None:
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            raise ConfigError(
+                f"storage_options={self.storage_options!r} must be a dict of filesystem options"
+            )
+        check_bool(self.quoted_newlines, "quoted_newlines")
+
+
+@dataclass(frozen=True, kw_only=True)
+class IcebergSourceConfig:
+    """Which Iceberg table, snapshot and rows are read (see :class:`IcebergDataset`).
+
+    Attributes:
+        table: ``"namespace.table"`` or ``"catalog.namespace.table"``.
+        catalog_config: Properties for ``pyiceberg.catalog.load_catalog``.
+        snapshot_id: Read this snapshot (time travel), or ``None`` for the current one.
+        as_of: Read the snapshot current at this time (aware ``datetime`` or ms).
+        columns: Columns to return, in order, or ``None`` for all.
+        filters: A ``pyarrow.compute.Expression`` applied to rows (and used for pruning).
+        scan_filter: A pyiceberg ``BooleanExpression`` used for pruning only.
+    """
+
+    table: str
+    catalog_config: Mapping[str, Any] | None = None
+    snapshot_id: int | None = None
+    as_of: Any = None
+    columns: Sequence[str] | None = None
+    filters: Any = None
+    scan_filter: Any = None

@@ -7,7 +7,8 @@ also :class:`ValueError`, errors about a missing path are also
 
     DataLoaderUtilsError
     ├── ConfigError (ValueError)              a parameter has an invalid value
-    │   └── IncompatibleOptionsError          two parameters cannot be combined
+    │   ├── IncompatibleOptionsError          two parameters cannot be combined
+    │   └── UnknownOptionError (TypeError)    a keyword that is no option (a typo)
     ├── DiscoveryError                        listing files or reading their metadata
     │   ├── PathNotFoundError (FileNotFoundError)
     │   ├── NoFilesFoundError                 the path exists but holds no data files
@@ -53,6 +54,7 @@ __all__ = [
     "StateMismatchError",
     "UnknownColumnError",
     "UnknownLengthError",
+    "UnknownOptionError",
 ]
 
 
@@ -66,6 +68,13 @@ class ConfigError(DataLoaderUtilsError, ValueError):
 
 class IncompatibleOptionsError(ConfigError):
     """Two parameters were given values that cannot be used together."""
+
+
+class UnknownOptionError(ConfigError, TypeError):
+    """A keyword argument that is not an option (usually a typo); names the closest one.
+
+    Also a :class:`TypeError`, which Python raises for an unexpected keyword argument.
+    """
 
 
 class DistributedConfigError(ConfigError):

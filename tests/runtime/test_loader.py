@@ -10,7 +10,7 @@ import torch
 from tests.fixtures.data import WriteParquet
 from tests.fixtures.e2e import assert_exactly_once, batch_ids, epoch_ids
 from torch_dataloader_utils import StructuredDataset, create_dataloader
-from torch_dataloader_utils.runtime.loader import MAX_AUTO_WORKERS
+from torch_dataloader_utils.runtime.dataset import MAX_AUTO_WORKERS
 
 # Uneven files and row groups: 1,037 rows in 4 files, row groups of 1 to 64 rows.
 ROWS = [300, 1, 437, 299]

@@ -10,22 +10,20 @@ each chunk is read with its own deleted positions and the row filter
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
-from torch_dataloader_utils.config import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_EQUAL_BATCHES,
-    DEFAULT_SHUFFLE_SEED,
-    EqualBatches,
-    FileFormat,
-    OutputFormat,
-    check_int,
-)
-from torch_dataloader_utils.convert import BatchConverter
+from torch_dataloader_utils.config import FileFormat, IcebergSourceConfig
 from torch_dataloader_utils.discovery.iceberg import IcebergScan, discover_iceberg, load_table
 from torch_dataloader_utils.io.iceberg import IcebergReader
-from torch_dataloader_utils.runtime.dataset import PlannedDataset, batch_schema, build_strategy, check_common
+from torch_dataloader_utils.runtime.dataset import PlannedDataset
+from torch_dataloader_utils.runtime.loader import ResumableDataLoader, make_loader
+from torch_dataloader_utils.runtime.options import (
+    IcebergLoaderOptions,
+    IcebergReadOptions,
+    Options,
+    build_options,
+    iceberg_source,
+)
 
 __all__ = ["IcebergDataset"]
 
@@ -33,114 +31,72 @@ __all__ = ["IcebergDataset"]
 class IcebergDataset(PlannedDataset):
     """An Iceberg table read exactly once per epoch across ranks and workers.
 
-    Prefer :meth:`create_dataloader`, which also builds the DataLoader.
+    Prefer :meth:`create_dataloader`, which also builds the DataLoader. Equal batches
+    work with deletes of every kind (row counts are exact) and with ``filters``: with
+    ``count_rows`` (by default when equal batches need it) the filter's columns of
+    every data file are read once when the dataset is built, and the rows it drops join
+    the file's deleted positions (8 bytes of memory per dropped row).
 
     Args:
         table: ``"namespace.table"`` or ``"catalog.namespace.table"``.
-        catalog_config: Properties for ``pyiceberg.catalog.load_catalog`` (``type``,
-            ``uri``, ``warehouse``, ``s3.endpoint``, ``s3.access-key-id``, ...). They also
-            configure the storage every worker reads from.
-        snapshot_id: Read this snapshot (time travel).
-        as_of: Read the snapshot current at this time: an aware ``datetime`` or
-            milliseconds since the epoch.
-        columns: Columns to return, in order (``None``: all, in schema order).
-        filters: A ``pyarrow.compute.Expression``, translated to pyiceberg for file
-            pruning where that is exact, and always applied to rows.
-        scan_filter: A pyiceberg ``BooleanExpression`` used for pruning only (rows
-            are not filtered by it beyond the files it prunes).
-        batch_size, drop_last, shuffle, shuffle_seed, split_strategy, split_bytes,
-            split_rows, output_format, null_fill, collate_fn, num_ranks, rank,
-            num_workers, equal_batches: As for :class:`StructuredDataset`. Equal
-            batches work with deletes of every kind (row counts are exact) and with
-            ``filters`` (see ``count_rows``).
-        count_rows: Make row counts exact under ``filters``: when the dataset is built,
-            read the filter's columns of every data file once and add the rows it drops
-            to the file's deleted positions (8 bytes of memory per dropped row).
-            ``None`` (default) counts when equal batches need it (more than one rank
-            and ``equal_batches`` not ``'off'``); ``False`` never counts, which makes
-            ``filters`` with equal batches on several ranks an error.
-        **planner_options: Further options of the source-agnostic core
-            (:class:`PlannedDataset`), forwarded unchanged.
+        **options: The options of :class:`~torch_dataloader_utils.runtime.options.IcebergReadOptions`
+            (``catalog_config``, ``snapshot_id``, ``as_of``, ``scan_filter`` and the
+            options every dataset takes).
+
+    Raises:
+        UnknownOptionError: a keyword is not an option (names the closest one).
+        ConfigError: an option has an invalid value.
     """
 
-    def __init__(
-        self,
-        table: str,
-        *,
-        catalog_config: Mapping[str, Any] | None = None,
-        snapshot_id: int | None = None,
-        as_of: Any = None,
-        columns: Sequence[str] | None = None,
-        filters: Any = None,
-        scan_filter: Any = None,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        drop_last: bool = False,
-        shuffle: bool = False,
-        shuffle_seed: int = DEFAULT_SHUFFLE_SEED,
-        split_strategy: object = None,
-        split_bytes: int | str | None = None,
-        split_rows: int | None = None,
-        output_format: str | OutputFormat = "torch",
-        null_fill: Any = None,
-        collate_fn: Callable[[Any], Any] | None = None,
-        num_ranks: int | None = None,
-        rank: int | None = None,
-        num_workers: int = 0,
-        equal_batches: str | EqualBatches = DEFAULT_EQUAL_BATCHES,
-        count_rows: bool | None = None,
-        **planner_options: Any,
-    ) -> None:
-        common = check_common(
-            output_format=output_format,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            shuffle_seed=shuffle_seed,
-            drop_last=drop_last,
-            num_workers=num_workers,
-            collate_fn=collate_fn,
-            equal_batches=equal_batches,
-            num_ranks=num_ranks,
-            rank=rank,
-            count_rows=count_rows,
+    def __init__(self, table: str, **options: Unpack[IcebergReadOptions]) -> None:
+        given: dict[str, Any] = dict(options)
+        source = iceberg_source(table, given)
+        self._setup(
+            source,
+            build_options(given, IcebergReadOptions, "IcebergDataset", FileFormat.PARQUET, standalone=True),
         )
-        strategy = build_strategy(split_strategy, FileFormat.PARQUET, split_bytes, split_rows)
-        tbl = load_table(table, catalog_config)
+
+    @classmethod
+    def from_config(cls, source: IcebergSourceConfig, options: Options) -> IcebergDataset:
+        """Build from config objects (the flat keywords, already checked)."""
+        dataset = cls.__new__(cls)
+        dataset._setup(source, options)
+        return dataset
+
+    def _setup(self, source: IcebergSourceConfig, options: Options) -> None:
+        tbl = load_table(source.table, source.catalog_config)
         scan = discover_iceberg(
             tbl,
-            snapshot_id=snapshot_id,
-            as_of=as_of,
-            columns=columns,
-            filters=filters,
-            scan_filter=scan_filter,
-            count_filtered=common.counting,
+            snapshot_id=source.snapshot_id,
+            as_of=source.as_of,
+            columns=source.columns,
+            filters=source.filters,
+            scan_filter=source.scan_filter,
+            count_filtered=options.counts_rows,
         )
         self.scan: IcebergScan = scan
         """What discovery planned: data files, deletes, schema."""
-        self.table_name = table
+        self.table_name = source.table
         issue = None
         if scan.filters is not None and not scan.filter_counted:
+            count_rows = options.counting.count_rows
             how = "count_rows=None or True" if count_rows is False else "count_rows=True"
             issue = (
                 f"filters={scan.filters} drops rows inside row groups and count_rows={count_rows!r} "
                 f"did not count them ({how} counts them when the dataset is built)"
             )
-        super().__init__(
+        self._init_core(
             files=scan.files,
-            strategy=strategy,
-            reader=IcebergReader(scan, batch_size),
-            converter=BatchConverter(
-                batch_schema(scan.output_schema, common.equal), common.output, null_fill
-            ),
-            world=common.world,
-            num_workers=num_workers,
-            batch_size=batch_size,
-            drop_last=bool(drop_last),
-            shuffle=bool(shuffle),
-            shuffle_seed=shuffle_seed,
-            collate_fn=collate_fn,
-            equal_batches=common.equal,
+            reader=IcebergReader(scan, options.batching.batch_size),
+            output_schema=scan.output_schema,
+            options=options,
             row_count_issue=issue,
-            **planner_options,
+            identity={
+                "table": source.table,
+                "snapshot_id": scan.snapshot_id,
+                "columns": list(scan.output_schema.names),
+                "filters": None if scan.filters is None else str(scan.filters),
+            },
         )
 
     @property
@@ -161,37 +117,22 @@ class IcebergDataset(PlannedDataset):
 
     @classmethod
     def create_dataloader(
-        cls,
-        table: str,
-        *,
-        num_workers: int | None = None,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
-        prefetch_factor: int | None = None,
-        timeout: float = 0,
-        multiprocessing_context: Any = None,
-        **kwargs: Any,
-    ) -> tuple[Any, IcebergDataset]:
+        cls, table: str, **options: Unpack[IcebergLoaderOptions]
+    ) -> tuple[ResumableDataLoader, IcebergDataset]:
         """Build the dataset and a DataLoader that reads it.
 
-        Takes every argument of :class:`IcebergDataset` plus the DataLoader options of
+        Takes every option of :class:`IcebergDataset` plus the DataLoader options of
         :func:`torch_dataloader_utils.create_dataloader` (``num_workers=None`` picks
-        the worker count automatically).
+        the worker count automatically): the keywords of
+        :class:`~torch_dataloader_utils.runtime.options.IcebergLoaderOptions`.
 
         Returns:
             ``(loader, dataset)``. Call ``dataset.set_epoch(epoch)`` before each epoch.
         """
-        from torch_dataloader_utils.runtime.loader import loader_for
-
-        check_int(num_workers, "num_workers", 0, optional=True, hint=" (or None for automatic)")
-        dataset = cls(table, num_workers=num_workers or 0, **kwargs)
-        loader = loader_for(
-            dataset,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            persistent_workers=persistent_workers,
-            prefetch_factor=prefetch_factor,
-            timeout=timeout,
-            multiprocessing_context=multiprocessing_context,
+        given: dict[str, Any] = dict(options)
+        source = iceberg_source(table, given)
+        built = build_options(
+            given, IcebergLoaderOptions, "IcebergDataset.create_dataloader", FileFormat.PARQUET
         )
-        return loader, dataset
+        dataset = cls.from_config(source, built)
+        return make_loader(dataset, built.loader), dataset

@@ -28,7 +28,7 @@ def _gloo_group() -> Any:
     """The default group when it is gloo, else a gloo group over all ranks (made once)."""
     if dist.get_backend() == "gloo":
         return None
-    key = id(dist.distributed_c10d._get_default_group())
+    key = id(dist.group.WORLD)  # the default group (public handle)
     group = _GLOO_GROUPS.get(key)
     if group is None:
         group = dist.new_group(backend="gloo")

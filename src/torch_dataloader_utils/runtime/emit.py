@@ -1,0 +1,104 @@
+"""Reading a worker's pieces and handing its batches over: positions, tags, groups.
+
+Every batch a worker yields carries its position in the worker's plan, so the main
+process can record exactly what the training loop consumed (:mod:`.state`):
+``(token, worker, workers, piece, offset)`` — after this batch, the worker's first
+``piece`` pieces and the first ``offset`` rows of piece ``piece`` have been yielded.
+
+Under the loader of ``create_dataloader``, a worker sends several batches per transfer
+(:func:`grouped`), since every hand-off between processes has a fixed cost.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from torch_dataloader_utils.convert import pack_group
+from torch_dataloader_utils.io.base import ChunkReader
+from torch_dataloader_utils.io.pieces import read_piece
+from torch_dataloader_utils.plan.resume import Piece
+from torch_dataloader_utils.runtime.state import Tagged
+
+__all__ = ["GROUP_BYTES", "GROUP_MAX_BATCHES", "Positions", "grouped"]
+
+GROUP_BYTES = 8 << 20
+"""A worker under ``create_dataloader``'s loader sends batches in groups of about this size.
+
+Every hand-off between a worker and the main process has a fixed cost (queue, pickle,
+waking a process, a shared-memory segment); with small batches it dominates, so batches
+travel several to a transfer. In flight at once: about ``(prefetch_factor + 1) *
+num_workers`` groups. Measured in ``docs/benchmarks.md``.
+"""
+
+GROUP_MAX_BATCHES = 1024
+"""At most this many batches per group."""
+
+Tag = tuple[int, int, int, int, int]
+
+
+class Positions:
+    """The rows read from a worker's pieces, so each yielded batch gets its position.
+
+    Args:
+        token: The live resume state's token (0: none), part of every tag.
+        worker: This worker's id.
+        workers: Workers reading this epoch.
+    """
+
+    def __init__(self, token: int, worker: int, workers: int) -> None:
+        self._prefix = (token, worker, workers)
+        self._starts: list[int] = []
+        self._read = 0
+        self._emitted = 0
+
+    def read(
+        self, reader: ChunkReader, pieces: Sequence[Piece], flag_column: str | None, batch_size: int
+    ) -> Iterator[pa.RecordBatch]:
+        """The pieces' batches, in order, counting the rows read before each piece."""
+
+        def counted(piece: Piece) -> Iterator[pa.RecordBatch]:
+            self._starts.append(self._read)
+            for batch in read_piece(reader, piece, flag_column=flag_column, batch_size=batch_size):
+                self._read += batch.num_rows
+                yield batch
+
+        return itertools.chain.from_iterable(counted(p) for p in pieces)
+
+    def tag(self, rows: int) -> Tag:
+        """The position after a yielded batch of ``rows`` rows."""
+        self._emitted += rows
+        index = bisect.bisect_right(self._starts, self._emitted) - 1
+        return (*self._prefix, index, self._emitted - self._starts[index])
+
+
+def grouped(
+    batches: Iterator[pa.RecordBatch], convert: Callable[[pa.RecordBatch], Any], positions: Positions
+) -> Iterator[Tagged]:
+    """Worker side: tagged batches sent in groups of about ``GROUP_BYTES``.
+
+    A group is one :class:`Tagged` whose batch is a packed ``BatchGroup`` and whose tag
+    is the tuple of the batches' tags; the loader yields them one by one. Batches made
+    before an error still arrive before the error.
+    """
+    pending: list[Any] = []
+    tags: list[Tag] = []
+    size = 0
+    try:
+        for batch in batches:
+            pending.append(convert(batch))
+            tags.append(positions.tag(batch.num_rows))
+            size += batch.nbytes
+            if size >= GROUP_BYTES or len(pending) >= GROUP_MAX_BATCHES:
+                yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
+                pending, tags, size = [], [], 0
+    except Exception:
+        if pending:
+            yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
+        raise
+    if pending:
+        yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]

@@ -1,0 +1,214 @@
+"""``StructuredDataset`` and ``create_dataloader``: files (Parquet, ORC, CSV, JSONL) + the core."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Unpack
+
+import pyarrow as pa
+
+from torch_dataloader_utils.config import FileFormat, FileSourceConfig
+from torch_dataloader_utils.discovery import Discovered, discover
+from torch_dataloader_utils.discovery.columns import filter_fields
+from torch_dataloader_utils.discovery.counts import count_filtered_rows
+from torch_dataloader_utils.discovery.text import COUNT_BLOCK_BYTES, TextOptions
+from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError
+from torch_dataloader_utils.io.readers import make_reader
+from torch_dataloader_utils.plan.splits import ByteRangeSplit
+from torch_dataloader_utils.runtime import share
+from torch_dataloader_utils.runtime.dataset import PlannedDataset
+from torch_dataloader_utils.runtime.loader import ResumableDataLoader, make_loader
+from torch_dataloader_utils.runtime.options import (
+    FileLoaderOptions,
+    FileReadOptions,
+    Options,
+    build_options,
+    file_source,
+)
+
+__all__ = ["StructuredDataset", "create_dataloader"]
+
+
+def text_options(source: FileSourceConfig, options: Options) -> TextOptions | None:
+    """The text-format options; ``None`` for formats that are not text.
+
+    Raises:
+        ConfigError: ``schema`` is not a ``pyarrow.Schema``.
+        IncompatibleOptionsError: an option does not apply to the format.
+    """
+    format, schema = source.format, source.schema
+    is_text = format in (FileFormat.CSV, FileFormat.JSONL)
+    if schema is not None and not isinstance(schema, pa.Schema):
+        raise ConfigError(
+            f"schema={schema!r} must be a pyarrow.Schema, e.g. "
+            "pyarrow.schema([('id', pyarrow.int64()), ('text', pyarrow.string())])"
+        )
+    if schema is not None and not is_text:
+        raise IncompatibleOptionsError(
+            f"schema= applies to format='csv' or 'jsonl' (format={format.value!r} stores its own "
+            "schema); drop schema"
+        )
+    if source.quoted_newlines and format is not FileFormat.CSV:
+        raise IncompatibleOptionsError(
+            f"quoted_newlines=True applies to format='csv' only (got format={format.value!r}); drop it"
+        )
+    if not is_text:
+        return None
+    block = COUNT_BLOCK_BYTES
+    if isinstance(options.strategy, ByteRangeSplit):
+        block = min(block, options.strategy.split_bytes)
+    return TextOptions(
+        schema=schema,
+        quoted_newlines=source.quoted_newlines,
+        count_rows=options.counts_rows,
+        count_cache_dir=options.counting.count_cache_dir,
+        count_block_bytes=block,
+    )
+
+
+def count_filtered(found: Discovered, counting: bool) -> tuple[Discovered, str | None]:
+    """Exact counts under a row filter (Parquet), or the reason counts stay unknown.
+
+    A filter on hive partition columns only prunes whole files, so counts stay exact. A
+    filter on data columns drops rows inside row groups: with ``counting`` the files are
+    recounted in filtered coordinates (``discovery.counts``), else counts are unknown.
+    """
+    expr = found.filters
+    if expr is None:
+        return found, None
+    part_names = set(found.partitions.schema.names) if found.partitions is not None else set()
+    fields = filter_fields(found.filters, found.schema)
+    data_fields = [f for f in fields if f not in part_names]
+    if found.format is not FileFormat.PARQUET:
+        return found, f"filters={found.filters} drops rows whose count is unknown before reading"
+    if not data_fields:
+        return found, None  # partition values pruned whole files: counts are exact
+    if not counting:
+        return found, (
+            f"filters={found.filters} drops rows inside row groups and count_rows=False "
+            "(count_rows=None or True counts them at startup)"
+        )
+    files = share.from_rank0(
+        lambda: count_filtered_rows(
+            found.fs,
+            found.files,
+            expr,
+            filter_columns=data_fields,
+            partitions=found.partitions,
+            partition_columns=[f for f in fields if f in part_names],
+            footers=found.extra.get("parquet_footers"),
+        )
+    )
+    return dataclasses.replace(found, files=files, extra={**found.extra, "filtered_positions": True}), None
+
+
+class StructuredDataset(PlannedDataset):
+    """Parquet, ORC, CSV and JSONL files on any fsspec filesystem, sharded by plan.
+
+    Prefer :meth:`create_dataloader`, which also builds the DataLoader. Every row is
+    read exactly once per epoch across all ranks and workers.
+
+    Args:
+        path: A file, a directory (recursive), a glob, or a list of them; local paths
+            or URLs of any fsspec filesystem (``s3://``, ``gs://``, ``memory://``...).
+        format: ``"parquet"`` (default), ``"orc"``, ``"csv"`` or ``"jsonl"``.
+        **options: The options of :class:`~torch_dataloader_utils.runtime.options.FileReadOptions`.
+
+    Raises:
+        UnknownOptionError: a keyword is not an option (names the closest one).
+        ConfigError: an option has an invalid value.
+    """
+
+    def __init__(
+        self,
+        path: str | Sequence[str],
+        format: str | FileFormat = "parquet",
+        **options: Unpack[FileReadOptions],
+    ) -> None:
+        given: dict[str, Any] = dict(options)
+        source = file_source(format, given)
+        self._setup(
+            path,
+            source,
+            build_options(given, FileReadOptions, "StructuredDataset", source.format, standalone=True),
+        )
+
+    @classmethod
+    def from_config(
+        cls, path: str | Sequence[str], source: FileSourceConfig, options: Options
+    ) -> StructuredDataset:
+        """Build from config objects (the flat keywords, already checked)."""
+        dataset = cls.__new__(cls)
+        dataset._setup(path, source, options)
+        return dataset
+
+    def _setup(self, path: str | Sequence[str], source: FileSourceConfig, options: Options) -> None:
+        text = text_options(source, options)
+        found = discover(
+            path,
+            format=source.format,
+            columns=source.columns,
+            filters=source.filters,
+            partitioning=source.partitioning,
+            storage_options=source.storage_options,
+            text=text,
+            fetch=options.fetch,
+            share=share.from_rank0,
+        )
+        found, issue = count_filtered(found, options.counts_rows)
+        self.discovered: Discovered = found
+        """What discovery found: files, schema, columns."""
+        self._init_core(
+            files=found.files,
+            reader=make_reader(found, options.batching.batch_size, options.fetch),
+            output_schema=found.output_schema,
+            options=options,
+            row_count_issue=issue,
+            identity={
+                "format": source.format.value,
+                "columns": list(found.output_columns),
+                "filters": None if found.filters is None else str(found.filters),
+                "partitioning": source.partitioning,
+            },
+        )
+
+    @classmethod
+    def create_dataloader(
+        cls,
+        path: str | Sequence[str],
+        format: str | FileFormat = "parquet",
+        **options: Unpack[FileLoaderOptions],
+    ) -> tuple[ResumableDataLoader, StructuredDataset]:
+        """Build the dataset and its DataLoader; see :func:`create_dataloader`."""
+        given: dict[str, Any] = dict(options)
+        source = file_source(format, given)
+        built = build_options(given, FileLoaderOptions, "create_dataloader", source.format)
+        dataset = cls.from_config(path, source, built)
+        return make_loader(dataset, built.loader), dataset
+
+
+def create_dataloader(
+    path: str | Sequence[str], format: str | FileFormat = "parquet", **options: Unpack[FileLoaderOptions]
+) -> tuple[ResumableDataLoader, StructuredDataset]:
+    """Build a :class:`StructuredDataset` and a DataLoader that reads it.
+
+    Args:
+        path: A file, a directory (recursive), a glob, or a list of them; local paths
+            or URLs of any fsspec filesystem (``s3://``, ``gs://``, ``memory://``...).
+        format: ``"parquet"`` (default), ``"orc"``, ``"csv"`` or ``"jsonl"`` (see
+            ``docs/formats.md``).
+        **options: Every keyword of
+            :class:`~torch_dataloader_utils.runtime.options.FileLoaderOptions`: the
+            dataset's options (batching, shuffling, splitting, ranks, output, storage)
+            and the DataLoader's (``num_workers``, ``pin_memory``, ...). A keyword
+            that is not an option raises :class:`UnknownOptionError` naming the
+            closest one.
+
+    Returns:
+        ``(loader, dataset)``. Call ``dataset.set_epoch(epoch)`` before each epoch.
+        ``len(loader)`` is this rank's batch count where row counts are known.
+        ``loader.state_dict()`` / ``load_state_dict()`` save and resume mid-epoch
+        (``docs/resume.md``).
+    """
+    return StructuredDataset.create_dataloader(path, format, **options)

@@ -1,0 +1,376 @@
+"""The public edge: flat keyword options, turned into config objects once.
+
+Every option is declared once, here, as a key of a ``TypedDict`` (its public type and
+its documentation), and once as a field of the config object of its concern in
+:mod:`torch_dataloader_utils.config` (its internal type, its one default and its
+checks). The public functions take ``**options: Unpack[...]`` of these dicts, so type
+checkers and IDEs know every keyword and reject a misspelled one, and
+:func:`build_options` rejects it at run time with the closest valid name. Nothing below
+this module takes loose option keywords: it receives an :class:`Options`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypedDict, TypeVar
+
+import pyarrow as pa
+
+from torch_dataloader_utils.config import (
+    DEFAULT_SPLIT_BYTES,
+    BatchConfig,
+    CountConfig,
+    EqualBatches,
+    FetchConfig,
+    FileFormat,
+    FileSourceConfig,
+    IcebergSourceConfig,
+    LoaderConfig,
+    OutputConfig,
+    OutputFormat,
+    ShuffleConfig,
+    SplitConfig,
+    SplitKind,
+    coerce_enum,
+    coerce_equal_batches,
+    coerce_format,
+    parse_read_ahead,
+    parse_size,
+)
+from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError, UnknownOptionError
+from torch_dataloader_utils.plan.splits import (
+    ByteRangeSplit,
+    FileSplit,
+    LegacySplitStrategy,
+    RankAwareStrategy,
+    RowGroupSplit,
+    SplitStrategy,
+    Splitter,
+    resolve_strategy,
+)
+from torch_dataloader_utils.plan.types import World
+from torch_dataloader_utils.runtime import env
+
+__all__ = [
+    "FileLoaderOptions",
+    "FileReadOptions",
+    "IcebergLoaderOptions",
+    "IcebergReadOptions",
+    "LoaderOptions",
+    "Options",
+    "ReadOptions",
+    "build_options",
+]
+
+
+class ReadOptions(TypedDict, total=False):
+    """Options of every dataset (files and Iceberg tables)."""
+
+    columns: Sequence[str] | None
+    """Columns to return, in order; ``None`` (default) returns all."""
+    filters: Any
+    """A ``pyarrow.compute.Expression``: row groups (and partitions, Iceberg files) whose
+    statistics exclude it are never read, and rows are filtered exactly."""
+    batch_size: int
+    """Rows per batch (default 1024). Every batch has exactly this many rows except the
+    last of each worker (and none is short with equal batches on several ranks)."""
+    drop_last: bool
+    """Drop each worker's last, short batch (default ``False``)."""
+    shuffle: bool
+    """Shuffle chunk order every epoch, by ``(shuffle_seed, epoch)`` (default ``False``)."""
+    shuffle_seed: int
+    """Seed of the shuffle, an int >= 0, the same on every rank (default 0)."""
+    row_shuffle_window: int | None
+    """With ``shuffle=True``, also mix rows across chunks: each worker reads runs of
+    consecutive chunks of up to this many rows together and yields their rows in a
+    permutation seeded by ``(shuffle_seed, epoch, ...)``. Memory holds at most
+    ``max(row_shuffle_window, largest chunk)`` rows per worker. ``None`` (default) keeps
+    file order inside chunks."""
+    split_strategy: str | SplitKind | SplitStrategy | LegacySplitStrategy | None
+    """``"row_group"`` (Parquet / ORC default), ``"byte_range"`` (CSV / JSONL default),
+    ``"file"``, or an object with ``generate(...)`` (see :mod:`~torch_dataloader_utils.plan.splits`)."""
+    split_bytes: int | str | None
+    """Target chunk size on disk, an int or a string such as ``"128MiB"`` (default 64 MiB
+    for the built-in strategies that take a size)."""
+    split_rows: int | None
+    """Target rows per chunk."""
+    output_format: str | OutputFormat
+    """``"torch"`` (default), ``"numpy"``, ``"arrow"`` or ``"dict"``."""
+    null_fill: Any
+    """Value (or mapping column -> value) replacing nulls in columns whose output type
+    has no null; by default a null there is an error."""
+    collate_fn: Callable[[Any], Any] | None
+    """Applied to each converted batch inside the worker."""
+    num_ranks: int | None
+    """Number of ranks (world size); default from ``torch.distributed`` or ``WORLD_SIZE``."""
+    rank: int | None
+    """Global rank of this process; default from ``torch.distributed`` or ``RANK``."""
+    num_workers: int | None
+    """DataLoader worker processes; ``None`` picks CPUs per rank, capped by this rank's
+    chunk count and 8; 0 reads in the main process. Default: ``None`` for
+    ``create_dataloader``; 0 for a dataset built on its own (see :func:`build_options`)."""
+    equal_batches: str | EqualBatches
+    """``"drop"`` (default), ``"pad"`` or ``"off"``: with more than one rank, ``"drop"``
+    and ``"pad"`` give every rank exactly the same number of batches every epoch (any
+    ``num_workers``), so a DDP loop cannot hang on uneven data. ``"drop"`` leaves out
+    fewer than ``num_ranks`` rows per epoch; ``"pad"`` repeats fewer than ``num_ranks``
+    rows and adds a bool column ``_is_padding`` to mask them; ``"off"`` reads chunks
+    whole, with uneven batch counts. See ``docs/distributed.md``."""
+    count_rows: bool | None
+    """Count rows exactly at construction where the metadata does not hold them (CSV /
+    JSONL records, rows a row filter drops), so every chunk carries its exact row count
+    (needed by equal batches on several ranks, and by ``len()``). ``None`` (default)
+    counts when equal batches need it; ``False`` never counts (then such a setup is a
+    clear error)."""
+
+
+class FileReadOptions(ReadOptions, total=False):
+    """Options of :class:`~torch_dataloader_utils.StructuredDataset` (files)."""
+
+    storage_options: Mapping[str, Any] | None
+    """Filesystem options (credentials, endpoint), used for listing, footers and reading."""
+    partitioning: str | None
+    """``"hive"`` reads ``key=value`` directories as typed columns."""
+    schema: pa.Schema | None
+    """CSV / JSONL: column types for every file; by default inferred per file and unified."""
+    quoted_newlines: bool
+    """CSV: quoted fields may hold newlines; such files are read whole (one chunk each).
+    Without it, a record found spanning lines raises ``RecordBoundaryError``."""
+    count_cache_dir: str | os.PathLike[str] | None
+    """Also keep text counts in this directory across processes and runs."""
+    read_ahead_bytes: int | str | None
+    """Remote storage only: memory bound of the bytes of upcoming chunks fetched while one
+    is decoded (default ``"256MiB"`` per worker; ``0`` disables read-ahead)."""
+    retries: int
+    """Remote storage only: retries of a request that failed with a transient error
+    (HTTP 5xx, connection reset, timeout); ``0`` disables them (default 4)."""
+    retry_backoff: float
+    """Seconds before the first retry, doubled after each (max 10 s; default 0.2)."""
+
+
+class IcebergReadOptions(ReadOptions, total=False):
+    """Options of :class:`~torch_dataloader_utils.IcebergDataset` (beside ``table``)."""
+
+    catalog_config: Mapping[str, Any] | None
+    """Properties for ``pyiceberg.catalog.load_catalog`` (``type``, ``uri``, ``warehouse``,
+    ``s3.endpoint``, ...); they also configure the storage every worker reads from."""
+    snapshot_id: int | None
+    """Read this snapshot (time travel)."""
+    as_of: datetime | int | None
+    """Read the snapshot current at this time: an aware ``datetime`` or ms since the epoch."""
+    scan_filter: Any
+    """A pyiceberg ``BooleanExpression`` used for pruning only."""
+
+
+class LoaderOptions(TypedDict, total=False):
+    """Options passed to ``torch.utils.data.DataLoader``."""
+
+    pin_memory: bool
+    """DataLoader passthrough."""
+    persistent_workers: bool
+    """DataLoader passthrough; ``set_epoch`` still reaches them."""
+    prefetch_factor: int | None
+    """DataLoader passthrough (needs ``num_workers >= 1``)."""
+    timeout: float
+    """DataLoader passthrough."""
+    multiprocessing_context: Any
+    """DataLoader passthrough (``"fork"``, ``"spawn"``...)."""
+
+
+class FileLoaderOptions(FileReadOptions, LoaderOptions, total=False):
+    """Keywords of :func:`~torch_dataloader_utils.create_dataloader` (files)."""
+
+
+class IcebergLoaderOptions(IcebergReadOptions, LoaderOptions, total=False):
+    """Keywords of :meth:`~torch_dataloader_utils.IcebergDataset.create_dataloader`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Every option except the source's, checked and coerced: what the edge hands inward.
+
+    Attributes:
+        split: How files are cut (as given).
+        strategy: The split strategy built from ``split`` for the source's format.
+        shuffle: Chunk and row shuffling.
+        batching: Batch size, ``drop_last``, equal batches.
+        output: Output format, nulls, ``collate_fn``.
+        counting: Row counting at construction.
+        fetch: Remote reads: read-ahead, retries.
+        loader: DataLoader options (``num_workers=None``: automatic).
+        world: The ranks to plan for (resolved from the arguments or the runtime).
+    """
+
+    split: SplitConfig
+    strategy: Splitter | RankAwareStrategy
+    shuffle: ShuffleConfig
+    batching: BatchConfig
+    output: OutputConfig
+    counting: CountConfig
+    fetch: FetchConfig
+    loader: LoaderConfig
+    world: World
+
+    @property
+    def equalized(self) -> bool:
+        """Whether ranks are given equal row counts (a policy is on and there are ranks)."""
+        return self.world.num_ranks > 1 and self.batching.equal_batches is not EqualBatches.OFF
+
+    @property
+    def counts_rows(self) -> bool:
+        """Whether rows the metadata does not count are counted at construction."""
+        return self.counting.counts(self.equalized)
+
+
+def _fspath(value: object) -> object:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+# Options whose public type is wider than their config field's (strings for enums and sizes).
+_COERCE: dict[str, Callable[[Any], object]] = {
+    "equal_batches": coerce_equal_batches,
+    "output_format": lambda v: coerce_enum(v, OutputFormat, "output_format"),
+    "split_bytes": lambda v: parse_size(v, "split_bytes"),
+    "read_ahead_bytes": parse_read_ahead,
+    "count_cache_dir": _fspath,
+}
+
+C = TypeVar("C")
+
+
+def _pick(config: type[C], values: Mapping[str, object], **fixed: object) -> C:
+    """``config`` built from the keys of ``values`` that are its fields."""
+    names = {f.name for f in dataclasses.fields(config)}  # type: ignore[arg-type]
+    return config(**{k: v for k, v in values.items() if k in names}, **fixed)
+
+
+def check_keywords(given: Mapping[str, object], allowed: type, caller: str) -> None:
+    """Reject any key of ``given`` that is not a key of the TypedDict ``allowed``.
+
+    Raises:
+        UnknownOptionError: naming the keyword, its value and the closest valid one.
+    """
+    keys: frozenset[str] = allowed.__required_keys__ | allowed.__optional_keys__  # type: ignore[attr-defined]
+    for name in given:
+        if name in keys:
+            continue
+        close = difflib.get_close_matches(name, sorted(keys), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UnknownOptionError(
+            f"{caller}() got an unknown option {name}={given[name]!r}; {hint}"
+            f"the options are listed in {allowed.__name__} (docs/user-guide.md)"
+        )
+
+
+def build_options(
+    given: Mapping[str, object], allowed: type, caller: str, format: FileFormat, *, standalone: bool = False
+) -> Options:
+    """Check and coerce the flat keywords ``given`` (keys of the TypedDict ``allowed``) once.
+
+    Args:
+        given: The keywords as the user passed them (unset ones are absent).
+        allowed: The TypedDict of the calling function's keywords.
+        caller: The public function's name, for error messages.
+        format: The source's file format (it decides the default split strategy).
+        standalone: A dataset built without a loader: it is read by the process that
+            iterates it, so ``num_workers`` defaults to 0 rather than automatic.
+
+    Raises:
+        UnknownOptionError: a keyword is not an option of ``caller``.
+        ConfigError: a value is invalid (named, echoed, with the fix).
+    """
+    check_keywords(given, allowed, caller)
+    values = {k: _COERCE[k](v) if k in _COERCE else v for k, v in given.items()}
+    if standalone:
+        values.setdefault("num_workers", 0)
+    batching = _pick(BatchConfig, values)
+    split = _pick(SplitConfig, values)
+    world = env.resolve_world(values.get("num_ranks"), values.get("rank"))  # type: ignore[arg-type]
+    return Options(
+        split=split,
+        strategy=build_strategy(split, format, shown=given),
+        shuffle=_pick(ShuffleConfig, values),
+        batching=batching,
+        output=_pick(OutputConfig, values),
+        counting=_pick(CountConfig, values),
+        fetch=_pick(FetchConfig, values),
+        loader=_pick(LoaderConfig, values),
+        world=world,
+    )
+
+
+def file_source(format: object, given: Mapping[str, object]) -> FileSourceConfig:
+    """The source options of a file dataset, from the flat keywords."""
+    return _pick(FileSourceConfig, given, format=coerce_format(format))
+
+
+def iceberg_source(table: str, given: Mapping[str, object]) -> IcebergSourceConfig:
+    """The source options of an Iceberg dataset, from the flat keywords."""
+    if not isinstance(table, str) or not table.strip():
+        raise ConfigError(f"table={table!r} must be a table name such as 'db.events'")
+    return _pick(IcebergSourceConfig, given, table=table)
+
+
+_DEFAULT_STRATEGY = {
+    FileFormat.PARQUET: SplitKind.ROW_GROUP,
+    FileFormat.ORC: SplitKind.ROW_GROUP,
+    FileFormat.CSV: SplitKind.BYTE_RANGE,
+    FileFormat.JSONL: SplitKind.BYTE_RANGE,
+}
+
+
+def build_strategy(
+    split: SplitConfig, format: FileFormat, shown: Mapping[str, object] | None = None
+) -> Splitter | RankAwareStrategy:
+    """The split strategy for the user's options (a built-in name or a custom object).
+
+    ``shown`` holds the values as the user wrote them (``"1MiB"``), echoed in errors.
+
+    Raises:
+        ConfigError: an unknown strategy name, or an object without ``generate``.
+        IncompatibleOptionsError: the strategy does not fit the format or the sizes.
+    """
+    size, rows, given = split.split_bytes, split.split_rows, split.split_strategy
+    shown_bytes = (shown or {}).get("split_bytes", size)
+    if given is None or isinstance(given, (str, SplitKind)):
+        kind = _DEFAULT_STRATEGY[format] if given is None else coerce_enum(given, SplitKind, "split_strategy")
+        if kind is SplitKind.FILE:
+            if size is not None or rows is not None:
+                raise IncompatibleOptionsError(
+                    "split_strategy='file' reads every file as one chunk; drop split_bytes / "
+                    f"split_rows (got split_bytes={shown_bytes!r}, split_rows={rows!r}) "
+                    "or use split_strategy='row_group'"
+                )
+            return FileSplit()
+        if kind is SplitKind.ROW_GROUP:
+            if format not in (FileFormat.PARQUET, FileFormat.ORC):
+                raise IncompatibleOptionsError(
+                    f"split_strategy='row_group' needs format='parquet' or 'orc', got "
+                    f"format={format.value!r}; use 'byte_range' or 'file'"
+                )
+            if size is None and rows is None:
+                size = DEFAULT_SPLIT_BYTES
+            return RowGroupSplit(split_bytes=size, split_rows=rows)
+        if kind is SplitKind.BYTE_RANGE:
+            if format not in (FileFormat.CSV, FileFormat.JSONL):
+                raise IncompatibleOptionsError(
+                    f"split_strategy='byte_range' needs format='csv' or 'jsonl', got "
+                    f"format={format.value!r}; use 'row_group' or 'file'"
+                )
+            if rows is not None:
+                raise IncompatibleOptionsError(
+                    f"split_rows={rows!r} cannot size byte ranges (a row's position in a "
+                    "text file is unknown before parsing); pass split_bytes instead"
+                )
+            return ByteRangeSplit(split_bytes=size if size is not None else DEFAULT_SPLIT_BYTES)
+        raise ConfigError(f"split_strategy={kind.value!r} is not implemented yet for format={format.value!r}")
+    if size is not None or rows is not None:
+        raise IncompatibleOptionsError(
+            "split_bytes / split_rows configure the built-in strategies; a custom "
+            f"split_strategy ({type(given).__name__}) sizes its own chunks"
+        )
+    return resolve_strategy(given)
