@@ -93,3 +93,37 @@ def test_disagreeing_with_initialized_group_names_both(group):
         env.resolve_world(2, 1)
     msg = str(err.value)
     assert "num_ranks=2, rank=1 disagree with the initialized process group (world size 1, rank 0)" in msg
+
+
+def test_world_size_without_rank_is_an_error_not_one_rank(clean_env):
+    """Hostile case 3: WORLD_SIZE=4 with RANK unset was planned as one rank, silently."""
+    clean_env.setenv("WORLD_SIZE", "4")
+    with pytest.raises(DistributedConfigError) as err:
+        env.resolve_world(None, None)
+    msg = str(err.value)
+    assert "WORLD_SIZE=4 is set but RANK is not" in msg
+    assert "would read the whole dataset" in msg
+    assert "pass num_ranks= and rank= explicitly" in msg
+    assert env.resolve_world(4, 2) == World(4, 2)  # explicit values need no launcher variables
+
+
+def test_rank_without_world_size_is_an_error(clean_env):
+    clean_env.setenv("RANK", "3")
+    with pytest.raises(DistributedConfigError, match=r"RANK=3 is set but WORLD_SIZE is not"):
+        env.resolve_world(None, None)
+
+
+def test_lone_single_process_variables_are_harmless(clean_env):
+    clean_env.setenv("WORLD_SIZE", "1")
+    assert env.resolve_world(None, None) == World(1, 0)
+    clean_env.delenv("WORLD_SIZE")
+    clean_env.setenv("RANK", "0")
+    assert env.resolve_world(None, None) == World(1, 0)
+
+
+def test_rank_out_of_range_in_env_names_both_variables(clean_env):
+    """Hostile case 3b: RANK=5 WORLD_SIZE=2 gave a plain ValueError from plan/."""
+    clean_env.setenv("RANK", "5")
+    clean_env.setenv("WORLD_SIZE", "2")
+    with pytest.raises(DistributedConfigError, match=r"RANK=5 and WORLD_SIZE=2 disagree"):
+        env.resolve_world(None, None)

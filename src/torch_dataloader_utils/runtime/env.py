@@ -47,8 +47,17 @@ def _env_int(name: str) -> int | None:
         raise DistributedConfigError(f"environment variable {name}={value!r} is not an int") from exc
 
 
-def detect() -> DetectedWorld:
-    """Ranks from an initialized ``torch.distributed`` group, else ``RANK``/``WORLD_SIZE``."""
+def detect(strict: bool = True) -> DetectedWorld:
+    """Ranks from an initialized ``torch.distributed`` group, else ``RANK``/``WORLD_SIZE``.
+
+    Args:
+        strict: Raise on launcher variables that cannot describe a world (only one of
+            ``RANK`` / ``WORLD_SIZE`` set, or a rank out of range); without it such
+            variables are ignored (explicit ``num_ranks`` / ``rank`` were given).
+
+    Raises:
+        DistributedConfigError: naming the variables and their values, with the fix.
+    """
     local_rank = _env_int("LOCAL_RANK")
     local_world = _env_int("LOCAL_WORLD_SIZE")
     if dist.is_available() and dist.is_initialized():
@@ -57,7 +66,26 @@ def detect() -> DetectedWorld:
         )
     rank = _env_int("RANK")
     world = _env_int("WORLD_SIZE")
+    fix = (
+        "set both (torchrun does), initialize torch.distributed before building the dataset, "
+        "or pass num_ranks= and rank= explicitly"
+    )
+    if not strict and (rank is None or world is None or world < 1 or not 0 <= rank < world):
+        return DetectedWorld(1, 0, local_rank, local_world, "default")
+    if rank is None and world is not None and world != 1:
+        raise DistributedConfigError(
+            f"environment variable WORLD_SIZE={world} is set but RANK is not, so this process "
+            f"cannot know its share and would read the whole dataset; {fix}"
+        )
+    if world is None and rank is not None and rank != 0:
+        raise DistributedConfigError(f"environment variable RANK={rank} is set but WORLD_SIZE is not; {fix}")
     if rank is not None and world is not None:
+        if world < 1 or not 0 <= rank < world:
+            raise DistributedConfigError(
+                f"environment variables RANK={rank} and WORLD_SIZE={world} disagree: RANK must be "
+                f"in [0, WORLD_SIZE) and WORLD_SIZE >= 1; check the launcher, or pass num_ranks= "
+                "and rank= explicitly"
+            )
         return DetectedWorld(world, rank, local_rank, local_world, "env")
     return DetectedWorld(1, 0, local_rank, local_world, "default")
 
@@ -75,7 +103,7 @@ def resolve_world(num_ranks: int | None, rank: int | None) -> World:
             initialized process group; or ``rank`` looks like a local rank on a
             multi-node job.
     """
-    detected = detect()
+    detected = detect(strict=num_ranks is None and rank is None)
     if num_ranks is None and rank is None:
         return World(detected.num_ranks, detected.rank)
     if num_ranks is None or rank is None:
