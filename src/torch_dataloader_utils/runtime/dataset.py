@@ -28,6 +28,7 @@ from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.emit import Positions, grouped
 from torch_dataloader_utils.runtime.options import Options
 from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged
+from torch_dataloader_utils.runtime.watchdog import watch_parent
 
 __all__ = ["MAX_AUTO_WORKERS", "PlannedDataset"]
 
@@ -292,6 +293,8 @@ class PlannedDataset(IterableDataset[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         slot = env.worker_slot()
+        if slot.in_worker:
+            watch_parent()
         epoch = self.epoch
         pieces = self._worker_pieces(slot, epoch)
         schedule = getattr(self._reader, "schedule", None)
