@@ -186,3 +186,23 @@ def test_dataset_iterated_in_main_process_tracks_itself(root):
     again = StructuredDataset(root, batch_size=16, split_rows=40)
     again.load_state_dict(state)
     assert Counter(seen + [i for b in again for i in ids(b)]) == Counter(range(TOTAL))
+
+
+def test_failed_load_changes_nothing(root):
+    """Hostile case: a load_state_dict that raised left the loader failing until rebuilt."""
+    loader, dataset = StructuredDataset.create_dataloader(root, num_workers=0, **OPTIONS)
+    dataset.set_epoch(2)
+    good = json.loads(json.dumps(loader.state_dict()))
+    run_until(loader, 3)
+    good = json.loads(json.dumps(loader.state_dict()))  # 3 batches of epoch 2 consumed
+    bad = json.loads(json.dumps(good))
+    bad["epoch"] = 7
+    bad["segments"][0]["ranks"]["0"]["cursors"] = [[99, 0]]  # past the end of the plan
+    with pytest.raises(ResumeStateError):
+        loader.load_state_dict(bad)
+    assert dataset.epoch == 2  # unchanged by the failed load
+    # The loader still works, as if the bad state had never been offered.
+    assert sorted(i for b in loader for i in ids(b)) == list(range(TOTAL))
+    loader.load_state_dict(good)
+    rest = [i for b in loader for i in ids(b)]
+    assert len(rest) == TOTAL - 3 * OPTIONS["batch_size"]
