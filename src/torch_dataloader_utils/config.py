@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from torch_dataloader_utils.errors import ConfigError, DistributedConfigError, IncompatibleOptionsError
 from torch_dataloader_utils.plan.types import EqualBatches  # defined in pure plan/, coerced here
+from torch_dataloader_utils.storage.redact import RedactedRepr, redact
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -454,8 +455,8 @@ class FetchConfig:
         return float(min(MAX_RETRY_BACKOFF, self.retry_backoff * 2 ** (attempt - 1)))
 
 
-@dataclass(frozen=True, kw_only=True)
-class FileSourceConfig:
+@dataclass(frozen=True, kw_only=True, repr=False)
+class FileSourceConfig(RedactedRepr):
     """Which files are read, and how (the source options of :class:`StructuredDataset`).
 
     Attributes:
@@ -480,13 +481,14 @@ class FileSourceConfig:
     def __post_init__(self) -> None:
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise ConfigError(
-                f"storage_options={self.storage_options!r} must be a dict of filesystem options"
+                f"storage_options={redact(self.storage_options)!r} must be a dict of filesystem "
+                "options, e.g. {'key': ..., 'secret': ..., 'endpoint_url': ...}"
             )
         check_bool(self.quoted_newlines, "quoted_newlines")
 
 
-@dataclass(frozen=True, kw_only=True)
-class IcebergSourceConfig:
+@dataclass(frozen=True, kw_only=True, repr=False)
+class IcebergSourceConfig(RedactedRepr):
     """Which Iceberg table, snapshot and rows are read (see :class:`IcebergDataset`).
 
     Attributes:

@@ -48,6 +48,7 @@ from torch_dataloader_utils.errors import ConfigError, CorruptFileError, Discove
 from torch_dataloader_utils.io.iceberg_equality import RowFilter, equality_positions, read_equality_delete
 from torch_dataloader_utils.io.iceberg_fs import IcebergFileSystem
 from torch_dataloader_utils.plan.types import FileInfo, RowGroup
+from torch_dataloader_utils.storage.redact import redact
 
 __all__ = [
     "IcebergFileInfo",
@@ -196,7 +197,7 @@ def load_table(table: str, catalog_config: Mapping[str, Any] | None) -> Any:
         )
     if catalog_config is not None and not isinstance(catalog_config, Mapping):
         raise ConfigError(
-            f"catalog_config={catalog_config!r} must be a dict of pyiceberg catalog properties, "
+            f"catalog_config={redact(catalog_config)!r} must be a dict of pyiceberg catalog properties, "
             "e.g. {'type': 'sql', 'uri': 'sqlite:///catalog.db', 'warehouse': 'file:///wh'}"
         )
     parts = table.split(".")
@@ -209,8 +210,9 @@ def load_table(table: str, catalog_config: Mapping[str, Any] | None) -> Any:
         catalog = load_catalog(catalog_name, **props)
     except (ValueError, TypeError, NotImplementedError) as exc:
         raise ConfigError(
-            f"catalog_config for catalog {catalog_name!r} cannot be loaded: {exc}; pass pyiceberg "
-            "catalog properties, e.g. {'type': 'sql', 'uri': 'sqlite:///catalog.db', 'warehouse': ...}"
+            f"catalog_config for catalog {catalog_name!r} cannot be loaded: {redact(str(exc))}; "
+            "pass pyiceberg catalog properties, e.g. "
+            "{'type': 'sql', 'uri': 'sqlite:///catalog.db', 'warehouse': ...}"
         ) from exc
     try:
         return catalog.load_table(identifier)

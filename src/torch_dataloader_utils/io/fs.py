@@ -23,6 +23,8 @@ from urllib.parse import urlsplit
 import fsspec
 import pyarrow.fs as pafs
 
+from torch_dataloader_utils.storage.redact import RedactedRepr
+
 __all__ = ["FileSystemSpec", "native_s3_options", "resolve"]
 
 _LOCAL = frozenset({"file", "local"})
@@ -111,8 +113,8 @@ def native_s3_options(options: Mapping[str, Any]) -> dict[str, Any] | None:
     return out
 
 
-@dataclass(frozen=True)
-class FileSystemSpec:
+@dataclass(frozen=True, repr=False)
+class FileSystemSpec(RedactedRepr):
     """Which filesystem to use, as plain values.
 
     Attributes:

@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
+from torch_dataloader_utils.storage.redact import RedactedRepr
+
 __all__ = ["IcebergFileSystem"]
 
 _CLIENTS: dict[tuple[int, str, str, str], pafs.FileSystem] = {}
 
 
-@dataclass(frozen=True)
-class IcebergFileSystem:
+@dataclass(frozen=True, repr=False)
+class IcebergFileSystem(RedactedRepr):
     """Resolves Iceberg locations (``file://``, ``s3://``, ...) to a pyarrow filesystem and path.
 
     Attributes:
