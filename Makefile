@@ -11,13 +11,15 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt "torch==2.13.0" -e ".[dev]"
 	touch $(STAMP)
 
+# The Iceberg demo is a dev module at the repository root (it writes delete files through
+# private pyiceberg APIs, so it is not shipped in the package); `python -m` finds it from here.
 demo: $(STAMP)
 	$(PY) -m torch_dataloader_utils demo
-	$(PY) -m torch_dataloader_utils demo-iceberg
+	$(PY) -m testsupport.demo_iceberg
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks testsupport
+	$(VENV)/bin/ruff format --check src tests benchmarks testsupport
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from tests.fixtures.iceberg import (  # noqa: E402
+from testsupport.iceberg_tables import (  # noqa: E402
     commit_deletes,
     data_files,
     make_catalog,

@@ -24,12 +24,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import benchmarks.latency_fs as latency
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+import testsupport.latency_fs as latency
 
 from torch_dataloader_utils import create_dataloader
 
@@ -156,10 +156,10 @@ def bench_startup(root: Path, repeats: int) -> list[str]:
 
 def bench_data_path(root: Path, repeats: int) -> list[str]:
     import s3fs
-    from tests.fixtures.s3 import BUCKET, KEY, SECRET, _start_seaweedfs
+    from testsupport.s3_server import BUCKET, KEY, SECRET, start_seaweedfs
 
     workdir = Path(tempfile.mkdtemp(prefix="tdu-bench-sw-"))
-    started = _start_seaweedfs(workdir)
+    started = start_seaweedfs(workdir)
     if isinstance(started, str):
         return [f"SeaweedFS could not start: {started}"]
     server, stop = started

@@ -29,3 +29,35 @@ def test_demo_runs_as_real_ranks_and_verifies_every_row(tmp_path):
     assert "launching torchrun: 2 ranks x 2 workers" in out
     assert out.count("  OK: every rank yielded 100 batches; all 200000 rows arrived exactly once") == 1
     assert "FAIL" not in out
+
+
+def _make_demo_commands() -> list[list[str]]:
+    lines = (REPO / "Makefile").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("demo:"))
+    recipe = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("\t"):
+            break
+        recipe.append(line.split())
+    return recipe
+
+
+def test_make_demo_runs_modules_found_from_a_fresh_clone():
+    """Every ``$(PY) -m MODULE`` of ``make demo`` resolves from the repository root, without installing it."""
+    import importlib.util
+
+    commands = _make_demo_commands()
+    modules = [cmd[cmd.index("-m") + 1] for cmd in commands]
+    assert modules == ["torch_dataloader_utils", "testsupport.demo_iceberg"]
+    for module in modules:
+        assert importlib.util.find_spec(module) is not None, module
+    assert (REPO / "testsupport" / "demo_iceberg.py").is_file()
+    assert not (REPO / "src" / "torch_dataloader_utils" / "demo_iceberg.py").exists()
+
+
+def test_the_installed_cli_has_no_iceberg_demo(capsys):
+    from torch_dataloader_utils.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["demo-iceberg"])
+    assert "invalid choice: 'demo-iceberg'" in capsys.readouterr().err

@@ -3,7 +3,6 @@
 Usage::
 
     python -m torch_dataloader_utils demo          # torchrun on CPU: 2 ranks x 2 workers
-    python -m torch_dataloader_utils demo-iceberg  # a local SQLite-backed Iceberg table
     python -m torch_dataloader_utils plan PATH --num-ranks 4 --num-workers 2 --epoch 0
 """
 
@@ -176,12 +175,6 @@ def _verify(epoch: int, gathered: Sequence[Any], dataset: Any) -> bool:
     return False
 
 
-def _demo_iceberg(args: argparse.Namespace) -> int:
-    from torch_dataloader_utils.demo_iceberg import iceberg_demo
-
-    return iceberg_demo(args.data_dir, num_ranks=args.num_ranks, num_workers=args.num_workers)
-
-
 def _plan(args: argparse.Namespace) -> int:
     from torch_dataloader_utils import StructuredDataset
 
@@ -228,14 +221,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank.add_argument("--batch-size", type=int, default=1000)
     rank.add_argument("--epochs", type=int, default=2)
     rank.set_defaults(fn=_demo_rank)
-    demo_ice = sub.add_parser(
-        "demo-iceberg",
-        help="build a local SQLite-backed Iceberg table with deletes and read it as ranks x workers",
-    )
-    demo_ice.add_argument("--data-dir", default="demo_data")
-    demo_ice.add_argument("--num-ranks", type=int, default=2)
-    demo_ice.add_argument("--num-workers", type=int, default=2)
-    demo_ice.set_defaults(fn=_demo_iceberg)
     plan = sub.add_parser("plan", help="show which chunks each rank and worker reads")
     plan.add_argument("path")
     plan.add_argument("--format", default="parquet")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-import benchmarks.latency_fs as latency
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import testsupport.latency_fs as latency
 
 from tests.fixtures.data import write_parquet_files
 from torch_dataloader_utils import ConfigError, CorruptFileError, create_dataloader

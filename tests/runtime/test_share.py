@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 def _rank_main(rank: int, port: int, url: str, queue: Any) -> None:
     try:
-        import benchmarks.latency_fs as latency
+        import testsupport.latency_fs as latency
         import torch.distributed as dist
 
         from torch_dataloader_utils import PathNotFoundError, StructuredDataset
