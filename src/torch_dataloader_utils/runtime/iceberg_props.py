@@ -26,7 +26,9 @@ _S3FS_KEYS = {
     "anon": "s3.anonymous",
 }
 # s3fs keywords that only tune fsspec's own client: meaningless for a FileIO.
-_IGNORED = frozenset({"skip_instance_cache", "use_listings_cache", "listings_expiry_time", "default_block_size"})
+_IGNORED = frozenset(
+    {"skip_instance_cache", "use_listings_cache", "listings_expiry_time", "default_block_size"}
+)
 
 
 def _flatten(options: Mapping[str, Any]) -> dict[str, Any]:

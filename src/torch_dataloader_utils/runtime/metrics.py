@@ -104,7 +104,7 @@ class MetricsRecorder:
     def _bar(self, worker: int) -> Any:
         bar = self._bars.get(worker)
         if bar is None:
-            from tqdm.auto import tqdm
+            from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
             total = self._totals[worker] if worker < len(self._totals) else None
             bar = tqdm(
