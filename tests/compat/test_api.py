@@ -70,7 +70,7 @@ def test_positional_format_and_files(data: str) -> None:
 
 
 def test_shuffle_buffer_mixes_rows_exactly_once_and_resumes(data: str) -> None:
-    loader, dataset = StructuredDataset.create_dataloader(
+    loader, _ = StructuredDataset.create_dataloader(
         data, "parquet", batch_size=50, num_workers=2, shuffle_buffer_size=200, split_rows=50
     )
     full = _ids(loader)

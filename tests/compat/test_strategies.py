@@ -121,7 +121,10 @@ def test_older_signature_is_sharded_by_rank(tmp_path: Any) -> None:
     plan = plan_epoch(spec, 0)
     r0 = {c.path for c in plan.rank_chunks(0)}
     r1 = {c.path for c in plan.rank_chunks(1)}
-    assert r0 and r1 and not r0 & r1 and r0 | r1 == {f.path for f in files}
+    assert r0
+    assert r1
+    assert not r0 & r1
+    assert r0 | r1 == {f.path for f in files}
 
 
 class Overlapping:
@@ -167,7 +170,7 @@ def test_split_of_unknown_file_is_a_plan_error() -> None:
         equal_batches=EqualBatches.OFF,
         batch_size=4,
     )
-    with pytest.raises(PlanError, match="nope.parquet"):
+    with pytest.raises(PlanError, match=r"nope\.parquet"):
         plan_epoch(spec, 0)
 
 
