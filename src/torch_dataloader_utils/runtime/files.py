@@ -68,7 +68,9 @@ def text_options(source: FileSourceConfig, options: Options) -> TextOptions | No
     )
 
 
-def count_filtered(found: Discovered, counting: bool) -> tuple[Discovered, str | None]:
+def count_filtered(
+    found: Discovered, counting: bool, count_rows: bool | None = None
+) -> tuple[Discovered, str | None]:
     """Exact counts under a row filter (Parquet), or the reason counts stay unknown.
 
     A filter on hive partition columns only prunes whole files, so counts stay exact. A
@@ -87,8 +89,8 @@ def count_filtered(found: Discovered, counting: bool) -> tuple[Discovered, str |
         return found, None  # partition values pruned whole files: counts are exact
     if not counting:
         return found, (
-            f"filters={found.filters} drops rows inside row groups and count_rows=False "
-            "(count_rows=None or True counts them at startup)"
+            f"filters={found.filters} drops rows inside row groups and count_rows={count_rows!r} "
+            "did not count them (count_rows=True counts them at startup)"
         )
     files = share.from_rank0(
         lambda: count_filtered_rows(
@@ -182,7 +184,7 @@ class StructuredDataset(PlannedDataset):
             fetch=options.fetch,
             share=share.from_rank0,
         )
-        found, issue = count_filtered(found, options.counts_rows)
+        found, issue = count_filtered(found, options.counts_rows, options.counting.count_rows)
         self.discovered: Discovered = found
         """What discovery found: files, schema, columns."""
         self._init_core(
