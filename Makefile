@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit docs docsbuild bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,10 +27,16 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(VENV)/bin/pytest -n 2 --durations=15
 
-test: lint typecheck unit
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs serve
+
+docsbuild: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+test: lint typecheck unit docsbuild
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis demo_data
+	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache .hypothesis demo_data

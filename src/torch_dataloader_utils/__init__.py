@@ -1,4 +1,4 @@
-"""torch_dataloader_utils: structured data (Parquet, ...) into PyTorch, sharded exactly once.
+"""torch_dataloader_utils: Parquet, ORC, CSV, JSONL and Iceberg into PyTorch, sharded exactly once.
 
 Quick start::
 
@@ -16,8 +16,17 @@ Quick start::
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from torch_dataloader_utils.compat import (
+    DataFileInfo,
+    IcebergDataFileInfo,
+    RoundRobinSplitStrategy,
+    SizeBalancedSplitStrategy,
+    Split,
+    TargetSizeSplitStrategy,
+)
 from torch_dataloader_utils.config import EqualBatches, FileFormat, OutputFormat, SplitKind
 from torch_dataloader_utils.errors import (
+    CheckpointMismatchError,
     ConfigError,
     ConversionError,
     CorruptFileError,
@@ -81,14 +90,16 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__version__ = "0.1.0"
+__version__ = "0.3.0"
 
 __all__ = [
+    "CheckpointMismatchError",
     "Chunk",
     "ChunkUnit",
     "ConfigError",
     "ConversionError",
     "CorruptFileError",
+    "DataFileInfo",
     "DataLoaderUtilsError",
     "DiscoveryError",
     "DistributedConfigError",
@@ -97,6 +108,7 @@ __all__ = [
     "FileFormat",
     "FileInfo",
     "FileLoaderOptions",
+    "IcebergDataFileInfo",
     "IcebergDataset",
     "IcebergLoaderOptions",
     "IncompatibleOptionsError",
@@ -112,13 +124,17 @@ __all__ = [
     "RecordIndex",
     "ResumableDataLoader",
     "ResumeStateError",
+    "RoundRobinSplitStrategy",
     "RowGroup",
     "SchemaError",
     "SchemaMismatchError",
+    "SizeBalancedSplitStrategy",
+    "Split",
     "SplitKind",
     "SplitStrategy",
     "StateMismatchError",
     "StructuredDataset",
+    "TargetSizeSplitStrategy",
     "UnknownColumnError",
     "UnknownLengthError",
     "UnknownOptionError",

@@ -37,6 +37,7 @@ __all__ = [
     "OutputConfig",
     "OutputFormat",
     "PADDING_COLUMN",
+    "ProgressConfig",
     "ShuffleConfig",
     "SplitConfig",
     "SplitKind",
@@ -245,11 +246,15 @@ class ShuffleConfig:
         shuffle_seed: Seed of the permutation (the same on every rank).
         row_shuffle_window: Rows mixed together across chunks, or ``None`` (chunk order
             only). Needs ``shuffle=True``.
+        shuffle_buffer_size: torch-dataloader-utils 0.2.0's row-level shuffle, mapped onto
+            the same mechanism: rows mixed in windows of this many rows, independent of
+            ``shuffle`` (which then only decides whether the chunk order changes).
     """
 
     shuffle: bool = False
     shuffle_seed: int = DEFAULT_SHUFFLE_SEED
     row_shuffle_window: int | None = None
+    shuffle_buffer_size: int | None = None
 
     def __post_init__(self) -> None:
         check_bool(self.shuffle, "shuffle")
@@ -261,6 +266,38 @@ class ShuffleConfig:
                 f"row_shuffle_window={window!r} mixes rows across chunks, which is a shuffle; "
                 "pass shuffle=True too, or drop row_shuffle_window"
             )
+        buffer = self.shuffle_buffer_size
+        check_int(buffer, "shuffle_buffer_size", 1, optional=True, hint=" (rows per worker, or None)")
+        if buffer is not None and window is not None:
+            raise IncompatibleOptionsError(
+                f"shuffle_buffer_size={buffer!r} and row_shuffle_window={window!r} both set the rows "
+                "shuffled together; pass only one (shuffle_buffer_size is the 0.2.0 name)"
+            )
+
+    @property
+    def row_window(self) -> int | None:
+        """Rows shuffled together across chunks (either option), or ``None``."""
+        return self.row_shuffle_window if self.row_shuffle_window is not None else self.shuffle_buffer_size
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProgressConfig:
+    """Progress display of the batches the training loop receives.
+
+    Attributes:
+        show_progress: Show a progress bar (``tqdm``) per worker, updated in the main
+            process as batches arrive (no extra traffic from workers).
+        progress_interval_sec: Seconds between two refreshes of the bars (> 0).
+    """
+
+    show_progress: bool = False
+    progress_interval_sec: float = 120.0
+
+    def __post_init__(self) -> None:
+        check_bool(self.show_progress, "show_progress")
+        interval = self.progress_interval_sec
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
+            raise ConfigError(f"progress_interval_sec={interval!r} must be a number of seconds > 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -499,10 +536,13 @@ class IcebergSourceConfig(RedactedRepr):
         columns: Columns to return, in order, or ``None`` for all.
         filters: A ``pyarrow.compute.Expression`` applied to rows (and used for pruning).
         scan_filter: A pyiceberg ``BooleanExpression`` used for pruning only.
+        storage_options: As given; already merged into ``catalog_config`` as FileIO
+            properties by the public edge.
     """
 
     table: str
     catalog_config: Mapping[str, Any] | None = None
+    storage_options: Mapping[str, Any] | None = None
     snapshot_id: int | None = None
     as_of: Any = None
     columns: Sequence[str] | None = None

@@ -20,7 +20,8 @@ also :class:`ValueError`, errors about a missing path are also
     │   └── OverlappingChunksError            two chunks (or two ranks) share rows
     ├── DistributedConfigError (ConfigError)  rank / world size disagree with the runtime
     ├── ResumeStateError (ConfigError)        a resume state is malformed or incomplete
-    │   └── StateMismatchError                it was saved for other data or options
+    │   └── CheckpointMismatchError           it cannot resume this dataset (0.2.0's name)
+    │       └── StateMismatchError            it was saved for other data or options
     ├── UnknownLengthError (TypeError)        len() asked where row counts are unknown
     ├── ReadError                             reading a chunk's data failed
     │   └── RecordBoundaryError               text records do not match their lines
@@ -34,6 +35,7 @@ Messages name the parameter or file, echo the offending value and say the fix.
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointMismatchError",
     "ConfigError",
     "ConversionError",
     "CorruptFileError",
@@ -85,7 +87,16 @@ class ResumeStateError(ConfigError):
     """A resume state cannot be loaded: not a state, another version, or incomplete."""
 
 
-class StateMismatchError(ResumeStateError):
+class CheckpointMismatchError(ResumeStateError):
+    """A saved state cannot resume this dataset (the name torch-dataloader-utils 0.2.0 used).
+
+    Raised directly for a checkpoint in 0.2.0's format; ``except CheckpointMismatchError``
+    also catches :class:`StateMismatchError`, so 0.2.0 code that discards a mismatched
+    checkpoint keeps working.
+    """
+
+
+class StateMismatchError(CheckpointMismatchError):
     """A resume state was saved for other files or options than the dataset's."""
 
 

@@ -25,6 +25,7 @@ from torch_dataloader_utils.config import (
     IcebergSourceConfig,
     LoaderConfig,
     OutputConfig,
+    ProgressConfig,
     ShuffleConfig,
     SplitConfig,
 )
@@ -37,7 +38,16 @@ from torch_dataloader_utils.runtime.options import (
     ReadOptions,
 )
 
-GROUPS = (BatchConfig, CountConfig, FetchConfig, LoaderConfig, OutputConfig, ShuffleConfig, SplitConfig)
+GROUPS = (
+    BatchConfig,
+    CountConfig,
+    FetchConfig,
+    LoaderConfig,
+    OutputConfig,
+    ProgressConfig,
+    ShuffleConfig,
+    SplitConfig,
+)
 WORLD_KEYS = {"num_ranks", "rank"}  # resolved into a World by runtime.env
 # Options of files only: text counts cached on disk; ranged reads of remote files.
 FILE_ONLY = {"count_cache_dir", "read_ahead_bytes", "retries", "retry_backoff"}

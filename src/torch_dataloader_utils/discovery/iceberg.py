@@ -206,6 +206,9 @@ def load_table(table: str, catalog_config: Mapping[str, Any] | None) -> Any:
     else:
         catalog_name, identifier = "default", table
     props = {k: str(v) if not isinstance(v, str) else v for k, v in (catalog_config or {}).items()}
+    # A "name" property names the catalog (load_catalog's first argument), as in
+    # load_catalog(**catalog_config); it wins over the table's catalog part.
+    catalog_name = props.pop("name", catalog_name)
     try:
         catalog = load_catalog(catalog_name, **props)
     except (ValueError, TypeError, NotImplementedError) as exc:

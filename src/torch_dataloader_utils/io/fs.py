@@ -150,8 +150,9 @@ class FileSystemSpec(RedactedRepr):
         key = self._key("fsspec")
         client = _CLIENTS.get(key)
         if client is None:
-            # skip_instance_cache: never reuse an instance that came over a fork.
-            client = fsspec.filesystem(self.protocol, skip_instance_cache=True, **self.storage_options)
+            # skip_instance_cache: never reuse an instance that came over a fork (a user's
+            # own skip_instance_cache is overridden, not passed twice).
+            client = fsspec.filesystem(self.protocol, **{**self.storage_options, "skip_instance_cache": True})
             _CLIENTS[key] = client
         return client
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from torch_dataloader_utils.errors import ResumeStateError, StateMismatchError
+from torch_dataloader_utils.errors import CheckpointMismatchError, ResumeStateError, StateMismatchError
 from torch_dataloader_utils.plan.assign import assign
 from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
 from torch_dataloader_utils.plan.ranks import cut_chunk, fill_quotas_by, rank_quota, worker_quotas
@@ -456,6 +456,15 @@ def check_state(state: object, expected: Mapping[str, Any]) -> dict[str, Any]:
         StateMismatchError: it was saved for other data or other options; the
             message says what changed.
     """
+    if isinstance(state, dict) and "completed_shards" in state and "format" not in state:
+        raise CheckpointMismatchError(
+            "this is a checkpoint of torch-dataloader-utils 0.2.0 (keys 'epoch', '_num_workers', "
+            "'completed_shards': whole worker shards finished), which cannot be converted exactly: "
+            "0.2.0 did not record the rows consumed of unfinished shards, and its shards are not "
+            "this library's plan. Restart the epoch it names with dataset.set_epoch("
+            f"{state.get('epoch')!r}) (or the next one), then save new checkpoints with "
+            "loader.state_dict(); see docs/migrating-from-0.2.md"
+        )
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise ResumeStateError(
             f"not a torch_dataloader_utils resume state (expected a dict with format={STATE_FORMAT!r}, "

@@ -13,6 +13,14 @@ with a ``generate`` method (no base class needed), in one of two signatures:
   the whole dataset.
 
 The signature is detected with :func:`inspect.signature`.
+
+Strategies written for torch-dataloader-utils 0.2.0 run unchanged: besides ``Chunk``
+objects a strategy may return 0.2.0's ``Shard`` objects (anything with ``splits``) or
+``Split`` objects (anything with ``file.path`` and ``row_range``, whose
+``offset``/``length`` are file row positions; ``None`` is the whole file). They are
+recognized by their attributes (this module stays free of the compat layer) and
+become chunks, checked like any other; the worker a ``Shard`` named is not kept, the
+planner assigns chunks to workers itself.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -204,7 +212,7 @@ class LegacyAdapter:
 
     def split(self, files: Sequence[FileInfo], *, num_workers: int, epoch: int) -> list[Chunk]:
         """The strategy's chunks for the whole dataset, flattened."""
-        return _flatten(self.strategy.generate(files, num_workers, epoch), self.name)
+        return _flatten(self.strategy.generate(files, num_workers, epoch), self.name, _by_path(files))
 
 
 @dataclass(frozen=True)
@@ -219,10 +227,34 @@ class RankAwareStrategy:
     ) -> list[Chunk]:
         """The strategy's chunks for ``rank``."""
         out = self.strategy.generate(files, num_workers, epoch, num_ranks=num_ranks, rank=rank)
-        return _flatten(out, self.name)
+        return _flatten(out, self.name, _by_path(files))
 
 
-def _flatten(out: object, name: str) -> list[Chunk]:
+def _by_path(files: Sequence[FileInfo]) -> dict[str, FileInfo]:
+    return {f.path: f for f in files}
+
+
+def _from_split(item: object, files: Mapping[str, FileInfo], name: str) -> list[Chunk]:
+    """A 0.2.0 ``Split`` (``file.path`` + ``row_range`` or ``None``) as a chunk."""
+    path = getattr(getattr(item, "file", None), "path", None)
+    f = files.get(path) if isinstance(path, str) else None
+    if f is None:
+        raise PlanError(
+            f"split strategy {name!r} returned a Split of {path!r}, which is not one of the dataset's files"
+        )
+    rr = getattr(item, "row_range", None)
+    if rr is None:
+        return FileSplit().split([f])
+    if f.num_rows is None:
+        raise PlanError(
+            f"split strategy {name!r} returned a Split with row_range={rr!r} of {path!r}, whose row "
+            "count is unknown (a text format): return the whole file (row_range=None) instead"
+        )
+    offset, length = int(rr.offset), int(rr.length)
+    return [Chunk.rows(f, offset, offset + length)] if length > 0 else []
+
+
+def _flatten(out: object, name: str, files: Mapping[str, FileInfo]) -> list[Chunk]:
     if not isinstance(out, Iterable):
         raise PlanError(f"split strategy {name!r} must return a sequence of Chunk, got {out!r}")
     chunks: list[Chunk] = []
@@ -231,7 +263,11 @@ def _flatten(out: object, name: str) -> list[Chunk]:
             chunks.append(item)
         elif isinstance(item, (list, tuple)):
             # Older strategies sometimes return one list per worker.
-            chunks.extend(_flatten(item, name))
+            chunks.extend(_flatten(item, name, files))
+        elif isinstance(getattr(item, "splits", None), (list, tuple)):
+            chunks.extend(_flatten(item.splits, name, files))  # type: ignore[attr-defined]  # a 0.2.0 Shard
+        elif hasattr(item, "file") and hasattr(item, "row_range"):
+            chunks.extend(_from_split(item, files, name))  # a 0.2.0 Split
         else:
             raise PlanError(
                 f"split strategy {name!r} returned {item!r}; expected Chunk objects "
@@ -246,8 +282,8 @@ def resolve_strategy(strategy: object) -> Splitter | RankAwareStrategy:
     Raises:
         ConfigError: ``strategy`` has no ``generate`` method of a known signature.
     """
-    if hasattr(strategy, "split") and hasattr(strategy, "name") and not hasattr(strategy, "generate"):
-        return strategy  # type: ignore[return-value]  # a built-in Splitter
+    if callable(getattr(strategy, "split", None)) and isinstance(getattr(strategy, "name", None), str):
+        return strategy  # type: ignore[return-value]  # a built-in Splitter (or a compat strategy)
     generate = getattr(strategy, "generate", None)
     name = type(strategy).__name__
     if not callable(generate):

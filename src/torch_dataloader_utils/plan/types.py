@@ -138,6 +138,16 @@ class FileInfo:
             object.__setattr__(self, "_starts", tuple(g.first_row for g in self.row_groups))
 
     @property
+    def file_size(self) -> int:
+        """``size`` under the name of torch-dataloader-utils 0.2.0's ``DataFileInfo``."""
+        return self.size
+
+    @property
+    def record_count(self) -> int | None:
+        """``num_rows`` under the name of torch-dataloader-utils 0.2.0's ``DataFileInfo``."""
+        return self.num_rows
+
+    @property
     def live_rows(self) -> int | None:
         """Rows in unpruned row groups (all rows when there are no row groups)."""
         if self.row_groups is None:

@@ -26,6 +26,7 @@ from torch_dataloader_utils.plan.resume import Piece, as_pieces, segment_pieces
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.emit import Positions, grouped
+from torch_dataloader_utils.runtime.metrics import MetricsRecorder, WorkerMetrics
 from torch_dataloader_utils.runtime.options import Options
 from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged
 from torch_dataloader_utils.runtime.watchdog import watch_parent
@@ -108,13 +109,15 @@ class PlannedDataset(IterableDataset[Any]):
                 "batch_size": batching.batch_size,
                 "drop_last": batching.drop_last,
                 "equal_batches": batching.equal_batches.value,
-                "row_shuffle_window": shuffle.row_shuffle_window,
+                "row_shuffle_window": shuffle.row_window,
                 **identity,
             },
             options.world,
             shuffle.shuffle_seed,
         )
         self._plans: dict[tuple[int, int], EpochPlan] = {}
+        self.metrics = MetricsRecorder(options.progress)
+        """Per-worker counters of the batches received (see :meth:`get_metrics`)."""
         workers = options.loader.num_workers
         self._num_workers = self._auto_workers() if workers is None else workers
         self._check_plan()
@@ -148,7 +151,7 @@ class PlannedDataset(IterableDataset[Any]):
     @property
     def row_shuffle_window(self) -> int | None:
         """Rows shuffled together (the row-level shuffle's window), or ``None``."""
-        return self._options.shuffle.row_shuffle_window
+        return self._options.shuffle.row_window
 
     @property
     def epoch(self) -> int:
@@ -164,6 +167,32 @@ class PlannedDataset(IterableDataset[Any]):
         check_int(epoch, "epoch", 0)
         self._epoch.fill_(epoch)
         self._state.on_set_epoch(epoch)
+        self.metrics.reset()
+
+    # -- metrics ----------------------------------------------------------------
+    def get_metrics(self) -> list[WorkerMetrics]:
+        """Per-worker counters of the batches the loop received since the last call.
+
+        One :class:`~torch_dataloader_utils.runtime.metrics.WorkerMetrics` per worker
+        that delivered a batch (``rows_read``, ``batches_read``, ``bytes_read``,
+        ``files_read``, ``elapsed_sec``), by worker id; also logs an epoch summary at
+        INFO. The counters are then cleared: a second call returns ``[]``.
+        ``set_epoch`` and :meth:`reset_metrics` discard them too.
+        """
+        return self.metrics.drain()
+
+    def reset_metrics(self) -> None:
+        """Discard the counters collected so far."""
+        self.metrics.reset()
+
+    def begin_metrics(self, num_workers: int) -> None:
+        """A pass over the current epoch starts: progress bars get each worker's row count."""
+        epoch = self.epoch
+        totals: list[int | None] = []
+        if self._options.progress.show_progress and self._state.live_segments(epoch) is None:
+            plan = self.plan(epoch, max(1, num_workers))
+            totals = [plan.rows_for(self.world.rank, w) for w in range(plan.num_workers)]
+        self.metrics.begin(epoch, totals)
 
     # -- planning ---------------------------------------------------------------
     def _spec(self, num_workers: int) -> PlanSpec:
@@ -313,8 +342,10 @@ class PlannedDataset(IterableDataset[Any]):
             yield from grouped(batches, self._for_transfer, positions)
             return
         progress = None if (tagging or slot.in_worker) else self._state.begin(1, epoch)
+        if progress is not None:
+            self.begin_metrics(0)
         for batch in batches:
-            tag = positions.tag(batch.num_rows)
+            tag = positions.tag(batch.num_rows, batch.nbytes)
             if slot.in_worker and collate is None:
                 # Strings travel as Arrow buffers in the batch's one buffer (convert.pack).
                 out = pack(self._converter.convert_for_transfer(batch))
@@ -329,9 +360,11 @@ class PlannedDataset(IterableDataset[Any]):
                 continue
             if progress is not None:
                 progress.record(tag)
+                self.metrics.record(tag)
             yield out
         if progress is not None:
             self._state.finish()
+            self.metrics.finish()
 
     def _for_transfer(self, batch: pa.RecordBatch) -> Any:
         collate = self._options.output.collate_fn

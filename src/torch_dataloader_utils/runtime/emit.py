@@ -2,8 +2,10 @@
 
 Every batch a worker yields carries its position in the worker's plan, so the main
 process can record exactly what the training loop consumed (:mod:`.state`):
-``(token, worker, workers, piece, offset)`` — after this batch, the worker's first
-``piece`` pieces and the first ``offset`` rows of piece ``piece`` have been yielded.
+``(token, worker, workers, piece, offset, rows, nbytes)`` — after this batch, the
+worker's first ``piece`` pieces and the first ``offset`` rows of piece ``piece`` have
+been yielded; the batch itself holds ``rows`` rows of ``nbytes`` Arrow bytes (counted
+by :mod:`.metrics`).
 
 Under the loader of ``create_dataloader``, a worker sends several batches per transfer
 (:func:`grouped`), since every hand-off between processes has a fixed cost.
@@ -38,7 +40,7 @@ num_workers`` groups. Measured in ``docs/benchmarks.md``.
 GROUP_MAX_BATCHES = 1024
 """At most this many batches per group."""
 
-Tag = tuple[int, int, int, int, int]
+Tag = tuple[int, int, int, int, int, int, int]
 
 
 class Positions:
@@ -69,11 +71,11 @@ class Positions:
 
         return itertools.chain.from_iterable(counted(p) for p in pieces)
 
-    def tag(self, rows: int) -> Tag:
-        """The position after a yielded batch of ``rows`` rows."""
+    def tag(self, rows: int, nbytes: int = 0) -> Tag:
+        """The position after a yielded batch of ``rows`` rows (and ``nbytes`` Arrow bytes)."""
         self._emitted += rows
         index = bisect.bisect_right(self._starts, self._emitted) - 1
-        return (*self._prefix, index, self._emitted - self._starts[index])
+        return (*self._prefix, index, self._emitted - self._starts[index], rows, nbytes)
 
 
 def grouped(
@@ -91,7 +93,7 @@ def grouped(
     try:
         for batch in batches:
             pending.append(convert(batch))
-            tags.append(positions.tag(batch.num_rows))
+            tags.append(positions.tag(batch.num_rows, batch.nbytes))
             size += batch.nbytes
             if size >= GROUP_BYTES or len(pending) >= GROUP_MAX_BATCHES:
                 yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]

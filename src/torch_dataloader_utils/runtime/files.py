@@ -8,6 +8,7 @@ from typing import Any, Unpack
 
 import pyarrow as pa
 
+from torch_dataloader_utils.compat.files import DataFileInfo, file_paths
 from torch_dataloader_utils.config import FileFormat, FileSourceConfig
 from torch_dataloader_utils.discovery import Discovered, discover
 from torch_dataloader_utils.discovery.columns import filter_fields
@@ -67,7 +68,9 @@ def text_options(source: FileSourceConfig, options: Options) -> TextOptions | No
     )
 
 
-def count_filtered(found: Discovered, counting: bool) -> tuple[Discovered, str | None]:
+def count_filtered(
+    found: Discovered, counting: bool, count_rows: bool | None = None
+) -> tuple[Discovered, str | None]:
     """Exact counts under a row filter (Parquet), or the reason counts stay unknown.
 
     A filter on hive partition columns only prunes whole files, so counts stay exact. A
@@ -86,8 +89,8 @@ def count_filtered(found: Discovered, counting: bool) -> tuple[Discovered, str |
         return found, None  # partition values pruned whole files: counts are exact
     if not counting:
         return found, (
-            f"filters={found.filters} drops rows inside row groups and count_rows=False "
-            "(count_rows=None or True counts them at startup)"
+            f"filters={found.filters} drops rows inside row groups and count_rows={count_rows!r} "
+            "did not count them (count_rows=True counts them at startup)"
         )
     files = share.from_rank0(
         lambda: count_filtered_rows(
@@ -103,6 +106,27 @@ def count_filtered(found: Discovered, counting: bool) -> tuple[Discovered, str |
     return dataclasses.replace(found, files=files, extra={**found.extra, "filtered_positions": True}), None
 
 
+def source_paths(path: object, files: object) -> str | list[str]:
+    """The paths to read: ``path``, or the paths of 0.2.0's ``files=[DataFileInfo(...)]``.
+
+    Raises:
+        ConfigError: neither or both are given, or an item is not a path.
+    """
+    if files is not None:
+        if path is not None:
+            raise IncompatibleOptionsError(
+                f"pass path= or files=, not both (got path={path!r} and files=); drop one"
+            )
+        return file_paths(files)  # type: ignore[arg-type]
+    if path is None:
+        raise ConfigError(
+            "StructuredDataset needs path= (a file, directory or glob) or files=[DataFileInfo(...)]"
+        )
+    if isinstance(path, (list, tuple)) and any(not isinstance(p, str) for p in path):
+        return file_paths(path)
+    return path  # type: ignore[return-value]
+
+
 class StructuredDataset(PlannedDataset):
     """Parquet, ORC, CSV and JSONL files on any fsspec filesystem, sharded by plan.
 
@@ -113,6 +137,8 @@ class StructuredDataset(PlannedDataset):
         path: A file, a directory (recursive), a glob, or a list of them; local paths
             or URLs of any fsspec filesystem (``s3://``, ``gs://``, ``memory://``...).
         format: ``"parquet"`` (default), ``"orc"``, ``"csv"`` or ``"jsonl"``.
+        files: Instead of ``path``, the files as 0.2.0's ``DataFileInfo`` objects (only
+            their ``path`` is used; sizes and row counts come from the files' metadata).
         **options: The options of :class:`~torch_dataloader_utils.runtime.options.FileReadOptions`.
 
     Raises:
@@ -122,14 +148,16 @@ class StructuredDataset(PlannedDataset):
 
     def __init__(
         self,
-        path: str | Sequence[str],
+        path: str | Sequence[str] | Sequence[DataFileInfo] | None = None,
         format: str | FileFormat = "parquet",
+        *,
+        files: Sequence[DataFileInfo] | None = None,
         **options: Unpack[FileReadOptions],
     ) -> None:
         given: dict[str, Any] = dict(options)
         source = file_source(format, given)
         self._setup(
-            path,
+            source_paths(path, files),
             source,
             build_options(given, FileReadOptions, "StructuredDataset", source.format, standalone=True),
         )
@@ -156,7 +184,7 @@ class StructuredDataset(PlannedDataset):
             fetch=options.fetch,
             share=share.from_rank0,
         )
-        found, issue = count_filtered(found, options.counts_rows)
+        found, issue = count_filtered(found, options.counts_rows, options.counting.count_rows)
         self.discovered: Discovered = found
         """What discovery found: files, schema, columns."""
         self._init_core(
@@ -176,20 +204,27 @@ class StructuredDataset(PlannedDataset):
     @classmethod
     def create_dataloader(
         cls,
-        path: str | Sequence[str],
+        path: str | Sequence[str] | Sequence[DataFileInfo] | None = None,
         format: str | FileFormat = "parquet",
+        *,
+        files: Sequence[DataFileInfo] | None = None,
         **options: Unpack[FileLoaderOptions],
     ) -> tuple[ResumableDataLoader, StructuredDataset]:
         """Build the dataset and its DataLoader; see :func:`create_dataloader`."""
         given: dict[str, Any] = dict(options)
         source = file_source(format, given)
+        paths = source_paths(path, files)
         built = build_options(given, FileLoaderOptions, "create_dataloader", source.format)
-        dataset = cls.from_config(path, source, built)
+        dataset = cls.from_config(paths, source, built)
         return make_loader(dataset, built.loader), dataset
 
 
 def create_dataloader(
-    path: str | Sequence[str], format: str | FileFormat = "parquet", **options: Unpack[FileLoaderOptions]
+    path: str | Sequence[str] | Sequence[DataFileInfo] | None = None,
+    format: str | FileFormat = "parquet",
+    *,
+    files: Sequence[DataFileInfo] | None = None,
+    **options: Unpack[FileLoaderOptions],
 ) -> tuple[ResumableDataLoader, StructuredDataset]:
     """Build a :class:`StructuredDataset` and a DataLoader that reads it.
 
@@ -198,6 +233,7 @@ def create_dataloader(
             or URLs of any fsspec filesystem (``s3://``, ``gs://``, ``memory://``...).
         format: ``"parquet"`` (default), ``"orc"``, ``"csv"`` or ``"jsonl"`` (see
             ``docs/formats.md``).
+        files: Instead of ``path``, 0.2.0's ``DataFileInfo`` objects (their paths are read).
         **options: Every keyword of
             :class:`~torch_dataloader_utils.runtime.options.FileLoaderOptions`: the
             dataset's options (batching, shuffling, splitting, ranks, output, storage)
@@ -211,4 +247,4 @@ def create_dataloader(
         ``loader.state_dict()`` / ``load_state_dict()`` save and resume mid-epoch
         (``docs/resume.md``).
     """
-    return StructuredDataset.create_dataloader(path, format, **options)
+    return StructuredDataset.create_dataloader(path, format, files=files, **options)

@@ -37,21 +37,27 @@ class ResumableDataLoader(DataLoader[Any]):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         state = self.dataset._state
+        metrics = self.dataset.metrics
         # len() may differ between a resumed pass and a full one; drop torch's cached value.
         self._IterableDataset_len_called = None
         state.begin(self.num_workers, self.dataset.epoch)
+        self.dataset.begin_metrics(self.num_workers)
         state.tagging = True  # set before workers start: they pickle the dataset
         try:
             for item in super().__iter__():
                 if isinstance(item, Tagged) and isinstance(item.batch, BatchGroup):
                     # Several batches of one worker that travelled together.
                     for batch, tag in zip(item.batch, item.tag, strict=True):
+                        metrics.record(tag)  # type: ignore[arg-type]
                         yield state.consume(Tagged(batch, tag))  # type: ignore[arg-type]
                 else:
+                    if isinstance(item, Tagged):
+                        metrics.record(item.tag)
                     yield state.consume(item)
             state.finish()
         finally:
             state.tagging = False
+            metrics.finish()
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's resume state; see :meth:`PlannedDataset.state_dict`."""

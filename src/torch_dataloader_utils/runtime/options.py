@@ -32,6 +32,7 @@ from torch_dataloader_utils.config import (
     LoaderConfig,
     OutputConfig,
     OutputFormat,
+    ProgressConfig,
     ShuffleConfig,
     SplitConfig,
     SplitKind,
@@ -54,6 +55,7 @@ from torch_dataloader_utils.plan.splits import (
 )
 from torch_dataloader_utils.plan.types import World
 from torch_dataloader_utils.runtime import env
+from torch_dataloader_utils.runtime.iceberg_props import catalog_properties
 
 __all__ = [
     "FileLoaderOptions",
@@ -90,6 +92,16 @@ class ReadOptions(TypedDict, total=False):
     permutation seeded by ``(shuffle_seed, epoch, ...)``. Memory holds at most
     ``max(row_shuffle_window, largest chunk)`` rows per worker. ``None`` (default) keeps
     file order inside chunks."""
+    shuffle_buffer_size: int | None
+    """Row-level shuffle under torch-dataloader-utils 0.2.0's name: each worker mixes
+    rows across chunks in windows of up to this many rows, seeded by ``(shuffle_seed,
+    epoch, ...)``, exactly once and resumable (the ``row_shuffle_window`` mechanism, but
+    without needing ``shuffle=True``). ``None`` (default) is off."""
+    show_progress: bool
+    """Show a ``tqdm`` progress bar per worker, fed in the main process from the batches
+    the loop receives (default ``False``)."""
+    progress_interval_sec: float
+    """Seconds between refreshes of the progress bars (default 120)."""
     split_strategy: str | SplitKind | SplitStrategy | LegacySplitStrategy | None
     """``"row_group"`` (Parquet / ORC default), ``"byte_range"`` (CSV / JSONL default),
     ``"file"``, or an object with ``generate(...)`` (see :mod:`~torch_dataloader_utils.plan.splits`)."""
@@ -164,6 +176,11 @@ class IcebergReadOptions(ReadOptions, total=False):
     """Read the snapshot current at this time: an aware ``datetime`` or ms since the epoch."""
     scan_filter: Any
     """A pyiceberg ``BooleanExpression`` used for pruning only."""
+    storage_options: Mapping[str, Any] | None
+    """The file datasets' filesystem options, translated into the catalog's FileIO
+    properties (``key`` -> ``s3.access-key-id``, ``secret``, ``token``, ``endpoint_url``
+    -> ``s3.endpoint``, ``region_name``; dotted pyiceberg keys pass unchanged) and merged
+    into ``catalog_config``; a key set in both to different values is an error."""
 
 
 class LoaderOptions(TypedDict, total=False):
@@ -202,6 +219,7 @@ class Options:
         counting: Row counting at construction.
         fetch: Remote reads: read-ahead, retries.
         loader: DataLoader options (``num_workers=None``: automatic).
+        progress: Progress bars.
         world: The ranks to plan for (resolved from the arguments or the runtime).
     """
 
@@ -213,6 +231,7 @@ class Options:
     counting: CountConfig
     fetch: FetchConfig
     loader: LoaderConfig
+    progress: ProgressConfig
     world: World
 
     @property
@@ -299,6 +318,7 @@ def build_options(
         counting=_pick(CountConfig, values),
         fetch=_pick(FetchConfig, values),
         loader=_pick(LoaderConfig, values),
+        progress=_pick(ProgressConfig, values),
         world=world,
     )
 
@@ -312,7 +332,8 @@ def iceberg_source(table: str, given: Mapping[str, object]) -> IcebergSourceConf
     """The source options of an Iceberg dataset, from the flat keywords."""
     if not isinstance(table, str) or not table.strip():
         raise ConfigError(f"table={table!r} must be a table name such as 'db.events'")
-    return _pick(IcebergSourceConfig, given, table=table)
+    props = catalog_properties(given.get("catalog_config"), given.get("storage_options"))  # type: ignore[arg-type]
+    return _pick(IcebergSourceConfig, {**given, "catalog_config": props}, table=table)
 
 
 _DEFAULT_STRATEGY = {

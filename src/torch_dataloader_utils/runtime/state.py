@@ -1,7 +1,7 @@
 """What the training loop consumed, tracked in the main process; gathering states of ranks.
 
 Workers tag every batch with its position in their plan: ``(token, worker, workers,
-piece, offset)`` — after this batch, the worker's first ``piece`` pieces and the first
+piece, offset, ...)`` — after this batch, the worker's first ``piece`` pieces and the first
 ``offset`` rows of piece ``piece`` have been yielded. The loader strips the tag in the
 main process at the moment it hands the batch to the loop and records it in
 :class:`EpochProgress`. So a batch counts as consumed exactly when the loop received
@@ -36,7 +36,7 @@ class Tagged(NamedTuple):
     """A batch and its position in the worker's plan (a namedtuple survives pin_memory)."""
 
     batch: Any
-    tag: tuple[int, int, int, int, int]
+    tag: tuple[int, ...]
 
 
 @dataclass
@@ -55,9 +55,9 @@ class EpochProgress:
     cursors: dict[int, tuple[int, int]] = field(default_factory=dict)
     done: bool = False
 
-    def record(self, tag: tuple[int, int, int, int, int] | list[int]) -> None:
+    def record(self, tag: Sequence[int]) -> None:
         """Note that the batch carrying ``tag`` reached the loop."""
-        _, worker, workers, piece, offset = (int(v) for v in tag)
+        _, worker, workers, piece, offset = (int(v) for v in tag[:5])
         self.num_workers = workers
         self.cursors[worker] = (piece, offset)
 
