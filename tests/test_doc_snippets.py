@@ -231,13 +231,6 @@ def test_few_snippets_are_skipped() -> None:
     assert len(skipped) <= MAX_SKIPPED, f"too many snippets marked {SKIP_MARKER!r}: {skipped}"
 
 
-def _loader_is_untyped() -> bool:
-    """Whether ``create_dataloader`` still returns ``DataLoader[Any]`` (issue 10 changes it)."""
-    from torch_dataloader_utils import create_dataloader
-
-    return "ResumableDataLoader" not in str(create_dataloader.__annotations__.get("return"))
-
-
 @pytest.mark.slow
 def test_readme_and_docs_snippets_pass_mypy_strict(tmp_path: Path) -> None:
     snippets = [s for s in all_snippets() if not s.skip]
@@ -255,11 +248,5 @@ def test_readme_and_docs_snippets_pass_mypy_strict(tmp_path: Path) -> None:
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     errors = sorted(doc_errors(done.stdout, placed), key=lambda e: (e.split(":")[0], int(e.split(":")[1])))
-    if _loader_is_untyped():  # inert (and removable) once create_dataloader returns ResumableDataLoader
-        known = [e for e in errors if '"DataLoader[Any]"' in e]
-        errors = [e for e in errors if e not in known]
-        assert not errors, "\n".join(errors)
-        if known:
-            pytest.xfail("create_dataloader returns DataLoader[Any]:\n" + "\n".join(known))
     assert not errors, "\n".join(errors)
     assert done.returncode == 0, done.stdout + done.stderr
