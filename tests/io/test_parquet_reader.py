@@ -27,8 +27,8 @@ from torch_dataloader_utils.discovery import Discovered, discover
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.parquet import ParquetReader
-from torch_dataloader_utils.io.readers import make_reader
 from torch_dataloader_utils.plan.types import Chunk
+from torch_dataloader_utils.runtime.readers import make_reader
 
 
 def _reader(found: Discovered, batch_size: int = 1000) -> ParquetReader:

@@ -14,8 +14,10 @@ import testsupport.latency_fs as latency
 from tests.fixtures.data import write_parquet_files
 from torch_dataloader_utils import ConfigError, CorruptFileError, create_dataloader
 from torch_dataloader_utils.config import FetchConfig
-from torch_dataloader_utils.io.fs import FileSystemSpec, native_s3_options
-from torch_dataloader_utils.io.prefetch import ChunkSource, coalesce, is_transient, read_footer
+from torch_dataloader_utils.io.prefetch import ChunkSource, coalesce
+from torch_dataloader_utils.storage.fetch import is_transient
+from torch_dataloader_utils.storage.footers import read_footer
+from torch_dataloader_utils.storage.fs import FileSystemSpec, native_s3_options
 
 
 def _latency_dataset(root: Path, **kwargs: object) -> tuple[object, object, latency.RequestStats]:

@@ -9,8 +9,8 @@ import pytest
 from tests.fixtures.s3 import S3Server
 from torch_dataloader_utils import ConfigError, create_dataloader
 from torch_dataloader_utils.config import FileSourceConfig, IcebergSourceConfig
-from torch_dataloader_utils.io.fs import FileSystemSpec
-from torch_dataloader_utils.io.iceberg_fs import IcebergFileSystem
+from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.iceberg_fs import IcebergFileSystem
 from torch_dataloader_utils.storage.redact import HIDDEN, redact
 
 SECRETS = {

@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 
 from torch_dataloader_utils.discovery.partitions import Partitions
 from torch_dataloader_utils.errors import ReadError
-from torch_dataloader_utils.io.fs import FileSystemSpec
 from torch_dataloader_utils.plan.types import FileInfo, RowGroup
+from torch_dataloader_utils.storage.fs import FileSystemSpec
 
 __all__ = ["COUNT_THREADS", "count_filtered_rows"]
 

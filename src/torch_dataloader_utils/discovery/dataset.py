@@ -18,8 +18,8 @@ from torch_dataloader_utils.discovery.parquet import FooterInfo, prune, read_foo
 from torch_dataloader_utils.discovery.partitions import Partitions, infer_partitions
 from torch_dataloader_utils.discovery.text import TextDiscovery, TextOptions, discover_text
 from torch_dataloader_utils.errors import ConfigError, SchemaMismatchError
-from torch_dataloader_utils.io.fs import FileSystemSpec
 from torch_dataloader_utils.plan.types import FileInfo
+from torch_dataloader_utils.storage.fs import FileSystemSpec
 
 __all__ = ["Discovered", "ShareHook", "discover", "local_only"]
 

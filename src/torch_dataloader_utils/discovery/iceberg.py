@@ -15,7 +15,7 @@ statistics (``DataScan._plan_manifest_entries``; private, hence the pinned pyice
   when unpartitioned) with a data sequence number strictly ``<`` its own. Each is read
   here, once; then the equality columns (only those) of every data file it applies to
   are read, and the positions of the matching rows join the file's deleted positions
-  (:mod:`torch_dataloader_utils.io.iceberg_equality`).
+  (:mod:`torch_dataloader_utils.discovery.iceberg_equality`).
 
 * with ``count_filtered`` and a row filter, the filter's columns (only those) of every
   data file are read, in the same pass as its equality columns, and the positions of
@@ -34,7 +34,6 @@ import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,12 +41,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
+from torch_dataloader_utils.discovery.iceberg_equality import (
+    RowFilter,
+    equality_positions,
+    read_equality_delete,
+)
 from torch_dataloader_utils.discovery.iceberg_filters import to_iceberg_expression
 from torch_dataloader_utils.discovery.parquet import row_groups
 from torch_dataloader_utils.errors import ConfigError, CorruptFileError, DiscoveryError, PathNotFoundError
-from torch_dataloader_utils.io.iceberg_equality import RowFilter, equality_positions, read_equality_delete
-from torch_dataloader_utils.io.iceberg_fs import IcebergFileSystem
-from torch_dataloader_utils.plan.types import FileInfo, RowGroup
+from torch_dataloader_utils.plan.types import RowGroup
+from torch_dataloader_utils.storage.iceberg_fs import IcebergFileSystem
+from torch_dataloader_utils.storage.iceberg_meta import IcebergFileInfo, IcebergScan
 from torch_dataloader_utils.storage.redact import redact
 
 __all__ = [
@@ -64,120 +68,6 @@ METADATA_THREADS = 16
 
 POS_FILE_PATH_ID = 2147483546
 POS_POS_ID = 2147483545
-
-
-@dataclass(frozen=True, slots=True)
-class IcebergFileInfo(FileInfo):
-    """A data file of an Iceberg scan: a :class:`FileInfo` whose counts exclude deleted rows.
-
-    Attributes:
-        deleted: Sorted, unique file row positions removed by position and equality
-            deletes (8 bytes per deleted row).
-    """
-
-    deleted: Any = field(default=None, compare=False, repr=False)
-
-    @property
-    def live_rows(self) -> int | None:
-        """Rows left after deletes."""
-        rows: int | None = FileInfo.live_rows.fget(self)  # type: ignore[attr-defined]
-        if rows is None or self.deleted is None:
-            return rows
-        return int(rows - len(self.deleted))
-
-    def rows_in(self, start: int, stop: int) -> int:
-        """Rows in ``[start, stop)`` left after deletes."""
-        rows = FileInfo.rows_in(self, start, stop)
-        return rows - self.deleted_in(start, stop)
-
-    def deleted_in(self, start: int, stop: int) -> int:
-        """How many deleted positions lie in ``[start, stop)``."""
-        if self.deleted is None or len(self.deleted) == 0:
-            return 0
-        lo, hi = np.searchsorted(self.deleted, [start, stop])
-        return int(hi - lo)
-
-    def stop_after(self, start: int, rows: int) -> int:
-        """The smallest ``stop`` with ``rows_in(start, stop) == rows`` (a cut after ``rows`` live rows).
-
-        Planners that cut chunks at a row count (equal batches) must cut here rather
-        than at ``start + rows``, which would count deleted positions as rows.
-
-        Raises:
-            ValueError: fewer than ``rows`` live rows follow ``start``.
-        """
-        if rows < 0:
-            raise ValueError(f"rows must be >= 0, got {rows}")
-        stop = start + rows
-        while True:  # least fixed point of stop = start + rows + deleted_in(start, stop)
-            moved = start + rows + self.deleted_in(start, stop)
-            if moved == stop:
-                break
-            stop = moved
-        if self.num_rows is not None and stop > self.num_rows:
-            raise ValueError(f"{self.path!r} has fewer than {rows} live rows after position {start}")
-        return stop
-
-    def deleted_between(self, start: int, stop: int) -> np.ndarray[Any, Any]:
-        """The deleted positions in ``[start, stop)``, sorted."""
-        if self.deleted is None or len(self.deleted) == 0:
-            return np.empty(0, dtype=np.int64)
-        lo, hi = np.searchsorted(self.deleted, [start, stop])
-        return self.deleted[lo:hi]  # type: ignore[no-any-return]
-
-
-@dataclass(frozen=True)
-class IcebergScan:
-    """Everything planning and reading need to know about an Iceberg scan.
-
-    Attributes:
-        fs: Builds filesystems from the table's FileIO properties in each process.
-        files: One :class:`IcebergFileInfo` per data file, sorted by path.
-        formats: File format (``"PARQUET"``, ``"ORC"``) of each data file.
-        constants: Identity partition values of each data file, by field id.
-        fields: ``(field_id, name, arrow type)`` of every column of the scan's schema.
-        output_columns: Columns of every batch, in order.
-        read_columns: Columns read from data files (outputs plus those the filter needs).
-        filters: The pyarrow row filter, or ``None``.
-        name_mapping: Column name -> field id for data files written without field ids.
-        snapshot_id: The snapshot read, or ``None`` for an empty table.
-        iceberg_filter: The pyiceberg expression used for pruning.
-        delete_files_read: Delete files (position and equality) read to plan the scan,
-            each once.
-        equality_files_read: Data files whose equality columns were read to resolve
-            equality deletes, each once.
-        filter_counted: Whether the rows ``filters`` drops are among each file's deleted
-            positions, so that row counts are exact under the filter.
-        filter_files_read: Data files whose filter columns were read to count the
-            filter, each once (in the same pass as their equality columns).
-    """
-
-    fs: IcebergFileSystem
-    files: tuple[IcebergFileInfo, ...]
-    formats: Mapping[str, str]
-    constants: Mapping[str, tuple[tuple[int, Any], ...]]
-    fields: tuple[tuple[int, str, pa.DataType], ...]
-    output_columns: tuple[str, ...]
-    read_columns: tuple[str, ...]
-    filters: Any
-    name_mapping: Mapping[str, int]
-    snapshot_id: int | None
-    iceberg_filter: Any = None
-    delete_files_read: int = 0
-    equality_files_read: int = 0
-    filter_counted: bool = False
-    filter_files_read: int = 0
-
-    @property
-    def schema(self) -> pa.Schema:
-        """Arrow schema of every column of the table (at the scanned snapshot)."""
-        return pa.schema([pa.field(name, t) for _, name, t in self.fields])
-
-    @property
-    def output_schema(self) -> pa.Schema:
-        """Schema of every batch."""
-        by_name = {name: t for _, name, t in self.fields}
-        return pa.schema([pa.field(n, by_name[n]) for n in self.output_columns])
 
 
 def load_table(table: str, catalog_config: Mapping[str, Any] | None) -> Any:

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from urllib.parse import unquote
 
 from torch_dataloader_utils.errors import ConfigError, NoFilesFoundError, PathNotFoundError
-from torch_dataloader_utils.io.fs import FileSystemSpec, resolve
+from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
 
 __all__ = ["Listing", "ListedFile", "list_files", "parse_hive_keys"]
 

@@ -20,8 +20,8 @@ import pyarrow.orc as orc
 from torch_dataloader_utils.discovery.listing import ListedFile
 from torch_dataloader_utils.discovery.parquet import FooterInfo
 from torch_dataloader_utils.errors import CorruptFileError
-from torch_dataloader_utils.io.fs import FileSystemSpec
 from torch_dataloader_utils.plan.types import FileInfo, RowGroup
+from torch_dataloader_utils.storage.fs import FileSystemSpec
 
 __all__ = ["StripeInfo", "read_orc_footers", "stripes_from_tail"]
 

@@ -16,9 +16,9 @@ from torch_dataloader_utils.config import FetchConfig
 from torch_dataloader_utils.discovery.listing import ListedFile
 from torch_dataloader_utils.discovery.partitions import Partitions
 from torch_dataloader_utils.errors import CorruptFileError
-from torch_dataloader_utils.io.fs import FileSystemSpec
-from torch_dataloader_utils.io.prefetch import NotParquetError, read_footer
 from torch_dataloader_utils.plan.types import FileInfo, RowGroup
+from torch_dataloader_utils.storage.footers import NotParquetError, read_footer
+from torch_dataloader_utils.storage.fs import FileSystemSpec
 
 __all__ = ["FooterInfo", "read_footers", "METADATA_THREADS"]
 

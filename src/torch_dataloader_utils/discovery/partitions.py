@@ -3,48 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from torch_dataloader_utils.discovery.listing import ListedFile, parse_hive_keys
 from torch_dataloader_utils.errors import SchemaMismatchError
+from torch_dataloader_utils.storage.partitions import Partitions
 
 __all__ = ["Partitions", "infer_partitions"]
-
-
-@dataclass(frozen=True)
-class Partitions:
-    """Typed partition values of every file.
-
-    Attributes:
-        schema: One field per partition key, typed int64, float64 or string.
-        values: For each file path, its values in ``schema`` order (``None`` = null).
-    """
-
-    schema: pa.Schema
-    values: dict[str, tuple[object, ...]]
-
-    def expression(self, path: str) -> pc.Expression | None:
-        """``key == value`` for every key of the file, for pruning with statistics."""
-        expr: pc.Expression | None = None
-        for f, value in zip(self.schema, self.values.get(path, ()), strict=True):
-            term = (
-                pc.field(f.name).is_null() if value is None else pc.field(f.name) == pa.scalar(value, f.type)
-            )
-            expr = term if expr is None else expr & term
-        return expr
-
-    def columns(self, path: str, num_rows: int, names: Sequence[str]) -> list[tuple[str, pa.Array[Any]]]:
-        """Constant columns of the file's partition values, for the given key names."""
-        out = []
-        values = self.values[path]
-        for i, f in enumerate(self.schema):
-            if f.name in names:
-                out.append((f.name, pa.repeat(pa.scalar(values[i], f.type), num_rows)))
-        return out
 
 
 def _infer_type(raw: list[str]) -> tuple[pa.DataType, list[object]]:

@@ -28,8 +28,9 @@ import pyarrow.json as pjson
 from torch_dataloader_utils.config import FileFormat
 from torch_dataloader_utils.discovery.listing import ListedFile
 from torch_dataloader_utils.errors import CorruptFileError, SchemaMismatchError
-from torch_dataloader_utils.io.fs import FileSystemSpec
-from torch_dataloader_utils.io.text import (
+from torch_dataloader_utils.plan.types import FileInfo, RecordIndex
+from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.records import (
     PIECE_BYTES,
     TextFileMeta,
     buffer_source,
@@ -37,7 +38,6 @@ from torch_dataloader_utils.io.text import (
     iter_pieces,
     record_starts,
 )
-from torch_dataloader_utils.plan.types import FileInfo, RecordIndex
 
 __all__ = [
     "COUNT_BLOCK_BYTES",

@@ -2,6 +2,5 @@
 
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
-from torch_dataloader_utils.io.fs import FileSystemSpec, resolve
 
-__all__ = ["ChunkReader", "FileSystemSpec", "rebatch", "resolve"]
+__all__ = ["ChunkReader", "rebatch"]

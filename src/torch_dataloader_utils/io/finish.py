@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from torch_dataloader_utils.discovery.partitions import Partitions
+from torch_dataloader_utils.storage.partitions import Partitions
 
 __all__ = ["BatchFinisher"]
 

@@ -6,7 +6,7 @@ known before any filtering, so the chunk drops exactly the deleted positions in
 ``[a, b)`` (position and equality deletes alike: discovery has already resolved equality
 deletes to positions). Then the row filter runs and the batch is projected.
 
-Columns are matched by Iceberg field id (:mod:`torch_dataloader_utils.io.iceberg_columns`),
+Columns are matched by Iceberg field id (:mod:`torch_dataloader_utils.storage.iceberg_columns`),
 so renamed and reordered columns read correctly from old files; a column a file does
 not have is its identity partition value when there is one, else nulls. Files written
 without field ids are matched through the table's name mapping (or the current names).
@@ -23,11 +23,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from torch_dataloader_utils.discovery.iceberg import IcebergFileInfo, IcebergScan
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.base import OpenFiles
-from torch_dataloader_utils.io.iceberg_columns import column_by_id, log_once, orc_field_ids, parquet_field_ids
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
+from torch_dataloader_utils.storage.iceberg_columns import (
+    column_by_id,
+    log_once,
+    orc_field_ids,
+    parquet_field_ids,
+)
+from torch_dataloader_utils.storage.iceberg_meta import IcebergFileInfo, IcebergScan
 
 __all__ = ["IcebergReader"]
 

@@ -8,13 +8,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from torch_dataloader_utils.discovery.partitions import Partitions
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.base import OpenFiles
 from torch_dataloader_utils.io.finish import BatchFinisher
-from torch_dataloader_utils.io.fs import FileSystemSpec
 from torch_dataloader_utils.io.prefetch import ChunkSource
 from torch_dataloader_utils.plan.types import Chunk, FileInfo, RowGroup
+from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.partitions import Partitions
 
 __all__ = ["READ_BATCH_ROWS", "ParquetReader"]
 

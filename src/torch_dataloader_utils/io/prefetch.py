@@ -8,10 +8,10 @@ ones split, all in parallel) for the chunk being decoded and for the next chunks
 the worker's plan, up to ``read_ahead_bytes`` of memory, and hands pyarrow a file that
 serves its reads from the fetched bytes.
 
-Every request goes through :func:`fetch_range`: transient errors (HTTP 500/502/503/504,
-connection reset, timeouts) are retried with exponential backoff, a permanent failure
-raises :class:`ReadError` naming the file and the byte range. A failed chunk stops the
-iteration: no row is ever skipped.
+Every request goes through :func:`~torch_dataloader_utils.storage.fetch.fetch_range`:
+transient errors (HTTP 500/502/503/504, connection reset, timeouts) are retried with
+exponential backoff, a permanent failure raises :class:`ReadError` naming the file and
+the byte range. A failed chunk stops the iteration: no row is ever skipped.
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ from __future__ import annotations
 import bisect
 import io
 import os
-import re
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,167 +29,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from torch_dataloader_utils.config import FetchConfig
-from torch_dataloader_utils.errors import ReadError
-from torch_dataloader_utils.io.fs import FileSystemSpec
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
+from torch_dataloader_utils.storage.fetch import fetch_range
+from torch_dataloader_utils.storage.footers import read_footer
+from torch_dataloader_utils.storage.fs import FileSystemSpec
 
-__all__ = [
-    "FOOTER_READ_BYTES",
-    "ChunkSource",
-    "FetchStats",
-    "NotParquetError",
-    "coalesce",
-    "column_ranges",
-    "fetch_range",
-    "is_transient",
-    "read_footer",
-]
+__all__ = ["ChunkSource", "FetchStats", "coalesce", "column_ranges"]
 
-FOOTER_READ_BYTES = 64 * 1024
-"""Bytes read from a file's end to get its footer in one request (most footers fit)."""
 COALESCE_HOLE = 4096
 """Two ranges closer than this are fetched as one (the gap is read and thrown away)."""
 MAX_PART_BYTES = 8 * 1024**2
 """Larger ranges are split into parts of this size, fetched in parallel."""
 FETCH_THREADS = 8
 """Requests in flight at once per process."""
-
-_TRANSIENT_STATUS = re.compile(r"\b(500|502|503|504|429)\b")
-_TRANSIENT_WORDS = (
-    "slowdown",
-    "slow_down",
-    "internalerror",
-    "internal_failure",
-    "serviceunavailable",
-    "service_unavailable",
-    "service unavailable",
-    "throttl",
-    "connection reset",
-    "connection aborted",
-    "connection refused",
-    "broken pipe",
-    "timed out",
-    "timeout",
-    "network_connection",
-    "server disconnected",
-    "curl error",
-    "unexpected eof",
-    "incomplete read",
-    "temporarily unavailable",
-)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether retrying the request that raised ``exc`` may succeed.
-
-    Missing files and denied access are permanent; connection errors, timeouts and
-    server errors (HTTP 5xx, throttling) are transient, whichever client raised them.
-    """
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
-        return False
-    if isinstance(exc, (ConnectionError, TimeoutError)):
-        return True
-    name = type(exc).__name__.lower()
-    if any(word in name for word in ("timeout", "connection", "disconnected")):
-        return True
-    text = str(exc).lower()
-    return bool(_TRANSIENT_STATUS.search(text)) or any(word in text for word in _TRANSIENT_WORDS)
-
-
-class _ShortRead(ConnectionError):
-    """A response ended before the requested range did (a cut connection)."""
-
-
-def fetch_range(
-    fs: FileSystemSpec,
-    path: str,
-    start: int,
-    stop: int,
-    *,
-    size: int | None,
-    config: FetchConfig,
-    on_request: Callable[[int], None] | None = None,
-    metadata: bool = False,
-) -> bytes:
-    """Bytes ``[start, stop)`` of ``path``, retrying transient errors with backoff.
-
-    Args:
-        fs: The filesystem.
-        path: The file.
-        start: First byte.
-        stop: One past the last byte (clipped to ``size`` when it is known).
-        size: The file's size, when known.
-        config: Retries and backoff.
-        on_request: Called with the bytes received after every successful request.
-        metadata: A one-off metadata read (see :meth:`FileSystemSpec.read_range`).
-
-    Raises:
-        ReadError: naming the file and the byte range, when the error is permanent or
-            the retries are spent.
-    """
-    if size is not None:
-        stop = min(stop, size)
-    attempt = 0
-    while True:
-        try:
-            data = fs.read_range(path, start, stop, size, metadata=metadata)
-            if size is not None and len(data) != stop - start:
-                raise _ShortRead(f"got {len(data)} of {stop - start} bytes")
-            if on_request is not None:
-                on_request(len(data))
-            return data
-        except Exception as exc:
-            if isinstance(exc, ReadError):
-                raise
-            attempt += 1
-            transient = is_transient(exc)
-            if not transient or attempt > config.retries:
-                tries = f"{attempt} attempt(s)" if transient else "a permanent error"
-                hint = (
-                    "; raise retries= or check the store's health"
-                    if transient
-                    else "; check the path, the credentials and the endpoint in storage_options"
-                )
-                raise ReadError(
-                    f"reading {fs.display(path)!r} bytes [{start}, {stop}) failed after {tries}: "
-                    f"{type(exc).__name__}: {exc}{hint}"
-                ) from exc
-            time.sleep(config.backoff(attempt))
-
-
-class NotParquetError(ValueError):
-    """The bytes at a file's end are not a Parquet footer."""
-
-
-def read_footer(fs: FileSystemSpec, path: str, size: int, config: FetchConfig) -> bytes:
-    """The file's footer, usually in one ranged request of its last ``FOOTER_READ_BYTES``.
-
-    Returns:
-        A small buffer that pyarrow reads as a Parquet file with no row data
-        (``PAR1`` + metadata + length + ``PAR1``): ``pq.read_metadata`` and
-        ``ParquetFileFormat.make_fragment`` accept it as they are.
-
-    Raises:
-        NotParquetError: the file is too short or has no Parquet magic at its end.
-        ReadError: the bytes could not be fetched.
-    """
-    if size < 12:
-        raise NotParquetError(f"{size} bytes is too small for a Parquet file")
-    tail = fetch_range(
-        fs, path, max(0, size - FOOTER_READ_BYTES), size, size=size, config=config, metadata=True
-    )
-    if tail[-4:] != b"PAR1":
-        what = "an encrypted footer" if tail[-4:] == b"PARE" else f"magic bytes {tail[-4:]!r}"
-        raise NotParquetError(f"the file ends with {what}, not a Parquet footer ('PAR1')")
-    length = int.from_bytes(tail[-8:-4], "little")
-    if length + 12 > size:
-        raise NotParquetError(f"the footer length {length} does not fit in a file of {size} bytes")
-    if length + 8 > len(tail):
-        head = fetch_range(
-            fs, path, size - 8 - length, size - len(tail), size=size, config=config, metadata=True
-        )
-        tail = head + tail
-    return b"PAR1" + tail[-(length + 8) :]
 
 
 def column_ranges(

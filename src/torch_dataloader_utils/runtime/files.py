@@ -15,7 +15,6 @@ from torch_dataloader_utils.discovery.columns import filter_fields
 from torch_dataloader_utils.discovery.counts import count_filtered_rows
 from torch_dataloader_utils.discovery.text import COUNT_BLOCK_BYTES, TextOptions
 from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError
-from torch_dataloader_utils.io.readers import make_reader
 from torch_dataloader_utils.plan.splits import ByteRangeSplit
 from torch_dataloader_utils.runtime import share
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
@@ -27,6 +26,7 @@ from torch_dataloader_utils.runtime.options import (
     build_options,
     file_source,
 )
+from torch_dataloader_utils.runtime.readers import make_reader
 
 __all__ = ["StructuredDataset", "create_dataloader"]
 

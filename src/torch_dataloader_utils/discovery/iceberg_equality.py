@@ -25,8 +25,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from torch_dataloader_utils.errors import CorruptFileError, DiscoveryError
-from torch_dataloader_utils.io.iceberg_columns import column_by_id, orc_field_ids, parquet_field_ids
-from torch_dataloader_utils.io.iceberg_fs import IcebergFileSystem
+from torch_dataloader_utils.storage.iceberg_columns import column_by_id, orc_field_ids, parquet_field_ids
+from torch_dataloader_utils.storage.iceberg_fs import IcebergFileSystem
 
 __all__ = ["EqualityMatcher", "RowFilter", "equality_positions", "read_equality_delete"]
 

@@ -1,0 +1,159 @@
+"""Record scanning of line-delimited text (CSV, JSONL), shared by discovery and io.
+
+A record starts at the file's first data byte (after the CSV header) and after every
+newline byte that is followed by a non-empty line. Lines end with LF or CR LF.
+Multi-byte UTF-8 characters never contain the newline byte, so cutting at a newline
+never splits a character. Compressed files are recognised by their suffix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = [
+    "COMPRESSION_SUFFIXES",
+    "PIECE_BYTES",
+    "TextFileMeta",
+    "buffer_source",
+    "compression_of",
+    "count_records",
+    "iter_pieces",
+    "next_line_start",
+    "record_starts",
+]
+
+COMPRESSION_SUFFIXES = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", ".lz4": "lz4"}
+"""File name suffixes of compressed text, and their pyarrow codec names."""
+PIECE_BYTES = 4 * 1024**2
+"""Bytes parsed at once (rounded to whole lines): bounds memory for large chunks."""
+_SCAN_BYTES = 64 * 1024
+_NL = 10
+_CR = 13
+
+
+def buffer_source(data: bytes) -> Any:
+    """A zero-copy pyarrow reader over ``data`` (typed ``Any``: the stubs want file objects)."""
+    return pa.BufferReader(data)
+
+
+def compression_of(path: str) -> str | None:
+    """The pyarrow codec of ``path`` by its suffix, or ``None`` for plain text."""
+    lower = path.lower()
+    for suffix, codec in COMPRESSION_SUFFIXES.items():
+        if lower.endswith(suffix):
+            return codec
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class TextFileMeta:
+    """What the reader needs to know about one text file besides its ``FileInfo``.
+
+    Attributes:
+        compression: pyarrow codec name, or ``None`` for plain text.
+        data_start: Offset of the first data byte (after the CSV header line; 0 for JSONL),
+            in the decompressed stream for compressed files.
+        column_names: CSV: the header's column names; JSONL: empty.
+    """
+
+    compression: str | None
+    data_start: int
+    column_names: tuple[str, ...] = ()
+
+
+def record_starts(buf: bytes, offset: int, is_csv: bool) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """File offsets of the records whose lines lie in ``buf`` (which starts a line).
+
+    Empty lines hold no record: for CSV a line of zero bytes or of carriage returns
+    only; for JSONL a line of spaces, tabs and carriage returns only (what pyarrow skips).
+    """
+    a = np.frombuffer(buf, dtype=np.uint8)
+    n = len(a)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    nl = np.flatnonzero(a == _NL)
+    starts = np.empty(len(nl) + 1, dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = nl + 1
+    ends = np.empty_like(starts)
+    ends[:-1] = nl
+    ends[-1] = n
+    if starts[-1] >= n:  # buffer ends with a newline: no line after it
+        starts, ends = starts[:-1], ends[:-1]
+    lengths = ends - starts
+    nonempty = lengths > 0
+    first = a[np.minimum(starts, n - 1)]
+    blank_first = first == _CR
+    if not is_csv:
+        blank_first |= (first == 32) | (first == 9)
+    maybe_blank = nonempty & blank_first
+    for i in np.flatnonzero(maybe_blank):
+        line = buf[starts[i] : ends[i]]
+        if not (line.strip(b"\r") if is_csv else line.strip(b" \t\r")):
+            nonempty[i] = False
+    return starts[nonempty] + offset
+
+
+def count_records(buf: bytes, is_csv: bool) -> int:
+    """Records in ``buf`` (whole lines): its non-empty lines, see :func:`record_starts`."""
+    return len(record_starts(buf, 0, is_csv))
+
+
+def iter_pieces(
+    read: Callable[[int], bytes], first: int, stop: float, piece_bytes: int = PIECE_BYTES
+) -> Iterator[tuple[int, bytes]]:
+    """Whole lines from ``first`` (a line start) up to the one holding byte ``stop - 1``.
+
+    Args:
+        read: Reads the next ``n`` bytes of a stream positioned at ``first``
+            (``b""`` at the end).
+        first: Offset of the first line.
+        stop: End of the range; the line crossing it is finished. ``math.inf`` for all.
+        piece_bytes: About how many bytes each piece holds (a longer line is one piece).
+
+    Yields:
+        ``(offset, data)`` pieces of whole lines (the file's last line may lack its newline).
+    """
+    pos = first
+    buf = b""
+    while True:
+        block = read(piece_bytes)
+        eof = not block
+        buf = buf + block if buf else block
+        need = stop - 1 - pos
+        if need < len(buf):
+            nl = buf.find(b"\n", max(int(need), 0))
+            if nl >= 0:
+                yield pos, buf[: nl + 1]
+                return
+            if eof:
+                if buf:
+                    yield pos, buf
+                return
+            continue
+        if eof:
+            if buf:
+                yield pos, buf
+            return
+        nl = buf.rfind(b"\n")
+        if nl >= 0:
+            yield pos, buf[: nl + 1]
+            pos += nl + 1
+            buf = buf[nl + 1 :]
+
+
+def next_line_start(read: Callable[[int], bytes], pos: int) -> int:
+    """Offset just after the first newline at or after ``pos`` (stream positioned there)."""
+    while True:
+        block = read(_SCAN_BYTES)
+        if not block:
+            return pos
+        nl = block.find(b"\n")
+        if nl >= 0:
+            return pos + nl + 1
+        pos += len(block)
