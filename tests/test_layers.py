@@ -16,7 +16,7 @@ PACKAGE = "torch_dataloader_utils"
 
 # Bottom to top. A module belongs to the layer of its longest matching prefix.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "storage.redact"),  # leaves: the error tree; redaction (used by config's reprs)
+    ("errors", "storage.redact", "upstream"),  # leaves: errors; redaction; third-party private APIs
     ("plan",),  # pure planning (stdlib + numpy; tests/plan/test_purity.py)
     ("config", "compat"),  # config objects; 0.2.0 names adapted onto them
     ("storage",),  # filesystems, ranged fetch, footers, record scanning, shared metadata types

@@ -39,6 +39,7 @@ import torch
 
 from torch_dataloader_utils.config import OutputFormat
 from torch_dataloader_utils.errors import ConversionError, NullValueError
+from torch_dataloader_utils.upstream.torch import new_shared_bytes
 
 __all__ = ["PIPE_MAX_BYTES", "BatchConverter", "BatchGroup", "DeferredText", "pack", "pack_group", "unpack"]
 
@@ -344,14 +345,6 @@ def _is_plain_list(obj: Any) -> bool:
     return isinstance(obj, list) and (not obj or not isinstance(obj[0], (torch.Tensor, dict, list, tuple)))
 
 
-def _new_shared(nbytes: int) -> torch.Tensor:
-    try:
-        storage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
-        return torch.empty(0, dtype=torch.uint8).set_(storage)
-    except (AttributeError, RuntimeError):  # pragma: no cover - older/newer torch
-        return torch.empty(nbytes, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call,no-any-return]
-
-
 def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
@@ -423,7 +416,7 @@ def _pack(obj: Any, leaves: list[Any], group: bool) -> PackedBatch:
         buffer = bytearray(total)
         dst = np.frombuffer(buffer, dtype=np.uint8)
     else:
-        buffer = _new_shared(total)
+        buffer = new_shared_bytes(total)
         dst = buffer.numpy()
     offset = 0
 

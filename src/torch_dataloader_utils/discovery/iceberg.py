@@ -2,7 +2,8 @@
 
 pyiceberg's ``plan_files()`` refuses scans with equality deletes, so the scan is planned
 here from the manifest entries pyiceberg has already pruned by partition and column
-statistics (``DataScan._plan_manifest_entries``; private, hence the pinned pyiceberg):
+statistics (:func:`~torch_dataloader_utils.upstream.pyiceberg.manifest_entries`, a private
+pyiceberg API, hence the pinned pyiceberg):
 
 * every live DATA entry becomes an :class:`IcebergFileInfo` with its exact row groups
   (read from the Parquet footer, so ``row_group`` splitting works) and the sorted row
@@ -53,6 +54,7 @@ from torch_dataloader_utils.plan.types import RowGroup
 from torch_dataloader_utils.storage.iceberg_fs import IcebergFileSystem
 from torch_dataloader_utils.storage.iceberg_meta import IcebergFileInfo, IcebergScan
 from torch_dataloader_utils.storage.redact import redact
+from torch_dataloader_utils.upstream.pyiceberg import manifest_entries
 
 __all__ = [
     "IcebergFileInfo",
@@ -298,7 +300,7 @@ def discover_iceberg(
         row_filter=iceberg_filter if iceberg_filter is not None else ALWAYS_TRUE, snapshot_id=snap.snapshot_id
     )
     try:
-        entries = [e for group in scan._plan_manifest_entries() for e in group]
+        entries = manifest_entries(scan)
     except ValueError as exc:
         raise ConfigError(f"scan_filter / filters cannot be bound to the table's schema: {exc}") from exc
     specs = metadata.specs()

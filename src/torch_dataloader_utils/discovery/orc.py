@@ -22,6 +22,7 @@ from torch_dataloader_utils.discovery.parquet import FooterInfo
 from torch_dataloader_utils.errors import CorruptFileError
 from torch_dataloader_utils.plan.types import FileInfo, RowGroup
 from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.upstream.pyarrow import orc_file_tail
 
 __all__ = ["StripeInfo", "read_orc_footers", "stripes_from_tail"]
 
@@ -92,7 +93,7 @@ def _read_one(fs: FileSystemSpec, listed: ListedFile) -> FooterInfo:
             schema = reader.schema
             num_rows = reader.nrows
             nstripes = reader.nstripes
-            stripes = stripes_from_tail(bytes(reader.reader.serialized_file_tail()))
+            stripes = stripes_from_tail(orc_file_tail(reader))
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise CorruptFileError(
             f"cannot read the ORC footer of {fs.display(listed.path)!r} ({exc}); is it an ORC "

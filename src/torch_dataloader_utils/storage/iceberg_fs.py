@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import pyarrow.fs as pafs
 
 from torch_dataloader_utils.storage.redact import RedactedRepr
+from torch_dataloader_utils.upstream.pyiceberg import arrow_filesystem, parse_location
 
 __all__ = ["IcebergFileSystem"]
 
@@ -34,13 +35,11 @@ class IcebergFileSystem(RedactedRepr):
 
     def resolve(self, location: str) -> tuple[pafs.FileSystem, str]:
         """This process's filesystem for ``location`` and the path inside it."""
-        from pyiceberg.io.pyarrow import PyArrowFileIO
-
-        scheme, netloc, path = PyArrowFileIO.parse_location(location, dict(self.properties))
+        scheme, netloc, path = parse_location(location, self.properties)
         key = (os.getpid(), scheme, netloc, repr(sorted(self.properties.items())))
         client = _CLIENTS.get(key)
         if client is None:
-            client = PyArrowFileIO(dict(self.properties)).fs_by_scheme(scheme, netloc)
+            client = arrow_filesystem(scheme, netloc, self.properties)
             _CLIENTS[key] = client
         return client, path
 

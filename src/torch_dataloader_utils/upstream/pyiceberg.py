@@ -1,0 +1,40 @@
+"""pyiceberg (pinned to 0.12): scan planning with equality deletes, and filesystems.
+
+* ``DataScan.plan_files()`` raises ``ValueError`` on a snapshot with equality deletes,
+  which this library resolves itself; the manifest entries it plans from (already
+  pruned by partition and column statistics) are reachable only through the private
+  ``DataScan._plan_manifest_entries()``.
+* The public ``FileIO.new_input(location).open()`` returns a stream, but the readers need
+  a pyarrow ``FileSystem`` and a path (footers, ranged reads, ``ParquetFile``);
+  ``PyArrowFileIO.parse_location`` and ``fs_by_scheme`` map a location and the catalog's
+  properties (endpoint, credentials, region) to exactly that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow.fs as pafs
+
+__all__ = ["arrow_filesystem", "manifest_entries", "parse_location"]
+
+
+def manifest_entries(scan: Any) -> list[Any]:
+    """The live manifest entries of a pyiceberg ``DataScan`` (data and delete files)."""
+    return [entry for group in scan._plan_manifest_entries() for entry in group]
+
+
+def parse_location(location: str, properties: Mapping[str, str]) -> tuple[str, str, str]:
+    """``(scheme, netloc, path)`` of an Iceberg ``location`` under the catalog's ``properties``."""
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    scheme, netloc, path = PyArrowFileIO.parse_location(location, dict(properties))
+    return scheme, netloc, path
+
+
+def arrow_filesystem(scheme: str, netloc: str, properties: Mapping[str, str]) -> pafs.FileSystem:
+    """A new pyarrow filesystem for ``scheme://netloc`` configured by the catalog's ``properties``."""
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    return PyArrowFileIO(dict(properties)).fs_by_scheme(scheme, netloc)
