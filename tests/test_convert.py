@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from torch_dataloader_utils.config import OutputFormat
-from torch_dataloader_utils.convert import BatchConverter, PackedBatch, pack
+from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.errors import ConversionError, NullValueError
+from torch_dataloader_utils.transfer import PackedBatch, pack
 
 TORCH = OutputFormat.TORCH
 NUMPY = OutputFormat.NUMPY

@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("plan",),  # pure planning (stdlib + numpy; tests/plan/test_purity.py)
     ("config", "compat"),  # config objects; 0.2.0 names adapted onto them
     ("storage",),  # filesystems, ranged fetch, footers, record scanning, shared metadata types
-    ("discovery", "io", "convert"),  # metadata; data; conversion (siblings, see SEPARATE)
+    ("discovery", "io", "convert", "transfer"),  # metadata; data; conversion; batches across processes
     ("runtime",),  # the only package touching torch.utils.data / torch.distributed
     ("", "cli", "__main__", "splits", "tools"),  # the public top level, command line, 0.2.0 paths
 )

@@ -1,6 +1,6 @@
 """Batches crossing the worker -> main process boundary arrive intact.
 
-Covers convert.pack / pack_group / unpack through a real pickle round trip (as a
+Covers transfer.pack / pack_group / unpack through a real pickle round trip (as a
 DataLoader queue does it) and end-to-end through real DataLoader workers.
 """
 
@@ -21,14 +21,8 @@ from torch.utils.data import DataLoader
 from tests.fixtures.data import WriteParquet
 from torch_dataloader_utils import create_dataloader
 from torch_dataloader_utils.config import OutputFormat
-from torch_dataloader_utils.convert import (
-    PIPE_MAX_BYTES,
-    BatchConverter,
-    BatchGroup,
-    DeferredText,
-    pack,
-    pack_group,
-)
+from torch_dataloader_utils.convert import BatchConverter, DeferredText
+from torch_dataloader_utils.transfer import PIPE_MAX_BYTES, BatchGroup, pack, pack_group
 
 
 def _roundtrip(obj: Any) -> Any:

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches, check_int
-from torch_dataloader_utils.convert import BatchConverter, pack
+from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.errors import IncompatibleOptionsError, UnknownLengthError
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
@@ -30,6 +30,7 @@ from torch_dataloader_utils.runtime.metrics import MetricsRecorder, WorkerMetric
 from torch_dataloader_utils.runtime.options import Options
 from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged
 from torch_dataloader_utils.runtime.watchdog import watch_parent
+from torch_dataloader_utils.transfer import pack
 
 __all__ = ["MAX_AUTO_WORKERS", "PlannedDataset"]
 
@@ -347,7 +348,7 @@ class PlannedDataset(IterableDataset[Any]):
         for batch in batches:
             tag = positions.tag(batch.num_rows, batch.nbytes)
             if slot.in_worker and collate is None:
-                # Strings travel as Arrow buffers in the batch's one buffer (convert.pack).
+                # Strings travel as Arrow buffers in the batch's one buffer (transfer.pack).
                 out = pack(self._converter.convert_for_transfer(batch))
             else:
                 out = self._converter(batch)

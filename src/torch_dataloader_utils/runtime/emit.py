@@ -20,11 +20,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from torch_dataloader_utils.convert import pack_group
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.pieces import read_piece
 from torch_dataloader_utils.plan.resume import Piece
 from torch_dataloader_utils.runtime.state import Tagged
+from torch_dataloader_utils.transfer import pack_group
 
 __all__ = ["GROUP_BYTES", "GROUP_MAX_BATCHES", "Positions", "grouped"]
 

@@ -9,9 +9,9 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from torch_dataloader_utils.config import LoaderConfig
-from torch_dataloader_utils.convert import BatchGroup
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.state import Tagged
+from torch_dataloader_utils.transfer import BatchGroup
 
 __all__ = ["ResumableDataLoader", "make_loader"]
 
