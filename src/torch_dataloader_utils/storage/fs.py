@@ -12,6 +12,7 @@ Options only s3fs understands keep the whole path on s3fs. Listing always uses f
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections import OrderedDict
@@ -133,17 +134,28 @@ class FileSystemSpec(RedactedRepr):
         """Whether paths are on the local disk."""
         return self.protocol in _LOCAL
 
+    # Derived once per instance (and so once per process: workers unpickle their own copy,
+    # without these caches), never on every ranged read.
+    @functools.cached_property
+    def _options_key(self) -> str:
+        return repr((self.protocol, sorted(self.storage_options.items())))
+
+    @functools.cached_property
+    def _native_options(self) -> dict[str, Any] | None:
+        if self.is_local or self.data_path == "fsspec" or self.protocol not in _S3:
+            return None
+        return native_s3_options(self.storage_options)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_options_key", "_native_options")}
+
     @property
     def native(self) -> bool:
         """Whether data bytes go through a native pyarrow filesystem (not through fsspec)."""
-        if self.is_local:
-            return True
-        if self.data_path == "fsspec" or self.protocol not in _S3:
-            return False
-        return native_s3_options(self.storage_options) is not None
+        return self.is_local or self._native_options is not None
 
     def _key(self, kind: str) -> tuple[int, str, str]:
-        return (os.getpid(), kind, repr((self.protocol, sorted(self.storage_options.items()))))
+        return (os.getpid(), kind, self._options_key)
 
     def fsspec(self) -> fsspec.AbstractFileSystem:
         """This process's fsspec filesystem (listing, ``open``)."""
@@ -163,10 +175,8 @@ class FileSystemSpec(RedactedRepr):
         if client is None:
             if self.is_local:
                 client = pafs.LocalFileSystem()
-            elif self.native:
-                options = native_s3_options(self.storage_options)
-                assert options is not None
-                client = pafs.S3FileSystem(**options)
+            elif self._native_options is not None:
+                client = pafs.S3FileSystem(**self._native_options)
             else:
                 client = pafs.PyFileSystem(pafs.FSSpecHandler(self.fsspec()))  # type: ignore[abstract]
             _CLIENTS[key] = client
@@ -195,7 +205,8 @@ class FileSystemSpec(RedactedRepr):
 
     def _handle(self, path: str) -> Any:
         """This process's open native input file of ``path`` (kept in a small LRU)."""
-        key = (*self._key("handle")[:2], f"{self._key('handle')[2]}|{path}")
+        pid, kind, options = self._key("handle")
+        key = (pid, kind, f"{options}|{path}")
         with _HANDLES_LOCK:
             handle = _HANDLES.pop(key, None)
             if handle is not None:
@@ -216,11 +227,17 @@ class FileSystemSpec(RedactedRepr):
 
 
 def resolve(path: str, storage_options: Mapping[str, Any] | None = None) -> tuple[FileSystemSpec, str]:
-    """Split a path or URL into its filesystem spec and the filesystem's own path."""
+    """Split a path or URL into its filesystem spec and the filesystem's own path.
+
+    No filesystem client is created here: clients are built lazily, per process, by
+    :meth:`FileSystemSpec.fsspec` / :meth:`FileSystemSpec.arrow`.
+    """
     options = dict(storage_options or {})
-    fs, stripped = fsspec.core.url_to_fs(path, **options)
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    if protocol in _LOCAL:
-        stripped = os.path.abspath(stripped)
-        protocol = "file"
-    return FileSystemSpec(protocol, options), stripped
+    protocol, _ = fsspec.core.split_protocol(path)
+    cls = fsspec.get_filesystem_class(protocol or "file")
+    names = cls.protocol if isinstance(cls.protocol, (tuple, list)) else (cls.protocol,)
+    canonical = str(names[0])
+    stripped = fsspec.core.strip_protocol(path)
+    if canonical in _LOCAL or protocol is None:
+        return FileSystemSpec("file", options), os.path.abspath(stripped)
+    return FileSystemSpec(canonical, options), stripped
