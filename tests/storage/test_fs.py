@@ -46,8 +46,12 @@ def test_native_options_translated_once_and_not_pickled(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(fs_module, "native_s3_options", counting)
     spec = FileSystemSpec("s3", S3_OPTIONS)
-    assert spec.native and spec.native and spec._key("x") == spec._key("x")
+    assert spec.native
+    assert spec.native
+    assert spec._key("x") == spec._key("x")
     assert len(calls) == 1
     clone = pickle.loads(pickle.dumps(spec))  # a worker derives its own, once
-    assert "_native_options" not in clone.__dict__ and clone == spec
-    assert clone.native and len(calls) == 2
+    assert "_native_options" not in clone.__dict__
+    assert clone == spec
+    assert clone.native
+    assert len(calls) == 2

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from torch_dataloader_utils.config import FetchConfig, FileFormat
+from torch_dataloader_utils.config import FetchConfig, FileFormat, FileSourceConfig
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
 from torch_dataloader_utils.discovery.listing import list_files
 from torch_dataloader_utils.discovery.orc import read_orc_footers
@@ -96,17 +96,13 @@ def _check_consistent(footers: Sequence[FooterInfo], names: Sequence[str], fs: F
 
 def discover(
     path: str | Sequence[str],
+    source: FileSourceConfig,
     *,
-    format: FileFormat,
-    columns: Sequence[str] | None = None,
-    filters: object = None,
-    partitioning: str | None = None,
-    storage_options: Mapping[str, Any] | None = None,
     text: TextOptions | None = None,
     fetch: FetchConfig | None = None,
     share: ShareHook = local_only,
 ) -> Discovered:
-    """List ``path``, read metadata, check the request against the schema.
+    """List ``path``, read metadata, check ``source``'s request against the schema.
 
     Parquet reads footers (row groups pruned by ``filters``); ORC reads stripe lists;
     CSV / JSONL read each file's head (and, with ``text.count_rows``, count records).
@@ -121,9 +117,15 @@ def discover(
     Listing and footers are read through ``share`` (once for all ranks when the runtime
     passes a broadcasting hook); checking the request against them is done locally.
     """
+    format, columns, filters, partitioning = (
+        source.format,
+        source.columns,
+        source.filters,
+        source.partitioning,
+    )
     if partitioning not in (None, "hive"):
         raise ConfigError(f"partitioning={partitioning!r} is not supported; use 'hive' or None")
-    fs_options = dict(storage_options or {})
+    fs_options = dict(source.storage_options or {})
     if format is FileFormat.PARQUET:
 
         def read_metadata() -> tuple[FileSystemSpec, Partitions | None, list[FooterInfo]]:

@@ -40,7 +40,7 @@ __all__ = ["IcebergReader"]
 class IcebergReader:
     """A :class:`ChunkReader` for the data files of an :class:`IcebergScan`."""
 
-    def __init__(self, scan: IcebergScan, batch_size: int = 65536, use_threads: bool = True) -> None:
+    def __init__(self, scan: IcebergScan, batch_size: int, use_threads: bool = True) -> None:
         self._scan = scan
         self._files: dict[str, IcebergFileInfo] = {f.path: f for f in scan.files}
         self._batch_size = batch_size

@@ -25,20 +25,17 @@ by pyarrow's streaming CSV reader, which follows quotes across lines.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 
 from torch_dataloader_utils.config import FileFormat
 from torch_dataloader_utils.errors import ReadError, RecordBoundaryError
-from torch_dataloader_utils.io.finish import BatchFinisher
-from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo
-from torch_dataloader_utils.storage.fs import FileSystemSpec
-from torch_dataloader_utils.storage.partitions import Partitions
+from torch_dataloader_utils.io.base import ReadRequest
+from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
 from torch_dataloader_utils.storage.records import (
     PIECE_BYTES,
     TextFileMeta,
@@ -55,17 +52,10 @@ class TextReader:
     """A :class:`ChunkReader` for CSV and JSONL, by byte range (see the module docstring).
 
     Args:
-        fs: The filesystem.
-        files: File metadata by path.
+        request: What to read (files, columns, filter, batch size).
         meta: Text metadata (compression, header) by path.
         format: ``FileFormat.CSV`` or ``FileFormat.JSONL``.
         schema: The dataset's data schema: every chunk is parsed to these types.
-        data_columns: File columns to read.
-        output_columns: Columns of every output batch.
-        partitions: Partition values, or ``None``.
-        partition_columns: Partition keys to add as columns.
-        filters: The row filter, or ``None``.
-        batch_size: Rows per yielded batch (at most).
         quoted_newlines: CSV quoted fields may hold newlines (files are read whole).
         strict_fields: JSONL: a key missing from ``schema`` is an error (else ignored).
         piece_bytes: Bytes parsed at once.
@@ -73,32 +63,25 @@ class TextReader:
 
     def __init__(
         self,
-        fs: FileSystemSpec,
-        files: Mapping[str, FileInfo],
+        request: ReadRequest,
         meta: Mapping[str, TextFileMeta],
         *,
         format: FileFormat,
         schema: pa.Schema,
-        data_columns: Sequence[str],
-        output_columns: Sequence[str],
-        partitions: Partitions | None = None,
-        partition_columns: Sequence[str] = (),
-        filters: pc.Expression | None = None,
-        batch_size: int = 65536,
         quoted_newlines: bool = False,
         strict_fields: bool = True,
         piece_bytes: int = PIECE_BYTES,
     ) -> None:
         if format not in (FileFormat.CSV, FileFormat.JSONL):
             raise ValueError(f"TextReader reads CSV and JSONL, not {format.value!r}")
-        self._fs = fs
-        self._files = files
+        self._fs = request.fs
+        self._files = request.files
         self._meta = meta
         self._csv = format is FileFormat.CSV
         self._schema = schema
-        self._data_columns = list(data_columns)
-        self._finish = BatchFinisher(output_columns, partitions, partition_columns, filters)
-        self._batch_size = batch_size
+        self._data_columns = list(request.data_columns)
+        self._finish = request.finisher()
+        self._batch_size = request.batch_size
         self._quoted = quoted_newlines and self._csv
         self._strict = strict_fields
         self._piece = piece_bytes
