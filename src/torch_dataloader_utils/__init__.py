@@ -49,8 +49,8 @@ from torch_dataloader_utils.errors import (
     UnknownLengthError,
     UnknownOptionError,
 )
-from torch_dataloader_utils.plan.resume import merge_states
 from torch_dataloader_utils.plan.splits import LegacySplitStrategy, SplitStrategy
+from torch_dataloader_utils.plan.state import merge_states
 from torch_dataloader_utils.plan.types import (
     Chunk,
     ChunkUnit,

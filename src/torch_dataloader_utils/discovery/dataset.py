@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -158,13 +158,10 @@ def _discover_text(
     columns: Sequence[str] | None,
     filters: object,
 ) -> Discovered:
-    data_schema = found.schema
-    schema, output, expr, data_columns, part_columns = _resolve_request(
-        data_schema, partitions, columns, filters
-    )
+    request = _resolve_request(found.schema, partitions, columns, filters)
     if format is FileFormat.CSV:
         for path, meta in found.meta.items():
-            missing = [c for c in data_columns if c not in meta.column_names]
+            missing = [c for c in request.data_columns if c not in meta.column_names]
             if missing:
                 raise SchemaMismatchError(
                     f"columns {missing} are not in the CSV header of {fs.display(path)!r} "
@@ -174,20 +171,26 @@ def _discover_text(
         fs=fs,
         format=format,
         files=found.files,
-        schema=schema,
-        output_columns=tuple(output),
-        data_columns=tuple(data_columns),
-        partition_columns=tuple(part_columns),
         partitions=partitions,
-        filters=expr,
         extra={"text_meta": found.meta, "text_options": options},
+        **request._asdict(),
     )
+
+
+class _Request(NamedTuple):
+    """The user's request checked against the data: the :class:`Discovered` fields it decides."""
+
+    schema: pa.Schema
+    output_columns: tuple[str, ...]
+    data_columns: tuple[str, ...]
+    partition_columns: tuple[str, ...]
+    filters: pc.Expression | None
 
 
 def _resolve_request(
     data_schema: pa.Schema, partitions: Partitions | None, columns: Sequence[str] | None, filters: object
-) -> tuple[pa.Schema, list[str], pc.Expression | None, list[str], list[str]]:
-    """Dataset schema, output columns, filter, file columns and partition columns to read."""
+) -> _Request:
+    """Dataset schema, output columns, file columns and partition columns to read, filter."""
     part_schema = partitions.schema if partitions is not None else pa.schema([])
     clash = [n for n in part_schema.names if n in data_schema.names]
     if clash:
@@ -199,8 +202,13 @@ def _resolve_request(
     output = check_columns(columns, schema)
     expr = check_filter(filters, schema)
     needed = list(dict.fromkeys(output + filter_fields(expr, schema)))
-    data_columns = [n for n in data_schema.names if n in needed]
-    return schema, output, expr, data_columns, [n for n in part_schema.names if n in needed]
+    return _Request(
+        schema=schema,
+        output_columns=tuple(output),
+        data_columns=tuple(n for n in data_schema.names if n in needed),
+        partition_columns=tuple(n for n in part_schema.names if n in needed),
+        filters=expr,
+    )
 
 
 def _discover_parquet(
@@ -211,14 +219,13 @@ def _discover_parquet(
     columns: Sequence[str] | None,
     filters: object,
 ) -> Discovered:
-    schema, output, expr, data_columns, part_columns = _resolve_request(
-        footers[0].schema, partitions, columns, filters
-    )
-    _check_consistent(footers, data_columns, fs)
+    request = _resolve_request(footers[0].schema, partitions, columns, filters)
+    _check_consistent(footers, request.data_columns, fs)
+    expr = request.filters
     if expr is None or format is not FileFormat.PARQUET:
         files = [f.file for f in footers]
     else:
-        files = [prune(f, expr, schema) for f in footers]
+        files = [prune(f, expr, request.schema) for f in footers]
         if all(f.live_rows == 0 for f in files):
             warnings.warn(
                 f"filters={expr} excludes every row group of the {len(files)} files by their "
@@ -230,11 +237,7 @@ def _discover_parquet(
         fs=fs,
         format=format,
         files=tuple(files),
-        schema=schema,
-        output_columns=tuple(output),
-        data_columns=tuple(data_columns),
-        partition_columns=tuple(part_columns),
         partitions=partitions,
-        filters=expr,
         extra={"parquet_footers": {f.file.path: f.footer for f in footers}},
+        **request._asdict(),
     )

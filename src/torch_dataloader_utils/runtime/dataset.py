@@ -21,8 +21,9 @@ from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.errors import IncompatibleOptionsError, UnknownLengthError
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
+from torch_dataloader_utils.plan.pieces import Piece, as_pieces
 from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
-from torch_dataloader_utils.plan.resume import Piece, as_pieces, segment_pieces
+from torch_dataloader_utils.plan.resume import segment_pieces
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.emit import Positions, grouped

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.pieces import read_piece
-from torch_dataloader_utils.plan.resume import Piece
+from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.transfer import pack_group
 

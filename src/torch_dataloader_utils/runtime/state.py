@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from torch_dataloader_utils.errors import ResumeStateError
-from torch_dataloader_utils.plan.resume import (
+from torch_dataloader_utils.plan.state import (
     STATE_FORMAT,
     STATE_VERSION,
     check_state,
@@ -82,7 +82,7 @@ def gather_state(source: Stateful, group: Any = None) -> dict[str, Any]:
     """The state of every rank, merged: call it on all ranks at the same step.
 
     Uses ``torch.distributed.all_gather_object`` (any backend; with NCCL set the
-    current CUDA device first) and :func:`~torch_dataloader_utils.plan.resume.merge_states`.
+    current CUDA device first) and :func:`~torch_dataloader_utils.plan.state.merge_states`.
     Without an initialized process group it returns this process's state. Every rank
     gets the merged state; save it from rank 0.
 
