@@ -188,7 +188,7 @@ def _plan(args: argparse.Namespace) -> int:
         shuffle_seed=args.seed,
         split_bytes=args.split_bytes,
     )
-    plan = dataset.plan(args.epoch, num_workers=max(1, args.num_workers))
+    plan = dataset.plan(args.epoch, num_workers=args.num_workers)
     print(f"epoch {plan.epoch}  ranks {plan.num_ranks}  workers/rank {plan.num_workers}  seed {plan.seed}")
     dropped = sum(c.num_rows or 0 for c in plan.dropped)
     print(f"equal_batches {dataset.equal_batches.value}  rows dropped to equalize ranks: {dropped}")

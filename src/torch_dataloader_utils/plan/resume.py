@@ -100,7 +100,7 @@ def replan(
         key: Prefix of the windows' permutation keys.
     """
     shares = [list(pool[r::num_ranks]) for r in range(num_ranks)]
-    equal = equal_batches is not EqualBatches.OFF and num_ranks > 1
+    equal = equal_batches.acts_on(num_ranks)
     dropped: list[Piece] = []
     if equal:
         pad = equal_batches is EqualBatches.PAD

@@ -192,18 +192,25 @@ class PlannedDataset(IterableDataset[Any]):
         epoch = self.epoch
         totals: list[int | None] = []
         if self._options.progress.show_progress and self._state.live_segments(epoch) is None:
-            plan = self.plan(epoch, max(1, num_workers))
+            plan = self.plan(epoch, num_workers)
             totals = [plan.rows_for(self.world.rank, w) for w in range(plan.num_workers)]
         self.metrics.begin(epoch, totals)
 
     # -- planning ---------------------------------------------------------------
-    def _spec(self, num_workers: int) -> PlanSpec:
+    def _readers(self, num_workers: int | None) -> int:
+        """Reading processes per rank in a plan: the DataLoader's workers, or 1 (the main process).
+
+        ``None`` means the dataset's own ``num_workers``.
+        """
+        return max(1, self._num_workers if num_workers is None else num_workers)
+
+    def _spec(self, num_workers: int | None) -> PlanSpec:
         opts = self._options
         return PlanSpec(
             files=self._files,
             strategy=opts.strategy,
             num_ranks=opts.world.num_ranks,
-            num_workers=max(1, num_workers),
+            num_workers=self._readers(num_workers),
             shuffle=opts.shuffle.shuffle,
             seed=opts.shuffle.shuffle_seed,
             equal_batches=opts.batching.equal_batches,
@@ -217,7 +224,7 @@ class PlannedDataset(IterableDataset[Any]):
         sizing and reading do not plan the same epoch twice in one process.
         """
         epoch = self.epoch if epoch is None else epoch
-        workers = max(1, self._num_workers if num_workers is None else num_workers)
+        workers = self._readers(num_workers)
         key = (epoch, workers)
         plan = self._plans.get(key)
         if plan is None:
@@ -261,7 +268,7 @@ class PlannedDataset(IterableDataset[Any]):
             epoch,
             segments,
             num_ranks=self.world.num_ranks,
-            num_workers=lambda rank: max(1, workers),
+            num_workers=lambda rank: self._readers(workers),
             window_rows=self.row_shuffle_window,
             exact=self._row_count_issue is None,
         )
@@ -289,7 +296,7 @@ class PlannedDataset(IterableDataset[Any]):
                 "Iterate to count, or drop the row filter to get len()"
             )
         epoch = self.epoch if epoch is None else epoch
-        workers = max(1, self._num_workers if num_workers is None else num_workers)
+        workers = self._readers(num_workers)
         segments = self._state.live_segments(epoch)
         if segments:
             rows: list[int | None] = [

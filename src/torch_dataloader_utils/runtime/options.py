@@ -237,7 +237,7 @@ class Options:
     @property
     def equalized(self) -> bool:
         """Whether ranks are given equal row counts (a policy is on and there are ranks)."""
-        return self.world.num_ranks > 1 and self.batching.equal_batches is not EqualBatches.OFF
+        return self.batching.equal_batches.acts_on(self.world.num_ranks)
 
     @property
     def counts_rows(self) -> bool:
