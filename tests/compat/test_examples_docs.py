@@ -24,7 +24,7 @@ import torch
 from pyiceberg.expressions import GreaterThan
 from torch.utils.data import DataLoader
 
-from tests.fixtures.examples020 import EXAMPLE_SNAPSHOT, Data020, Recorder, ids_of
+from tests.fixtures.examples020 import EXAMPLE_SNAPSHOT, Data020, Recorder, ids_of, note
 from tests.fixtures.s3 import KEY, SECRET, S3Server
 from torch_dataloader_utils import (
     CheckpointMismatchError,
@@ -85,7 +85,9 @@ def test_structured_create_dataloader(s3_train: tuple[str, dict[str, Any]]) -> N
         },
         partitioning="hive",
     )
-    assert sorted(ids_of(loader)) == AFTER_NEW_YEAR
+    ids = ids_of(loader)
+    note(ids)
+    assert sorted(ids) == AFTER_NEW_YEAR
 
 
 def test_structured_epoch_reshuffling(data020: Data020) -> None:
@@ -101,6 +103,8 @@ def test_structured_epoch_reshuffling(data020: Data020) -> None:
     for epoch in range(num_epochs):
         dataset.set_epoch(epoch)
         seen.append(ids_of(loader))
+    for epoch, ids in enumerate(seen):
+        note(ids, f"epoch {epoch}")
     assert [sorted(s) for s in seen] == [data020.ids()] * num_epochs
 
 
@@ -120,7 +124,9 @@ def test_structured_custom_strategy(data020: Data020) -> None:
         loader, _ = StructuredDataset.create_dataloader(
             str(data020.train), "parquet", num_workers=2, split_strategy=MyStrategy()
         )
-    assert sorted(ids_of(loader)) == data020.ids()
+    ids = ids_of(loader)
+    note(ids)
+    assert sorted(ids) == data020.ids()
 
 
 def test_structured_arrow_collate(data020: Data020) -> None:
@@ -133,7 +139,9 @@ def test_structured_arrow_collate(data020: Data020) -> None:
     )
     batches = list(loader)
     assert all(isinstance(b, pa.RecordBatch) for b in batches)
-    assert sorted(ids_of(batches)) == data020.ids()
+    ids = ids_of(batches)
+    note(ids)
+    assert sorted(ids) == data020.ids()
 
 
 def test_structured_direct_constructor(data020: Data020) -> None:
@@ -144,7 +152,9 @@ def test_structured_direct_constructor(data020: Data020) -> None:
     files = [DataFileInfo(str(p)) for p in sorted(data020.train.glob("*.parquet"))]
     ds = StructuredDataset(files=files, format="parquet", split_rows=50)
     loader = DataLoader(ds, batch_size=None, num_workers=4)
-    assert sorted(ids_of(loader)) == data020.ids()
+    ids = ids_of(loader)
+    note(ids)
+    assert sorted(ids) == data020.ids()
 
 
 # -- iceberg.md -----------------------------------------------------------------------
@@ -162,7 +172,9 @@ def test_iceberg_create_dataloader(data020: Data020) -> None:
         split_bytes="64MiB",
         output_format="torch",
     )
-    assert sorted(ids_of(loader)) == [i for i in range(600) if i % 10 >= 5]
+    ids = ids_of(loader)
+    note(ids)
+    assert sorted(ids) == [i for i in range(600) if i % 10 >= 5]
 
 
 def test_iceberg_two_layer_control(data020: Data020) -> None:
@@ -173,7 +185,9 @@ def test_iceberg_two_layer_control(data020: Data020) -> None:
         scan_filter=GreaterThan("partition_dt", 20240101),
         filters=pc.field("score") > 0.9,
     )
-    assert sorted(ids_of(loader)) == [i for i in range(450, 600) if i % 100 > 90]
+    ids = ids_of(loader)
+    note(ids)
+    assert sorted(ids) == [i for i in range(450, 600) if i % 100 > 90]
 
 
 def test_iceberg_local_sqlite_catalog_config(data020: Data020) -> None:
@@ -184,7 +198,9 @@ def test_iceberg_local_sqlite_catalog_config(data020: Data020) -> None:
         "warehouse": data020.catalog_config["warehouse"],
     }
     loader, _ = IcebergDataset.create_dataloader(table="my_db.my_table", catalog_config=catalog_config)
-    assert sorted(ids_of(loader)) == data020.ids()
+    ids = ids_of(loader)
+    note(ids)
+    assert sorted(ids) == data020.ids()
 
 
 def test_iceberg_time_travel(data020: Data020) -> None:
@@ -196,7 +212,9 @@ def test_iceberg_time_travel(data020: Data020) -> None:
         snapshot_id=8271638172635,
     )
     assert _.snapshot_id == EXAMPLE_SNAPSHOT
-    assert sorted(ids_of(loader)) == list(range(300))
+    ids = ids_of(loader)
+    note(ids)
+    assert sorted(ids) == list(range(300))
 
 
 # -- splits.md ------------------------------------------------------------------------
@@ -204,7 +222,9 @@ def test_iceberg_time_travel(data020: Data020) -> None:
 def test_splits_tune_chunk_size(data020: Data020, split: dict[str, Any]) -> None:
     """splits.md "TargetSizeSplitStrategy": ``split_bytes="64MiB"``, or ``split_rows=50_000``."""
     loader, _ = StructuredDataset.create_dataloader(str(data020.train), "parquet", num_workers=2, **split)
-    assert sorted(ids_of(loader)) == data020.ids()
+    ids = ids_of(loader)
+    note(ids)
+    assert sorted(ids) == data020.ids()
 
 
 def test_splits_partition_aware_strategy(data020: Data020) -> None:
@@ -231,7 +251,10 @@ def test_splits_partition_aware_strategy(data020: Data020) -> None:
             num_workers=2,
             split_strategy=PartitionAwareStrategy(),
         )
-    assert sorted(ids_of(loader)) == data020.ids()
+    ids = ids_of(loader)
+    note(ids)
+    assert sorted(ids) == data020.ids()
+    note(ids, f"the strategy saw partitions {sorted(p['partition_dt'] for p in seen)}")
     assert sorted(p["partition_dt"] for p in seen) == [20231231, 20240101, 20240101, 20240102]
 
 
@@ -247,7 +270,10 @@ def test_training_loop(data020: Data020) -> None:
         num_workers=4,
         batch_size=1024,
     )
-    assert [sorted(s) for s in _train(model, loader, dataset, num_epochs)] == [data020.ids()] * 2
+    per_epoch = _train(model, loader, dataset, num_epochs)
+    for epoch, ids in enumerate(per_epoch):
+        note(ids, f"epoch {epoch}")
+    assert [sorted(s) for s in per_epoch] == [data020.ids()] * 2
 
 
 def test_training_numpy_output(data020: Data020) -> None:
@@ -255,7 +281,9 @@ def test_training_numpy_output(data020: Data020) -> None:
     loader, _ = StructuredDataset.create_dataloader(str(data020.train), "parquet", output_format="numpy")
     batches = list(loader)
     assert all(isinstance(b["feature_a"], np.ndarray) for b in batches)
-    assert sorted(ids_of(batches)) == data020.ids()
+    ids = ids_of(batches)
+    note(ids)
+    assert sorted(ids) == data020.ids()
 
 
 # -- observability.md -----------------------------------------------------------------
@@ -266,7 +294,9 @@ def test_observability_logging_progress_and_metrics(
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     caplog.set_level(logging.INFO, logger="torch_dataloader_utils")
     loader, dataset = StructuredDataset.create_dataloader(str(data020.train), "parquet", split_bytes="64MiB")
-    assert sorted(ids_of(loader)) == data020.ids()
+    ids = ids_of(loader)
+    note(ids)
+    assert sorted(ids) == data020.ids()
 
     loader, dataset = StructuredDataset.create_dataloader(
         path=str(data020.train),
@@ -283,6 +313,9 @@ def test_observability_logging_progress_and_metrics(
             print(f"worker={m.worker_id}  rows={m.rows_read:,}  bytes={m.bytes_read / 1e9:.2f} GB")
     out = capsys.readouterr()
     lines = [line for line in out.out.splitlines() if line.startswith("worker=")]
+    summary = [line for line in caplog.text.splitlines() if "Epoch 0 complete" in line]
+    with capsys.disabled():
+        note([], "printed: " + " | ".join(lines) + "; logged: " + summary[0].split(" ", 2)[-1])
     assert len(lines) == loader.num_workers
     assert sum(int(line.split("rows=")[1].split()[0].replace(",", "")) for line in lines) == 600
     assert "Epoch 0 complete" in caplog.text
@@ -312,6 +345,7 @@ def test_observability_json_logging(data020: Data020) -> None:
         logger.removeHandler(handler)
         logger.setLevel(old)
     records = [json.loads(line) for line in stream.getvalue().splitlines()]
+    note([], "JSON records: " + stream.getvalue().splitlines()[-1])
     assert any(r["message"].startswith("Epoch 0 complete") for r in records)
 
 
@@ -383,6 +417,11 @@ def test_checkpoint_save_and_resume(
         for batch in loader:
             model(batch)
         per_epoch[epoch], model.seen = model.seen, []
+    note(
+        before + per_epoch[1],
+        f"epoch 1: {len(before)} rows before the crash + {len(per_epoch[1])} after resume",
+    )
+    note(per_epoch[2], "epoch 2 after the resume")
     assert start_epoch == 1
     assert sorted(before + per_epoch[1]) == data020.ids()  # epoch 1: every row once in all
     assert sorted(per_epoch[2]) == data020.ids()
@@ -402,6 +441,7 @@ def test_checkpoint_mismatch_is_caught(data020: Data020, caplog: pytest.LogCaptu
     except CheckpointMismatchError as e:
         logging.warning("Checkpoint incompatible, starting epoch from scratch: %s", e)
         start_epoch = 0
+    note([], "caught: " + caplog.records[-1].getMessage()[:160] + "...")
     assert start_epoch == 0
     assert "shuffle_seed" in caplog.text
 
@@ -422,8 +462,9 @@ def test_checkpoint_020_state_dict_contents(data020: Data020) -> None:
             },
         ],
     }
-    with pytest.raises(CheckpointMismatchError, match=r"0\.2\.0.*set_epoch\(3\)"):
+    with pytest.raises(CheckpointMismatchError, match=r"0\.2\.0.*set_epoch\(3\)") as raised:
         dataset.load_state_dict(state)
+    note([], f"CheckpointMismatchError: {str(raised.value)[:150]}...")
 
 
 # -- index.md -------------------------------------------------------------------------
@@ -448,6 +489,8 @@ def test_index_quick_start(data020: Data020) -> None:
             loss.backward()
         seen.append(sorted(model.seen))
         model.seen = []
+    for epoch, ids in enumerate(seen):
+        note(ids, f"epoch {epoch}")
     assert seen == [AFTER_NEW_YEAR] * 2
 
 
@@ -460,7 +503,9 @@ def test_index_iceberg_quick_start(data020: Data020) -> None:
         batch_size=1024,
         filters=pc.field("region_id") >= 5,
     )
-    assert sorted(ids_of(loader)) == [i for i in range(600) if i % 10 >= 5]
+    ids = ids_of(loader)
+    note(ids)
+    assert sorted(ids) == [i for i in range(600) if i % 10 >= 5]
 
 
 def test_index_one_interface(data020: Data020, s3_train: tuple[str, dict[str, Any]]) -> None:
@@ -482,8 +527,9 @@ def test_index_one_interface(data020: Data020, s3_train: tuple[str, dict[str, An
         catalog_config=data020.catalog_config,
     )
     loaders.append(loader)
-    for loader in loaders:
+    for name, loader in zip(("S3 Parquet", "ORC", "Iceberg"), loaders, strict=True):
         for batch in loader:
             model(batch["feature_a"], batch["label"])
+        note(model.seen, name)
         assert sorted(model.seen) == data020.ids()
         model.seen = []

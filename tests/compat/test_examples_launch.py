@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.examples020 import Data020
+from tests.fixtures.examples020 import Data020, note
 
 pytestmark = pytest.mark.slow
 
@@ -59,8 +59,29 @@ def _config(data020: Data020, tmp_path: Path) -> Path:
     return path
 
 
-def _exactly_once(per_rank: list[list[int]], expected: list[int]) -> None:
+SOURCES = {
+    "horovod": "distributed.md Horovod (explicit rank/size, no process group)",
+    "readme_ddp": "README DDP / Multi-Rank Usage, PyTorch DDP (gloo)",
+    "docs_ddp": "distributed.md PyTorch DDP",
+    "iceberg_ddp": "distributed.md Iceberg Tables with DDP",
+    "env_ranks": "distributed.md Global Rank vs Local Rank (RANK / WORLD_SIZE)",
+    "checkpoint_A": "checkpoint.md DDP Option A (one file, all_gather_object)",
+    "checkpoint_B": "checkpoint.md DDP Option B (a file per rank)",
+    "readme_accelerate": "README DDP / Multi-Rank Usage, HuggingFace Accelerate",
+    "docs_accelerate": "distributed.md HuggingFace Accelerate",
+    "training_accelerate": "training.md With HuggingFace Accelerate",
+    "escape_hatch": "README Advanced Usage (Escape Hatch) with accelerator.prepare",
+    "direct_constructor": "structured.md Advanced: Direct Constructor with accelerator.prepare",
+}
+
+
+def _exactly_once(per_rank: list[list[int]], expected: list[int], key: str = "", detail: str = "") -> None:
     ids = [i for ids in per_rank for i in ids]
+    if key:
+        name, _, epoch = key.partition("/")
+        counts = ", ".join(f"rank {r}: {len(x)} rows" for r, x in enumerate(per_rank))
+        extra = f"epoch {epoch}; " if epoch else ""
+        note(ids, f"{extra}{counts}{'; ' + detail if detail else ''}", source=SOURCES[name])
     assert sorted(ids) == expected
 
 
@@ -72,15 +93,19 @@ def test_torchrun_examples(data020: Data020, tmp_path: Path) -> None:
     ranks = _run([*cmd, str(SCRIPTS / "ddp_examples.py"), str(config), str(tmp_path / "out")], tmp_path)
     horovod = [r["horovod"] for r in ranks]
     assert horovod[0]["batches"] == horovod[1]["batches"]
-    _exactly_once([h["ids"] for h in horovod], ALL)
+    detail = f"{horovod[0]['batches']} and {horovod[1]['batches']} batches"
+    _exactly_once([h["ids"] for h in horovod], ALL, "horovod", detail)
     for key in ("readme_ddp", "docs_ddp/0", "docs_ddp/1", "env_ranks"):
-        _exactly_once([r[key] for r in ranks], ALL)
+        _exactly_once([r[key] for r in ranks], ALL, key)
     for key in ("iceberg_ddp/0", "iceberg_ddp/1"):
-        _exactly_once([r[key] for r in ranks], [i for i in ALL if i % 10 >= 5])
+        _exactly_once([r[key] for r in ranks], [i for i in ALL if i % 10 >= 5], key)
     for option in ("A", "B"):
         parts = [r[f"checkpoint_{option}"] for r in ranks]
         assert all(len(p["before"]) == 3 * 32 for p in parts)
-        _exactly_once([p["before"] + p["after"] for p in parts], ALL)
+        detail = ", ".join(
+            f"rank {r}: {len(p['before'])} before + {len(p['after'])} after" for r, p in enumerate(parts)
+        )
+        _exactly_once([p["before"] + p["after"] for p in parts], ALL, f"checkpoint_{option}", detail)
 
 
 def test_accelerate_examples(data020: Data020, tmp_path: Path) -> None:
@@ -97,12 +122,14 @@ def test_accelerate_examples(data020: Data020, tmp_path: Path) -> None:
     assert [r["world"] for r in ranks] == [[0, 2], [1, 2]]
     # accelerator.prepare(loader) returns the library's loader unchanged: nothing is lost.
     assert {r["readme_prepared_is_loader"] for r in ranks} == {"ResumableDataLoader"}
-    for key in ("readme_accelerate", "docs_accelerate/0", "docs_accelerate/1"):
-        _exactly_once([r[key] for r in ranks], ALL)
-    for key in ("training_accelerate/0", "training_accelerate/1"):
-        _exactly_once([r[key] for r in ranks], ALL)
+    keys = ("readme_accelerate", "docs_accelerate/0", "docs_accelerate/1", "training_accelerate/0")
+    for key in (*keys, "training_accelerate/1"):
+        _exactly_once([r[key] for r in ranks], ALL, key)
     # A plain DataLoader over the dataset, prepared: Accelerate dispatches rank 0's share
     # to both processes, so rank 1's share is never read (docs/migrating-from-0.2.md).
     for key in ("escape_hatch", "direct_constructor"):
         seen = [i for r in ranks for i in r[key]]
+        note(
+            seen, ", ".join(f"rank {r}: {len(x[key])} rows" for r, x in enumerate(ranks)), source=SOURCES[key]
+        )
         assert len(seen) == len(set(seen)) == 300

@@ -20,7 +20,7 @@ import torch
 from pyiceberg.expressions import GreaterThan
 from torch.utils.data import DataLoader
 
-from tests.fixtures.examples020 import EXAMPLE_SNAPSHOT, Data020, Recorder, ids_of
+from tests.fixtures.examples020 import EXAMPLE_SNAPSHOT, Data020, Recorder, ids_of, note
 from tests.fixtures.s3 import KEY, SECRET, S3Server
 from torch_dataloader_utils import IcebergDataset, Split, StructuredDataset
 
@@ -68,6 +68,7 @@ def test_file_based_formats(s3_hive: tuple[str, dict[str, Any]]) -> None:
     assert sorted(batch) == ["feature_a", "feature_b", "label"]
     assert all(isinstance(v, torch.Tensor) for v in batch.values())
     ids = ids_of(loader)
+    note(ids, "torch int64/float64/int64 tensors, rows mixed by the shuffle buffer")
     assert sorted(ids) == AFTER_NEW_YEAR
     assert ids != AFTER_NEW_YEAR  # the row-level shuffle mixed them
 
@@ -87,7 +88,9 @@ def test_iceberg_tables(data020: Data020) -> None:
         output_format="torch",
     )
     assert dataset.snapshot_id == EXAMPLE_SNAPSHOT
-    assert sorted(ids_of(loader)) == [i for i in range(300) if i % 10 >= 5]
+    ids = ids_of(loader)
+    note(ids)
+    assert sorted(ids) == [i for i in range(300) if i % 10 >= 5]
 
 
 def test_iceberg_scan_filter(data020: Data020) -> None:
@@ -99,7 +102,9 @@ def test_iceberg_scan_filter(data020: Data020) -> None:
         scan_filter=GreaterThan("partition_dt", 20240101),
     )
     assert len(dataset.files) == 1  # the partition 20240102 only
-    assert sorted(ids_of(loader)) == [i for i in range(450, 600) if i % 100 > 90]
+    ids = ids_of(loader)
+    note(ids)
+    assert sorted(ids) == [i for i in range(450, 600) if i % 100 > 90]
 
 
 def test_custom_strategy(data020: Data020) -> None:
@@ -115,7 +120,9 @@ def test_custom_strategy(data020: Data020) -> None:
             str(data020.train), "parquet", num_workers=2, split_strategy=MyStrategy()
         )
     assert any("older generate(files, num_workers, epoch)" in str(w.message) for w in caught)
-    assert sorted(ids_of(loader)) == data020.ids()
+    ids = ids_of(loader)
+    note(ids)
+    assert sorted(ids) == data020.ids()
 
 
 @pytest.mark.parametrize("num_workers", [None, 0, 4])
@@ -125,7 +132,9 @@ def test_num_workers(data020: Data020, num_workers: int | None) -> None:
         str(data020.train), "parquet", num_workers=num_workers, split_rows=50
     )
     assert loader.num_workers == (4 if num_workers == 4 else dataset.num_workers)
-    assert sorted(ids_of(loader)) == data020.ids()
+    ids = ids_of(loader)
+    note(ids)
+    assert sorted(ids) == data020.ids()
 
 
 def test_collate_function(data020: Data020) -> None:
@@ -144,6 +153,7 @@ def test_collate_function(data020: Data020) -> None:
     batches = list(loader)
     assert all(isinstance(b, torch.Tensor) and b.shape[1] == 2 for b in batches)
     ids = sorted(int(i) for b in batches for i in b[:, 0])
+    note(ids, f"{len(batches)} batches, each a tensor of shape [rows, 2] from my_collate")
     assert ids == data020.ids()
 
 
@@ -156,7 +166,9 @@ def test_escape_hatch_plain_dataloader(data020: Data020) -> None:
     loader = DataLoader(ds, batch_size=None, num_workers=4)
     batch = next(iter(loader))
     assert isinstance(batch["feature_a"], torch.Tensor)
-    assert sorted(ids_of(loader)) == data020.ids()
+    ids = ids_of(loader)
+    note(ids)
+    assert sorted(ids) == data020.ids()
 
 
 def test_set_epoch_training_loop(data020: Data020) -> None:
@@ -181,6 +193,8 @@ def test_set_epoch_training_loop(data020: Data020) -> None:
             optimizer.step()
         orders.append(model.seen)
         model.seen = []
+    for epoch, order in enumerate(orders):
+        note(order, f"epoch {epoch}, loss.backward() + optimizer.step() per batch")
     assert [sorted(o) for o in orders] == [list(range(600))] * 2  # each epoch: every row once
 
 
@@ -197,5 +211,6 @@ def test_multi_rank_explicit(data020: Path | Data020) -> None:
         )
         batches = list(loader)
         got.append((len(batches), ids_of(batches)))
+    note(got[0][1] + got[1][1], f"rank 0: {got[0][0]} batches, rank 1: {got[1][0]} batches")
     assert got[0][0] == got[1][0]
     assert sorted(got[0][1] + got[1][1]) == data020.ids()
