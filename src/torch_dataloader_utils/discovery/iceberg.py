@@ -189,6 +189,14 @@ def _partition_key(data_file: Any, specs: Mapping[int, Any]) -> tuple[int, tuple
     return data_file.spec_id, values
 
 
+def _partition_values(data_file: Any, specs: Mapping[int, Any]) -> dict[str, Any] | None:
+    """The partition values of ``data_file`` by partition field name, or ``None`` when unpartitioned."""
+    spec = specs[data_file.spec_id]
+    if spec.is_unpartitioned():
+        return None
+    return {pf.name: data_file.partition[i] for i, pf in enumerate(spec.fields)}
+
+
 def _identity_constants(data_file: Any, specs: Mapping[int, Any]) -> tuple[tuple[int, Any], ...]:
     from pyiceberg.transforms import IdentityTransform
 
@@ -521,6 +529,8 @@ def _data_files(
                 groups.get(path),
                 None,
                 deleted=deleted,
+                partition=_partition_values(df, specs),
+                snapshot_id=snap.snapshot_id,
             )
         )
     return tuple(files)

@@ -29,7 +29,7 @@ from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.emit import Positions, grouped
 from torch_dataloader_utils.runtime.metrics import MetricsRecorder, WorkerMetrics
 from torch_dataloader_utils.runtime.options import Options
-from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged
+from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged, complete_state
 from torch_dataloader_utils.runtime.watchdog import watch_parent
 from torch_dataloader_utils.transfer import pack
 
@@ -402,7 +402,10 @@ class PlannedDataset(IterableDataset[Any]):
         """Resume from a state: the next pass over its epoch reads only what was not consumed.
 
         The state must hold every rank (one rank's own state on a single-rank job, else
-        ``merge_states([...])`` or ``gather_state``). The rest of the epoch is
+        ``merge_states([...])`` or ``gather_state``), or, under an initialized
+        ``torch.distributed`` process group, be this rank's own state loaded by every
+        rank at the same call (the states are then gathered and merged, see
+        :func:`~torch_dataloader_utils.runtime.state.complete_state`). The rest of the epoch is
         re-planned over this dataset's world, which may have other ``num_ranks`` and
         ``num_workers`` than the saved one. Sets :attr:`epoch` to the state's epoch;
         the epoch after it is a normal full epoch. A state that fails a check changes
@@ -412,6 +415,7 @@ class PlannedDataset(IterableDataset[Any]):
             ResumeStateError: not a state, another version, or not every rank.
             StateMismatchError: saved for other files or options (says what changed).
         """
+        state = complete_state(state, self.world)
         epoch = self._state.load(
             state, lambda epoch, segments: self._pieces(epoch, self._num_workers, segments)
         )

@@ -35,6 +35,13 @@ class ResumableDataLoader(DataLoader[Any]):
 
     dataset: PlannedDataset
 
+    _is_accelerate_prepared = True
+    """Accelerate's ``prepare()`` returns this loader unchanged (Accelerate 1.x skips
+    objects carrying this flag). The dataset already shards itself by rank; Accelerate's
+    wrapping of an ``IterableDataset`` would have rank 0 read its own share and dispatch
+    it to every process, so the other ranks' rows would never be read. Batches are not
+    moved to ``accelerator.device``: move them in the loop."""
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         state = self.dataset._state
         metrics = self.dataset.metrics
