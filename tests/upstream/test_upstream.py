@@ -70,3 +70,19 @@ def test_pyiceberg_manifest_entries_and_filesystem(tmp_path: Path) -> None:
         )
     assert scheme == "file"
     assert fs.get_file_info(path).size > 0
+
+
+def test_accelerate_prepare_leaves_flagged_loader_alone() -> None:
+    import inspect
+
+    from accelerate import Accelerator
+
+    from torch_dataloader_utils.runtime.loader import ResumableDataLoader
+    from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
+
+    source = inspect.getsource(Accelerator.prepare_data_loader)
+    assert PREPARED_FLAG in source, (
+        f"accelerate no longer checks {PREPARED_FLAG} in prepare_data_loader "
+        "(upstream/accelerate.py): prepare(loader) would re-shard the library's loader"
+    )
+    assert getattr(ResumableDataLoader, PREPARED_FLAG) is True

@@ -272,7 +272,7 @@ def discover_iceberg(tbl: Any, source: IcebergSourceConfig, *, count_filtered: b
         fs, tbl.metadata, entries, request, row_filter, positions
     )
     return IcebergScan(
-        files=_data_files(fs, entries, positions),
+        files=_data_files(fs, entries, positions, snap.snapshot_id),
         formats=entries.formats,
         constants=entries.constants,
         snapshot_id=snap.snapshot_id,
@@ -501,7 +501,10 @@ def _equality_and_filter_deletes(
 
 
 def _data_files(
-    fs: IcebergFileSystem, entries: _Entries, positions: Mapping[str, list[np.ndarray[Any, Any]]]
+    fs: IcebergFileSystem,
+    entries: _Entries,
+    positions: Mapping[str, list[np.ndarray[Any, Any]]],
+    snapshot_id: int,
 ) -> tuple[IcebergFileInfo, ...]:
     """One :class:`IcebergFileInfo` per data file (sorted by path): row groups and deletes."""
     parquet = [df for df, _ in entries.data if entries.formats[df.file_path] == "PARQUET"]
@@ -529,8 +532,8 @@ def _data_files(
                 groups.get(path),
                 None,
                 deleted=deleted,
-                partition=_partition_values(df, specs),
-                snapshot_id=snap.snapshot_id,
+                partition=_partition_values(df, entries.specs),
+                snapshot_id=snapshot_id,
             )
         )
     return tuple(files)

@@ -12,6 +12,7 @@ from torch_dataloader_utils.config import LoaderConfig
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.transfer import BatchGroup
+from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
 
 __all__ = ["ResumableDataLoader", "make_loader"]
 
@@ -35,12 +36,6 @@ class ResumableDataLoader(DataLoader[Any]):
 
     dataset: PlannedDataset
 
-    _is_accelerate_prepared = True
-    """Accelerate's ``prepare()`` returns this loader unchanged (Accelerate 1.x skips
-    objects carrying this flag). The dataset already shards itself by rank; Accelerate's
-    wrapping of an ``IterableDataset`` would have rank 0 read its own share and dispatch
-    it to every process, so the other ranks' rows would never be read. Batches are not
-    moved to ``accelerator.device``: move them in the loop."""
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         state = self.dataset._state
@@ -73,6 +68,11 @@ class ResumableDataLoader(DataLoader[Any]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a (merged) state; see :meth:`PlannedDataset.load_state_dict`."""
         self.dataset.load_state_dict(state)
+
+
+# Accelerate's prepare() returns this loader unchanged (see upstream/accelerate.py): the
+# dataset already shards itself by rank. Batches are not moved to accelerator.device.
+setattr(ResumableDataLoader, PREPARED_FLAG, True)
 
 
 def make_loader(dataset: PlannedDataset, loader: LoaderConfig) -> ResumableDataLoader:
