@@ -131,6 +131,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--max-tokens", type=int, default=64, help="list lengths are uniform in 0..max")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     p.add_argument("--configs", nargs="+", default=["default", "bytes"], choices=list(CONFIGS))
+    p.add_argument(
+        "--persistent",
+        action="store_true",
+        help="loaders with workers keep them (persistent_workers=True, started by the warm-up "
+        "round): steady-state epochs; the first batch then excludes starting workers",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.files, args.row_group_size, args.repeats = 100_000, 2, 16_384, min(args.repeats, 3)
@@ -144,10 +150,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for config in args.configs:
         for w in args.workers:
             loader, _ = create_dataloader(
-                str(data_dir), columns=COLUMNS, batch_size=bs, num_workers=w, **CONFIGS[config]
+                str(data_dir),
+                columns=COLUMNS,
+                batch_size=bs,
+                num_workers=w,
+                persistent_workers=args.persistent and w > 0,
+                **CONFIGS[config],
             )
             run = LoaderRun(loader)
-            s = common.Series("loader", {"config": config, "batch_size": bs, "num_workers": w, **CONFIGS[config]})
+            s = common.Series(
+                "loader", {"config": config, "batch_size": bs, "num_workers": w, **CONFIGS[config]}
+            )
             runs.append((s, run))
             loaders.append((s, run))
     common.interleave(runs, args.repeats)
@@ -188,6 +201,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "path": str(data_dir),
         },
         "configs": {c: CONFIGS[c] for c in args.configs},
+        "persistent_workers": args.persistent,
         "repeats": args.repeats,
         "machine": info,
         "results": results,
@@ -195,7 +209,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     md = (
         f"Dataset: {args.rows:,} rows (`id` int64, `tokens` list<int32> of 0-{args.max_tokens} items, "
         f"`text` string of 8-24 characters), {args.files} files, row groups of {args.row_group_size:,} "
-        f"rows; batch size {bs}; {args.repeats} interleaved runs per configuration, medians.\n"
+        f"rows; batch size {bs}; {args.repeats} interleaved runs per configuration, medians"
+        f"{'; persistent workers (steady state)' if args.persistent else ''}.\n"
         f"Machine: {info['cpus']} CPUs, {info['processor']}, Python {info['python']}, torch "
         f"{info['torch']}, pyarrow {info['pyarrow']}; load average at start {info['loadavg_at_start']}.\n\n"
         + common.table(
@@ -203,7 +218,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             md_rows,
         )
     )
-    common.write_results("bench_ragged", payload, md, args.out_dir)
+    name = "bench_ragged_persistent" if args.persistent else "bench_ragged"
+    common.write_results(name, payload, md, args.out_dir)
     return payload
 
 

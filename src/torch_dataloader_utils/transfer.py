@@ -253,7 +253,7 @@ def _unpack(raw: Any, buffer: Any, layout: Any) -> Any:
     if kind == "j":
         return jagged(_unpack(raw, buffer, layout[1]), _unpack(raw, buffer, layout[2]))
     if kind == "s":
-        return text_out(_text_array(raw, layout[1]).to_pylist(), layout[2])
+        return text_out(_text_array(raw, layout[1]), layout[2])
     if kind == "a":
         return _text_array(raw, layout[1])
     if kind == "d":

@@ -6,7 +6,8 @@ fills with a group of batches, that copy doubled the cost of the allocation (2.1
 4.5 ms per 8 MiB on the project's machine, torch 2.13.0), on every transfer.
 ``UntypedStorage._new_shared`` allocates the shared segment directly.
 
-Jagged nested tensors (torch 2.13.0): the first operation on one in a process imports
+Jagged nested tensors (torch 2.13.0) are built by their private class (see :func:`jagged`).
+The first operation on one in a process imports
 ``torch.distributed.tensor`` (about 1-2 s on the project's machine; sympy and torch.fx
 come with it), and torch.fx logs a one-time warning about ``is_fx_tracing`` on the way.
 :func:`prepare_jagged` pays that import once, with that one log record filtered out.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 import torch
 
@@ -70,8 +72,24 @@ def prepare_jagged() -> None:
         _prepared = True
 
 
+def _constructor() -> Any:
+    try:
+        from torch.nested._internal.nested_tensor import NestedTensor
+    except ImportError:  # pragma: no cover - torch moved it: the public path
+        return None
+    return NestedTensor
+
+
+_NestedTensor = _constructor()
+
+
 def jagged(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """A jagged nested tensor ``[len(offsets) - 1, j, *values.shape[1:]]`` over ``values`` (no copy).
+
+    Built by ``NestedTensor(values, offsets)``, torch 2.13's own class: about 4x cheaper
+    per batch than ``torch.nested.nested_tensor_from_jagged`` (22 vs 87 us on the
+    project's machine), which builds the same tensor through an autograd view op.
+    The result is not an autograd view of ``values`` (batches carry no gradient).
 
     Args:
         values: The rows' items, one after the other (first dimension: items).
@@ -79,6 +97,11 @@ def jagged(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """
     if not _prepared:
         prepare_jagged()
+    if _NestedTensor is not None:
+        try:
+            return _NestedTensor(values, offsets)  # type: ignore[no-any-return]
+        except TypeError:  # pragma: no cover - another signature: the public path
+            pass
     return torch.nested.nested_tensor_from_jagged(values, offsets)
 
 
