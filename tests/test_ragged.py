@@ -10,7 +10,7 @@ from __future__ import annotations
 import pickle
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -598,3 +598,22 @@ def test_numpy_and_arrow_outputs_keep_their_layouts(tmp_path: Path) -> None:
             for b in batches
         )
         assert sum(b.num_rows for b in batches) == len(expected)
+
+
+class _Pair(NamedTuple):
+    a: Any
+    b: Any
+
+
+def test_named_tuples_keep_their_type_unless_local() -> None:
+    got = _roundtrip(pack({"p": _Pair(torch.arange(3), "x")}))
+    assert type(got["p"]) is _Pair
+    assert got["p"].a.tolist() == [0, 1, 2]
+    assert got["p"].b == "x"
+
+    class Local(NamedTuple):
+        a: Any
+
+    plain = _roundtrip(pack({"p": Local(torch.arange(2))}))  # a local class cannot be pickled
+    assert type(plain["p"]) is tuple
+    assert plain["p"][0].tolist() == [0, 1]

@@ -172,8 +172,8 @@ class _Packer:
             return ("a", self.text(o))
         if isinstance(o, dict):
             return ("d", [(k, self.lay(v)) for k, v in o.items()])
-        if isinstance(o, tuple) and hasattr(o, "_fields"):  # a named tuple keeps its type
-            return ("nt", type(o), [self.lay(v) for v in o])
+        if isinstance(o, tuple) and hasattr(o, "_fields") and "<locals>" not in type(o).__qualname__:
+            return ("nt", type(o), [self.lay(v) for v in o])  # a named tuple keeps its type
         if isinstance(o, (list, tuple)) and not _is_plain_list(o):
             return ("l" if isinstance(o, list) else "u", [self.lay(v) for v in o])
         return ("o", o)
