@@ -12,9 +12,12 @@ import enum
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 from torch_dataloader_utils.errors import ConfigError, DistributedConfigError, IncompatibleOptionsError
 from torch_dataloader_utils.plan.types import EqualBatches  # defined in pure plan/, coerced here
@@ -170,7 +173,7 @@ class FeaturePack:
 
     columns: Sequence[str]
     key: str = "features"
-    dtype: str = "float32"
+    dtype: str | np.dtype[Any] | torch.dtype = "float32"
 
     def __post_init__(self) -> None:
         cols = self.columns
@@ -188,6 +191,11 @@ class FeaturePack:
             raise ConfigError(f"FeaturePack key={self.key!r} must be a non-empty str (the batch key)")
         object.__setattr__(self, "columns", tuple(cols))
         object.__setattr__(self, "dtype", _dtype_name(self.dtype))
+
+    @property
+    def numpy_dtype(self) -> np.dtype[Any]:
+        """The stacked array's dtype (``dtype`` is kept as its numpy name, e.g. ``'float32'``)."""
+        return np.dtype(str(self.dtype))
 
 
 def coerce_packs(value: object) -> tuple[FeaturePack, ...]:

@@ -261,7 +261,7 @@ class BatchConverter:
                     f"pack_features key {pack.key!r} is also a column of the output; give the "
                     f"FeaturePack another key (e.g. key='{pack.key}_packed') or leave the column out"
                 )
-            target = np.dtype(pack.dtype)
+            target = pack.numpy_dtype
             for column in pack.columns:
                 t = self._schema.field(column).type
                 dims, inner = _dense_shape(t)
@@ -450,7 +450,7 @@ class BatchConverter:
         return FlatList(self._tensor(values), self._tensor(offsets.astype(np.int64)))
 
     def _pack_fn(self, pack: FeaturePack, indices: list[int]) -> ColumnFn:
-        dtype = np.dtype(pack.dtype)
+        dtype = pack.numpy_dtype
         specs = []
         for column, index in zip(pack.columns, indices, strict=True):
             dims, _ = _dense_shape(self._schema.field(column).type)
