@@ -24,7 +24,15 @@ from torch_dataloader_utils.compat import (
     Split,
     TargetSizeSplitStrategy,
 )
-from torch_dataloader_utils.config import EqualBatches, FileFormat, OutputFormat, SplitKind
+from torch_dataloader_utils.config import (
+    EqualBatches,
+    FeaturePack,
+    FileFormat,
+    OutputFormat,
+    RaggedLayout,
+    SplitKind,
+    StringLayout,
+)
 from torch_dataloader_utils.errors import (
     CheckpointMismatchError,
     ConfigError,
@@ -62,6 +70,7 @@ from torch_dataloader_utils.plan.types import (
 )
 
 if TYPE_CHECKING:
+    from torch_dataloader_utils.convert import FlatList, PaddedList
     from torch_dataloader_utils.runtime.files import StructuredDataset, create_dataloader
     from torch_dataloader_utils.runtime.iceberg import IcebergDataset
     from torch_dataloader_utils.runtime.loader import ResumableDataLoader
@@ -71,6 +80,8 @@ if TYPE_CHECKING:
 # torch and pyarrow are imported on first use of these names, so that importing the
 # pure parts (plan/, config, errors) stays light.
 _LAZY = {
+    "FlatList": "torch_dataloader_utils.convert",
+    "PaddedList": "torch_dataloader_utils.convert",
     "FileLoaderOptions": "torch_dataloader_utils.runtime.options",
     "IcebergDataset": "torch_dataloader_utils.runtime.iceberg",
     "IcebergLoaderOptions": "torch_dataloader_utils.runtime.options",
@@ -105,9 +116,11 @@ __all__ = [
     "DistributedConfigError",
     "EpochPlan",
     "EqualBatches",
+    "FeaturePack",
     "FileFormat",
     "FileInfo",
     "FileLoaderOptions",
+    "FlatList",
     "IcebergDataFileInfo",
     "IcebergDataset",
     "IcebergLoaderOptions",
@@ -117,8 +130,10 @@ __all__ = [
     "NullValueError",
     "OutputFormat",
     "OverlappingChunksError",
+    "PaddedList",
     "PathNotFoundError",
     "PlanError",
+    "RaggedLayout",
     "ReadError",
     "RecordBoundaryError",
     "RecordIndex",
@@ -133,6 +148,7 @@ __all__ = [
     "SplitKind",
     "SplitStrategy",
     "StateMismatchError",
+    "StringLayout",
     "StructuredDataset",
     "TargetSizeSplitStrategy",
     "UnknownColumnError",

@@ -91,11 +91,7 @@ class PlannedDataset(IterableDataset[Any]):
         self._files = tuple(files)
         self._options = options
         self._reader = reader
-        self._converter = BatchConverter(
-            batch_schema(output_schema, batching.equal_batches),
-            options.output.output_format,
-            options.output.null_fill,
-        )
+        self._converter = BatchConverter(batch_schema(output_schema, batching.equal_batches), options.output)
         self._row_count_issue = row_count_issue
         # Shared memory: set_epoch in the main process reaches persistent workers.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
