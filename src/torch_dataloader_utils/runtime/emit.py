@@ -24,7 +24,7 @@ from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.pieces import read_piece
 from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.runtime.state import Tagged
-from torch_dataloader_utils.transfer import pack_group
+from torch_dataloader_utils.transfer import SegmentWriter, pack_group
 
 __all__ = ["GROUP_BYTES", "GROUP_MAX_BATCHES", "Positions", "grouped"]
 
@@ -79,13 +79,17 @@ class Positions:
 
 
 def grouped(
-    batches: Iterator[pa.RecordBatch], convert: Callable[[pa.RecordBatch], Any], positions: Positions
+    batches: Iterator[pa.RecordBatch],
+    convert: Callable[[pa.RecordBatch], Any],
+    positions: Positions,
+    pool: SegmentWriter | None = None,
 ) -> Iterator[Tagged]:
     """Worker side: tagged batches sent in groups of about ``GROUP_BYTES``.
 
     A group is one :class:`Tagged` whose batch is a packed ``BatchGroup`` and whose tag
     is the tuple of the batches' tags; the loader yields them one by one. Batches made
-    before an error still arrive before the error.
+    before an error still arrive before the error. ``pool``: this worker's segments of
+    the loader's :class:`~torch_dataloader_utils.transfer.SegmentPool`.
     """
     pending: list[Any] = []
     tags: list[Tag] = []
@@ -96,11 +100,11 @@ def grouped(
             tags.append(positions.tag(batch.num_rows, batch.nbytes))
             size += batch.nbytes
             if size >= GROUP_BYTES or len(pending) >= GROUP_MAX_BATCHES:
-                yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
+                yield Tagged(pack_group(pending, pool), tuple(tags))  # type: ignore[arg-type]
                 pending, tags, size = [], [], 0
     except Exception:
         if pending:
-            yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
+            yield Tagged(pack_group(pending, pool), tuple(tags))  # type: ignore[arg-type]
         raise
     if pending:
-        yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
+        yield Tagged(pack_group(pending, pool), tuple(tags))  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -11,10 +12,14 @@ from torch.utils.data import DataLoader
 from torch_dataloader_utils.config import LoaderConfig
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.state import Tagged
-from torch_dataloader_utils.transfer import BatchGroup
+from torch_dataloader_utils.transfer import BatchGroup, SegmentPool
 from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
 
-__all__ = ["ResumableDataLoader", "make_loader"]
+__all__ = ["SPARE_SEGMENTS", "ResumableDataLoader", "make_loader"]
+
+SPARE_SEGMENTS = 2
+"""Shared-memory segments per worker beyond ``prefetch_factor``: the group being yielded
+and the previous one, which the loop may still hold (see ``transfer.SegmentPool``)."""
 
 
 def _passthrough(batch: Any) -> Any:
@@ -35,7 +40,15 @@ class ResumableDataLoader(DataLoader[Any]):
     """
 
     dataset: PlannedDataset
+    _transport: SegmentPool | None = None
 
+    def _lease_transport(self) -> SegmentPool | None:
+        """The segments this iteration's workers send batches in (see ``transfer``)."""
+        if self.num_workers == 0:
+            return None
+        if self._transport is None:
+            self._transport = SegmentPool(self.num_workers, (self.prefetch_factor or 2) + SPARE_SEGMENTS)
+        return self._transport if self._transport.lease() else None
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         state = self.dataset._state
@@ -45,8 +58,20 @@ class ResumableDataLoader(DataLoader[Any]):
         state.begin(self.num_workers, self.dataset.epoch)
         self.dataset.begin_metrics(self.num_workers)
         state.tagging = True  # set before workers start: they pickle the dataset
+        pool = self._lease_transport()
+        self.dataset.transport = pool  # the workers starting now take it
         try:
-            for item in super().__iter__():
+            try:
+                batches = super().__iter__()
+            except BaseException:
+                self._transport = None  # workers may have started: a fresh pool next time
+                raise
+            finally:
+                self.dataset.transport = None
+            if pool is not None:
+                # Free for the next iteration once this one's workers are gone.
+                weakref.finalize(batches, pool.release)
+            for item in batches:
                 if isinstance(item, Tagged) and isinstance(item.batch, BatchGroup):
                     # Several batches of one worker that travelled together.
                     for batch, tag in zip(item.batch, item.tag, strict=True):
