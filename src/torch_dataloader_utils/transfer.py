@@ -335,7 +335,8 @@ class SegmentPool:
     # -- worker -----------------------------------------------------------------------
     def writer(self, worker: int) -> SegmentWriter | None:
         """Worker ``worker``'s side of the pool (``None`` if its memory is not shared)."""
-        if not self.flags.is_shared() or worker >= len(self.segments) // self.slots_per_worker:
+        shared: bool = self.flags.is_shared()  # type: ignore[no-untyped-call]
+        if not shared or worker >= len(self.segments) // self.slots_per_worker:
             return None  # pickled without torch's sharing (never by a DataLoader): unusable
         return SegmentWriter(self, worker)
 
@@ -370,8 +371,10 @@ class SegmentWriter:
         self._slots = range(start, start + pool.slots_per_worker)
 
     def take(self, total: int) -> tuple[int, np.ndarray[Any, Any], torch.Tensor | None] | None:
-        """A free slot for ``total`` bytes, marked busy: ``(slot, array to fill, segment
-        to send or None)``; ``None`` when every slot is busy."""
+        """A free slot for ``total`` bytes, marked busy; ``None`` when every slot is busy.
+
+        Returns ``(slot, array to fill, segment to send or None)``.
+        """
         segments = self._pool.segments
         spare = None
         for slot in self._slots:

