@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+from collections.abc import Iterator
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
@@ -485,18 +486,23 @@ def _torch_segments() -> tuple[int, set[str]]:
     return mapped, names
 
 
+def _kill_then_drain(pid: int, it: Iterator[Any]) -> None:
+    os.kill(pid, signal.SIGKILL)
+    for _ in it:
+        pass
+
+
 def _dead_worker_loader(root: Path) -> None:
     loader, _ = create_dataloader(str(root), batch_size=400, num_workers=2, timeout=60)
     before = set(multiprocessing.active_children())
     it = iter(loader)
-    first = next(it)
-    _check_ragged(first)
+    _check_ragged(next(it))
     workers = [p for p in multiprocessing.active_children() if p not in before]
     assert len(workers) == 2
-    os.kill(workers[0].pid, signal.SIGKILL)  # type: ignore[arg-type]
-    with pytest.raises(RuntimeError, match=r"(?i)worker"):
-        list(it)
-    del it
+    # torch's SIGCHLD handler may raise as soon as the worker dies: kill it inside the block.
+    with pytest.raises(RuntimeError, match=r"(?i)worker") as caught:
+        _kill_then_drain(workers[0].pid, it)  # type: ignore[arg-type]
+    del caught, it  # the traceback holds the iterator: its workers are shut down once it goes
     gc.collect()
     ids = [i for b in loader for i in _check_ragged(b)]  # fresh workers, the same pool
     assert sorted(ids) == list(range(15_000))

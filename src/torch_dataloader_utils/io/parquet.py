@@ -58,6 +58,14 @@ class ParquetReader:
         # filter, so a row group is filtered first and sliced after.
         self._filtered_positions = filtered_positions
 
+    def use_threads(self, on: bool) -> None:
+        """Decode with Arrow's thread pool (``True``, the default) or in the calling thread.
+
+        A DataLoader worker whose rank's workers already fill the CPUs reads without
+        threads: the pool's hand-offs then only cost time (measured in docs/benchmarks.md).
+        """
+        self._use_threads = on
+
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next, in order (remote read-ahead)."""
         if self._source is not None:

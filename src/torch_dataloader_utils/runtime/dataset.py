@@ -333,6 +333,10 @@ class PlannedDataset(IterableDataset[Any]):
             watch_parent()
         epoch = self.epoch
         pieces = self._worker_pieces(slot, epoch)
+        use_threads = getattr(self._reader, "use_threads", None)
+        if slot.in_worker and use_threads is not None:
+            # Workers that already fill this rank's CPUs decode in their own thread.
+            use_threads(slot.count < env.cpus_per_rank())
         schedule = getattr(self._reader, "schedule", None)
         if schedule is not None:  # readers of remote files fetch the next chunks ahead
             schedule([c for piece in pieces for c in piece.chunks])

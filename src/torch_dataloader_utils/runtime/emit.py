@@ -86,7 +86,9 @@ def grouped(
 ) -> Iterator[Tagged]:
     """Worker side: tagged batches sent in groups of about ``GROUP_BYTES``.
 
-    A group is one :class:`Tagged` whose batch is a packed ``BatchGroup`` and whose tag
+    The first batch travels alone and the groups after it double in size up to
+    ``GROUP_BYTES``: the loop gets its first batch after one batch is read, not a
+    whole group. A group is one :class:`Tagged` whose batch is a packed ``BatchGroup`` and whose tag
     is the tuple of the batches' tags; the loader yields them one by one. Batches made
     before an error still arrive before the error. ``pool``: this worker's segments of
     the loader's :class:`~torch_dataloader_utils.transfer.SegmentPool`.
@@ -94,13 +96,15 @@ def grouped(
     pending: list[Any] = []
     tags: list[Tag] = []
     size = 0
+    limit = 0  # the first batch travels alone; then groups double up to GROUP_BYTES
     try:
         for batch in batches:
             pending.append(convert(batch))
             tags.append(positions.tag(batch.num_rows, batch.nbytes))
             size += batch.nbytes
-            if size >= GROUP_BYTES or len(pending) >= GROUP_MAX_BATCHES:
+            if size >= limit or len(pending) >= GROUP_MAX_BATCHES:
                 yield Tagged(pack_group(pending, pool), tuple(tags))  # type: ignore[arg-type]
+                limit = min(GROUP_BYTES, max(limit, 2 * size))
                 pending, tags, size = [], [], 0
     except Exception:
         if pending:
