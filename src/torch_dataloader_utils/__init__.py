@@ -31,6 +31,7 @@ from torch_dataloader_utils.errors import (
     ConversionError,
     CorruptFileError,
     DataLoaderUtilsError,
+    DestinationConflictError,
     DiscoveryError,
     DistributedConfigError,
     IncompatibleOptionsError,
@@ -39,11 +40,14 @@ from torch_dataloader_utils.errors import (
     OverlappingChunksError,
     PathNotFoundError,
     PlanError,
+    RankFailedError,
     ReadError,
     RecordBoundaryError,
+    ReshardError,
     ResumeStateError,
     SchemaError,
     SchemaMismatchError,
+    SourceChangedError,
     StateMismatchError,
     UnknownColumnError,
     UnknownLengthError,
@@ -67,6 +71,7 @@ if TYPE_CHECKING:
     from torch_dataloader_utils.runtime.loader import ResumableDataLoader
     from torch_dataloader_utils.runtime.options import FileLoaderOptions, IcebergLoaderOptions
     from torch_dataloader_utils.runtime.state import gather_state
+    from torch_dataloader_utils.tools.reshard import ReshardReport, reshard
 
 # torch and pyarrow are imported on first use of these names, so that importing the
 # pure parts (plan/, config, errors) stays light.
@@ -75,9 +80,11 @@ _LAZY = {
     "IcebergDataset": "torch_dataloader_utils.runtime.iceberg",
     "IcebergLoaderOptions": "torch_dataloader_utils.runtime.options",
     "ResumableDataLoader": "torch_dataloader_utils.runtime.loader",
+    "ReshardReport": "torch_dataloader_utils.tools.reshard",
     "StructuredDataset": "torch_dataloader_utils.runtime.files",
     "create_dataloader": "torch_dataloader_utils.runtime.files",
     "gather_state": "torch_dataloader_utils.runtime.state",
+    "reshard": "torch_dataloader_utils.tools.reshard",
 }
 
 
@@ -101,6 +108,7 @@ __all__ = [
     "CorruptFileError",
     "DataFileInfo",
     "DataLoaderUtilsError",
+    "DestinationConflictError",
     "DiscoveryError",
     "DistributedConfigError",
     "EpochPlan",
@@ -119,9 +127,12 @@ __all__ = [
     "OverlappingChunksError",
     "PathNotFoundError",
     "PlanError",
+    "RankFailedError",
     "ReadError",
     "RecordBoundaryError",
     "RecordIndex",
+    "ReshardError",
+    "ReshardReport",
     "ResumableDataLoader",
     "ResumeStateError",
     "RoundRobinSplitStrategy",
@@ -129,6 +140,7 @@ __all__ = [
     "SchemaError",
     "SchemaMismatchError",
     "SizeBalancedSplitStrategy",
+    "SourceChangedError",
     "Split",
     "SplitKind",
     "SplitStrategy",
@@ -142,4 +154,5 @@ __all__ = [
     "create_dataloader",
     "gather_state",
     "merge_states",
+    "reshard",
 ]
