@@ -770,30 +770,28 @@ class _Job:
     def _calibrate(self) -> SizePlan:
         """Rows per shard and per row group, from a sample written with the job's settings.
 
-        A file of ``n`` rows takes about ``fixed + n * per_row`` bytes: both are fitted
-        from the sample and half of it, each written in row groups of the planned size.
+        A file of ``n`` rows takes about ``fixed + n * per_row`` bytes: ``fixed`` is the
+        size of a file without rows (footer, schema), ``per_row`` comes from the sample
+        written in row groups of the planned size.
         """
         opts = self.options
         total = sum(c.num_rows or 0 for c in self.chunks)
         sample = self._sample()
         n = sample.num_rows
-        if n == 0:
-            per_row, fixed = 1.0, 0
-        else:
-            rough = self._written_size(sample, n) / n
-            group = opts.row_group_rows or max(1, round((opts.row_group_bytes or 1) / rough))
-            full = self._written_size(sample, min(group, n))
-            if n >= 2:
-                half = self._written_size(sample.slice(0, n // 2), min(group, n))
-                per_row = (full - half) / (n - n // 2)
-                fixed = round(full - per_row * n)
-                if per_row <= 0 or fixed < 0:
-                    per_row, fixed = full / n, 0
-            else:
-                per_row, fixed = float(full), 0
-        shard_rows = max(1, round((opts.target_file_size - fixed) / per_row))
-        group_rows = opts.row_group_rows or max(1, round((opts.row_group_bytes or 1) / per_row))
-        group_rows = min(group_rows, shard_rows)
+        fixed = self._written_size(sample.slice(0, 0), 1)
+        per_row = max(1e-3, (self._written_size(sample, max(1, n)) - fixed) / n) if n else 1.0
+
+        def sizes(per_row: float) -> tuple[int, int]:
+            shard = max(1, round((opts.target_file_size - fixed) / per_row))
+            group = opts.row_group_rows or max(1, round((opts.row_group_bytes or 1) / per_row))
+            return shard, min(group, shard)
+
+        shard_rows, group_rows = sizes(per_row)
+        for _ in range(2):  # encodings depend on the rows per row group: measure with the planned ones
+            if n == 0:
+                break
+            per_row = max(1e-3, (self._written_size(sample, group_rows) - fixed) / n)
+            shard_rows, group_rows = sizes(per_row)
         arrow_per_row = (sample.nbytes / n) if n else 1.0
         task_rows = max(1, min(shard_rows, int(MAP_TASK_BYTES / max(arrow_per_row, 1e-9))))
         expected = max(1, math.ceil(total / shard_rows))
