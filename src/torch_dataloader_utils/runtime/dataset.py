@@ -345,6 +345,18 @@ class PlannedDataset(IterableDataset[Any]):
         """
         return self._reader.read(chunk)
 
+    def read_chunks(self, chunks: Sequence[Chunk]) -> Iterator[pa.RecordBatch]:
+        """The rows of several chunks, one after the other, as :meth:`read_chunk` gives them.
+
+        On remote storage the bytes of the next chunks are fetched while one is decoded
+        (``read_ahead_bytes``), as the loader does for a worker's chunks.
+        """
+        schedule = getattr(self._reader, "schedule", None)
+        if schedule is not None:
+            schedule(list(chunks))
+        for chunk in chunks:
+            yield from self._reader.read(chunk)
+
     def worker_chunks(self) -> tuple[Chunk, ...]:
         """The chunks the calling process (main or DataLoader worker) reads this epoch."""
         slot = env.worker_slot()

@@ -116,6 +116,8 @@ BUCKETS_PER_SHARD = 16
 """Hash buckets per expected shard (``group_by``): shards are packed from whole buckets."""
 MAX_BUCKETS = 1 << 20
 """Upper bound of the hash buckets of a ``group_by`` job."""
+VERIFY_TASKS_PER_WORKER = 4
+"""Groups of chunks ``verify`` reads per worker process (fewer, longer tasks: read-ahead works)."""
 SOURCE_FORMATS = ("parquet", "orc", "csv", "jsonl", "iceberg")
 """What ``format`` accepts; ``"iceberg"`` makes ``src`` a table name."""
 
@@ -275,8 +277,7 @@ class SourceSpec:
             "columns": None if self.columns is None else list(self.columns),
             "filters": None if self.filters is None else str(self.filters),
             "partitioning": self.partitioning,
-            "snapshot_id": self.snapshot_id,
-        }
+        }  # the snapshot read is in the source's fingerprint
 
 
 @dataclass(frozen=True)
@@ -568,7 +569,7 @@ class _Job:
     reduce: list[ReduceShard] = field(default_factory=list)
     partitions: list[tuple[object, ...]] = field(default_factory=list)
     output: PlannedDataset | None = None
-    output_chunks: list[Chunk] = field(default_factory=list)
+    verify_groups: tuple[list[list[Chunk]], list[list[Chunk]]] = ([], [])
 
     def __post_init__(self) -> None:
         schema = self.dataset.schema
@@ -893,9 +894,8 @@ class _Job:
         return table.sort_by([(k, "ascending") for k in keys])
 
     def _read(self, chunks: Sequence[Chunk]) -> Iterator[pa.RecordBatch]:
-        for chunk in chunks:
-            for batch in self.dataset.read_chunk(chunk):
-                yield conform(batch, self.dataset.schema)
+        for batch in self.dataset.read_chunks(chunks):
+            yield conform(batch, self.dataset.schema)
 
     def write_shard(self, index: int) -> None:
         """Write shard ``index`` of a direct job (no grouping, no partitions)."""
@@ -1022,18 +1022,24 @@ class _Job:
         return data
 
     # -- verify ---------------------------------------------------------------------------
+    def _groups(self, chunks: Sequence[Chunk]) -> list[list[Chunk]]:
+        """Consecutive runs of chunks, a few per worker of every rank."""
+        parts = max(1, self.options.workers * self.num_ranks * VERIFY_TASKS_PER_WORKER)
+        size = max(1, math.ceil(len(chunks) / parts))
+        return [list(chunks[i : i + size]) for i in range(0, len(chunks), size)]
+
     def checksum_source(self, index: int) -> Checksums:
-        """Checksums of source chunk ``index``."""
+        """Checksums of the rows of source group ``index``."""
         sums = Checksums()
-        for batch in self._read([self.chunks[index]]):
+        for batch in self._read(self.verify_groups[0][index]):
             sums.add(batch)
         return sums
 
     def checksum_output(self, index: int) -> Checksums:
-        """Checksums of output chunk ``index`` (read through the manifest, as the loader does)."""
+        """Checksums of output group ``index`` (read through the manifest, as the loader does)."""
         assert self.output is not None
         sums = Checksums()
-        for batch in self.output.read_chunk(self.output_chunks[index]):
+        for batch in self.output.read_chunks(self.verify_groups[1][index]):
             sums.add(batch)
         return sums
 
@@ -1049,15 +1055,17 @@ class _Job:
             num_workers=0,
             output_format="arrow",
         )
-        self.output_chunks = sorted(
+        output_chunks = sorted(
             self.output.plan(0, num_workers=1).all_chunks(), key=lambda c: (c.path, c.start)
         )
+        self.verify_groups = (self._groups(self.chunks), self._groups(output_chunks))
+        workers = self.options.workers
         parts = [
             Checksums.total(
-                run_tasks(self, "checksum_source", self._mine(len(self.chunks)), self.options.workers)
+                run_tasks(self, "checksum_source", self._mine(len(self.verify_groups[0])), workers)
             ),
             Checksums.total(
-                run_tasks(self, "checksum_output", self._mine(len(self.output_chunks)), self.options.workers)
+                run_tasks(self, "checksum_output", self._mine(len(self.verify_groups[1])), workers)
             ),
         ]
         gathered = share.all_gather(parts)

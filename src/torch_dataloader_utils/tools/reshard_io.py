@@ -1,9 +1,10 @@
 """What ``reshard`` writes: atomic files on any filesystem, Parquet shards, map-phase spills.
 
-Every file a job writes goes first to a unique temporary name under ``_reshard/tmp/``
-(hidden from listings: names starting with ``_`` are skipped) and is then renamed to its
-final name, so a reader never sees a partial shard, marker or manifest: a local rename
-is atomic, and an object store shows an object only once its upload completed.
+A reader never sees a partial shard, marker or manifest. On an object store (S3, GCS,
+Azure) an object becomes visible only once its upload completed, so files are written
+in place. Elsewhere a file goes first to a unique temporary name under
+``_reshard/tmp/`` (hidden from listings: names starting with ``_`` are skipped) and is
+renamed to its final name when complete (a local rename is atomic).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ __all__ = ["STATE_DIR", "Destination", "ShardWriter", "conform"]
 
 STATE_DIR = "_reshard"
 """The job's own files under the destination: job, done markers, temporary files, spills."""
+OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl"})
+"""Protocols whose uploads are atomic (an object appears only when complete)."""
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,15 @@ class Destination:
         selector = pafs.FileSelector(self.path(rel), allow_not_found=True, recursive=False)
         return sorted(posixpath.basename(i.path.rstrip("/")) for i in self.arrow.get_file_info(selector))
 
+    @property
+    def atomic_uploads(self) -> bool:
+        """Whether a file written in place is invisible until complete (object stores)."""
+        return self.fs.protocol in OBJECT_STORES
+
     def temp(self, name: str) -> str:
-        """A fresh temporary path (relative) for a file to be renamed to ``name`` later."""
+        """Where to write ``name`` before :meth:`commit` (itself on an object store)."""
+        if self.atomic_uploads:
+            return name
         stem = posixpath.basename(name)
         return f"{STATE_DIR}/tmp/{uuid.uuid4().hex[:12]}-{stem}"
 
@@ -91,6 +101,8 @@ class Destination:
 
     def commit(self, temp: str, rel: str) -> None:
         """Rename the complete ``temp`` to ``rel`` (replacing it), atomically where possible."""
+        if temp == rel:
+            return
         self._mkdirs(rel)
         self.arrow.move(self.path(temp), self.path(rel))
 
@@ -108,6 +120,9 @@ class Destination:
     def remove_tree(self, rel: str) -> None:
         """Delete the directory ``rel`` and everything under it (missing is fine)."""
         try:
+            if not self.fs.is_local:  # fsspec: no directory marker is left behind
+                self.fs.fsspec().rm(self.path(rel), recursive=True)
+                return
             self.arrow.delete_dir(self.path(rel))
         except FileNotFoundError:
             pass
