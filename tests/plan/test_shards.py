@@ -81,7 +81,7 @@ def test_plan_reduce_covers_every_row_once_and_never_mixes_partitions(
         for seg in shard.segments:
             run = by_key[(seg.task, seg.index)]
             assert run.partition == shard.partition  # one partition per shard
-            assert 0 <= seg.offset and seg.offset + seg.rows <= run.rows
+            assert 0 <= seg.offset <= seg.offset + seg.rows <= run.rows
             seen.update((seg.task, seg.index, row) for row in range(seg.offset, seg.offset + seg.rows))
             if whole:  # a bucket (a group key's rows) never spans two shards
                 assert bucket_home.setdefault((run.partition, run.bucket), number) == number

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from testsupport import latency_fs
 
 from tests.tools.helpers import (
     FORMATS,
@@ -20,10 +21,8 @@ from tests.tools.helpers import (
     manifest_doc,
     read_output,
     run_ranks,
-    visible_shards,
     write_source,
 )
-from testsupport import latency_fs
 from torch_dataloader_utils import (
     ConfigError,
     CorruptFileError,
@@ -61,7 +60,9 @@ def loader_ids(path: Path | str, **options: object) -> np.ndarray:
 @settings(max_examples=12)
 @given(
     fmt=st.sampled_from(FORMATS),
-    rows=st.lists(st.integers(0, 400), min_size=1, max_size=5).filter(lambda r: sum(r) > 0),  # text needs a row
+    rows=st.lists(st.integers(0, 400), min_size=1, max_size=5).filter(
+        lambda r: sum(r) > 0
+    ),  # text needs a row
     target_kib=st.integers(2, 24),
     workers=st.sampled_from([1, 2]),
     ranks=st.sampled_from([1, 1, 2]),
@@ -114,7 +115,8 @@ def test_row_groups_by_rows_or_bytes_and_compression(source: Path, tmp_path: Pat
     for shard in report.manifest.shards[:-1]:
         meta = pq.read_metadata(tmp_path / "rows" / shard.path)
         counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-        assert all(c == 250 for c in counts[:-1]) and counts[-1] <= 250
+        assert all(c == 250 for c in counts[:-1])
+        assert counts[-1] <= 250
         assert [g.num_rows for g in shard.row_groups] == counts
         assert meta.row_group(0).column(0).compression == "ZSTD"
     report = reshard(
@@ -240,7 +242,7 @@ def test_the_loader_opens_the_manifest_without_listing_or_footers(source: Path, 
 
 
 def test_manifest_errors_name_the_file_and_the_fix(source: Path, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="use_manifest=True but .*does not exist"):
+    with pytest.raises(ConfigError, match=r"use_manifest=True but .*does not exist"):
         StructuredDataset(str(source), use_manifest=True)
     with pytest.raises(IncompatibleOptionsError, match="format='parquet'"):
         StructuredDataset(str(source), format="csv", use_manifest=True)
@@ -248,7 +250,7 @@ def test_manifest_errors_name_the_file_and_the_fix(source: Path, tmp_path: Path)
     doc = manifest_doc(tmp_path / "dst")
     doc["version"] = 99
     (tmp_path / "dst" / "_manifest.json").write_text(json.dumps(doc))
-    with pytest.raises(CorruptFileError, match="version 99.*use_manifest=False"):
+    with pytest.raises(CorruptFileError, match=r"version 99.*use_manifest=False"):
         StructuredDataset(str(tmp_path / "dst"))
     assert len(StructuredDataset(str(tmp_path / "dst"), use_manifest=False).files) == len(doc["shards"])
 
@@ -276,7 +278,8 @@ def test_a_rerun_skips_done_shards_and_rewrites_the_rest(
         with pytest.raises(Interrupted):
             reshard(str(source), str(dst), target_file_size="4KiB")
     done = sorted((dst / "_reshard" / "done").iterdir())
-    assert len(done) >= 5 and not (dst / "_manifest.json").exists()
+    assert len(done) >= 5
+    assert not (dst / "_manifest.json").exists()
     done[1].unlink()  # shard 1 lost its marker: it is written again; a half-written temp file is ignored
     (dst / "_reshard" / "tmp" / "dead-part-00003.parquet").write_bytes(b"PAR1 partial")
     report = reshard(str(source), str(dst), target_file_size="4KiB")
@@ -334,7 +337,7 @@ def test_a_source_changed_since_the_job_started_is_an_error(
 
 def test_an_unwritable_destination_is_a_clear_error(source: Path, tmp_path: Path) -> None:
     (tmp_path / "plain-file").write_text("x")
-    with pytest.raises(ReshardError, match="cannot (write to|read) the destination .*plain-file/out"):
+    with pytest.raises(ReshardError, match=r"cannot (write to|read) the destination .*plain-file/out"):
         reshard(str(source), str(tmp_path / "plain-file" / "out"))
 
 
@@ -345,7 +348,7 @@ def test_verify_finds_a_shard_that_differs_from_the_source(source: Path, tmp_pat
     table = pq.read_table(shard)
     changed = table.set_column(table.schema.get_field_index("x"), "x", pc.add(table.column("x"), 1.0))
     pq.write_table(changed, shard, row_group_size=100)
-    with pytest.raises(ReshardError, match="verify: .*column 'x' holds other values"):
+    with pytest.raises(ReshardError, match=r"verify: .*column 'x' holds other values"):
         reshard(str(source), str(dst), target_file_size="4KiB", row_group_rows=100, verify=True)
 
 
@@ -379,7 +382,8 @@ def test_bad_options_name_the_parameter(
 @pytest.mark.filterwarnings("ignore:filters=.*excludes every row group")
 def test_an_empty_selection_writes_one_empty_shard(source: Path, tmp_path: Path) -> None:
     report = reshard(str(source), str(tmp_path / "dst"), filters=pc.field("id") < 0)
-    assert report.num_shards == 1 and report.num_rows == 0
+    assert report.num_shards == 1
+    assert report.num_rows == 0
     assert len(loader_ids(tmp_path / "dst")) == 0
 
 
@@ -396,7 +400,8 @@ def test_cli_reshards_and_reports_errors_in_one_line(
     assert sorted(read_output(dst).column("id").to_pylist()) == [i for i in range(TOTAL) if i % 5 in (1, 2)]
     assert cli_main([*args, "--compression", "snappy"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: dst=") and "compression='zstd' there, 'snappy' now" in err
+    assert err.startswith("error: dst=")
+    assert "compression='zstd' there, 'snappy' now" in err
     assert len(err.splitlines()) == 1
     assert cli_main(["reshard", str(source), str(tmp_path / "x"), "--filter", "label ~ 3"]) == 2
     assert "is not 'NAME OP VALUE'" in capsys.readouterr().err

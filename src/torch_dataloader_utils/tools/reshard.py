@@ -436,6 +436,8 @@ def reshard(
         verify=verify,
         rank_timeout=rank_timeout,
     )
+    if isinstance(columns, str):
+        raise ConfigError(f"columns={columns!r} must be a list of column names, e.g. ['{columns}']")
     if isinstance(src, (list, tuple)):
         src_value: str | tuple[str, ...] = tuple(src)
     elif isinstance(src, str):
