@@ -276,11 +276,10 @@ def _discover_manifest(
         manifest.num_rows,
     )
     partitions = manifest.partitions(root)
-    schema, output, expr, data_columns, part_columns = _resolve_request(
-        manifest.file_schema, partitions, columns, filters
-    )
+    request = _resolve_request(manifest.file_schema, partitions, columns, filters)
+    expr = request.filters
     files = tuple(sorted(manifest.files(root), key=lambda f: f.path))
-    fields = filter_fields(expr, schema)
+    fields = filter_fields(expr, request.schema)
     if expr is not None and partitions is not None and fields and set(fields) <= set(partitions.schema.names):
         rows = pa.table(
             {
@@ -297,11 +296,7 @@ def _discover_manifest(
         fs=fs,
         format=FileFormat.PARQUET,
         files=files,
-        schema=schema,
-        output_columns=tuple(output),
-        data_columns=tuple(data_columns),
-        partition_columns=tuple(part_columns),
         partitions=partitions,
-        filters=expr,
         extra={"manifest": manifest},
+        **request._asdict(),
     )
