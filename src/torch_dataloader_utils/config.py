@@ -699,6 +699,9 @@ class FileSourceConfig(RedactedRepr):
         storage_options: Options of the fsspec filesystem (credentials, endpoint...).
         schema: CSV / JSONL: a ``pyarrow.Schema`` for every file, or ``None`` to infer.
         quoted_newlines: CSV: quoted fields may hold newlines (such files are read whole).
+        use_manifest: Parquet: read a resharded directory from its ``_manifest.json``
+            (no listing, no footers). ``None`` uses it when ``path`` holds one, ``True``
+            requires it, ``False`` lists the files instead.
     """
 
     format: FileFormat = FileFormat.PARQUET
@@ -708,6 +711,7 @@ class FileSourceConfig(RedactedRepr):
     storage_options: Mapping[str, Any] | None = None
     schema: Any = None
     quoted_newlines: bool = False
+    use_manifest: bool | None = None
 
     def __post_init__(self) -> None:
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
@@ -716,6 +720,13 @@ class FileSourceConfig(RedactedRepr):
                 "options, e.g. {'key': ..., 'secret': ..., 'endpoint_url': ...}"
             )
         check_bool(self.quoted_newlines, "quoted_newlines")
+        if self.use_manifest is not None:
+            check_bool(self.use_manifest, "use_manifest")
+            if self.use_manifest and self.format is not FileFormat.PARQUET:
+                raise IncompatibleOptionsError(
+                    f"use_manifest=True reads the Parquet shards written by reshard, but "
+                    f"format={self.format.value!r}; pass format='parquet' or drop use_manifest"
+                )
 
 
 @dataclass(frozen=True, kw_only=True, repr=False)

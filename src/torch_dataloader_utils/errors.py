@@ -26,8 +26,13 @@ also :class:`ValueError`, errors about a missing path are also
     ├── ReadError                             reading a chunk's data failed
     │   └── RecordBoundaryError               text records do not match their lines
     │                                         (e.g. newlines inside quoted CSV fields)
-    └── ConversionError (ValueError)          a column cannot become the output type
-        └── NullValueError                    a null in a column that cannot hold one
+    ├── ConversionError (ValueError)          a column cannot become the output type
+    │   └── NullValueError                    a null in a column that cannot hold one
+    ├── ReshardError                          a reshard job cannot start or finish
+    │   ├── DestinationConflictError          the destination holds other data or another
+    │   │                                     job's shards
+    │   └── SourceChangedError                the source changed since the job started
+    └── RankFailedError                       another rank of a multi-rank job failed
 
 Messages name the parameter or file, echo the offending value and say the fix.
 """
@@ -40,6 +45,7 @@ __all__ = [
     "ConversionError",
     "CorruptFileError",
     "DataLoaderUtilsError",
+    "DestinationConflictError",
     "DiscoveryError",
     "DistributedConfigError",
     "IncompatibleOptionsError",
@@ -48,11 +54,14 @@ __all__ = [
     "OverlappingChunksError",
     "PathNotFoundError",
     "PlanError",
+    "RankFailedError",
     "ReadError",
     "RecordBoundaryError",
+    "ReshardError",
     "ResumeStateError",
     "SchemaError",
     "SchemaMismatchError",
+    "SourceChangedError",
     "StateMismatchError",
     "UnknownColumnError",
     "UnknownLengthError",
@@ -162,3 +171,22 @@ class RecordBoundaryError(ReadError):
     Raised instead of returning split or duplicated records, typically because quoted
     CSV fields hold newlines and the file was split at byte offsets.
     """
+
+
+class ReshardError(DataLoaderUtilsError):
+    """A reshard job cannot start or finish (unwritable destination, failed verification...)."""
+
+
+class DestinationConflictError(ReshardError):
+    """The destination holds files reshard did not write, or another job's shards.
+
+    Nothing is overwritten: choose a new destination, or delete it to start over.
+    """
+
+
+class SourceChangedError(ReshardError):
+    """The source changed since the reshard job writing the destination started."""
+
+
+class RankFailedError(DataLoaderUtilsError):
+    """Another rank of a multi-rank job failed, so this rank stops too (its error is named)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ import pyarrow.compute as pc
 from torch_dataloader_utils.config import FetchConfig, FileFormat, FileSourceConfig
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
 from torch_dataloader_utils.discovery.listing import list_files
+from torch_dataloader_utils.discovery.manifest import Manifest, find_manifest
 from torch_dataloader_utils.discovery.orc import read_orc_footers
 from torch_dataloader_utils.discovery.parquet import FooterInfo, prune, read_footers
 from torch_dataloader_utils.discovery.partitions import Partitions, infer_partitions
@@ -22,6 +24,8 @@ from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 
 __all__ = ["Discovered", "ShareHook", "discover", "local_only"]
+
+log = logging.getLogger(__name__)
 
 ShareHook = Callable[[Callable[[], Any]], Any]
 """Runs a metadata-reading function once and gives its (picklable) result to every rank.
@@ -116,6 +120,11 @@ def discover(
 
     Listing and footers are read through ``share`` (once for all ranks when the runtime
     passes a broadcasting hook); checking the request against them is done locally.
+
+    A Parquet ``path`` naming one directory that holds a reshard manifest
+    (``_manifest.json``, see :mod:`~torch_dataloader_utils.discovery.manifest`) is planned
+    from the manifest alone, with no listing and no footer read; ``use_manifest=False``
+    lists it instead, ``True`` requires the manifest (``source.use_manifest``).
     """
     format, columns, filters, partitioning = (
         source.format,
@@ -126,15 +135,22 @@ def discover(
     if partitioning not in (None, "hive"):
         raise ConfigError(f"partitioning={partitioning!r} is not supported; use 'hive' or None")
     fs_options = dict(source.storage_options or {})
+    use_manifest = source.use_manifest
     if format is FileFormat.PARQUET:
 
-        def read_metadata() -> tuple[FileSystemSpec, Partitions | None, list[FooterInfo]]:
+        def read_metadata() -> tuple[FileSystemSpec, Any, Any]:
+            if use_manifest is not False:
+                found = find_manifest(path, fs_options, required=use_manifest is True)
+                if found is not None:
+                    return found
             listing = list_files(path, fs_options)
             partitions = infer_partitions(listing.files) if partitioning == "hive" else None
             return listing.fs, partitions, read_footers(listing.fs, listing.files, partitions, fetch)
 
         # With a process group, rank 0 reads the metadata and the others receive it.
         fs, partitions, footers = share(read_metadata)
+        if isinstance(footers, Manifest):
+            return _discover_manifest(fs, partitions, footers, columns, filters)
         return _discover_parquet(fs, format, footers, partitions, columns, filters)
     listing = list_files(path, fs_options)
     fs = listing.fs
@@ -239,5 +255,48 @@ def _discover_parquet(
         files=tuple(files),
         partitions=partitions,
         extra={"parquet_footers": {f.file.path: f.footer for f in footers}},
+        **request._asdict(),
+    )
+
+
+def _discover_manifest(
+    fs: FileSystemSpec, root: str, manifest: Manifest, columns: Sequence[str] | None, filters: object
+) -> Discovered:
+    """A resharded dataset, from its manifest alone (no listing, no footers).
+
+    Its partition columns (``partition_by``) come back as hive partitions typed by the
+    manifest's schema. A filter on partition columns only drops whole shards, so row
+    counts stay exact; other filters are applied to rows as they are read (row groups
+    are not pruned: the manifest holds no statistics).
+    """
+    log.info(
+        "reading %s from its manifest: %d shards, %d rows (no listing, no footer reads)",
+        fs.display(root),
+        len(manifest.shards),
+        manifest.num_rows,
+    )
+    partitions = manifest.partitions(root)
+    request = _resolve_request(manifest.file_schema, partitions, columns, filters)
+    expr = request.filters
+    files = tuple(sorted(manifest.files(root), key=lambda f: f.path))
+    fields = filter_fields(expr, request.schema)
+    if expr is not None and partitions is not None and fields and set(fields) <= set(partitions.schema.names):
+        rows = pa.table(
+            {
+                **{
+                    f.name: pa.array([partitions.values[fi.path][i] for fi in files], f.type)
+                    for i, f in enumerate(partitions.schema)
+                },
+                "__index": pa.array(range(len(files)), pa.int64()),
+            }
+        )
+        kept = set(rows.filter(expr).column("__index").to_pylist())
+        files = tuple(fi for i, fi in enumerate(files) if i in kept)
+    return Discovered(
+        fs=fs,
+        format=FileFormat.PARQUET,
+        files=files,
+        partitions=partitions,
+        extra={"manifest": manifest},
         **request._asdict(),
     )

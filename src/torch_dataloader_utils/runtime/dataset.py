@@ -91,6 +91,7 @@ class PlannedDataset(IterableDataset[Any]):
         self._files = tuple(files)
         self._options = options
         self._reader = reader
+        self._schema = output_schema
         self._converter = BatchConverter(batch_schema(output_schema, batching.equal_batches), options.output)
         self._row_count_issue = row_count_issue
         # Shared memory: set_epoch in the main process reaches persistent workers.
@@ -135,6 +136,11 @@ class PlannedDataset(IterableDataset[Any]):
     def files(self) -> tuple[FileInfo, ...]:
         """The dataset's files (metadata only)."""
         return self._files
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The Arrow schema of the rows read (columns in output order, no padding flag)."""
+        return self._schema
 
     @property
     def num_workers(self) -> int:
@@ -320,6 +326,33 @@ class PlannedDataset(IterableDataset[Any]):
         return self.num_batches()
 
     # -- reading ----------------------------------------------------------------
+    def read_chunk(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
+        """The rows of one planned chunk as Arrow record batches, in file order.
+
+        ``chunk`` is one of this dataset's planned chunks (from :meth:`plan`), or a piece of
+        one cut at row granularity (``plan.ranks.cut_chunk``). The batches are what the
+        loader reads before batching and conversion: projected to ``columns``, filtered
+        by ``filters``, partition columns added, Iceberg deletes applied; their schema is
+        :attr:`schema`. Works in any process (tools such as ``reshard`` read chunks in
+        their own worker processes); it does not touch the epoch, resume state or metrics.
+
+        Raises:
+            ReadError: the chunk cannot be read (file and range named).
+        """
+        return self._reader.read(chunk)
+
+    def read_chunks(self, chunks: Sequence[Chunk]) -> Iterator[pa.RecordBatch]:
+        """The rows of several chunks, one after the other, as :meth:`read_chunk` gives them.
+
+        On remote storage the bytes of the next chunks are fetched while one is decoded
+        (``read_ahead_bytes``), as the loader does for a worker's chunks.
+        """
+        schedule = getattr(self._reader, "schedule", None)
+        if schedule is not None:
+            schedule(list(chunks))
+        for chunk in chunks:
+            yield from self._reader.read(chunk)
+
     def worker_chunks(self) -> tuple[Chunk, ...]:
         """The chunks the calling process (main or DataLoader worker) reads this epoch."""
         slot = env.worker_slot()

@@ -36,7 +36,6 @@ class ResumableDataLoader(DataLoader[Any]):
 
     dataset: PlannedDataset
 
-
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         state = self.dataset._state
         metrics = self.dataset.metrics

@@ -178,6 +178,10 @@ class FileReadOptions(ReadOptions, total=False):
     Without it, a record found spanning lines raises ``RecordBoundaryError``."""
     count_cache_dir: str | os.PathLike[str] | None
     """Also keep text counts in this directory across processes and runs."""
+    use_manifest: bool | None
+    """Parquet: plan a directory written by ``reshard`` from its ``_manifest.json`` (one
+    request: no listing, no footer reads). ``None`` (default) uses the manifest when
+    ``path`` is a directory holding one, ``True`` requires it, ``False`` lists the files."""
     read_ahead_bytes: int | str | None
     """Remote storage only: memory bound of the bytes of upcoming chunks fetched while one
     is decoded (default ``"256MiB"`` per worker; ``0`` disables read-ahead)."""
