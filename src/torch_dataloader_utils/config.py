@@ -425,6 +425,11 @@ class LoaderConfig:
                     f"prefetch_factor={self.prefetch_factor!r} needs num_workers >= 1 "
                     "(got num_workers=0); set num_workers or drop prefetch_factor"
                 )
+            if self.multiprocessing_context is not None:
+                raise IncompatibleOptionsError(
+                    f"multiprocessing_context={self.multiprocessing_context!r} needs num_workers >= 1 "
+                    "(got num_workers=0); set num_workers or drop multiprocessing_context"
+                )
         check_int(self.prefetch_factor, "prefetch_factor", 1, optional=True)
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or self.timeout < 0:
             raise ConfigError(f"timeout={self.timeout!r} must be a number of seconds >= 0")

@@ -13,6 +13,7 @@ from urllib.parse import unquote
 
 from torch_dataloader_utils.errors import ConfigError, NoFilesFoundError, PathNotFoundError
 from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
+from torch_dataloader_utils.storage.identity import mtime_of
 
 __all__ = ["Listing", "ListedFile", "list_files", "parse_hive_keys"]
 
@@ -76,19 +77,6 @@ def _is_glob(path: str) -> bool:
     return any(ch in _GLOB_CHARS for ch in path)
 
 
-def _mtime(info: dict[str, Any]) -> float | None:
-    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
-        value = info.get(key)
-        if value is None:
-            continue
-        if isinstance(value, (int, float)):
-            return float(value)
-        timestamp = getattr(value, "timestamp", None)
-        if callable(timestamp):
-            return float(timestamp())
-    return None
-
-
 def _walk_local(root: str) -> Iterable[tuple[str, int, float]]:
     """Files under ``root``, following symlinks (directory cycles visited once)."""
     seen: set[str] = set()
@@ -114,7 +102,7 @@ def _list_dir(fs: FileSystemSpec, root: str) -> Iterable[tuple[str, int, float |
         return
     found = fs.fsspec().find(root, withdirs=False, detail=True)
     for path, info in found.items():
-        yield path, int(info.get("size") or 0), _mtime(info)
+        yield path, int(info.get("size") or 0), mtime_of(info)
 
 
 def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
@@ -174,7 +162,7 @@ def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
     if fs.is_local:
         st = os.stat(path)
         return [ListedFile(path, st.st_size, st.st_mtime, None)], 0
-    return [ListedFile(path, int(info.get("size") or 0), _mtime(info), None)], 0
+    return [ListedFile(path, int(info.get("size") or 0), mtime_of(info), None)], 0
 
 
 def list_files(path: str | Sequence[str], storage_options: dict[str, Any] | None = None) -> Listing:

@@ -11,6 +11,7 @@ import pyarrow.orc as orc
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
 from torch_dataloader_utils.plan.types import Chunk
+from torch_dataloader_utils.storage.identity import check_unchanged
 
 __all__ = ["OrcReader"]
 
@@ -38,6 +39,8 @@ class OrcReader:
         )
 
     def _open_orc(self, path: str) -> tuple[Any, orc.ORCFile]:
+        info = self._files[path]
+        check_unchanged(self._fs, path, info.size, info.mtime)  # never read a rewritten file
         source = self._fs.arrow().open_input_file(path)
         return source, orc.ORCFile(source)
 

@@ -36,6 +36,7 @@ from torch_dataloader_utils.config import FileFormat
 from torch_dataloader_utils.errors import ReadError, RecordBoundaryError
 from torch_dataloader_utils.io.base import ReadRequest
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
+from torch_dataloader_utils.storage.identity import check_unchanged
 from torch_dataloader_utils.storage.records import (
     PIECE_BYTES,
     TextFileMeta,
@@ -99,6 +100,7 @@ class TextReader:
                 f"quoted_newlines=True), but the plan asks for bytes [{chunk.start}, {chunk.stop}); "
                 "use split_strategy='byte_range' or 'file'"
             )
+        check_unchanged(self._fs, chunk.path, info.size, info.mtime)  # never read a rewritten file
         try:
             if self._quoted:
                 yield from self._read_quoted(chunk.path, meta)
