@@ -105,9 +105,18 @@ def _list_dir(fs: FileSystemSpec, root: str) -> Iterable[tuple[str, int, float |
         yield path, int(info.get("size") or 0), mtime_of(info)
 
 
+def _exists(fs: FileSystemSpec, path: str) -> bool:
+    """Whether ``path`` names an existing file or directory, read literally (no pattern)."""
+    if fs.is_local:
+        return os.path.exists(path)
+    return bool(fs.fsspec().exists(path))
+
+
 def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
     client = fs.fsspec()
-    if _is_glob(path):
+    # A path that exists as spelled is that path, even with glob characters in its name
+    # (``run[1]`` is a directory, not the pattern matching ``run1``).
+    if _is_glob(path) and not _exists(fs, path):
         matches = sorted(_glob.glob(path, recursive=True)) if fs.is_local else sorted(client.glob(path))
         base = path[: min(path.index(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
         files: list[ListedFile] = []
@@ -170,7 +179,9 @@ def list_files(path: str | Sequence[str], storage_options: dict[str, Any] | None
 
     Args:
         path: A file, a directory (listed recursively, so hive trees work), a glob, or a
-            list of those. URLs (``s3://...``) use fsspec with ``storage_options``.
+            list of those. URLs (``s3://...``) use fsspec with ``storage_options``. A
+            path that exists as spelled is read as that path even when its name holds
+            glob characters (``run[1]``); only a path that does not exist is a pattern.
         storage_options: Options for the fsspec filesystem.
 
     Returns:
