@@ -179,14 +179,14 @@ def discover(
     if format is FileFormat.PARQUET:
 
         def read_metadata() -> tuple[FileSystemSpec, Partitions | None, list[FooterInfo]]:
-            listing = list_files(path, fs_options)
+            listing = list_files(path, fs_options, fetch)
             partitions = infer_partitions(listing.files) if partitioning == "hive" else None
             return listing.fs, partitions, read_footers(listing.fs, listing.files, partitions, fetch)
 
         # With a process group, rank 0 reads the metadata and the others receive it.
         fs, partitions, footers = share(read_metadata)
         return _discover_parquet(fs, format, footers, partitions, columns, filters)
-    listing = list_files(path, fs_options)
+    listing = list_files(path, fs_options, fetch)
     fs = listing.fs
     partitions = infer_partitions(listing.files) if partitioning == "hive" else None
     if format is FileFormat.ORC:
