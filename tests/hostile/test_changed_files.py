@@ -151,3 +151,49 @@ def test_case_1_parquet_on_s3_rewritten_with_other_row_groups(s3_server: S3Serve
         list(loader)
     _assert_changed(exc, f"s3://{prefix}/a.parquet", before, local.stat().st_size)
     assert isinstance(exc.value, ReadError)
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["rewritten_in_place", "replaced"])
+def test_case_1_persistent_workers_see_a_rewrite_between_epochs(tmp_path: Path, in_place: bool) -> None:
+    """Readers keep files open across epochs: each pass checks its files again."""
+    path = tmp_path / "a.parquet"
+    _parquet(path, pa.array(np.arange(ROWS)))
+    loader, dataset = create_dataloader(
+        str(path), split_rows=500, num_workers=2, persistent_workers=True, multiprocessing_context="fork"
+    )
+    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(ROWS))
+    if in_place:
+        REWRITES["same_rows_other_row_groups"](path)
+    else:
+        new = tmp_path / "new.parquet"
+        REWRITES["same_rows_other_row_groups"](new)
+        new.replace(path)
+    dataset.set_epoch(1)
+    with pytest.raises(FileChangedError, match="changed after the dataset was built"):
+        list(loader)
+
+
+@pytest.mark.slow
+def test_case_1_s3_persistent_workers_see_a_rewrite_between_epochs(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    local = tmp_path / "a.parquet"
+    _parquet(local, pa.array(np.arange(ROWS)))
+    prefix = s3_server.new_prefix()
+    fs = s3_server.fs()
+    fs.put_file(str(local), f"{prefix}/a.parquet")
+    loader, dataset = create_dataloader(
+        f"s3://{prefix}",
+        storage_options=s3_server.options(),
+        split_rows=500,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context="fork",
+        timeout=60,
+    )
+    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(ROWS))
+    REWRITES["fewer_rows"](local)
+    fs.put_file(str(local), f"{prefix}/a.parquet")
+    dataset.set_epoch(1)
+    with pytest.raises(FileChangedError, match="changed after the dataset was built"):
+        list(loader)

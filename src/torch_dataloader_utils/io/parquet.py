@@ -11,7 +11,7 @@ from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
 from torch_dataloader_utils.io.prefetch import ChunkSource
 from torch_dataloader_utils.plan.types import Chunk, RowGroup
-from torch_dataloader_utils.storage.identity import check_unchanged
+from torch_dataloader_utils.storage.identity import check_unchanged, schedule_checks
 
 __all__ = ["READ_BATCH_ROWS", "ParquetReader"]
 
@@ -61,6 +61,7 @@ class ParquetReader:
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next, in order (remote read-ahead)."""
+        schedule_checks(self._fs, (self._files[c.path] for c in chunks))
         if self._source is not None:
             self._source.schedule(chunks)
 

@@ -26,7 +26,7 @@ by pyarrow's streaming CSV reader, which follows quotes across lines.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import pyarrow as pa
@@ -37,7 +37,7 @@ from torch_dataloader_utils.config import FileFormat
 from torch_dataloader_utils.errors import ReadError, RecordBoundaryError
 from torch_dataloader_utils.io.base import ReadRequest
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
-from torch_dataloader_utils.storage.identity import check_unchanged
+from torch_dataloader_utils.storage.identity import check_unchanged, schedule_checks
 from torch_dataloader_utils.storage.records import (
     PIECE_BYTES,
     TextFileMeta,
@@ -92,6 +92,10 @@ class TextReader:
         self._quoted = quoted_newlines and self._csv
         self._strict = strict_fields
         self._piece = piece_bytes
+
+    def schedule(self, chunks: Sequence[Chunk]) -> None:
+        """Announce the chunks this process reads next: remote files are checked meanwhile."""
+        schedule_checks(self._fs, (self._files[c.path] for c in chunks))
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the records whose first byte lies in the chunk (filtered, projected)."""

@@ -7,10 +7,13 @@ exists: read blindly, rows are lost, duplicated or mis-typed without an error. S
 reader calls :func:`check_unchanged` when it opens a file, and a file whose size or
 modification time differs from the planned ones raises :class:`FileChangedError`.
 
-Local files are checked with one ``stat`` on every open. Remote files cost a metadata
-request (a HEAD on S3), so each process checks each remote file once. Object stores
+A reader announces the files of its next pass (:func:`schedule_checks`, when a worker
+starts an epoch), so files it keeps open across epochs are checked again. Local files
+cost one ``stat`` there and on every open. Remote files cost a metadata request (a HEAD
+on S3): they are checked concurrently while the reader reads, and each open waits for
+its file's answer; a file no pass announced is checked once per process. Object stores
 report modification times in whole seconds on some calls, so remote times are compared
-to the second; the size is compared exactly.
+to the second; the size exactly.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -26,10 +30,15 @@ import pyarrow.fs as pafs
 from torch_dataloader_utils.errors import FileChangedError, ReadError
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 
-__all__ = ["check_size", "check_unchanged", "current_state", "mtime_of"]
+__all__ = ["check_size", "check_unchanged", "current_state", "mtime_of", "schedule_checks"]
 
-_CHECKED: set[tuple[int, str, str, int, float | None]] = set()
+CHECK_THREADS = 8
+"""Remote files checked at once by :func:`schedule_checks`."""
+
+_Key = tuple[int, str, str, int, float | None]
+_CHECKS: dict[_Key, Future[None]] = {}
 _LOCK = threading.Lock()
+_POOL: list[tuple[int, ThreadPoolExecutor]] = []
 
 
 def mtime_of(info: Mapping[str, Any]) -> float | None:
@@ -75,6 +84,36 @@ def _when(mtime: float | None) -> str:
     return _dt.datetime.fromtimestamp(mtime, tz=_dt.UTC).isoformat(timespec="microseconds")
 
 
+def _pool() -> ThreadPoolExecutor:
+    pid = os.getpid()
+    if not _POOL or _POOL[0][0] != pid:  # none yet, or inherited over a fork: a new one
+        _POOL[:] = [(pid, ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="tdu-check"))]
+    return _POOL[0][1]
+
+
+def schedule_checks(fs: FileSystemSpec, files: Iterable[Any]) -> None:
+    """Check the ``files`` (``FileInfo``) a reader is about to read in its next pass.
+
+    Every file is checked again: a new pass may follow a rewrite, and readers keep a few
+    files open across passes. Local files are checked here, one ``stat`` each; remote
+    files concurrently, each open then waiting for its own answer in
+    :func:`check_unchanged`.
+
+    Raises:
+        FileChangedError: a local file changed (remote ones raise when opened).
+    """
+    if fs.is_local:
+        for info in {f.path: f for f in files}.values():
+            _check_now(fs, info.path, info.size, info.mtime)
+        return
+    pid = os.getpid()
+    with _LOCK:
+        pool = _pool()
+        for info in {f.path: f for f in files}.values():
+            key = (pid, fs.protocol, info.path, info.size, info.mtime)
+            _CHECKS[key] = pool.submit(_check_now, fs, info.path, info.size, info.mtime)
+
+
 def check_unchanged(fs: FileSystemSpec, path: str, size: int, mtime: float | None) -> None:
     """Raise :class:`FileChangedError` when ``path`` is no longer the file that was planned.
 
@@ -90,10 +129,29 @@ def check_unchanged(fs: FileSystemSpec, path: str, size: int, mtime: float | Non
         FileChangedError: the file was deleted.
         ReadError: the storage could not be asked (file named, cause included).
     """
-    remote = not fs.is_local
-    key = (os.getpid(), fs.protocol, path, size, mtime)
-    if remote and key in _CHECKED:
+    if fs.is_local:
+        _check_now(fs, path, size, mtime)
         return
+    key = (os.getpid(), fs.protocol, path, size, mtime)
+    with _LOCK:
+        check = _CHECKS.get(key)
+        if check is None:  # not announced: checked now, once in this process
+            check = _CHECKS[key] = Future()
+            owner = True
+        else:
+            owner = False
+    if owner:
+        try:
+            _check_now(fs, path, size, mtime)
+        except BaseException as exc:
+            check.set_exception(exc)
+            raise
+        check.set_result(None)
+    check.result()
+
+
+def _check_now(fs: FileSystemSpec, path: str, size: int, mtime: float | None) -> None:
+    remote = not fs.is_local
     try:
         now_size, now_mtime = current_state(fs, path)
     except FileNotFoundError as exc:
@@ -117,9 +175,6 @@ def check_unchanged(fs: FileSystemSpec, path: str, size: int, mtime: float | Non
             "it, so it is not read; build the dataset again (create_dataloader / "
             "StructuredDataset) to plan the new contents"
         )
-    if remote:
-        with _LOCK:
-            _CHECKED.add(key)
 
 
 def check_size(display: str, planned: int, now: int) -> None:
