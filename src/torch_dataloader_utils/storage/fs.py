@@ -51,7 +51,6 @@ _S3FS_ONLY_TUNING = frozenset(
         "cache_regions",
         "max_concurrency",
         "fixed_upload_size",
-        "retries",
     }
 )
 # Keywords fsspec itself takes from storage_options before the s3fs constructor sees them.
