@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_EQUAL_BATCHES",
     "DEFAULT_READ_AHEAD_BYTES",
+    "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_RETRIES",
     "DEFAULT_RETRY_BACKOFF",
     "DEFAULT_SHUFFLE_SEED",
@@ -68,6 +69,8 @@ DEFAULT_RETRY_BACKOFF = 0.2
 """Seconds before the first retry; doubled after each, capped at ``MAX_RETRY_BACKOFF``."""
 MAX_RETRY_BACKOFF = 10.0
 """Upper bound of the wait between two retries, in seconds."""
+DEFAULT_REQUEST_TIMEOUT = 30.0
+"""Seconds one request to remote storage may take in all, its retries included."""
 
 
 class FileFormat(enum.Enum):
@@ -619,6 +622,11 @@ class LoaderConfig:
                     f"prefetch_factor={self.prefetch_factor!r} needs num_workers >= 1 "
                     "(got num_workers=0); set num_workers or drop prefetch_factor"
                 )
+            if self.multiprocessing_context is not None:
+                raise IncompatibleOptionsError(
+                    f"multiprocessing_context={self.multiprocessing_context!r} needs num_workers >= 1 "
+                    "(got num_workers=0); set num_workers or drop multiprocessing_context"
+                )
         check_int(self.prefetch_factor, "prefetch_factor", 1, optional=True)
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or self.timeout < 0:
             raise ConfigError(f"timeout={self.timeout!r} must be a number of seconds >= 0")
@@ -652,11 +660,17 @@ class FetchConfig:
             connection reset, timeout); ``0`` fails at the first error.
         retry_backoff: Seconds before the first retry, doubled after each retry (capped
             at ``MAX_RETRY_BACKOFF``).
+        request_timeout: Seconds one request (listing, a footer, a byte range) may take in
+            all, retries and waits included: each attempt's connect and read timeouts are
+            ``request_timeout / (retries + 1)``, and no retry starts that could not end in
+            time. A storage endpoint that accepts connections and never answers fails
+            within about this long, with an error naming the endpoint.
     """
 
     read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES
     retries: int = DEFAULT_RETRIES
     retry_backoff: float = DEFAULT_RETRY_BACKOFF
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
 
     def __post_init__(self) -> None:
         if isinstance(self.read_ahead_bytes, bool) or not isinstance(self.read_ahead_bytes, int):
@@ -671,6 +685,17 @@ class FetchConfig:
             raise ConfigError(
                 f"retry_backoff={backoff!r} must be a number of seconds between 0 and 60, e.g. 0.2"
             )
+        timeout = self.request_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400:
+            raise ConfigError(
+                f"request_timeout={timeout!r} must be a number of seconds > 0 (a request to remote "
+                f"storage, retries included), e.g. {DEFAULT_REQUEST_TIMEOUT}"
+            )
+
+    @property
+    def attempt_timeout(self) -> float:
+        """Connect and read timeout of one attempt: the request's budget shared by its attempts."""
+        return float(self.request_timeout) / (self.retries + 1)
 
     @classmethod
     def from_user(cls, read_ahead_bytes: object, retries: object, retry_backoff: object) -> FetchConfig:

@@ -24,8 +24,9 @@ also :class:`ValueError`, errors about a missing path are also
     │       └── StateMismatchError            it was saved for other data or options
     ├── UnknownLengthError (TypeError)        len() asked where row counts are unknown
     ├── ReadError                             reading a chunk's data failed
-    │   └── RecordBoundaryError               text records do not match their lines
-    │                                         (e.g. newlines inside quoted CSV fields)
+    │   ├── RecordBoundaryError               text records do not match their lines
+    │   │                                     (e.g. newlines inside quoted CSV fields)
+    │   └── FileChangedError                  a file was rewritten after planning
     ├── ConversionError (ValueError)          a column cannot become the output type
     │   └── NullValueError                    a null in a column that cannot hold one
     ├── ReshardError                          a reshard job cannot start or finish
@@ -48,6 +49,7 @@ __all__ = [
     "DestinationConflictError",
     "DiscoveryError",
     "DistributedConfigError",
+    "FileChangedError",
     "IncompatibleOptionsError",
     "NoFilesFoundError",
     "NullValueError",
@@ -170,6 +172,14 @@ class RecordBoundaryError(ReadError):
 
     Raised instead of returning split or duplicated records, typically because quoted
     CSV fields hold newlines and the file was split at byte offsets.
+    """
+
+
+class FileChangedError(ReadError):
+    """A file's size or modification time differs from when the dataset was built.
+
+    The plan (row groups, row ranges, byte offsets) describes the file as it was; it is
+    not read against a file that was rewritten since. Build the dataset again.
     """
 
 

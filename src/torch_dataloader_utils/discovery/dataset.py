@@ -19,9 +19,10 @@ from torch_dataloader_utils.discovery.orc import read_orc_footers
 from torch_dataloader_utils.discovery.parquet import FooterInfo, prune, read_footers
 from torch_dataloader_utils.discovery.partitions import Partitions, infer_partitions
 from torch_dataloader_utils.discovery.text import TextDiscovery, TextOptions, discover_text
-from torch_dataloader_utils.errors import ConfigError, SchemaMismatchError
+from torch_dataloader_utils.errors import ConfigError, SchemaError, SchemaMismatchError
 from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.schemas import nullable_type, same_but_nullability
 
 __all__ = ["Discovered", "ShareHook", "discover", "local_only"]
 
@@ -76,6 +77,55 @@ class Discovered:
         return pa.schema([self.schema.field(c) for c in self.output_columns])
 
 
+def _dataset_schema(
+    footers: Sequence[FooterInfo], columns: Sequence[str] | None, fs: FileSystemSpec
+) -> pa.Schema:
+    """The first file's schema, checked against every file, NOT NULL differences unified.
+
+    A field that some files declare NOT NULL and others nullable (as Spark writes them)
+    becomes nullable. With ``columns=None`` every file must have the same fields: a
+    field found only in a later file is an error, as one missing from it is (never
+    dropped silently because of the order of the files).
+
+    Raises:
+        SchemaError: a file names a needed column twice.
+        SchemaMismatchError: a file has a field the first lacks (all columns requested).
+    """
+    first = footers[0]
+    wanted = set(columns) if columns is not None else None
+    fields = {f.name: f for f in first.schema}
+    for footer in footers:
+        names = footer.schema.names
+        if len(set(names)) == len(names):
+            continue
+        twice = sorted({n for n in names if names.count(n) > 1 and (wanted is None or n in wanted)})
+        if twice:
+            raise SchemaError(
+                f"{fs.display(footer.file.path)!r} has more than one column named {twice}; columns "
+                "are read by name, so rewrite the file with unique column names (or leave them "
+                "out of columns)"
+            )
+    for other in footers[1:]:
+        if other.schema.equals(first.schema):
+            continue
+        extra = [n for n in other.schema.names if n not in fields and (wanted is None or n in wanted)]
+        if extra:
+            common = [n for n in first.schema.names if n in other.schema.names]
+            raise SchemaMismatchError(
+                f"fields {extra} are in {fs.display(other.file.path)!r} but not in "
+                f"{fs.display(first.file.path)!r}; every file must have the columns read: pass "
+                f"columns= with fields all files share (e.g. {common}) or rewrite the files to "
+                "one schema"
+            )
+        for b in other.schema:
+            a = fields.get(b.name)
+            if a is None or (a.nullable == b.nullable and a.type.equals(b.type)):
+                continue
+            if same_but_nullability(a.type, b.type):
+                fields[b.name] = a.with_type(nullable_type(a.type)).with_nullable(True)
+    return pa.schema([fields[f.name] for f in first.schema], metadata=first.schema.metadata)  # type: ignore[arg-type]
+
+
 def _check_consistent(footers: Sequence[FooterInfo], names: Sequence[str], fs: FileSystemSpec) -> None:
     first = footers[0]
     for other in footers[1:]:
@@ -90,7 +140,7 @@ def _check_consistent(footers: Sequence[FooterInfo], names: Sequence[str], fs: F
                     f"{fs.display(other.file.path)!r}; rewrite the files to one schema or "
                     "leave the field out of columns"
                 )
-            if a is not None and not a.type.equals(b.type):
+            if a is not None and not same_but_nullability(a.type, b.type):
                 raise SchemaMismatchError(
                     f"field {name!r} is {a.type} in {fs.display(first.file.path)!r} but "
                     f"{b.type} in {fs.display(other.file.path)!r}; rewrite the files to one "
@@ -143,7 +193,7 @@ def discover(
                 found = find_manifest(path, fs_options, required=use_manifest is True)
                 if found is not None:
                     return found
-            listing = list_files(path, fs_options)
+            listing = list_files(path, fs_options, fetch)
             partitions = infer_partitions(listing.files) if partitioning == "hive" else None
             return listing.fs, partitions, read_footers(listing.fs, listing.files, partitions, fetch)
 
@@ -152,7 +202,7 @@ def discover(
         if isinstance(footers, Manifest):
             return _discover_manifest(fs, partitions, footers, columns, filters)
         return _discover_parquet(fs, format, footers, partitions, columns, filters)
-    listing = list_files(path, fs_options)
+    listing = list_files(path, fs_options, fetch)
     fs = listing.fs
     partitions = infer_partitions(listing.files) if partitioning == "hive" else None
     if format is FileFormat.ORC:
@@ -235,7 +285,7 @@ def _discover_parquet(
     columns: Sequence[str] | None,
     filters: object,
 ) -> Discovered:
-    request = _resolve_request(footers[0].schema, partitions, columns, filters)
+    request = _resolve_request(_dataset_schema(footers, columns, fs), partitions, columns, filters)
     _check_consistent(footers, request.data_columns, fs)
     expr = request.filters
     if expr is None or format is not FileFormat.PARQUET:

@@ -79,6 +79,9 @@ def make_loader(dataset: PlannedDataset, loader: LoaderConfig) -> ResumableDataL
 
     ``loader.num_workers=None`` (automatic) takes the count the dataset resolved.
     """
+    if loader.num_workers is None and dataset.num_workers == 0:
+        # Automatic sizing chose the main process: a start method has nothing to start.
+        loader = dataclasses.replace(loader, multiprocessing_context=None)
     config = dataclasses.replace(loader, num_workers=dataset.num_workers)  # re-checks the combination
     kwargs: dict[str, Any] = {}
     if config.prefetch_factor is not None:

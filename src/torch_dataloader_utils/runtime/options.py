@@ -190,6 +190,11 @@ class FileReadOptions(ReadOptions, total=False):
     (HTTP 5xx, connection reset, timeout); ``0`` disables them (default 4)."""
     retry_backoff: float
     """Seconds before the first retry, doubled after each (max 10 s; default 0.2)."""
+    request_timeout: float
+    """Remote storage only: seconds one request (a listing, a footer, a byte range) may
+    take in all, retries included (default 30). Each attempt's connect and read timeouts
+    are ``request_timeout / (retries + 1)``, so an endpoint that accepts connections and
+    never answers fails within about this long, with an error naming it."""
 
 
 class IcebergReadOptions(ReadOptions, total=False):
