@@ -348,8 +348,25 @@ def test_verify_finds_a_shard_that_differs_from_the_source(source: Path, tmp_pat
     table = pq.read_table(shard)
     changed = table.set_column(table.schema.get_field_index("x"), "x", pc.add(table.column("x"), 1.0))
     pq.write_table(changed, shard, row_group_size=100)
-    with pytest.raises(ReshardError, match=r"verify: .*column 'x' holds other values"):
+    # The rewritten shard's size no longer matches the manifest: caught before its values.
+    with pytest.raises(ReshardError, match=r"verify: .*part-00001\.parquet.* changed after"):
         reshard(str(source), str(dst), target_file_size="4KiB", row_group_rows=100, verify=True)
+
+
+def test_verify_finds_values_changed_in_place(source: Path, tmp_path: Path) -> None:
+    import struct
+
+    dst = tmp_path / "dst"
+    options = {"target_file_size": "4KiB", "row_group_rows": 100, "compression": "none"}
+    report = reshard(str(source), str(dst), **options)  # type: ignore[arg-type]
+    shard = dst / report.manifest.shards[1].path
+    first = pq.read_table(shard).column("x")[0].as_py()
+    data = shard.read_bytes()
+    old = struct.pack("<d", first)
+    assert data.count(old) >= 1
+    shard.write_bytes(data.replace(old, struct.pack("<d", first + 1.0), 1))  # same size
+    with pytest.raises(ReshardError, match=r"verify: .*column 'x' holds other values"):
+        reshard(str(source), str(dst), verify=True, **options)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

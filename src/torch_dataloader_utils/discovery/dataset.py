@@ -190,7 +190,7 @@ def discover(
 
         def read_metadata() -> tuple[FileSystemSpec, Any, Any]:
             if use_manifest is not False:
-                found = find_manifest(path, fs_options, required=use_manifest is True)
+                found = find_manifest(path, fs_options, required=use_manifest is True, fetch=fetch)
                 if found is not None:
                     return found
             listing = list_files(path, fs_options, fetch)

@@ -18,7 +18,7 @@ from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
 from torch_dataloader_utils.storage.identity import mtime_of
 from torch_dataloader_utils.storage.redact import redact
 
-__all__ = ["Listing", "ListedFile", "list_files", "parse_hive_keys"]
+__all__ = ["ListedFile", "Listing", "list_files", "parse_hive_keys", "remote_request"]
 
 _MARKERS = frozenset({"_SUCCESS", "_metadata", "_common_metadata", "_committed", "_started"})
 _GLOB_CHARS = set("*?[")
@@ -99,8 +99,8 @@ def _walk_local(root: str) -> Iterable[tuple[str, int, float]]:
             yield full, st.st_size, st.st_mtime
 
 
-def _remote(fs: FileSystemSpec, config: FetchConfig, path: str, call: Callable[[], _R]) -> _R:
-    """One listing request to remote storage, retried within its time budget.
+def remote_request(fs: FileSystemSpec, config: FetchConfig, path: str, call: Callable[[], _R]) -> _R:
+    """One metadata request (listing, a manifest) to remote storage, retried within its time budget.
 
     Raises:
         FileNotFoundError: as the client raised it (callers name the path).
@@ -129,7 +129,7 @@ def _list_dir(fs: FileSystemSpec, root: str, config: FetchConfig) -> Iterable[tu
     if fs.is_local:
         yield from _walk_local(root)
         return
-    found = _remote(fs, config, root, lambda: fs.fsspec().find(root, withdirs=False, detail=True))
+    found = remote_request(fs, config, root, lambda: fs.fsspec().find(root, withdirs=False, detail=True))
     for path, info in found.items():
         yield path, int(info.get("size") or 0), mtime_of(info)
 
@@ -138,7 +138,7 @@ def _exists(fs: FileSystemSpec, path: str, config: FetchConfig) -> bool:
     """Whether ``path`` names an existing file or directory, read literally (no pattern)."""
     if fs.is_local:
         return os.path.exists(path)
-    return bool(_remote(fs, config, path, lambda: fs.fsspec().exists(path)))
+    return bool(remote_request(fs, config, path, lambda: fs.fsspec().exists(path)))
 
 
 def _list_one(fs: FileSystemSpec, path: str, config: FetchConfig) -> tuple[list[ListedFile], int]:
@@ -149,7 +149,7 @@ def _list_one(fs: FileSystemSpec, path: str, config: FetchConfig) -> tuple[list[
         if fs.is_local:
             matches = sorted(_glob.glob(path, recursive=True))
         else:
-            matches = sorted(_remote(fs, config, path, lambda: client.glob(path)))
+            matches = sorted(remote_request(fs, config, path, lambda: client.glob(path)))
         base = path[: min(path.index(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
         files: list[ListedFile] = []
         skipped = 0
@@ -183,7 +183,7 @@ def _list_one(fs: FileSystemSpec, path: str, config: FetchConfig) -> tuple[list[
             )
     else:
         try:
-            info = _remote(fs, config, path, lambda: client.info(path))
+            info = remote_request(fs, config, path, lambda: client.info(path))
         except FileNotFoundError as exc:
             raise PathNotFoundError(
                 f"path={fs.display(path)!r} does not exist; check the URL and that "

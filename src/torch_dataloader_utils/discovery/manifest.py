@@ -34,6 +34,8 @@ from urllib.parse import quote
 
 import pyarrow as pa
 
+from torch_dataloader_utils.config import FetchConfig
+from torch_dataloader_utils.discovery.listing import remote_request
 from torch_dataloader_utils.errors import ConfigError, CorruptFileError
 from torch_dataloader_utils.plan.types import FileInfo, RowGroup
 from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
@@ -283,7 +285,11 @@ def _probe(path: str) -> bool:
 
 
 def find_manifest(
-    path: str | Sequence[str], storage_options: Mapping[str, Any] | None, *, required: bool
+    path: str | Sequence[str],
+    storage_options: Mapping[str, Any] | None,
+    *,
+    required: bool,
+    fetch: FetchConfig | None = None,
 ) -> tuple[FileSystemSpec, str, Manifest] | None:
     """The manifest of ``path`` (a resharded directory, or its ``_manifest.json``), if any.
 
@@ -304,7 +310,8 @@ def find_manifest(
     path = os.fspath(path)
     if not required and not _probe(path):
         return None
-    spec, stripped = resolve(path, storage_options)
+    config = fetch or FetchConfig()
+    spec, stripped = resolve(path, storage_options, timeout=config.attempt_timeout)
     if posixpath.basename(stripped.rstrip("/")) == MANIFEST_NAME:
         manifest_path = stripped
         root = posixpath.dirname(stripped) if not spec.is_local else os.path.dirname(stripped)
@@ -317,7 +324,9 @@ def find_manifest(
             with open(manifest_path, "rb") as f:
                 data = f.read()
         else:
-            data = bytes(spec.fsspec().cat_file(manifest_path))
+            # Looking for the manifest is the first request of listing the directory: a
+            # failure is reported as the listing's (the directory named, within its budget).
+            data = remote_request(spec, config, root, lambda: bytes(spec.fsspec().cat_file(manifest_path)))
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
         if required:
             raise ConfigError(

@@ -60,6 +60,7 @@ from torch_dataloader_utils.discovery.parquet import row_groups
 from torch_dataloader_utils.errors import (
     ConfigError,
     DestinationConflictError,
+    FileChangedError,
     IncompatibleOptionsError,
     ReshardError,
     SourceChangedError,
@@ -1062,14 +1063,17 @@ class _Job:
         )
         self.verify_groups = (self._groups(self.chunks), self._groups(output_chunks))
         workers = self.options.workers
-        parts = [
-            Checksums.total(
-                run_tasks(self, "checksum_source", self._mine(len(self.verify_groups[0])), workers)
-            ),
-            Checksums.total(
-                run_tasks(self, "checksum_output", self._mine(len(self.verify_groups[1])), workers)
-            ),
-        ]
+        try:
+            parts = [
+                Checksums.total(
+                    run_tasks(self, "checksum_source", self._mine(len(self.verify_groups[0])), workers)
+                ),
+                Checksums.total(
+                    run_tasks(self, "checksum_output", self._mine(len(self.verify_groups[1])), workers)
+                ),
+            ]
+        except FileChangedError as exc:
+            raise ReshardError(f"verify: a file differs from what the job planned: {exc}") from exc
         gathered = share.all_gather(parts)
         source = Checksums.total(p[0] for p in gathered)
         output = Checksums.total(p[1] for p in gathered)
