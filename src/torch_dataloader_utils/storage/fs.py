@@ -270,7 +270,7 @@ class FileSystemSpec(RedactedRepr):
         """``path`` as a URL a user recognizes (with its scheme when not local)."""
         if self.is_local:
             return path
-        return f"{self.protocol}://{path}"
+        return f"{self.protocol}://{path.lstrip('/')}"
 
 
 def check_storage_options(protocol: str, options: Mapping[str, Any]) -> None:
