@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -23,6 +23,7 @@ import pyarrow as pa
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.pieces import read_piece
 from torch_dataloader_utils.plan.pieces import Piece
+from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.transfer import pack_group
 
@@ -59,13 +60,23 @@ class Positions:
         self._emitted = 0
 
     def read(
-        self, reader: ChunkReader, pieces: Sequence[Piece], flag_column: str | None, batch_size: int
+        self,
+        reader: ChunkReader,
+        pieces: Sequence[Piece],
+        flag_column: str | None,
+        batch_size: int,
+        files: Mapping[str, FileInfo] | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """The pieces' batches, in order, counting the rows read before each piece."""
+        """The pieces' batches, in order, counting the rows read before each piece.
+
+        ``files`` is given when row counts are exact (see
+        :func:`~torch_dataloader_utils.io.pieces.read_piece`).
+        """
 
         def counted(piece: Piece) -> Iterator[pa.RecordBatch]:
             self._starts.append(self._read)
-            for batch in read_piece(reader, piece, flag_column=flag_column, batch_size=batch_size):
+            batches = read_piece(reader, piece, flag_column=flag_column, batch_size=batch_size, files=files)
+            for batch in batches:
                 self._read += batch.num_rows
                 yield batch
 
