@@ -189,6 +189,7 @@ def _read_mix(
         if start < stop:
             order = schedule.order(index, lengths)[start:stop]
             pool = pa.Table.from_batches(parts)  # take() gathers across the slices: no concatenation
-            yield from pool.take(order).to_batches(max_chunksize=batch_size)
+            # One batch per round: the caller cuts batch_size slices of it without copying.
+            yield from pool.take(order).combine_chunks().to_batches()
         emitted += size
         index += 1

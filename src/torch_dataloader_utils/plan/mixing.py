@@ -109,6 +109,28 @@ def _cut_at(chunk: Chunk, file: FileInfo, edge: int) -> tuple[Chunk, Chunk] | No
     return head, tail
 
 
+def _apportion(weights: Sequence[int], rows: int) -> list[int]:
+    """``rows`` shared in proportion to ``weights`` (largest remainders), at least 1 each.
+
+    The shares add up to exactly ``rows`` (when ``rows`` is at least the number of
+    weights), so full rounds keep batches aligned: a round of a multiple of
+    ``batch_size`` rows ends on a batch edge.
+    """
+    total = sum(weights)
+    if total <= 0:
+        weights, total = [1] * len(weights), len(weights)
+    parts = [divmod(rows * w, total) for w in weights]  # integers: the same on every machine
+    shares = [max(1, q) for q, _ in parts]
+    left = rows - sum(shares)
+    by_remainder = sorted(range(len(weights)), key=lambda i: (-parts[i][1], i))
+    for i in by_remainder[: max(0, left)]:
+        shares[i] += 1
+    while left < 0 and max(shares, default=1) > 1:  # minimum shares of 1 went over: take back
+        shares[shares.index(max(shares))] -= 1
+        left += 1
+    return shares
+
+
 class MixSchedule:
     """The rounds of one mix: which rows of every stream each round yields, in what order.
 
@@ -120,15 +142,12 @@ class MixSchedule:
     """
 
     def __init__(self, weights: Sequence[int], rows: int, key: tuple[int, ...]) -> None:
-        total = sum(weights)
-        # Shares in proportion to the weights, rounded up (a round holds <= rows + streams).
-        sections = [max(1, -(-rows * w // total)) if total > 0 else 1 for w in weights]
-        self.sections = np.asarray(sections, dtype=np.int64)
+        self.sections = np.asarray(_apportion(weights, rows), dtype=np.int64)
         """Rows of every stream in a full round."""
         self.size = int(self.sections.sum())
         """Rows of a full round."""
         self._starts = np.concatenate(([0], np.cumsum(self.sections)[:-1])).astype(np.int64)
-        self._slot_stream = np.repeat(np.arange(len(sections), dtype=np.int64), self.sections)
+        self._slot_stream = np.repeat(np.arange(len(self.sections), dtype=np.int64), self.sections)
         self._order = permutation(self.size, key[0], key[1], *key[2:])
         self._base = int(self._order[0]) if self.size else 0
 
