@@ -27,7 +27,7 @@ from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.transfer import pack_group
 
-__all__ = ["GROUP_BYTES", "GROUP_MAX_BATCHES", "Positions", "grouped"]
+__all__ = ["FIRST_GROUP_BATCHES", "GROUP_BYTES", "GROUP_MAX_BATCHES", "Positions", "grouped"]
 
 GROUP_BYTES = 8 << 20
 """A worker under ``create_dataloader``'s loader sends batches in groups of about this size.
@@ -40,6 +40,11 @@ num_workers`` groups. Measured in ``docs/benchmarks.md``.
 
 GROUP_MAX_BATCHES = 1024
 """At most this many batches per group."""
+
+FIRST_GROUP_BATCHES = 1
+"""A worker's first group holds this many batches; each next one twice as many, until
+groups reach ``GROUP_BYTES``. So the first batch of an epoch leaves a worker as soon as
+it is read (the loop can start), and later groups are large (few hand-offs)."""
 
 Tag = tuple[int, int, int, int, int, int, int]
 
@@ -95,20 +100,24 @@ def grouped(
     """Worker side: tagged batches sent in groups of about ``GROUP_BYTES``.
 
     A group is one :class:`Tagged` whose batch is a packed ``BatchGroup`` and whose tag
-    is the tuple of the batches' tags; the loader yields them one by one. Batches made
-    before an error still arrive before the error.
+    is the tuple of the batches' tags; the loader yields them one by one. The first
+    groups are small (``FIRST_GROUP_BATCHES``, doubling), so the loop gets its first
+    batch without waiting for a full group. Batches made before an error still arrive
+    before the error.
     """
     pending: list[Any] = []
     tags: list[Tag] = []
     size = 0
+    most = FIRST_GROUP_BATCHES
     try:
         for batch in batches:
             pending.append(convert(batch))
             tags.append(positions.tag(batch.num_rows, batch.nbytes))
             size += batch.nbytes
-            if size >= GROUP_BYTES or len(pending) >= GROUP_MAX_BATCHES:
+            if size >= GROUP_BYTES or len(pending) >= most:
                 yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
                 pending, tags, size = [], [], 0
+                most = min(2 * most, GROUP_MAX_BATCHES)
     except Exception:
         if pending:
             yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
