@@ -187,9 +187,28 @@ def _read_mix(
             return
         start, stop = max(lo - emitted, 0), size if hi is None else min(size, hi - emitted)
         if start < stop:
-            order = schedule.order(index, lengths)[start:stop]
-            pool = pa.Table.from_batches(parts)  # take() gathers across the slices: no concatenation
-            # One batch per round: the caller cuts batch_size slices of it without copying.
-            yield from pool.take(order).combine_chunks().to_batches()
+            yield from _round(parts, *schedule.rotation(index, lengths), start, stop)
         emitted += size
         index += 1
+
+
+def _round(
+    parts: list[pa.RecordBatch], base: np.ndarray, shift: int, start: int, stop: int
+) -> Iterator[pa.RecordBatch]:
+    """Rows ``[start, stop)`` of a round that emits ``base[shift:] + base[:shift]`` of its pool.
+
+    The pool (the streams' slices) is gathered once in ``base`` order, one ``take``
+    across the slices; the rotation is two zero-copy slices of the result, so the
+    caller cuts ``batch_size`` batches without copying (but at the two seams).
+    """
+    size = len(base)
+    if start == 0 and stop == size:
+        taken = pa.Table.from_batches(parts).take(base).combine_chunks()
+        pieces = [(shift, size - shift), (0, shift)]
+    else:  # a partly read round (resume, equal-batch cut): gather only its rows
+        wanted = np.concatenate((base[shift:], base[:shift]))[start:stop]
+        taken = pa.Table.from_batches(parts).take(wanted).combine_chunks()
+        pieces = [(0, stop - start)]
+    for offset, length in pieces:
+        if length:
+            yield from taken.slice(offset, length).to_batches()

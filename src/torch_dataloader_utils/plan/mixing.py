@@ -109,6 +109,14 @@ def _cut_at(chunk: Chunk, file: FileInfo, edge: int) -> tuple[Chunk, Chunk] | No
     return head, tail
 
 
+def _splitmix(x: int) -> int:
+    """splitmix64's finalizer: a well-mixed 64-bit hash of ``x`` (pure integer arithmetic)."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
 def _apportion(weights: Sequence[int], rows: int) -> list[int]:
     """``rows`` shared in proportion to ``weights`` (largest remainders), at least 1 each.
 
@@ -146,17 +154,22 @@ class MixSchedule:
         """Rows of every stream in a full round."""
         self.size = int(self.sections.sum())
         """Rows of a full round."""
-        self._starts = np.concatenate(([0], np.cumsum(self.sections)[:-1])).astype(np.int64)
-        self._slot_stream = np.repeat(np.arange(len(self.sections), dtype=np.int64), self.sections)
-        self._order = permutation(self.size, key[0], key[1], *key[2:])
-        self._base = int(self._order[0]) if self.size else 0
+        self._key = key
+        self._order: np.ndarray | None = None  # drawn on first use (resume needs only sections)
+        base = len(key)
+        for value in key:
+            base = _splitmix(base ^ value)
+        self._base = base
+
+    def _permutation(self) -> np.ndarray:
+        if self._order is None:
+            key = self._key
+            self._order = permutation(self.size, key[0], key[1], *key[2:])
+        return self._order
 
     def _shift(self, index: int) -> int:
-        """The rotation of round ``index`` (a splitmix64 hash of the mix's base and the round)."""
-        x = (self._base * 0x9E3779B97F4A7C15 + index + 1) & _MASK
-        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-        return (x ^ (x >> 31)) % max(1, self.size)
+        """The rotation of round ``index``: a hash of the mix's key and the round."""
+        return _splitmix(self._base ^ (index + 1)) % max(1, self.size)
 
     def round_lengths(self, index: int, counts: Sequence[int]) -> np.ndarray:
         """Rows every stream gives to round ``index``, when the streams hold ``counts`` rows."""
@@ -169,21 +182,33 @@ class MixSchedule:
 
         The pool is the round's rows stream by stream: ``lengths[c]`` rows of stream
         ``c``, in the stream's order. Returns an int64 array holding each of
-        ``0..sum(lengths)-1`` once.
+        ``0..sum(lengths)-1`` once: ``base[shift:] + base[:shift]`` of :meth:`rotation`.
+        """
+        base, shift = self.rotation(index, lengths)
+        rotated: np.ndarray = np.concatenate((base[shift:], base[:shift])) if shift else base
+        return rotated
+
+    def rotation(self, index: int, lengths: Sequence[int] | np.ndarray) -> tuple[np.ndarray, int]:
+        """``(base, shift)``: round ``index`` emits ``base[shift:]`` then ``base[:shift]``.
+
+        ``base`` is the mix's permutation of a full round restricted to the slots the
+        streams fill (``lengths[c] <= sections[c]`` rows of stream ``c``), mapped to pool
+        positions. For a full round it is the permutation itself (no copy), so a reader
+        can gather a round once and yield it rotated as two zero-copy slices.
         """
         lengths = np.asarray(lengths, dtype=np.int64)
         shift = self._shift(index)
-        slots: np.ndarray = (
-            np.concatenate((self._order[shift:], self._order[:shift])) if shift else self._order
-        )
+        order = self._permutation()
         if np.array_equal(lengths, self.sections):
-            return slots
-        stream = self._slot_stream[slots]
-        offset = slots - self._starts[stream]
-        keep = offset < lengths[stream]
-        pool_starts = np.cumsum(lengths) - lengths
-        mapped: np.ndarray = (pool_starts[stream[keep]] + offset[keep]).astype(np.int64, copy=False)
-        return mapped
+            return order, shift
+        # Slot -> position in this round's pool, or -1 for a slot its stream cannot fill.
+        starts = np.cumsum(self.sections) - self.sections
+        offset = np.arange(self.size, dtype=np.int64) - np.repeat(starts, self.sections)
+        pool_starts = np.repeat(np.cumsum(lengths) - lengths, self.sections)
+        pool = np.where(offset < np.repeat(lengths, self.sections), offset + pool_starts, -1)
+        mapped = pool[order]
+        kept: np.ndarray = mapped[mapped >= 0]
+        return kept, int(np.count_nonzero(mapped[:shift] >= 0))
 
     def round_at(self, position: int, counts: Sequence[int]) -> tuple[int, int]:
         """``(round, first position of that round)`` of the round holding emitted row ``position``.

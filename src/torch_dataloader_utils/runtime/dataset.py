@@ -115,7 +115,8 @@ class PlannedDataset(IterableDataset[Any]):
                 "drop_last": batching.drop_last,
                 "equal_batches": batching.equal_batches.value,
                 "row_shuffle_window": shuffle.row_window,
-                "row_mixing": None if shuffle.mixing is None else shuffle.mixing.rows,
+                # Only when in effect: states of unshuffled (or chunk-only) reads stay valid.
+                **({} if shuffle.mixing is None else {"row_mixing": shuffle.mixing.rows}),
                 **identity,
             },
             options.world,
