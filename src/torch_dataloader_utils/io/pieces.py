@@ -4,11 +4,13 @@ A window's chunks are read into one table and its rows taken in the piece's seed
 permutation (``row_shuffle_window``). Only the window is held in memory, and a window
 continued after a resume is rebuilt from its chunks and key, never from a saved buffer.
 
-A mix's streams are read side by side, one round at a time (:mod:`~torch_dataloader_utils.plan.mixing`):
-the round's rows of every stream (slices of the batches the reader decoded) are taken
-in the round's order with one ``take``. Held at once: one round and every stream's
-current decoded batch. A mix continued after a resume starts reading at the round of
-its cursor when row counts are exact, else at its start, skipping what was emitted.
+A mix's streams are read side by side, one round at a time
+(:mod:`~torch_dataloader_utils.plan.mixing`): the round's rows of every stream (slices
+of the batches the reader decoded) are taken in the round's order with one ``take``.
+Held at once: one round and every stream's current decoded batch (``MIX_READ_ROWS``
+rows where the reader can choose). A mix continued after a resume starts reading at the
+round of its cursor when row counts are exact, else at its start, skipping what was
+emitted.
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.shuffle import permutation
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo
 
-__all__ = ["piece_reads", "read_piece"]
+__all__ = ["MIX_READ_ROWS", "piece_reads", "read_piece"]
+
+MIX_READ_ROWS = 32768
+"""Rows per decoded batch of a mix's streams, for readers that can choose
+(``with_read_rows``). Several streams are read side by side; half the usual 65,536-row
+batches measured about 30 % less CPU in DataLoader workers (fewer fresh large
+allocations, docs/benchmarks.md) and halve the rows a mix holds."""
 
 
 def read_piece(
@@ -169,6 +177,9 @@ def _read_mix(
 ) -> Iterator[pa.RecordBatch]:
     schedule = _schedule(piece)
     index, emitted = _start(piece, schedule, files)
+    narrow = getattr(reader, "with_read_rows", None)
+    if narrow is not None:
+        reader = narrow(MIX_READ_ROWS)
 
     def open_stream(chunk: Chunk | None) -> _Stream:
         if chunk is None:

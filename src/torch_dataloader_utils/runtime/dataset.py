@@ -23,7 +23,7 @@ from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.pieces import piece_reads
 from torch_dataloader_utils.plan.mixing import RowMixing
-from torch_dataloader_utils.plan.pieces import Piece, as_pieces
+from torch_dataloader_utils.plan.pieces import Piece, as_pieces, mix_pieces, window_pieces
 from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
 from torch_dataloader_utils.plan.resume import segment_pieces
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
@@ -287,9 +287,16 @@ class PlannedDataset(IterableDataset[Any]):
 
     def _worker_pieces(self, slot: env.WorkerSlot, epoch: int) -> tuple[Piece, ...]:
         segments = self._state.live_segments(epoch)
-        if not segments and self.row_shuffle_window is None and self.row_mixing is None:
-            return tuple(as_pieces(self.plan(epoch, slot.count).chunks_for(self.world.rank, slot.id)))
-        return self._pieces(epoch, slot.count, segments or [])[slot.id]
+        if segments:
+            return self._pieces(epoch, slot.count, segments)[slot.id]
+        rank = self.world.rank
+        pieces = as_pieces(self.plan(epoch, slot.count).chunks_for(rank, slot.id))
+        # Only this worker's windows / mixes, keyed as segment_pieces keys segment 0.
+        shuffle = self._options.shuffle
+        key = (shuffle.shuffle_seed if shuffle.shuffle else 0, epoch, 0, rank, slot.id)
+        if self.row_shuffle_window is not None:
+            return tuple(window_pieces(pieces, self.row_shuffle_window, key))
+        return tuple(mix_pieces(pieces, self.row_mixing, key, self._by_path))
 
     def num_batches(self, epoch: int | None = None, num_workers: int | None = None) -> int:
         """Batches this rank yields in ``epoch`` with ``num_workers`` DataLoader workers.
