@@ -114,20 +114,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--step-factor", type=float, default=1.3, help="step time / single-process read time")
+    p.add_argument("--step-ms", type=float, default=None, help="a fixed step time instead of --step-factor")
+    p.add_argument("--column-set", default="numeric", choices=list(common.COLUMN_SETS))
     p.add_argument("--ragged-rows", type=int, default=500_000)
     p.add_argument("--skip-ragged", action="store_true")
     args = p.parse_args(argv)
     spec = common.spec_from_args(args)
     files = common.ensure_dataset(spec, args.data_dir)
     data = files[0].parent
-    columns = common.NUMERIC_COLUMNS
+    columns = common.COLUMN_SETS[args.column_set]
     bs = args.batch_size
 
     read_s = statistics.median(read_seconds(data, columns, bs)[0] for _ in range(3))
     _, n_batches = read_seconds(data, columns, bs)
-    step = args.step_factor * read_s / n_batches
+    step = args.step_factor * read_s / n_batches if args.step_ms is None else args.step_ms / 1e3
     memory, _ = create_dataloader(str(data), columns=columns, batch_size=bs, num_workers=0)
-    batches = [{k: v.clone() for k, v in b.items()} for b in memory]
+    batches = [{k: v.clone() if hasattr(v, "clone") else list(v) for k, v in b.items()} for b in memory]
 
     variants = {
         "new workers, shuffle=False": {"persistent_workers": False, "shuffle": False},
@@ -157,7 +159,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"rows={spec.rows} files={spec.files} batch_size={bs} batches/epoch={n_batches} epochs={args.epochs} "
         f"num_workers={args.workers} repeats={args.repeats}",
         f"single-process read: {read_s:.3f} s/epoch ({read_s / n_batches * 1e3:.2f} ms/batch); "
-        f"step: {step * 1e3:.2f} ms ({args.step_factor}x); loadavg {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+        f"step: {step * 1e3:.2f} ms ({step * n_batches / read_s:.2f}x); "
+        f"loadavg {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
         "",
     ]
     md = (
