@@ -55,6 +55,7 @@ def test_read_mix_is_the_planned_order(tmp_path_factory, rows, streams, split, s
     for piece in pieces:
         planned = [starts[path] + r for path, r, _ in piece_rows(piece, files)]
         assert _ids(read_piece(reader, piece, batch_size=16, files=files)) == planned
+        assert _ids(read_piece(reader, piece, files=files, mix_read_rows=20)) == planned  # smaller decodes
         # Continued after k rows (resume), and cut into a head and a tail (equal batches).
         k = data.draw(st.integers(0, len(planned)))
         rest = advance(piece, k, files, True)

@@ -7,10 +7,10 @@ continued after a resume is rebuilt from its chunks and key, never from a saved 
 A mix's streams are read side by side, one round at a time
 (:mod:`~torch_dataloader_utils.plan.mixing`): the round's rows of every stream (slices
 of the batches the reader decoded) are taken in the round's order with one ``take``.
-Held at once: one round and every stream's current decoded batch (``MIX_READ_ROWS``
-rows where the reader can choose). A mix continued after a resume starts reading at the
-round of its cursor when row counts are exact, else at its start, skipping what was
-emitted.
+Held at once: one round and every stream's current decoded batch
+(``MIX_WORKER_READ_ROWS`` rows in DataLoader workers, where the reader can choose). A
+mix continued after a resume starts reading at the round of its cursor when row counts
+are exact, else at its start, skipping what was emitted.
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.shuffle import permutation
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo
 
-__all__ = ["MIX_READ_ROWS", "piece_reads", "read_piece"]
+__all__ = ["MIX_WORKER_READ_ROWS", "piece_reads", "read_piece"]
 
-MIX_READ_ROWS = 32768
-"""Rows per decoded batch of a mix's streams, for readers that can choose
-(``with_read_rows``). Several streams are read side by side; half the usual 65,536-row
-batches measured about 30 % less CPU in DataLoader workers (fewer fresh large
-allocations, docs/benchmarks.md) and halve the rows a mix holds."""
+MIX_WORKER_READ_ROWS = 32768
+"""Rows per decoded batch of a mix's streams in DataLoader workers, for readers that can
+choose (``with_read_rows``). With several streams read side by side, half the usual
+65,536-row batches measured about 30 % less CPU in workers (fewer fresh large
+allocations: less system time) and halve the rows a mix holds; in the main process the
+usual size measured about 7 % faster (docs/benchmarks.md, row mixing)."""
 
 
 def read_piece(
@@ -43,6 +44,7 @@ def read_piece(
     flag_column: str | None = None,
     batch_size: int = 65536,
     files: Mapping[str, FileInfo] | None = None,
+    mix_read_rows: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Yield a piece's rows in its emission order, restricted to ``[lo, hi)``.
 
@@ -54,6 +56,8 @@ def read_piece(
         batch_size: Largest batch yielded from a window or a mix.
         files: The files by path, given when row counts are exact (no uncounted row
             filter): a continued mix then starts reading at its cursor's round.
+        mix_read_rows: Rows per decoded batch of a mix's streams, for readers that can
+            choose (``with_read_rows``); ``None`` keeps the reader's own size.
     """
 
     def chunk_batches(index: int) -> Iterator[pa.RecordBatch]:
@@ -62,6 +66,9 @@ def read_piece(
         return with_flag(batches, flag_column, chunk.padding) if flag_column else batches
 
     if piece.mix is not None and piece.key is not None:
+        narrow = getattr(reader, "with_read_rows", None)
+        if narrow is not None and mix_read_rows is not None:
+            reader = narrow(mix_read_rows)
         yield from _read_mix(reader, piece, flag_column, batch_size, files)
         return
     if piece.key is None:
@@ -177,9 +184,6 @@ def _read_mix(
 ) -> Iterator[pa.RecordBatch]:
     schedule = _schedule(piece)
     index, emitted = _start(piece, schedule, files)
-    narrow = getattr(reader, "with_read_rows", None)
-    if narrow is not None:
-        reader = narrow(MIX_READ_ROWS)
 
     def open_stream(chunk: Chunk | None) -> _Stream:
         if chunk is None:

@@ -21,7 +21,7 @@ from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.errors import IncompatibleOptionsError, UnknownLengthError
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
-from torch_dataloader_utils.io.pieces import piece_reads
+from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
 from torch_dataloader_utils.plan.mixing import RowMixing
 from torch_dataloader_utils.plan.pieces import Piece, as_pieces, mix_pieces, window_pieces
 from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
@@ -360,7 +360,8 @@ class PlannedDataset(IterableDataset[Any]):
         batching = self._options.batching
         flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
         positions = Positions(self._state.token, slot.id, slot.count)
-        read = positions.read(self._reader, pieces, flag, batching.batch_size, files)
+        mix_rows = MIX_WORKER_READ_ROWS if slot.in_worker else None
+        read = positions.read(self._reader, pieces, flag, batching.batch_size, files, mix_rows)
         batches = rebatch(read, batching.batch_size, batching.drop_last)
         collate = self._options.output.collate_fn
         tagging = self._state.tagging

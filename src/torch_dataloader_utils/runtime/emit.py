@@ -71,16 +71,24 @@ class Positions:
         flag_column: str | None,
         batch_size: int,
         files: Mapping[str, FileInfo] | None = None,
+        mix_read_rows: int | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """The pieces' batches, in order, counting the rows read before each piece.
 
-        ``files`` is given when row counts are exact (see
-        :func:`~torch_dataloader_utils.io.pieces.read_piece`).
+        ``files`` (given when row counts are exact) and ``mix_read_rows``: see
+        :func:`~torch_dataloader_utils.io.pieces.read_piece`.
         """
 
         def counted(piece: Piece) -> Iterator[pa.RecordBatch]:
             self._starts.append(self._read)
-            batches = read_piece(reader, piece, flag_column=flag_column, batch_size=batch_size, files=files)
+            batches = read_piece(
+                reader,
+                piece,
+                flag_column=flag_column,
+                batch_size=batch_size,
+                files=files,
+                mix_read_rows=mix_read_rows,
+            )
             for batch in batches:
                 self._read += batch.num_rows
                 yield batch
