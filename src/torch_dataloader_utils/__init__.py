@@ -39,19 +39,24 @@ from torch_dataloader_utils.errors import (
     ConversionError,
     CorruptFileError,
     DataLoaderUtilsError,
+    DestinationConflictError,
     DiscoveryError,
     DistributedConfigError,
+    FileChangedError,
     IncompatibleOptionsError,
     NoFilesFoundError,
     NullValueError,
     OverlappingChunksError,
     PathNotFoundError,
     PlanError,
+    RankFailedError,
     ReadError,
     RecordBoundaryError,
+    ReshardError,
     ResumeStateError,
     SchemaError,
     SchemaMismatchError,
+    SourceChangedError,
     StateMismatchError,
     UnknownColumnError,
     UnknownLengthError,
@@ -76,6 +81,7 @@ if TYPE_CHECKING:
     from torch_dataloader_utils.runtime.loader import ResumableDataLoader
     from torch_dataloader_utils.runtime.options import FileLoaderOptions, IcebergLoaderOptions
     from torch_dataloader_utils.runtime.state import gather_state
+    from torch_dataloader_utils.tools.reshard import ReshardReport, reshard
 
 # torch and pyarrow are imported on first use of these names, so that importing the
 # pure parts (plan/, config, errors) stays light.
@@ -86,9 +92,11 @@ _LAZY = {
     "IcebergDataset": "torch_dataloader_utils.runtime.iceberg",
     "IcebergLoaderOptions": "torch_dataloader_utils.runtime.options",
     "ResumableDataLoader": "torch_dataloader_utils.runtime.loader",
+    "ReshardReport": "torch_dataloader_utils.tools.reshard",
     "StructuredDataset": "torch_dataloader_utils.runtime.files",
     "create_dataloader": "torch_dataloader_utils.runtime.files",
     "gather_state": "torch_dataloader_utils.runtime.state",
+    "reshard": "torch_dataloader_utils.tools.reshard",
 }
 
 
@@ -112,11 +120,13 @@ __all__ = [
     "CorruptFileError",
     "DataFileInfo",
     "DataLoaderUtilsError",
+    "DestinationConflictError",
     "DiscoveryError",
     "DistributedConfigError",
     "EpochPlan",
     "EqualBatches",
     "FeaturePack",
+    "FileChangedError",
     "FileFormat",
     "FileInfo",
     "FileLoaderOptions",
@@ -134,9 +144,12 @@ __all__ = [
     "PathNotFoundError",
     "PlanError",
     "RaggedLayout",
+    "RankFailedError",
     "ReadError",
     "RecordBoundaryError",
     "RecordIndex",
+    "ReshardError",
+    "ReshardReport",
     "ResumableDataLoader",
     "ResumeStateError",
     "RoundRobinSplitStrategy",
@@ -144,6 +157,7 @@ __all__ = [
     "SchemaError",
     "SchemaMismatchError",
     "SizeBalancedSplitStrategy",
+    "SourceChangedError",
     "Split",
     "SplitKind",
     "SplitStrategy",
@@ -158,4 +172,5 @@ __all__ = [
     "create_dataloader",
     "gather_state",
     "merge_states",
+    "reshard",
 ]

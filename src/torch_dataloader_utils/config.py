@@ -20,13 +20,16 @@ if TYPE_CHECKING:
     import torch
 
 from torch_dataloader_utils.errors import ConfigError, DistributedConfigError, IncompatibleOptionsError
+from torch_dataloader_utils.plan.mixing import DEFAULT_MIX_ROWS, RowMixing
 from torch_dataloader_utils.plan.types import EqualBatches  # defined in pure plan/, coerced here
 from torch_dataloader_utils.storage.redact import RedactedRepr, redact
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_EQUAL_BATCHES",
+    "DEFAULT_MIX_ROWS",
     "DEFAULT_READ_AHEAD_BYTES",
+    "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_RETRIES",
     "DEFAULT_RETRY_BACKOFF",
     "DEFAULT_SHUFFLE_SEED",
@@ -68,6 +71,8 @@ DEFAULT_RETRY_BACKOFF = 0.2
 """Seconds before the first retry; doubled after each, capped at ``MAX_RETRY_BACKOFF``."""
 MAX_RETRY_BACKOFF = 10.0
 """Upper bound of the wait between two retries, in seconds."""
+DEFAULT_REQUEST_TIMEOUT = 30.0
+"""Seconds one request to remote storage may take in all, its retries included."""
 
 
 class FileFormat(enum.Enum):
@@ -366,13 +371,18 @@ class SplitConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ShuffleConfig:
-    """Shuffling: chunk order by ``(shuffle_seed, epoch)``, optionally rows across chunks.
+    """Shuffling: chunk order by ``(shuffle_seed, epoch)``, and rows mixed across chunks.
 
     Attributes:
-        shuffle: Whether the order changes every epoch.
+        shuffle: Whether the order changes every epoch (chunk order, and rows mixed by
+            ``row_mixing``).
         shuffle_seed: Seed of the permutation (the same on every rank).
-        row_shuffle_window: Rows mixed together across chunks, or ``None`` (chunk order
-            only). Needs ``shuffle=True``.
+        row_mixing: With ``shuffle=True``, rows per round of the row mixing (every
+            worker reads several chunks side by side and yields each round's rows in a
+            seeded order), or ``None`` for chunk order only. Ignored when
+            ``row_shuffle_window`` or ``shuffle_buffer_size`` is set.
+        row_shuffle_window: Rows of whole consecutive chunks shuffled together, or
+            ``None``. Needs ``shuffle=True``.
         shuffle_buffer_size: torch-dataloader-utils 0.2.0's row-level shuffle, mapped onto
             the same mechanism: rows mixed in windows of this many rows, independent of
             ``shuffle`` (which then only decides whether the chunk order changes).
@@ -380,12 +390,15 @@ class ShuffleConfig:
 
     shuffle: bool = False
     shuffle_seed: int = DEFAULT_SHUFFLE_SEED
+    row_mixing: int | None = DEFAULT_MIX_ROWS
     row_shuffle_window: int | None = None
     shuffle_buffer_size: int | None = None
 
     def __post_init__(self) -> None:
         check_bool(self.shuffle, "shuffle")
         check_int(self.shuffle_seed, "shuffle_seed", 0)
+        hint = " (rows mixed per round, or None for chunk order only)"
+        check_int(self.row_mixing, "row_mixing", 1, optional=True, hint=hint)
         window = self.row_shuffle_window
         check_int(window, "row_shuffle_window", 1, optional=True, hint=" (rows shuffled together)")
         if window is not None and not self.shuffle:
@@ -405,6 +418,13 @@ class ShuffleConfig:
     def row_window(self) -> int | None:
         """Rows shuffled together across chunks (either option), or ``None``."""
         return self.row_shuffle_window if self.row_shuffle_window is not None else self.shuffle_buffer_size
+
+    @property
+    def mixing(self) -> RowMixing | None:
+        """The row mixing in effect: with ``shuffle=True``, ``row_mixing`` set and no window."""
+        if not self.shuffle or self.row_mixing is None or self.row_window is not None:
+            return None
+        return RowMixing(rows=self.row_mixing)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -619,6 +639,11 @@ class LoaderConfig:
                     f"prefetch_factor={self.prefetch_factor!r} needs num_workers >= 1 "
                     "(got num_workers=0); set num_workers or drop prefetch_factor"
                 )
+            if self.multiprocessing_context is not None:
+                raise IncompatibleOptionsError(
+                    f"multiprocessing_context={self.multiprocessing_context!r} needs num_workers >= 1 "
+                    "(got num_workers=0); set num_workers or drop multiprocessing_context"
+                )
         check_int(self.prefetch_factor, "prefetch_factor", 1, optional=True)
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or self.timeout < 0:
             raise ConfigError(f"timeout={self.timeout!r} must be a number of seconds >= 0")
@@ -652,11 +677,17 @@ class FetchConfig:
             connection reset, timeout); ``0`` fails at the first error.
         retry_backoff: Seconds before the first retry, doubled after each retry (capped
             at ``MAX_RETRY_BACKOFF``).
+        request_timeout: Seconds one request (listing, a footer, a byte range) may take in
+            all, retries and waits included: each attempt's connect and read timeouts are
+            ``request_timeout / (retries + 1)``, and no retry starts that could not end in
+            time. A storage endpoint that accepts connections and never answers fails
+            within about this long, with an error naming the endpoint.
     """
 
     read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES
     retries: int = DEFAULT_RETRIES
     retry_backoff: float = DEFAULT_RETRY_BACKOFF
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
 
     def __post_init__(self) -> None:
         if isinstance(self.read_ahead_bytes, bool) or not isinstance(self.read_ahead_bytes, int):
@@ -671,6 +702,17 @@ class FetchConfig:
             raise ConfigError(
                 f"retry_backoff={backoff!r} must be a number of seconds between 0 and 60, e.g. 0.2"
             )
+        timeout = self.request_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400:
+            raise ConfigError(
+                f"request_timeout={timeout!r} must be a number of seconds > 0 (a request to remote "
+                f"storage, retries included), e.g. {DEFAULT_REQUEST_TIMEOUT}"
+            )
+
+    @property
+    def attempt_timeout(self) -> float:
+        """Connect and read timeout of one attempt: the request's budget shared by its attempts."""
+        return float(self.request_timeout) / (self.retries + 1)
 
     @classmethod
     def from_user(cls, read_ahead_bytes: object, retries: object, retry_backoff: object) -> FetchConfig:
@@ -699,6 +741,9 @@ class FileSourceConfig(RedactedRepr):
         storage_options: Options of the fsspec filesystem (credentials, endpoint...).
         schema: CSV / JSONL: a ``pyarrow.Schema`` for every file, or ``None`` to infer.
         quoted_newlines: CSV: quoted fields may hold newlines (such files are read whole).
+        use_manifest: Parquet: read a resharded directory from its ``_manifest.json``
+            (no listing, no footers). ``None`` uses it when ``path`` holds one, ``True``
+            requires it, ``False`` lists the files instead.
     """
 
     format: FileFormat = FileFormat.PARQUET
@@ -708,6 +753,7 @@ class FileSourceConfig(RedactedRepr):
     storage_options: Mapping[str, Any] | None = None
     schema: Any = None
     quoted_newlines: bool = False
+    use_manifest: bool | None = None
 
     def __post_init__(self) -> None:
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
@@ -716,6 +762,13 @@ class FileSourceConfig(RedactedRepr):
                 "options, e.g. {'key': ..., 'secret': ..., 'endpoint_url': ...}"
             )
         check_bool(self.quoted_newlines, "quoted_newlines")
+        if self.use_manifest is not None:
+            check_bool(self.use_manifest, "use_manifest")
+            if self.use_manifest and self.format is not FileFormat.PARQUET:
+                raise IncompatibleOptionsError(
+                    f"use_manifest=True reads the Parquet shards written by reshard, but "
+                    f"format={self.format.value!r}; pass format='parquet' or drop use_manifest"
+                )
 
 
 @dataclass(frozen=True, kw_only=True, repr=False)

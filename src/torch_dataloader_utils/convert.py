@@ -172,6 +172,11 @@ class BatchConverter:
         self._output = config.output_format
         self._schema = schema
         self._fills = self._fill_map(schema, config.null_fill)
+        if self._output in (OutputFormat.TORCH, OutputFormat.NUMPY):
+            named = isinstance(config.null_fill, Mapping)
+            for f in schema:
+                if f.name in self._fills:
+                    self._fills[f.name] = _check_fill(f.name, f.type, self._fills[f.name], named)
         self._to_torch = self._output is OutputFormat.TORCH
         self._ragged = config.ragged or (RaggedLayout.JAGGED if self._to_torch else None)
         self._strings = config.strings or StringLayout.LIST
@@ -522,6 +527,64 @@ class BatchConverter:
             else:
                 out[name] = fn(columns[index])
         return out
+
+
+def _fill_type(t: pa.DataType) -> pa.DataType | None:
+    """The type a ``null_fill`` value takes in a column of type ``t`` (``None``: never filled)."""
+    if pa.types.is_dictionary(t):
+        return _fill_type(t.value_type)
+    if _is_number(t) or pa.types.is_boolean(t):
+        return t
+    if _is_temporal_int(t):
+        return (
+            pa.int32() if pa.types.is_date32(t) or t == pa.time32("s") or t == pa.time32("ms") else pa.int64()
+        )
+    if pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _fill_type(t.value_type)
+    return None
+
+
+def _check_fill(name: str, t: pa.DataType, value: Any, named: bool) -> Any:
+    """``value`` as column ``name`` takes it; :class:`ConversionError` unless it fits exactly.
+
+    A float for an integer column would be truncated (``0.7`` -> ``0``), a string would
+    fail only when the first null is met: both are refused here, when the dataset is
+    built. An integral float fills an integer column (``-1.0`` -> ``-1``), ``0`` / ``1``
+    a bool column.
+    """
+    target = _fill_type(t)
+    if target is None:
+        return value  # strings, binaries...: nulls stay None, nothing is filled
+    shown = f"null_fill={{{name!r}: {value!r}}}" if named else f"null_fill={value!r}"
+    ok: bool
+    if pa.types.is_boolean(target):
+        ok = isinstance(value, bool) or (type(value) is int and value in (0, 1))
+        value = bool(value) if ok else value
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        ok = False
+    elif pa.types.is_floating(target):
+        ok = True
+    else:
+        ok = isinstance(value, int) or float(value).is_integer()
+        if ok:
+            value = int(value)
+            try:
+                pa.scalar(value, target)
+            except (pa.ArrowException, OverflowError, ValueError):
+                ok = False
+    if not ok:
+        raise ConversionError(
+            f"{shown} cannot fill the nulls of column {name!r} of type {t} (values {target}): it would "
+            "be truncated, overflow or fail at the first null; pass a value of that type, e.g. "
+            f"null_fill={{{name!r}: {_example(target)}}}"
+        )
+    return value
+
+
+def _example(t: pa.DataType) -> str:
+    if pa.types.is_boolean(t):
+        return "False"
+    return "0.0" if pa.types.is_floating(t) else "0"
 
 
 _quiet = False

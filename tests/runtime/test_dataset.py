@@ -266,7 +266,13 @@ def test_missing_storage_options_fail_in_listing(
 ) -> None:
     paths = write_parquet([10])
     upload(tokmem, paths, paths[0].parent, "/bucket/t")
-    with pytest.raises(PermissionError, match="needs storage_options"):
+    from torch_dataloader_utils import DiscoveryError
+
+    with pytest.raises(
+        DiscoveryError,
+        match=r"'tokmem://bucket/t' .* was refused: PermissionError: .*needs storage_options"
+        r".*check the credentials",
+    ):
         create_dataloader("tokmem://bucket/t", num_workers=0)
 
 

@@ -561,19 +561,3 @@ def test_forked_child_dropping_a_group_does_not_free_its_slot() -> None:
     del got
     gc.collect()
     assert _free_slots(pool) == {0, 1}
-
-
-def test_first_batch_travels_alone_then_groups_double(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch_dataloader_utils.runtime import emit
-
-    monkeypatch.setattr(emit, "GROUP_BYTES", 6 * 800)
-    batches = [pa.record_batch({"id": pa.array(np.arange(i * 100, (i + 1) * 100))}) for i in range(20)]
-    assert batches[0].nbytes == 800
-    positions = emit.Positions(0, 0, 1)
-    positions._starts.append(0)  # one piece holding every row
-    convert = lambda b: {"id": torch.tensor(b["id"].to_numpy())}  # noqa: E731
-    sent = list(emit.grouped(iter(batches), convert, positions))
-    assert [len(t.tag) for t in sent] == [1, 2, 4, 6, 6, 1]  # then capped at GROUP_BYTES
-    got = [b["id"] for t in sent for b in _roundtrip(t.batch)]
-    assert torch.equal(torch.cat(got), torch.arange(2000))
-    assert [tag[4] for t in sent for tag in t.tag] == list(range(100, 2001, 100))

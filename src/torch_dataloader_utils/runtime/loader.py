@@ -1,8 +1,15 @@
-"""The library's DataLoader: it hands batches to the loop and knows what the loop consumed."""
+"""The library's DataLoader: it hands batches to the loop and knows what the loop consumed.
+
+With workers, a thread of the main process receives their batches while the training
+step runs (:func:`received`): unpickling a group, the shared-memory handshake and
+building the tensors happen behind the step, and the loop takes a batch that is ready.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -15,11 +22,78 @@ from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.transfer import BatchGroup, SegmentPool
 from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
 
-__all__ = ["SPARE_SEGMENTS", "ResumableDataLoader", "make_loader"]
+__all__ = ["RECEIVE_AHEAD", "SPARE_SEGMENTS", "ResumableDataLoader", "make_loader", "received"]
 
-SPARE_SEGMENTS = 2
-"""Shared-memory segments per worker beyond ``prefetch_factor``: the group being yielded
-and the previous one, which the loop may still hold (see ``transfer.SegmentPool``)."""
+RECEIVE_AHEAD = 2
+"""Items (groups of batches) the receiving thread holds ready beyond the one in use."""
+
+SPARE_SEGMENTS = RECEIVE_AHEAD + 2
+"""Shared-memory segments per worker beyond ``prefetch_factor``: the groups the receiving
+thread holds, the one being yielded and the previous one, which the loop may still hold
+(see ``transfer.SegmentPool``)."""
+
+_POLL = 0.05
+
+
+class _Receiver:
+    """A thread that takes items from a DataLoader iterator into a small queue."""
+
+    def __init__(self, source: Iterator[Any], ahead: int) -> None:
+        self.queue: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=max(1, ahead))
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, args=(source,), name="torch_dataloader_utils-receive", daemon=True
+        )
+        self.thread.start()
+
+    def _put(self, kind: int, value: Any) -> bool:
+        while not self.stopped.is_set():
+            try:
+                self.queue.put((kind, value), timeout=_POLL)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, source: Iterator[Any]) -> None:
+        try:
+            for item in source:
+                if not self._put(0, item):
+                    return
+            self._put(1, None)
+        except BaseException as exc:  # handed to the loop, raised there
+            self._put(2, exc)
+
+    def stop(self) -> None:
+        """Stop receiving; returns at once (the thread ends after its current item)."""
+        self.stopped.set()
+
+    def join(self) -> None:
+        """Stop and wait for the thread (its current item arrives or fails first)."""
+        self.stopped.set()
+        self.thread.join()
+
+
+def received(receiver: _Receiver) -> Iterator[Any]:
+    """The items of ``receiver``, in order; its error, raised here; never a silent hang."""
+    try:
+        while True:
+            try:
+                kind, value = receiver.queue.get(timeout=1.0)
+            except queue.Empty:
+                if not receiver.thread.is_alive() and receiver.queue.empty():
+                    raise RuntimeError(
+                        "the thread receiving batches from the workers ended unexpectedly"
+                    ) from None
+                continue
+            if kind == 0:
+                yield value
+            elif kind == 1:
+                return
+            else:
+                raise value
+    finally:
+        receiver.stop()
 
 
 def _passthrough(batch: Any) -> Any:
@@ -40,6 +114,8 @@ class ResumableDataLoader(DataLoader[Any]):
     """
 
     dataset: PlannedDataset
+    _receiver: _Receiver | None = None
+
     _transport: SegmentPool | None = None
 
     def _lease_transport(self) -> SegmentPool | None:
@@ -57,6 +133,11 @@ class ResumableDataLoader(DataLoader[Any]):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         state = self.dataset._state
         metrics = self.dataset.metrics
+        if self._receiver is not None and self.persistent_workers:
+            # A pass left early: its thread must be out of the persistent iterator first
+            # (without persistent workers each pass has its own iterator and thread).
+            self._receiver.join()
+        self._receiver = None
         # len() may differ between a resumed pass and a full one; drop torch's cached value.
         self._IterableDataset_len_called = None
         state.begin(self.num_workers, self.dataset.epoch)
@@ -64,9 +145,10 @@ class ResumableDataLoader(DataLoader[Any]):
         state.tagging = True  # set before workers start: they pickle the dataset
         pool = self._lease_transport()
         self.dataset.transport = pool  # the workers starting now take it
+        receiver: _Receiver | None = None
         try:
             try:
-                batches = super().__iter__()
+                source: Iterator[Any] = super().__iter__()  # starts (or resets) the workers, here
             except BaseException:
                 self._transport = None  # workers may have started: a fresh pool next time
                 raise
@@ -74,8 +156,11 @@ class ResumableDataLoader(DataLoader[Any]):
                 self.dataset.transport = None
             if pool is not None:
                 # Free for the next iteration once this one's workers are gone.
-                weakref.finalize(batches, pool.release)
-            for item in batches:
+                weakref.finalize(source, pool.release)
+            if self.num_workers > 0:
+                receiver = self._receiver = _Receiver(source, RECEIVE_AHEAD)
+                source = received(receiver)
+            for item in source:
                 if isinstance(item, Tagged) and isinstance(item.batch, BatchGroup):
                     # Several batches of one worker that travelled together.
                     for batch, tag in zip(item.batch, item.tag, strict=True):
@@ -89,6 +174,8 @@ class ResumableDataLoader(DataLoader[Any]):
         finally:
             state.tagging = False
             metrics.finish()
+            if receiver is not None:  # this pass's thread (another pass may have started since)
+                receiver.stop()
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's resume state; see :meth:`PlannedDataset.state_dict`."""
@@ -109,6 +196,9 @@ def make_loader(dataset: PlannedDataset, loader: LoaderConfig) -> ResumableDataL
 
     ``loader.num_workers=None`` (automatic) takes the count the dataset resolved.
     """
+    if loader.num_workers is None and dataset.num_workers == 0:
+        # Automatic sizing chose the main process: a start method has nothing to start.
+        loader = dataclasses.replace(loader, multiprocessing_context=None)
     config = dataclasses.replace(loader, num_workers=dataset.num_workers)  # re-checks the combination
     kwargs: dict[str, Any] = {}
     if config.prefetch_factor is not None:

@@ -87,9 +87,18 @@ class ReadOptions(TypedDict, total=False):
     drop_last: bool
     """Drop each worker's last, short batch (default ``False``)."""
     shuffle: bool
-    """Shuffle chunk order every epoch, by ``(shuffle_seed, epoch)`` (default ``False``)."""
+    """Shuffle every epoch, by ``(shuffle_seed, epoch)``: the order of chunks, and rows
+    mixed across chunks (``row_mixing``) (default ``False``)."""
     shuffle_seed: int
     """Seed of the shuffle, an int >= 0, the same on every rank (default 0)."""
+    row_mixing: int | None
+    """With ``shuffle=True``, how rows are mixed across chunks: each worker reads 8 of
+    its chunks (or parts of chunks) side by side and yields them in rounds of about this
+    many rows, each round in an order seeded by ``(shuffle_seed, epoch, ...)``, so every
+    batch draws rows from several files. More rows per round mix more widely and hold
+    more memory (one round, plus a decoded batch per chunk read). ``None`` shuffles chunk
+    order only (rows of a chunk stay in file order). Default 32768. Exactly once and
+    resumable; ignored when ``row_shuffle_window`` or ``shuffle_buffer_size`` is set."""
     row_shuffle_window: int | None
     """With ``shuffle=True``, also mix rows across chunks: each worker reads runs of
     consecutive chunks of up to this many rows together and yields their rows in a
@@ -178,6 +187,10 @@ class FileReadOptions(ReadOptions, total=False):
     Without it, a record found spanning lines raises ``RecordBoundaryError``."""
     count_cache_dir: str | os.PathLike[str] | None
     """Also keep text counts in this directory across processes and runs."""
+    use_manifest: bool | None
+    """Parquet: plan a directory written by ``reshard`` from its ``_manifest.json`` (one
+    request: no listing, no footer reads). ``None`` (default) uses the manifest when
+    ``path`` is a directory holding one, ``True`` requires it, ``False`` lists the files."""
     read_ahead_bytes: int | str | None
     """Remote storage only: memory bound of the bytes of upcoming chunks fetched while one
     is decoded (default ``"256MiB"`` per worker; ``0`` disables read-ahead)."""
@@ -186,6 +199,11 @@ class FileReadOptions(ReadOptions, total=False):
     (HTTP 5xx, connection reset, timeout); ``0`` disables them (default 4)."""
     retry_backoff: float
     """Seconds before the first retry, doubled after each (max 10 s; default 0.2)."""
+    request_timeout: float
+    """Remote storage only: seconds one request (a listing, a footer, a byte range) may
+    take in all, retries included (default 30). Each attempt's connect and read timeouts
+    are ``request_timeout / (retries + 1)``, so an endpoint that accepts connections and
+    never answers fails within about this long, with an error naming it."""
 
 
 class IcebergReadOptions(ReadOptions, total=False):

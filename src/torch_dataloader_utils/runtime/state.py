@@ -224,7 +224,11 @@ class ResumeTracker:
         }
         if progress is None:
             return state
-        segment = {"num_ranks": self._world.num_ranks, "ranks": {str(self._world.rank): progress.entry()}}
+        segment = {
+            "num_ranks": self._world.num_ranks,
+            "ranks": {str(self._world.rank): progress.entry()},
+            "index": len(segments),
+        }
         state["segments"] = [*segments, segment]
         return normalize(state) if self._world.num_ranks == 1 else state
 
@@ -238,7 +242,14 @@ class ResumeTracker:
             ResumeStateError: not a state, another version, or not every rank.
             StateMismatchError: saved for other files or options (says what changed).
         """
-        checked = normalize(check_state(json.loads(json.dumps(state)), self.fingerprint()))
+        try:
+            plain = json.loads(json.dumps(state))
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ResumeStateError(
+                f"a resume state holds only JSON values (dicts, lists, strings, numbers, booleans); "
+                f"this one does not ({type(exc).__name__}: {exc}); pass what loader.state_dict() returned"
+            ) from exc
+        checked = normalize(check_state(plain, self.fingerprint()))
         epoch = int(checked["epoch"])
         segments = checked["segments"]
         if segments:
