@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import threading
 from collections.abc import Iterator
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -534,6 +535,9 @@ def test_no_segment_outlives_the_loader(tmp_path: Path, small_groups: None) -> N
 
     run()
     _dead_worker_loader(root)
+    for thread in threading.enumerate():  # receive threads end within their poll interval
+        if thread.name == "torch_dataloader_utils-receive":
+            thread.join(timeout=30)
     gc.collect()
     mapped_after, names_after = _torch_segments()
     assert mapped_after == mapped_before  # every segment unmapped once loader and batches are gone
