@@ -557,6 +557,24 @@ class Planner:
         self.__dict__.update(state)
         self._shares, self._parts, self._plans = {}, {}, {}
 
+    def for_world(self, num_ranks: int) -> Planner:
+        """This planner for a world of ``num_ranks`` ranks (sharing the chunk table)."""
+        if num_ranks == self.spec.num_ranks:
+            return self
+        other = Planner.__new__(Planner)
+        other.__setstate__(
+            {"spec": replace(self.spec, num_ranks=num_ranks), "files": self.files, "_chunks": self.chunk_table()}
+        )
+        return other
+
+    def rows_known(self, epoch: int, num_workers: int) -> bool:
+        """Whether every chunk of ``epoch`` has a known row count (a rank-aware strategy:
+        only asked of it with equal batches, which need them)."""
+        shares = self.shares(epoch, num_workers)
+        if isinstance(shares, _Dealt):
+            return shares.table.known
+        return self.spec.equalized
+
     @property
     def rank_aware(self) -> bool:
         """The strategy returns one rank's chunks (called per rank)."""
