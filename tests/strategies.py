@@ -21,10 +21,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
-
-import numpy as np
 
 from torch_dataloader_utils.plan.splits import ByteRangeSplit, FileSplit, RowGroupSplit, resolve_strategy
 from torch_dataloader_utils.plan.table import FileWithDeletes

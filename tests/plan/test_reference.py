@@ -24,7 +24,7 @@ from tests import strategies as ts
 from torch_dataloader_utils.config import EqualBatches
 from torch_dataloader_utils.errors import PlanError
 from torch_dataloader_utils.plan.assign import assign
-from torch_dataloader_utils.plan.planner import PlanSpec, Planner, plan_epoch
+from torch_dataloader_utils.plan.planner import Planner, PlanSpec, plan_epoch
 from torch_dataloader_utils.plan.ranks import worker_quotas
 from torch_dataloader_utils.plan.shuffle import random_offset, shuffled
 from torch_dataloader_utils.plan.splits import RankAwareStrategy, normalize_chunks
@@ -159,7 +159,9 @@ def reference_plan(
                     have = quota
             kept.append(out)
         # Padding: pad_rows rows of the stream read cyclically from an offset.
-        offset = random_offset(total, spec.seed, epoch, PAD_SALT) if spec.shuffle and total and pad_rows else 0
+        offset = (
+            random_offset(total, spec.seed, epoch, PAD_SALT) if spec.shuffle and total and pad_rows else 0
+        )
         cyclic = [p for p in stream if p.rows]
         position, need = 0, pad_rows
         starts = []
@@ -293,8 +295,9 @@ def test_per_rank_planner_matches_the_reference(case: Case) -> None:
             assert [list(w) for w in plan.assignments()] == expected[rank]
             # A DataLoader worker builds only its own chunks: the same ones.
             for w in range(plan.num_workers):
-                assert list(Planner(spec).rank_plan(epoch, rank, case.workers_of(rank)).chunks_for(w)) == (
-                    expected[rank][w]
+                assert (
+                    list(Planner(spec).rank_plan(epoch, rank, case.workers_of(rank)).chunks_for(w))
+                    == (expected[rank][w])
                 )
         assert list(Planner(spec).dropped(epoch)) == dropped
 
@@ -308,5 +311,7 @@ def test_all_ranks_plan_is_the_per_rank_plans(case: Case) -> None:
     except PlanError:
         return
     planner = Planner(spec)
-    assert list(plan.assignments) == [planner.rank_plan(epoch, r).assignments() for r in range(case.num_ranks)]
+    assert list(plan.assignments) == [
+        planner.rank_plan(epoch, r).assignments() for r in range(case.num_ranks)
+    ]
     assert planner.epoch_plan(epoch) == plan  # planned rank by rank when read

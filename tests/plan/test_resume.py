@@ -13,8 +13,8 @@ from tests.strategies import file_layouts, layouts, live_row_ids
 from torch_dataloader_utils.config import EqualBatches
 from torch_dataloader_utils.errors import ResumeStateError, StateMismatchError
 from torch_dataloader_utils.plan.pieces import Piece, piece_rows, remaining, window_pieces
-from torch_dataloader_utils.plan.planner import PlanSpec, Planner
-from torch_dataloader_utils.plan.resume import ResumeResult, Resumer, segment_pieces
+from torch_dataloader_utils.plan.planner import Planner, PlanSpec
+from torch_dataloader_utils.plan.resume import Resumer, ResumeResult, segment_pieces
 from torch_dataloader_utils.plan.splits import FileSplit, RowGroupSplit
 from torch_dataloader_utils.plan.state import (
     STATE_FORMAT,
@@ -274,8 +274,13 @@ def test_rows_left_in_the_state_give_the_same_plan_without_planning_other_ranks(
 def test_rows_left_that_disagree_with_the_cursor_are_refused():
     files = (FileInfo("a", 80, 10), FileInfo("b", 80, 10))
     spec = PlanSpec(files, FileSplit(), equal_batches=EqualBatches.DROP, batch_size=2)
-    seg = {"num_ranks": 1, "ranks": {"0": {"num_workers": 1, "cursors": [[0, 3]], "done": False, "left": [5]}}}
-    with pytest.raises(ResumeStateError, match="rank 0 worker 0 had 5 rows left in segment 0, but its cursor leaves 17"):
+    seg = {
+        "num_ranks": 1,
+        "ranks": {"0": {"num_workers": 1, "cursors": [[0, 3]], "done": False, "left": [5]}},
+    }
+    with pytest.raises(
+        ResumeStateError, match="rank 0 worker 0 had 5 rows left in segment 0, but its cursor leaves 17"
+    ):
         segment_pieces(spec, 0, [seg], num_ranks=2, num_workers=lambda r: 1, window_rows=None, exact=True)
     seg["ranks"]["0"]["left"] = [17, 0]
     with pytest.raises(ResumeStateError, match="2 counts of rows left but 1 workers"):
@@ -302,12 +307,20 @@ def test_pieces_dealt_whole_when_row_counts_are_unknown(files, before, after, ex
     first = plan([], before)
     seg0 = data.draw(cursors_for(first))
     second = plan([seg0], after)
-    resumer = Resumer(Planner(spec), 0, [seg0], num_ranks=1, num_workers=lambda r: 1, window_rows=None, exact=exact)
+    resumer = Resumer(
+        Planner(spec), 0, [seg0], num_ranks=1, num_workers=lambda r: 1, window_rows=None, exact=exact
+    )
     known = all(f.num_rows is not None or f.size == 0 for f in files)
     assert resumer.ranged == (exact and known)
     if resumer.ranged:
         return
     before_chunks = {c for ws in first.assignments for ps in ws for p in ps for c in p.chunks}
-    new = [p for ws in second.assignments for ps in ws for p in ps if not set(p.chunks) <= before_chunks or not p.whole]
+    new = [
+        p
+        for ws in second.assignments
+        for ps in ws
+        for p in ps
+        if not set(p.chunks) <= before_chunks or not p.whole
+    ]
     # Only pieces a cursor stopped inside are cut (once each); the others are dealt whole.
     assert len(new) <= sum(1 for c in seg0["ranks"].values() for cur in c["cursors"] if cur[1])

@@ -84,7 +84,16 @@ class ChunkTable:
         """Bytes held by the columns (the file table not counted)."""
         return sum(
             a.nbytes
-            for a in (self.file, self.start, self.stop, self.unit, self.rows, self.bytes, self.skip, self.padding)
+            for a in (
+                self.file,
+                self.start,
+                self.stop,
+                self.unit,
+                self.rows,
+                self.bytes,
+                self.skip,
+                self.padding,
+            )
             if a is not None
         )
 
@@ -120,7 +129,16 @@ class ChunkTable:
         base = self.chunk(i)
         if whole:
             if padding and not base.padding:
-                return Chunk(base.path, base.start, base.stop, base.unit, base.num_rows, base.num_bytes, True, base.skip)
+                return Chunk(
+                    base.path,
+                    base.start,
+                    base.stop,
+                    base.unit,
+                    base.num_rows,
+                    base.num_bytes,
+                    True,
+                    base.skip,
+                )
             return base
         size = base.num_bytes * hi // n - base.num_bytes * lo // n
         pad = padding or base.padding
@@ -172,7 +190,8 @@ class ChunkTable:
             if all(getattr(t, name) is None for t in tables):
                 return None
             parts = [
-                getattr(t, name) if getattr(t, name) is not None else np.zeros(len(t), dtype=dtype) for t in tables
+                getattr(t, name) if getattr(t, name) is not None else np.zeros(len(t), dtype=dtype)
+                for t in tables
             ]
             return np.concatenate(parts).astype(dtype, copy=False)
 
@@ -269,7 +288,9 @@ def _whole_files(files: FileTable, ids: Array) -> tuple[Array, ...]:
 
 def _rows_in(files: FileTable, ids: Array, start: Array, stop: Array) -> Array:
     """:meth:`FileInfo.rows_in` of each ``(file, [start, stop))``, vectorized."""
-    out = np.where(files.has_groups[ids], 0, np.maximum(0, np.minimum(stop, files.rows[ids]) - np.maximum(start, 0)))
+    out = np.where(
+        files.has_groups[ids], 0, np.maximum(0, np.minimum(stop, files.rows[ids]) - np.maximum(start, 0))
+    )
     grouped = np.flatnonzero(files.has_groups[ids])
     if len(grouped):
         g_ids = ids[grouped]
@@ -314,7 +335,9 @@ def _runs(files: FileTable, ids: Array, split_bytes: int | None, split_rows: int
         changed = fixed != run_rows
         num_rows = files.rows[file]
         with np.errstate(divide="ignore", invalid="ignore"):
-            proportional = np.where(num_rows > 0, files.size[file] * (stop - start) // np.maximum(num_rows, 1), 0)
+            proportional = np.where(
+                num_rows > 0, files.size[file] * (stop - start) // np.maximum(num_rows, 1), 0
+            )
         run_bytes = np.where(changed & (run_bytes == 0), proportional, run_bytes)
         run_rows = fixed
     unit = np.zeros(len(first), dtype=np.uint8)
@@ -364,13 +387,15 @@ def _greedy_starts(
         rb, rr = int(run_bytes[slot]), int(run_rows[slot])
         lo, hi = int(boundary[slot]) + level, int(boundary[slot] + counts[slot])
         for k in range(lo, hi):
-            b, r = int(size[k]), int(rows[k])
-            full = (split_bytes is not None and rb + b > split_bytes) or (split_rows is not None and rr + r > split_rows)
-            if full:
+            nb, nr = int(size[k]), int(rows[k])
+            over = (split_bytes is not None and rb + nb > split_bytes) or (
+                split_rows is not None and rr + nr > split_rows
+            )
+            if over:
                 starts[k] = True
-                rb, rr = b, r
+                rb, rr = nb, nr
             else:
-                rb, rr = rb + b, rr + r
+                rb, rr = rb + nb, rr + nr
     return starts
 
 
@@ -389,7 +414,9 @@ def _byte_range_split(files: FileTable, strategy: ByteRangeSplit) -> ChunkTable:
     block = np.zeros(len(r_ids), dtype=np.int64)
     if files.block_bytes is not None:
         block = files.block_bytes[r_ids]
-    step = np.where(block > 0, np.maximum(1, strategy.split_bytes // np.maximum(block, 1)) * block, strategy.split_bytes)
+    step = np.where(
+        block > 0, np.maximum(1, strategy.split_bytes // np.maximum(block, 1)) * block, strategy.split_bytes
+    )
     size = files.size[r_ids]
     count = -(-size // step)
     file = np.repeat(r_ids, count)
@@ -407,7 +434,14 @@ def _byte_range_split(files: FileTable, strategy: ByteRangeSplit) -> ChunkTable:
         base = files.record_offsets[c_file]
         rows[counted] = cs[base + (-(-c_stop // c_block))] - cs[base + c_start // c_block]
     keep = rows != 0
-    ranges = (file[keep], start[keep], stop[keep], np.full(int(keep.sum()), BYTES, np.uint8), rows[keep], (stop - start)[keep])
+    ranges = (
+        file[keep],
+        start[keep],
+        stop[keep],
+        np.full(int(keep.sum()), BYTES, np.uint8),
+        rows[keep],
+        (stop - start)[keep],
+    )
     return _table(files, *(np.concatenate([a, b]) for a, b in zip(whole, ranges, strict=True)))
 
 

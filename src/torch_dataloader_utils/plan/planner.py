@@ -33,7 +33,13 @@ import numpy as np
 
 from torch_dataloader_utils.errors import PlanError
 from torch_dataloader_utils.plan.assign import assign
-from torch_dataloader_utils.plan.chunks import ChunkTable, build_chunks, check_table_overlap, from_chunks, is_builtin
+from torch_dataloader_utils.plan.chunks import (
+    ChunkTable,
+    build_chunks,
+    check_table_overlap,
+    from_chunks,
+    is_builtin,
+)
 from torch_dataloader_utils.plan.ranks import fill_quotas_by, worker_quotas
 from torch_dataloader_utils.plan.shuffle import permutation, random_offset
 from torch_dataloader_utils.plan.splits import RankAwareStrategy, Splitter
@@ -107,10 +113,10 @@ class PlanSpec:
 
 
 class Part(NamedTuple):
-    """Rows ``[lo, hi)`` of chunk ``index`` of ``table`` (``hi = -1``: all, count unknown)."""
+    """Rows ``[lo, hi)`` of chunk ``item`` of ``table`` (``hi = -1``: all, count unknown)."""
 
     table: ChunkTable
-    index: int
+    item: int
     lo: int
     hi: int
     padding: bool = False
@@ -123,8 +129,8 @@ class Part(NamedTuple):
     def chunk(self) -> Chunk:
         """The part as a :class:`Chunk`."""
         if self.hi < 0:
-            return self.table.chunk(self.index)
-        return self.table.part(self.index, self.lo, self.hi, self.padding)
+            return self.table.chunk(self.item)
+        return self.table.part(self.item, self.lo, self.hi, self.padding)
 
 
 def _part_rows(part: Part) -> int:
@@ -132,7 +138,7 @@ def _part_rows(part: Part) -> int:
 
 
 def _part_weight(part: Part) -> int:
-    return part.hi - part.lo if part.hi >= 0 else int(part.table.bytes[part.index])
+    return part.hi - part.lo if part.hi >= 0 else int(part.table.bytes[part.item])
 
 
 def _cut(part: Part, rows: int) -> tuple[Part, Part]:
@@ -563,13 +569,20 @@ class Planner:
             return self
         other = Planner.__new__(Planner)
         other.__setstate__(
-            {"spec": replace(self.spec, num_ranks=num_ranks), "files": self.files, "_chunks": self.chunk_table()}
+            {
+                "spec": replace(self.spec, num_ranks=num_ranks),
+                "files": self.files,
+                "_chunks": self.chunk_table(),
+            }
         )
         return other
 
     def rows_known(self, epoch: int, num_workers: int) -> bool:
-        """Whether every chunk of ``epoch`` has a known row count (a rank-aware strategy:
-        only asked of it with equal batches, which need them)."""
+        """Whether every chunk of ``epoch`` has a known row count.
+
+        A rank-aware strategy is not asked for every rank: with equal batches its counts
+        are known (planning needs them), without they count as unknown.
+        """
         shares = self.shares(epoch, num_workers)
         if isinstance(shares, _Dealt):
             return shares.table.known
@@ -650,9 +663,7 @@ class Planner:
         else:
             table, index = shares.share(rank)
             rows_of = table.rows[index]
-            out = [
-                Part(table, i, 0, n) for i, n in zip(index.tolist(), rows_of.tolist(), strict=True)
-            ]
+            out = [Part(table, i, 0, n) for i, n in zip(index.tolist(), rows_of.tolist(), strict=True)]
         if len(self._parts) >= 64:
             self._parts.pop(next(iter(self._parts)))
         self._parts[key] = (out, shares)
@@ -808,6 +819,9 @@ class LazyRanks(Sequence[tuple[WorkerChunks, ...]]):
 
     def __hash__(self) -> int:
         return hash(tuple(self))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (tuple, (tuple(self),))  # pickles as the plain tuple of every rank
 
     def __repr__(self) -> str:
         return f"LazyRanks({self._n} ranks, {len(self._done)} planned)"

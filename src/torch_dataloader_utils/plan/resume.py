@@ -41,7 +41,7 @@ import numpy as np
 from torch_dataloader_utils.errors import ResumeStateError
 from torch_dataloader_utils.plan.assign import assign
 from torch_dataloader_utils.plan.pieces import Piece, as_pieces, cut_piece, remaining, window_pieces
-from torch_dataloader_utils.plan.planner import _DROP_SALT, _PAD_SALT, PlanSpec, Planner
+from torch_dataloader_utils.plan.planner import _DROP_SALT, _PAD_SALT, Planner, PlanSpec
 from torch_dataloader_utils.plan.ranks import fill_quotas_by, rank_quota, worker_quotas
 from torch_dataloader_utils.plan.shuffle import random_offset
 from torch_dataloader_utils.plan.types import EqualBatches, FileInfo
@@ -267,7 +267,11 @@ class Resumer:
     def _first(self, rank: int, workers: int) -> Workers:
         plan = self._planner.rank_plan(self.epoch, rank, workers)
         return tuple(
-            tuple(window_pieces(as_pieces(plan.chunks_for(w)), self.window_rows, (self._seed, self.epoch, 0, rank, w)))
+            tuple(
+                window_pieces(
+                    as_pieces(plan.chunks_for(w)), self.window_rows, (self._seed, self.epoch, 0, rank, w)
+                )
+            )
             for w in range(workers)
         )
 
@@ -293,7 +297,9 @@ class Resumer:
         try:
             return self._entries[level][rank]
         except KeyError:
-            raise ResumeStateError(f"the resume state has no entry of rank {rank} in segment {level}") from None
+            raise ResumeStateError(
+                f"the resume state has no entry of rank {rank} in segment {level}"
+            ) from None
 
     def left(self, level: int) -> np.ndarray[Any, Any]:
         """Rows pass ``level`` left per (rank, worker), rank after rank, as one array.
@@ -439,7 +445,12 @@ class Resumer:
         found = self._legacy.get(level)
         if found is None:
             prev = level - 1
-            pool = [p for rank in range(self.worlds[prev][0]) for rest in self._remaining(prev, rank) for p in rest]
+            pool = [
+                p
+                for rank in range(self.worlds[prev][0])
+                for rest in self._remaining(prev, rank)
+                for p in rest
+            ]
             num_ranks, workers_of = self.worlds[level]
             found = replan(
                 pool,

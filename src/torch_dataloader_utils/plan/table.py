@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -162,7 +163,7 @@ class FileTable(Mapping[str, FileInfo]):
     has_groups: Array
     """``bool``: the file's row groups are known (``FileInfo.row_groups is not None``)."""
     group_offsets: Array
-    """``int64``, ``n + 1``: file ``i``'s unpruned groups are rows ``[group_offsets[i], group_offsets[i + 1])``."""
+    """``int64``, ``n + 1``: file ``i``'s unpruned groups are ``[group_offsets[i], group_offsets[i + 1])``."""
     group_index: Array
     """``int32`` position of each group in its file."""
     group_first_row: Array
@@ -255,9 +256,7 @@ class FileTable(Mapping[str, FileInfo]):
         self.path_offsets = _offsets(path_offsets, n, len(blob), "path_offsets")
         self.size = _i64(size, n, "size")
         self.rows = _i64(rows, n, "rows", -1)
-        self.mtime = (
-            np.full(n, np.nan) if mtime is None else np.ascontiguousarray(mtime, dtype=np.float64)
-        )
+        self.mtime = np.full(n, np.nan) if mtime is None else np.ascontiguousarray(mtime, dtype=np.float64)
         self.splittable = (
             np.ones(n, dtype=bool) if splittable is None else np.ascontiguousarray(splittable, dtype=bool)
         )
@@ -437,7 +436,7 @@ class FileTable(Mapping[str, FileInfo]):
         """File ids in path order (computed once, on the first lookup by path)."""
         if self._order is None:
             keys = [self._path_bytes(i) for i in range(len(self))]
-            if all(a < b for a, b in zip(keys, keys[1:], strict=False)):
+            if all(a < b for a, b in itertools.pairwise(keys)):
                 self._order = np.arange(len(keys), dtype=np.int64)
             else:
                 self._order = np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
@@ -465,7 +464,8 @@ class FileTable(Mapping[str, FileInfo]):
             )
         records = None
         if self.block_bytes is not None and self.block_bytes[i] > 0:
-            assert self.record_offsets is not None and self.record_counts is not None
+            assert self.record_offsets is not None
+            assert self.record_counts is not None
             lo, hi = int(self.record_offsets[i]), int(self.record_offsets[i + 1])
             records = RecordIndex(int(self.block_bytes[i]), tuple(self.record_counts[lo:hi].tolist()))
         rows = int(self.rows[i])
