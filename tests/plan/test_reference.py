@@ -73,11 +73,16 @@ def weight(p: Piece) -> int:
     return p.rows if p.chunk.num_rows is not None else p.chunk.num_bytes
 
 
-def reference_shares(spec: PlanSpec, epoch: int) -> list[list[Chunk]]:
+def reference_stream(spec: PlanSpec, epoch: int) -> list[tuple[Chunk, int]]:
+    """The epoch's chunks in stream order, with the rank each is dealt to.
+
+    Strategies returning every chunk: the shuffled order, chunk ``j`` to rank ``j %
+    num_ranks``. Rank-aware strategies: each rank's (shuffled) chunks, rank after rank.
+    """
     files = {f.path: f for f in spec.files}  # type: ignore[union-attr]
     strategy = spec.strategy
     if isinstance(strategy, RankAwareStrategy):
-        shares = []
+        stream = []
         for rank in range(spec.num_ranks):
             chunks = strategy.split_rank(
                 spec.files,  # type: ignore[arg-type]
@@ -87,8 +92,10 @@ def reference_shares(spec: PlanSpec, epoch: int) -> list[list[Chunk]]:
                 rank=rank,
             )
             chunks = normalize_chunks(chunks, files, strategy.name)
-            shares.append(shuffled(chunks, spec.seed, epoch, rank) if spec.shuffle else chunks)
-        return shares
+            stream += [
+                (c, rank) for c in (shuffled(chunks, spec.seed, epoch, rank) if spec.shuffle else chunks)
+            ]
+        return stream
     chunks = normalize_chunks(
         strategy.split(spec.files, num_workers=spec.num_workers, epoch=epoch),  # type: ignore[arg-type]
         files,
@@ -96,7 +103,7 @@ def reference_shares(spec: PlanSpec, epoch: int) -> list[list[Chunk]]:
     )
     if spec.shuffle:
         chunks = shuffled(chunks, spec.seed, epoch)
-    return [chunks[r :: spec.num_ranks] for r in range(spec.num_ranks)]
+    return [(c, j % spec.num_ranks) for j, c in enumerate(chunks)]
 
 
 def reference_plan(
@@ -104,19 +111,19 @@ def reference_plan(
 ) -> tuple[list[list[list[Chunk]]], list[Chunk]]:
     """Every rank's chunks per worker, and the chunks left out."""
     files = {f.path: f for f in spec.files}  # type: ignore[union-attr]
-    shares = reference_shares(spec, epoch)
+    chunks = reference_stream(spec, epoch)
     num_ranks = spec.num_ranks
     dropped: list[Piece] = []
     if not spec.equalized:
-        pieces = [[Piece(c, 0, c.num_rows or 0) for c in share] for share in shares]
+        pieces: list[list[Piece]] = [[] for _ in range(num_ranks)]
+        for c, r in chunks:
+            pieces[r].append(Piece(c, 0, c.num_rows or 0))
         quota = 0
     else:
-        for share in shares:
-            for c in share:
-                if c.num_rows is None:
-                    raise PlanError("equal_batches needs exact row counts")
-        stream = [Piece(c, 0, c.num_rows or 0) for share in shares for c in share]
-        owner = [r for r, share in enumerate(shares) for _ in share]
+        if any(c.num_rows is None for c, _ in chunks):
+            raise PlanError("equal_batches needs exact row counts")
+        stream = [Piece(c, 0, c.num_rows or 0) for c, _ in chunks]
+        owner = [r for _, r in chunks]
         total = sum(p.rows for p in stream)
         pad = spec.equal_batches is EqualBatches.PAD
         pad_rows = -total % num_ranks if pad else 0

@@ -199,7 +199,12 @@ class RankPlan:
 
 
 class _Shares:
-    """Each rank's items ``(table, indices)`` and row totals."""
+    """Each rank's items ``(table, indices)``, row totals, and the epoch's row stream.
+
+    The row stream orders every item of every share: the shuffled chunk order for
+    strategies that return every chunk (share ``r`` holds positions ``r, r + R, ...``),
+    the shares one after another for rank-aware strategies.
+    """
 
     num_ranks: int
 
@@ -211,6 +216,23 @@ class _Shares:
 
     def digest(self, rank: int) -> int | None:
         return None
+
+    def stream_starts(self, rank: int) -> Array:
+        """Stream row of each item of the share's first row."""
+        raise NotImplementedError
+
+    def items_in(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
+        """``(rank, k, start)`` of the items with rows in stream rows ``[lo, hi)``, in stream order."""
+        raise NotImplementedError
+
+    def overlap(self, lo: int, hi: int) -> Array:
+        """Rows of each share in stream rows ``[lo, hi)``."""
+        out = np.zeros(self.num_ranks, dtype=np.int64)
+        for rank, k, start in self.items_in(lo, hi):
+            table, index = self.share(rank)
+            n = int(table.rows[index[k]])
+            out[rank] += min(hi, start + n) - max(lo, start)
+        return out
 
 
 def _unknown_rows(table: ChunkTable, index: int) -> PlanError:
@@ -231,6 +253,7 @@ class _Dealt(_Shares):
         self.num_ranks = num_ranks
         self._digest = digest
         self._totals: Array | None = None
+        self._prefix: Array = np.zeros(1, dtype=np.int64)
 
     def share(self, rank: int) -> tuple[ChunkTable, Array]:
         return self.table, self.order[rank :: self.num_ranks]
@@ -244,7 +267,22 @@ class _Dealt(_Shares):
             padded = np.zeros(-(-len(rows) // r) * r, dtype=np.int64)
             padded[: len(rows)] = rows
             self._totals = padded.reshape(-1, r).sum(axis=0)
+            self._prefix = np.zeros(len(rows) + 1, dtype=np.int64)
+            np.cumsum(rows, out=self._prefix[1:])
         return self._totals
+
+    def stream_starts(self, rank: int) -> Array:
+        self.totals()
+        return self._prefix[:-1][rank :: self.num_ranks]
+
+    def items_in(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
+        self.totals()
+        prefix = self._prefix
+        j = max(0, int(np.searchsorted(prefix, lo, side="right")) - 1)
+        while j < len(prefix) - 1 and prefix[j] < hi:
+            if prefix[j + 1] > lo and prefix[j + 1] > prefix[j]:
+                yield j % self.num_ranks, j // self.num_ranks, int(prefix[j])
+            j += 1
 
     def digest(self, rank: int) -> int | None:
         return self._digest
@@ -305,6 +343,32 @@ class _PerRank(_Shares):
     def digest(self, rank: int) -> int | None:
         return self.share(rank)[0].digest()
 
+    def _starts(self) -> Array:
+        starts = np.zeros(self.num_ranks + 1, dtype=np.int64)
+        np.cumsum(self.totals(), out=starts[1:])
+        return starts
+
+    def stream_starts(self, rank: int) -> Array:
+        table, index = self.share(rank)
+        rows = table.rows[index]
+        first = np.zeros(len(rows), dtype=np.int64)
+        if len(rows) > 1:
+            np.cumsum(rows[:-1], out=first[1:])
+        first += int(self._starts()[rank])
+        return first
+
+    def items_in(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
+        starts = self._starts()
+        rank = max(0, int(np.searchsorted(starts, lo, side="right")) - 1)
+        while rank < self.num_ranks and starts[rank] < hi:
+            if starts[rank + 1] > lo:
+                table, index = self.share(rank)
+                first = self.stream_starts(rank)
+                end = first + table.rows[index]
+                for k in np.flatnonzero((first < hi) & (end > lo) & (end > first)).tolist():
+                    yield rank, k, int(first[k])
+            rank += 1
+
     def verify(self, fresh: bool) -> None:
         """Check that no two ranks share a row (calling the strategy for every rank).
 
@@ -334,7 +398,7 @@ def nondeterministic(name: str, where: str) -> PlanError:
         f"split strategy {name!r} returned different chunks for the same arguments ({where}), "
         "so ranks and DataLoader workers would read some rows twice and never read others. "
         "generate() must be a pure function of its arguments (files, num_workers, epoch, "
-        "num_ranks, rank): seed any randomness from them, e.g. random.Random((seed, epoch))"
+        "num_ranks, rank): derive any randomness from them, e.g. numpy.random.default_rng((my_seed, epoch))"
     )
 
 
@@ -345,10 +409,9 @@ def nondeterministic(name: str, where: str) -> PlanError:
 
 @dataclass(frozen=True)
 class _Stream:
-    """The epoch's row stream (shares rank after rank) and the equal-batches arithmetic."""
+    """The epoch's row stream and the equal-batches arithmetic over it."""
 
-    totals: Array
-    starts: Array  # where each share starts in the stream (len num_ranks + 1)
+    total: int
     quota: int
     span: tuple[int, int]  # stream rows left out (drop)
     pad_offset: int  # stream row the padding starts at (pad)
@@ -358,11 +421,10 @@ class _Stream:
     deficit_starts: Array  # pool offset of each rank's deficit (len num_ranks + 1)
 
 
-def _stream(totals: Array, *, pad: bool, shuffle: bool, seed: int, salt: Sequence[int]) -> _Stream:
+def _stream(shares: _Shares, *, pad: bool, shuffle: bool, seed: int, salt: Sequence[int]) -> _Stream:
+    totals = shares.totals()
     num_ranks = len(totals)
-    starts = np.zeros(num_ranks + 1, dtype=np.int64)
-    np.cumsum(totals, out=starts[1:])
-    total = int(starts[-1])
+    total = int(totals.sum())
     span = (total, total)
     pad_offset = pad_rows = 0
     if pad:
@@ -377,15 +439,14 @@ def _stream(totals: Array, *, pad: bool, shuffle: bool, seed: int, salt: Sequenc
         if shuffle and left_out:
             offset = random_offset(total - left_out + 1, seed, *salt[:1], _DROP_SALT, *salt[1:])
         span = (offset, offset + left_out)
-    overlap = np.maximum(0, np.minimum(starts[1:], span[1]) - np.maximum(starts[:-1], span[0]))
-    kept = totals - overlap
+    kept = totals - shares.overlap(*span) if span[1] > span[0] else totals
     surplus = np.maximum(0, kept - quota)
     deficit = np.maximum(0, quota - kept)
     surplus_starts = np.zeros(num_ranks + 1, dtype=np.int64)
     np.cumsum(surplus, out=surplus_starts[1:])
     deficit_starts = np.zeros(num_ranks + 1, dtype=np.int64)
     np.cumsum(deficit, out=deficit_starts[1:])
-    return _Stream(totals, starts, quota, span, pad_offset, pad_rows, kept, surplus_starts, deficit_starts)
+    return _Stream(total, quota, span, pad_offset, pad_rows, kept, surplus_starts, deficit_starts)
 
 
 @dataclass(frozen=True)
@@ -404,10 +465,7 @@ class _ShareRows:
 def _share_rows(shares: _Shares, stream: _Stream, rank: int) -> _ShareRows:
     table, index = shares.share(rank)
     rows = table.rows[index]
-    first = np.zeros(len(rows), dtype=np.int64)
-    if len(rows) > 1:
-        np.cumsum(rows[:-1], out=first[1:])
-    first += stream.starts[rank]
+    first = shares.stream_starts(rank)
     lo, hi = stream.span
     cut_lo = np.clip(lo - first, 0, rows)
     cut_hi = np.clip(hi - first, 0, rows)
@@ -475,17 +533,12 @@ class _ShareCache:
 
 
 def _stream_range(rows: _ShareCache, x: int, y: int, padding: bool) -> list[Part]:
-    """Parts for stream rows ``[x, y)`` (no span left out: ``'pad'``)."""
-    starts = rows.stream.starts
+    """Parts for stream rows ``[x, y)``, in stream order (no span left out: ``'pad'``)."""
     out: list[Part] = []
-    first = int(np.searchsorted(starts, x, side="right")) - 1
-    for rank in range(max(first, 0), len(starts) - 1):
-        lo, hi = int(starts[rank]), int(starts[rank + 1])
-        if lo >= y:
-            break
-        if hi <= x:
-            continue
-        out.extend(_kept_range(rows(rank), max(x, lo) - lo, min(y, hi) - lo, padding))
+    for rank, k, start in rows.shares.items_in(x, y):
+        share = rows(rank)
+        n = int(share.rows[k])
+        out.extend(_live(share, k, max(x, start) - start, min(y, start + n) - start, padding))
     return out
 
 
@@ -505,7 +558,7 @@ def _pool_range(rows: _ShareCache, x: int, y: int) -> list[Part]:
         out.extend(_kept_range(rows(rank), q + max(x, lo) - lo, q + min(y, hi) - lo))
     pad_lo = int(ps[-1])
     a, b = max(x, pad_lo) - pad_lo, min(y, pad_lo + stream.pad_rows) - pad_lo
-    total = int(stream.starts[-1])
+    total = stream.total
     while a < b and total > 0:  # padding: the stream read cyclically from pad_offset
         s = (stream.pad_offset + a) % total
         n = min(b - a, total - s)
@@ -515,17 +568,12 @@ def _pool_range(rows: _ShareCache, x: int, y: int) -> list[Part]:
 
 
 def _dropped(rows: _ShareCache) -> list[Part]:
-    """Parts for the stream rows ``'drop'`` leaves out."""
+    """Parts for the stream rows ``'drop'`` leaves out, in stream order."""
     lo, hi = rows.stream.span
-    starts = rows.stream.starts
     out: list[Part] = []
-    for rank in range(len(starts) - 1):
-        a, b = max(lo, int(starts[rank])), min(hi, int(starts[rank + 1]))
-        if a >= b:
-            continue
+    for rank, k, _ in rows.shares.items_in(lo, hi):
         share = rows(rank)
-        for k in np.flatnonzero(share.cut_hi > share.cut_lo).tolist():
-            out.append(Part(share.table, int(share.index[k]), int(share.cut_lo[k]), int(share.cut_hi[k])))
+        out.append(Part(share.table, int(share.index[k]), int(share.cut_lo[k]), int(share.cut_hi[k])))
     return out
 
 
@@ -635,7 +683,7 @@ class Planner:
     def _stream(self, shares: _Shares, epoch: int) -> _Stream:
         spec = self.spec
         return _stream(
-            shares.totals(),
+            shares,
             pad=spec.equal_batches is EqualBatches.PAD,
             shuffle=spec.shuffle,
             seed=spec.seed,
