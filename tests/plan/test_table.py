@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tests import strategies as ts
 from torch_dataloader_utils.errors import OverlappingChunksError
 from torch_dataloader_utils.plan.chunks import ChunkTable, build_chunks, check_table_overlap, from_chunks
-from torch_dataloader_utils.plan.splits import check_no_overlap, normalize_chunks
+from torch_dataloader_utils.plan.splits import RowGroupSplit, check_no_overlap, normalize_chunks
 from torch_dataloader_utils.plan.table import FileTable, FileWithDeletes, encode_paths
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo, RecordIndex, RowGroup
 
@@ -204,3 +204,25 @@ def test_custom_chunks_keep_windows_and_padding() -> None:
     assert [converted.chunk(i) for i in range(3)] == chunks
     check_table_overlap(converted, "x")  # disjoint windows of one range
     assert ChunkTable.concat(table, [converted, converted.take(np.array([0]))]).chunk(3) == chunks[0]
+
+
+@given(
+    st.lists(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 400)), max_size=7), min_size=32, max_size=70),
+    st.none() | st.integers(1, 900),
+    st.none() | st.integers(1, 60),
+)
+def test_row_group_packing_of_many_files_in_lockstep(
+    layout: list[list[tuple[int, int]]], split_bytes: int | None, split_rows: int | None
+) -> None:
+    """Enough files that groups are packed level by level across files (not one by one)."""
+    files = []
+    for i, groups in enumerate(layout):
+        first, rgs = 0, []
+        for k, (n, b) in enumerate(groups):
+            rgs.append(RowGroup(k, first, n, b))
+            first += n
+        files.append(FileInfo(f"f{i:03d}", 10 + sum(b for _, b in groups), first, tuple(rgs)))
+    strategy = RowGroupSplit(split_bytes=split_bytes, split_rows=split_rows)
+    table = FileTable.from_infos(files)
+    chunks = build_chunks(strategy, table)
+    assert [chunks.chunk(i) for i in range(len(chunks))] == normalize_chunks(strategy.split(files), table, "row_group")

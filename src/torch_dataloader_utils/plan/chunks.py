@@ -216,6 +216,16 @@ def is_builtin(strategy: object) -> bool:
 def _table(
     files: FileTable, file: Array, start: Array, stop: Array, unit: Array, rows: Array, size: Array
 ) -> ChunkTable:
+    if len(file) < 2 or bool(np.all(file[1:] >= file[:-1])):
+        return ChunkTable(
+            files,
+            file.astype(np.int64, copy=False),
+            start.astype(np.int64, copy=False),
+            stop.astype(np.int64, copy=False),
+            unit.astype(np.uint8, copy=False),
+            rows.astype(np.int64, copy=False),
+            size.astype(np.int64, copy=False),
+        )
     order = np.argsort(file, kind="stable")
     return ChunkTable(
         files,
@@ -313,34 +323,49 @@ def _file_split(files: FileTable) -> ChunkTable:
 
 def _runs(files: FileTable, ids: Array, split_bytes: int | None, split_rows: int | None) -> tuple[Array, ...]:
     """``RowGroupSplit`` runs of the files ``ids`` (all with groups)."""
-    counts = files.group_offsets[ids + 1] - files.group_offsets[ids]
-    owner = np.repeat(ids, counts)
-    local = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    g = np.repeat(files.group_offsets[ids], counts) + local
-    nonempty = files.group_rows[g] != 0
-    g, owner = g[nonempty], owner[nonempty]
-    rows, size = files.group_rows[g], files.group_bytes[g]
-    starts = np.ones(len(g), dtype=bool)
+    if len(ids) == len(files):  # every file: the group table as it is
+        g = np.arange(len(files.group_rows), dtype=np.int64)
+        counts = np.diff(files.group_offsets)
+        owner = np.repeat(ids, counts)
+    else:
+        counts = files.group_offsets[ids + 1] - files.group_offsets[ids]
+        owner = np.repeat(ids, counts)
+        g = np.arange(int(counts.sum()), dtype=np.int64)
+        g -= np.repeat(np.cumsum(counts) - counts - files.group_offsets[ids], counts)
+    del counts
+    empty = files.group_rows[g] == 0
+    if empty.any():
+        g, owner = g[~empty], owner[~empty]
+    del empty
     if split_bytes is not None or split_rows is not None:
-        starts = _greedy_starts(owner, rows, size, split_bytes, split_rows)
-    first = np.flatnonzero(starts)
-    last = np.append(first[1:], len(g))[: len(first)] - 1
-    run_rows = np.add.reduceat(rows, first) if len(first) else _empty()
-    run_bytes = np.add.reduceat(size, first) if len(first) else _empty()
+        starts = _greedy_starts(owner, files.group_rows[g], files.group_bytes[g], split_bytes, split_rows)
+        first = np.flatnonzero(starts)
+        del starts
+    else:
+        first = np.arange(len(g), dtype=np.int64)
     file = owner[first]
-    start = files.group_first_row[g[first]]
-    stop = files.group_first_row[g[last]] + files.group_rows[g[last]]
+    del owner
+    if len(first) == len(g):  # every run one group
+        start = files.group_first_row[g]
+        run_rows = files.group_rows[g]
+        run_bytes = files.group_bytes[g]
+        stop = start + run_rows
+    else:
+        last = np.append(first[1:], len(g))[: len(first)] - 1
+        run_rows = np.add.reduceat(files.group_rows[g], first) if len(first) else _empty()
+        run_bytes = np.add.reduceat(files.group_bytes[g], first) if len(first) else _empty()
+        start = files.group_first_row[g[first]]
+        stop = files.group_first_row[g[last]] + files.group_rows[g[last]]
+    del g, first
     if files.deleted is not None:
         fixed = _rows_in(files, file, start, stop)
         changed = fixed != run_rows
         num_rows = files.rows[file]
         with np.errstate(divide="ignore", invalid="ignore"):
-            proportional = np.where(
-                num_rows > 0, files.size[file] * (stop - start) // np.maximum(num_rows, 1), 0
-            )
+            proportional = np.where(num_rows > 0, files.size[file] * (stop - start) // np.maximum(num_rows, 1), 0)
         run_bytes = np.where(changed & (run_bytes == 0), proportional, run_bytes)
         run_rows = fixed
-    unit = np.zeros(len(first), dtype=np.uint8)
+    unit = np.zeros(len(file), dtype=np.uint8)
     return file, start, stop, unit, run_rows, run_bytes
 
 
@@ -358,35 +383,28 @@ def _greedy_starts(
         return starts
     boundary = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
     counts = np.diff(np.r_[boundary, n])
-    position = np.arange(n) - np.repeat(boundary, counts)
-    order = np.argsort(position, kind="stable")  # by position in file, then by file
-    by_level = np.searchsorted(position[order], np.arange(int(counts.max()) + 1))
-    run_bytes = np.zeros(len(boundary), dtype=np.int64)
-    run_rows = np.zeros(len(boundary), dtype=np.int64)
-    file_slot = np.repeat(np.arange(len(boundary)), counts)
-    level = 0
-    for level in range(int(counts.max())):
-        idx = order[by_level[level] : by_level[level + 1]]
-        if level and len(idx) < 32:
-            break
-        slot = file_slot[idx]
+    starts[boundary] = True
+    run_bytes = size[boundary].copy()
+    run_rows = rows[boundary].copy()
+    active = np.flatnonzero(counts > 1)  # files (by slot) with a group at the next level
+    level = 1
+    while len(active) >= 32:
+        idx = boundary[active] + level
         b, r = size[idx], rows[idx]
         full = np.zeros(len(idx), dtype=bool)
         if split_bytes is not None:
-            full |= run_bytes[slot] + b > split_bytes
+            full |= run_bytes[active] + b > split_bytes
         if split_rows is not None:
-            full |= run_rows[slot] + r > split_rows
-        new = full | (level == 0)
-        starts[idx] = new
-        run_bytes[slot] = np.where(new, b, run_bytes[slot] + b)
-        run_rows[slot] = np.where(new, r, run_rows[slot] + r)
-    else:
-        return starts
+            full |= run_rows[active] + r > split_rows
+        starts[idx] = full
+        run_bytes[active] = np.where(full, b, run_bytes[active] + b)
+        run_rows[active] = np.where(full, r, run_rows[active] + r)
+        level += 1
+        active = active[counts[active] > level]
     # Few files have more groups: finish them one group at a time.
-    for slot in np.unique(file_slot[order[by_level[level] :]]).tolist():
+    for slot in active.tolist():
         rb, rr = int(run_bytes[slot]), int(run_rows[slot])
-        lo, hi = int(boundary[slot]) + level, int(boundary[slot] + counts[slot])
-        for k in range(lo, hi):
+        for k in range(int(boundary[slot]) + level, int(boundary[slot] + counts[slot])):
             nb, nr = int(size[k]), int(rows[k])
             over = (split_bytes is not None and rb + nb > split_bytes) or (
                 split_rows is not None and rr + nr > split_rows

@@ -207,6 +207,8 @@ class _Shares:
     """
 
     num_ranks: int
+    stream: _Stream | None = None
+    """The equal-batches arithmetic over the stream, once computed."""
 
     def share(self, rank: int) -> tuple[ChunkTable, Array]:
         raise NotImplementedError
@@ -264,11 +266,13 @@ class _Dealt(_Shares):
             if np.any(rows < 0):
                 raise _unknown_rows(self.table, int(self.order[int(np.argmax(rows < 0))]))
             r = self.num_ranks
-            padded = np.zeros(-(-len(rows) // r) * r, dtype=np.int64)
-            padded[: len(rows)] = rows
-            self._totals = padded.reshape(-1, r).sum(axis=0)
+            whole = len(rows) // r * r
+            totals = rows[:whole].reshape(-1, r).sum(axis=0) if whole else np.zeros(r, dtype=np.int64)
+            totals[: len(rows) - whole] += rows[whole:]
+            self._totals = totals
             self._prefix = np.zeros(len(rows) + 1, dtype=np.int64)
             np.cumsum(rows, out=self._prefix[1:])
+            del rows
         return self._totals
 
     def stream_starts(self, rank: int) -> Array:
@@ -467,8 +471,8 @@ def _share_rows(shares: _Shares, stream: _Stream, rank: int) -> _ShareRows:
     rows = table.rows[index]
     first = shares.stream_starts(rank)
     lo, hi = stream.span
-    cut_lo = np.clip(lo - first, 0, rows)
-    cut_hi = np.clip(hi - first, 0, rows)
+    cut_lo = np.minimum(np.maximum(lo - first, 0), rows)
+    cut_hi = np.minimum(np.maximum(hi - first, 0), rows)
     kept = rows - (cut_hi - cut_lo)
     before = np.zeros(len(rows), dtype=np.int64)
     if len(rows) > 1:
@@ -505,7 +509,7 @@ def _kept_range(share: _ShareRows, x: int, y: int, padding: bool = False) -> lis
 
 def _own(share: _ShareRows, quota: int) -> list[Part]:
     """The share's parts a rank keeps: items up to the quota (and items of no rows)."""
-    take = np.clip(quota - share.before, 0, share.kept)
+    take = np.minimum(np.maximum(quota - share.before, 0), share.kept)
     zero = share.rows == 0
     out: list[Part] = []
     for k in np.flatnonzero(zero | (take > 0)).tolist():
@@ -661,6 +665,9 @@ class Planner:
             return found
         spec = self.spec
         strategy = spec.strategy
+        if self._shares:  # one epoch's arrays at a time: they hold 16 bytes per chunk
+            self._shares.clear()
+            self._parts.clear()
         if isinstance(strategy, RankAwareStrategy):
             found = _PerRank(self, epoch, num_workers, totals)
         else:
@@ -674,21 +681,20 @@ class Planner:
             n = len(table)
             order = permutation(n, spec.seed, epoch) if spec.shuffle else np.arange(n, dtype=np.int64)
             found = _Dealt(table, order, spec.num_ranks, digest)
-        if len(self._shares) >= 2:
-            self._shares.pop(next(iter(self._shares)))
-            self._parts.clear()
         self._shares[key] = found
         return found
 
     def _stream(self, shares: _Shares, epoch: int) -> _Stream:
-        spec = self.spec
-        return _stream(
-            shares,
-            pad=spec.equal_batches is EqualBatches.PAD,
-            shuffle=spec.shuffle,
-            seed=spec.seed,
-            salt=(epoch,),
-        )
+        if shares.stream is None:
+            spec = self.spec
+            shares.stream = _stream(
+                shares,
+                pad=spec.equal_batches is EqualBatches.PAD,
+                shuffle=spec.shuffle,
+                seed=spec.seed,
+                salt=(epoch,),
+            )
+        return shares.stream
 
     def parts(
         self, epoch: int, rank: int, num_workers: int, totals: Sequence[int] | None = None

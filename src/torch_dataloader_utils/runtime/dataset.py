@@ -138,9 +138,9 @@ class PlannedDataset(IterableDataset[Any]):
             )
         )
         # What the main process planned for an epoch, for its DataLoader workers (shared
-        # memory, so persistent workers see it): [epoch + 1, digest of a custom strategy's
-        # chunks]; and, for a rank-aware strategy with equal batches, every rank's rows.
-        self._digest = torch.zeros(2, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        # memory, so persistent workers see it): [epoch + 1, num_workers, digest of a custom
+        # strategy's chunks]; and, for a rank-aware strategy with equal batches, every rank's rows.
+        self._digest = torch.zeros(3, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self._totals: torch.Tensor | None = None
         if self._planner.rank_aware and options.equalized:
             self._totals = torch.zeros(options.world.num_ranks + 1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
@@ -284,13 +284,14 @@ class PlannedDataset(IterableDataset[Any]):
         """Main process: publish the custom strategy's chunks digest; worker: compare."""
         epoch, digest = plan.epoch, plan.digest
         if not in_worker:
-            self._digest[0], self._digest[1] = epoch + 1, digest
+            self._digest[0], self._digest[1], self._digest[2] = epoch + 1, plan.num_workers, digest
             if self._totals is not None:
                 shares = self._planner.shares(epoch, plan.num_workers)
                 self._totals[1:] = torch.as_tensor(shares.totals())
                 self._totals[0] = epoch + 1
             return
-        if int(self._digest[0]) == epoch + 1 and int(self._digest[1]) != digest:
+        published = self._digest.tolist()
+        if published[:2] == [epoch + 1, plan.num_workers] and published[2] != digest:
             raise nondeterministic(
                 self._planner.spec.strategy.name,
                 f"a DataLoader worker and the main process of rank {self.world.rank}, epoch {epoch}",
