@@ -110,10 +110,21 @@ def _spec(files: Any, ranks: int, workers: int) -> Any:
     from torch_dataloader_utils.plan.splits import RowGroupSplit
     from torch_dataloader_utils.plan.types import EqualBatches
 
-    return PlanSpec(files, RowGroupSplit(split_bytes=DEFAULT_SPLIT_BYTES), ranks, workers, True, 7, EqualBatches.DROP, 1024)
+    return PlanSpec(
+        files,
+        RowGroupSplit(split_bytes=DEFAULT_SPLIT_BYTES),
+        ranks,
+        workers,
+        True,
+        7,
+        EqualBatches.DROP,
+        1024,
+    )
 
 
-def _state_of(ranks: int, workers: int, quota: int, fingerprint: dict[str, Any], with_left: bool) -> dict[str, Any]:
+def _state_of(
+    ranks: int, workers: int, quota: int, fingerprint: dict[str, Any], with_left: bool
+) -> dict[str, Any]:
     """A merged state of every rank, each worker a quarter through its rows (cursor in piece 0)."""
     from torch_dataloader_utils.plan.ranks import worker_quotas
     from torch_dataloader_utils.plan.state import STATE_FORMAT, STATE_VERSION
@@ -295,7 +306,9 @@ def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("command", choices=["plan", "_one"])
     parser.add_argument("--what", default="plan", choices=["plan", "load", "state", "meta"])
     parser.add_argument("--measure", nargs="+", default=["plan", "load", "state", "meta"])

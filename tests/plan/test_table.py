@@ -207,7 +207,9 @@ def test_custom_chunks_keep_windows_and_padding() -> None:
 
 
 @given(
-    st.lists(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 400)), max_size=7), min_size=32, max_size=70),
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 30), st.integers(0, 400)), max_size=7), min_size=32, max_size=70
+    ),
     st.none() | st.integers(1, 900),
     st.none() | st.integers(1, 60),
 )
@@ -225,4 +227,6 @@ def test_row_group_packing_of_many_files_in_lockstep(
     strategy = RowGroupSplit(split_bytes=split_bytes, split_rows=split_rows)
     table = FileTable.from_infos(files)
     chunks = build_chunks(strategy, table)
-    assert [chunks.chunk(i) for i in range(len(chunks))] == normalize_chunks(strategy.split(files), table, "row_group")
+    assert [chunks.chunk(i) for i in range(len(chunks))] == normalize_chunks(
+        strategy.split(files), table, "row_group"
+    )

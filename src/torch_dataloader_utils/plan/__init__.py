@@ -7,7 +7,7 @@ Metadata is kept as numpy columns (:class:`FileTable`); a process plans its own 
 """
 
 from torch_dataloader_utils.plan.assign import assign
-from torch_dataloader_utils.plan.planner import PlanSpec, Planner, RankPlan, plan_epoch, verify_plan
+from torch_dataloader_utils.plan.planner import Planner, PlanSpec, RankPlan, plan_epoch, verify_plan
 from torch_dataloader_utils.plan.shuffle import permutation, shuffled
 from torch_dataloader_utils.plan.splits import (
     ByteRangeSplit,

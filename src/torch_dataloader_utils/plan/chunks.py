@@ -362,7 +362,9 @@ def _runs(files: FileTable, ids: Array, split_bytes: int | None, split_rows: int
         changed = fixed != run_rows
         num_rows = files.rows[file]
         with np.errstate(divide="ignore", invalid="ignore"):
-            proportional = np.where(num_rows > 0, files.size[file] * (stop - start) // np.maximum(num_rows, 1), 0)
+            proportional = np.where(
+                num_rows > 0, files.size[file] * (stop - start) // np.maximum(num_rows, 1), 0
+            )
         run_bytes = np.where(changed & (run_bytes == 0), proportional, run_bytes)
         run_rows = fixed
     unit = np.zeros(len(file), dtype=np.uint8)
