@@ -208,7 +208,11 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
             from torch_dataloader_utils.plan.resume import Resumer
 
             planner = Planner(spec)
+            t = time.perf_counter()
+            planner.chunk_table()  # built once per dataset, at construction
+            out["chunk_table_s"] = round(time.perf_counter() - t, 4)
             quota = int(planner.shares(1, args.workers).totals().sum()) // args.ranks
+            planner.shares(0, args.workers)  # a fresh process has planned epoch 0 (construction), not 1
             state = _state_of(args.ranks, args.workers, quota, expected, not args.no_left)
             t = time.perf_counter()
             checked = check_state(json.loads(json.dumps(state)), expected)
@@ -263,6 +267,10 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
                 return [[p.hi - p.lo for p in plan.workers[w]] for w in range(workers)]
 
             tracker = ResumeTracker(files, options, world, 7, piece_rows=rows)
+            t = time.perf_counter()
+            rows(1, args.workers, [])  # what the dataset does when a pass starts (main process)
+            tracker.fingerprint()
+            out["pass_start_s"] = round(time.perf_counter() - t, 4)
         else:
             tracker = ResumeTracker(files, options, world, 7)
         progress = tracker.begin(args.workers, 1)

@@ -147,6 +147,7 @@ class PlannedDataset(IterableDataset[Any]):
         self._plans: dict[tuple[int, int], EpochPlan] = {}
         self._resumers: dict[tuple[int, int, int], Resumer] = {}
         self._piece_rows: dict[tuple[int, int, int], list[list[int]] | None] = {}
+        self._last_rows: tuple[list[dict[str, Any]], int, int, list[list[int]] | None] | None = None
         self._logged: set[int] = set()
         self.metrics = MetricsRecorder(options.progress)
         """Per-worker counters of the batches received (see :meth:`get_metrics`)."""
@@ -363,7 +364,7 @@ class PlannedDataset(IterableDataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Workers plan their own epoch; do not ship plans (the planner keeps its chunk table).
-        state["_plans"], state["_resumers"], state["_piece_rows"] = {}, {}, {}
+        state["_plans"], state["_resumers"], state["_piece_rows"], state["_last_rows"] = {}, {}, {}, None
         return state
 
     def _auto_workers(self) -> int:
@@ -427,8 +428,12 @@ class PlannedDataset(IterableDataset[Any]):
         per pass.
         """
         workers = max(1, workers)
+        last = self._last_rows
+        if last is not None and last[0] is segments and last[1:3] == (epoch, workers):
+            return last[3]  # state_dict() during a pass: no hashing of the segments
         key = (epoch, workers, _segments_key(segments))
         if key in self._piece_rows:
+            self._last_rows = (segments, epoch, workers, self._piece_rows[key])
             return self._piece_rows[key]
         rows: list[list[int]] | None = []
         if not segments and self.row_shuffle_window is None:
@@ -443,6 +448,7 @@ class PlannedDataset(IterableDataset[Any]):
         if len(self._piece_rows) >= 4:
             self._piece_rows.pop(next(iter(self._piece_rows)))
         self._piece_rows[key] = rows
+        self._last_rows = (segments, epoch, workers, rows)
         return rows
 
     def num_batches(self, epoch: int | None = None, num_workers: int | None = None) -> int:
