@@ -113,7 +113,11 @@ def test_rank_aware_strategy_with_equal_batches_in_workers(root: str) -> None:
 
 def test_overlap_check_of_large_worlds_is_an_option(root: str) -> None:
     # 17 ranks: more than are checked automatically; each rank reads what it was given.
-    StructuredDataset(root, split_strategy=NotSharded(), num_ranks=17, rank=3, equal_batches="off")
+    unchecked = StructuredDataset(
+        root, split_strategy=NotSharded(), num_ranks=17, rank=3, equal_batches="off"
+    )
+    with pytest.raises(OverlappingChunksError, match=r"'NotSharded' across 17 ranks reads rows twice"):
+        unchecked.verify_plan()  # what `plan --verify` runs
     with pytest.raises(OverlappingChunksError, match=r"'NotSharded' across 17 ranks reads rows twice"):
         StructuredDataset(
             root, split_strategy=NotSharded(), num_ranks=17, rank=3, equal_batches="off", verify_plan=True

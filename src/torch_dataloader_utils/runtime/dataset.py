@@ -342,6 +342,19 @@ class PlannedDataset(IterableDataset[Any]):
             where,
         )
 
+    def verify_plan(self, epoch: int | None = None, num_workers: int | None = None) -> None:
+        """Check that no two chunks of any ranks share a row in ``epoch`` (``plan --verify``).
+
+        For a custom rank-aware strategy it calls the strategy for every rank, the check
+        that planning skips in worlds of more than 16 ranks unless ``verify_plan=True``.
+
+        Raises:
+            OverlappingChunksError: two chunks share rows (naming both).
+            PlanError: the strategy returned invalid chunks.
+        """
+        epoch = self.epoch if epoch is None else epoch
+        self._planner.verify(epoch, self._readers(num_workers))
+
     def plan(self, epoch: int | None = None, num_workers: int | None = None) -> EpochPlan:
         """The plan of ``epoch`` (default: the current one) for every rank and worker.
 
