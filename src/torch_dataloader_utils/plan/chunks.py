@@ -323,40 +323,43 @@ def _file_split(files: FileTable) -> ChunkTable:
 
 def _runs(files: FileTable, ids: Array, split_bytes: int | None, split_rows: int | None) -> tuple[Array, ...]:
     """``RowGroupSplit`` runs of the files ``ids`` (all with groups)."""
+    counts = files.group_offsets[ids + 1] - files.group_offsets[ids]
+    owner = np.repeat(ids, counts)
     if len(ids) == len(files):  # every file: the group table as it is
         g = np.arange(len(files.group_rows), dtype=np.int64)
-        counts = np.diff(files.group_offsets)
-        owner = np.repeat(ids, counts)
     else:
-        counts = files.group_offsets[ids + 1] - files.group_offsets[ids]
-        owner = np.repeat(ids, counts)
         g = np.arange(int(counts.sum()), dtype=np.int64)
         g -= np.repeat(np.cumsum(counts) - counts - files.group_offsets[ids], counts)
-    del counts
     empty = files.group_rows[g] == 0
+    identity = len(ids) == len(files)  # g is every group, in order: use the columns as they are
     if empty.any():
         g, owner = g[~empty], owner[~empty]
+        counts = np.bincount(np.searchsorted(ids, owner), minlength=len(ids))
+        identity = False
     del empty
-    if split_bytes is not None or split_rows is not None:
+
+    single = not len(counts) or int(counts.max()) <= 1
+    del counts
+    if not single and (split_bytes is not None or split_rows is not None):
         starts = _greedy_starts(owner, files.group_rows[g], files.group_bytes[g], split_bytes, split_rows)
         first = np.flatnonzero(starts)
         del starts
     else:
-        first = np.arange(len(g), dtype=np.int64)
-    file = owner[first]
-    del owner
-    if len(first) == len(g):  # every run one group
-        start = files.group_first_row[g]
-        run_rows = files.group_rows[g]
-        run_bytes = files.group_bytes[g]
+        first = None  # every group is a run of its own
+    if first is None:
+        file = owner
+        start = files.group_first_row if identity else files.group_first_row[g]
+        run_rows = files.group_rows if identity else files.group_rows[g]
+        run_bytes = files.group_bytes if identity else files.group_bytes[g]
         stop = start + run_rows
     else:
+        file = owner[first]
         last = np.append(first[1:], len(g))[: len(first)] - 1
         run_rows = np.add.reduceat(files.group_rows[g], first) if len(first) else _empty()
         run_bytes = np.add.reduceat(files.group_bytes[g], first) if len(first) else _empty()
         start = files.group_first_row[g[first]]
         stop = files.group_first_row[g[last]] + files.group_rows[g[last]]
-    del g, first
+    del g, owner, first
     if files.deleted is not None:
         fixed = _rows_in(files, file, start, stop)
         changed = fixed != run_rows
