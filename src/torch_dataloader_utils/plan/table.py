@@ -126,6 +126,7 @@ class FileTable(Mapping[str, FileInfo]):
         "_deleted_count",
         "_infos",
         "_order",
+        "_seen",
         "block_bytes",
         "delete_offsets",
         "deleted",
@@ -187,6 +188,7 @@ class FileTable(Mapping[str, FileInfo]):
     _by_path: dict[str, int] | None
     _order: Array | None
     _cache: dict[int, FileInfo]
+    _seen: dict[str, int]
     _deleted_count: Array | None
 
     # -- construction ---------------------------------------------------------------
@@ -358,6 +360,7 @@ class FileTable(Mapping[str, FileInfo]):
         self._by_path = None
         self._order = None
         self._cache = {}
+        self._seen = {}
         if self.delete_offsets is not None:
             self._deleted_count = np.diff(self.delete_offsets)
         else:
@@ -397,7 +400,7 @@ class FileTable(Mapping[str, FileInfo]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = {name: getattr(self, name) for name in self.__slots__}
-        state.update(_by_path=None, _cache={})
+        state.update(_by_path=None, _cache={}, _seen={})
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -410,7 +413,9 @@ class FileTable(Mapping[str, FileInfo]):
         if self._infos is not None:
             return self._infos[i].path
         lo, hi = self.path_offsets[i], self.path_offsets[i + 1]
-        return self.paths_blob[lo:hi].tobytes().decode()
+        path = self.paths_blob[lo:hi].tobytes().decode()
+        self._seen[path] = i  # the paths of chunks built here are the ones looked up later
+        return path
 
     def index(self, path: str) -> int:
         """The id of the file at ``path``.
@@ -422,6 +427,9 @@ class FileTable(Mapping[str, FileInfo]):
             if self._by_path is None:
                 self._by_path = {f.path: i for i, f in enumerate(self._infos)}
             return self._by_path[path]
+        seen = self._seen.get(path)
+        if seen is not None:
+            return seen
         order = self._sorted()
         key = path.encode()
         i = bisect.bisect_left(order, key, key=self._path_bytes)  # type: ignore[arg-type]
@@ -435,11 +443,12 @@ class FileTable(Mapping[str, FileInfo]):
     def _sorted(self) -> Array:
         """File ids in path order (computed once, on the first lookup by path)."""
         if self._order is None:
-            keys = [self._path_bytes(i) for i in range(len(self))]
+            keys = (self._path_bytes(i) for i in range(len(self)))  # one at a time: no list of paths
             if all(a < b for a, b in itertools.pairwise(keys)):
-                self._order = np.arange(len(keys), dtype=np.int64)
+                self._order = np.arange(len(self), dtype=np.int64)
             else:
-                self._order = np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
+                every = [self._path_bytes(i) for i in range(len(self))]
+                self._order = np.array(sorted(range(len(every)), key=every.__getitem__), dtype=np.int64)
         return self._order
 
     def info(self, i: int) -> FileInfo:
