@@ -32,7 +32,7 @@ from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.emit import Positions, grouped
 from torch_dataloader_utils.runtime.metrics import MetricsRecorder, WorkerMetrics
 from torch_dataloader_utils.runtime.options import Options
-from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged
+from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged, complete_state
 from torch_dataloader_utils.runtime.watchdog import watch_parent
 from torch_dataloader_utils.transfer import pack
 
@@ -96,11 +96,8 @@ class PlannedDataset(IterableDataset[Any]):
         self._files = tuple(files)
         self._options = options
         self._reader = reader
-        self._converter = BatchConverter(
-            batch_schema(output_schema, batching.equal_batches),
-            options.output.output_format,
-            options.output.null_fill,
-        )
+        self._schema = output_schema
+        self._converter = BatchConverter(batch_schema(output_schema, batching.equal_batches), options.output)
         self._row_count_issue = row_count_issue
         # Shared memory: set_epoch in the main process reaches persistent workers.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
@@ -170,6 +167,11 @@ class PlannedDataset(IterableDataset[Any]):
     def files(self) -> tuple[FileInfo, ...]:
         """The dataset's files (metadata only)."""
         return self._files
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The Arrow schema of the rows read (columns in output order, no padding flag)."""
+        return self._schema
 
     @property
     def num_workers(self) -> int:
@@ -508,6 +510,33 @@ class PlannedDataset(IterableDataset[Any]):
         return self.num_batches()
 
     # -- reading ----------------------------------------------------------------
+    def read_chunk(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
+        """The rows of one planned chunk as Arrow record batches, in file order.
+
+        ``chunk`` is one of this dataset's planned chunks (from :meth:`plan`), or a piece of
+        one cut at row granularity (``plan.ranks.cut_chunk``). The batches are what the
+        loader reads before batching and conversion: projected to ``columns``, filtered
+        by ``filters``, partition columns added, Iceberg deletes applied; their schema is
+        :attr:`schema`. Works in any process (tools such as ``reshard`` read chunks in
+        their own worker processes); it does not touch the epoch, resume state or metrics.
+
+        Raises:
+            ReadError: the chunk cannot be read (file and range named).
+        """
+        return self._reader.read(chunk)
+
+    def read_chunks(self, chunks: Sequence[Chunk]) -> Iterator[pa.RecordBatch]:
+        """The rows of several chunks, one after the other, as :meth:`read_chunk` gives them.
+
+        On remote storage the bytes of the next chunks are fetched while one is decoded
+        (``read_ahead_bytes``), as the loader does for a worker's chunks.
+        """
+        schedule = getattr(self._reader, "schedule", None)
+        if schedule is not None:
+            schedule(list(chunks))
+        for chunk in chunks:
+            yield from self._reader.read(chunk)
+
     def worker_chunks(self) -> tuple[Chunk, ...]:
         """The chunks the calling process (main or DataLoader worker) reads this epoch."""
         slot = env.worker_slot()
@@ -586,7 +615,10 @@ class PlannedDataset(IterableDataset[Any]):
         """Resume from a state: the next pass over its epoch reads only what was not consumed.
 
         The state must hold every rank (one rank's own state on a single-rank job, else
-        ``merge_states([...])`` or ``gather_state``). The rest of the epoch is
+        ``merge_states([...])`` or ``gather_state``), or, under an initialized
+        ``torch.distributed`` process group, be this rank's own state loaded by every
+        rank at the same call (the states are then gathered and merged, see
+        :func:`~torch_dataloader_utils.runtime.state.complete_state`). The rest of the epoch is
         re-planned over this dataset's world, which may have other ``num_ranks`` and
         ``num_workers`` than the saved one. Sets :attr:`epoch` to the state's epoch;
         the epoch after it is a normal full epoch. A state that fails a check changes
@@ -596,6 +628,7 @@ class PlannedDataset(IterableDataset[Any]):
             ResumeStateError: not a state, another version, or not every rank.
             StateMismatchError: saved for other files or options (says what changed).
         """
+        state = complete_state(state, self.world)
         epoch = self._state.load(
             state, lambda epoch, segments: self._pieces(epoch, self._num_workers, segments)
         )
