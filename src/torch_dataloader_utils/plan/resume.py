@@ -40,7 +40,15 @@ import numpy as np
 
 from torch_dataloader_utils.errors import ResumeStateError
 from torch_dataloader_utils.plan.assign import assign
-from torch_dataloader_utils.plan.pieces import Piece, as_pieces, cut_piece, remaining, window_pieces
+from torch_dataloader_utils.plan.mixing import RowMixing
+from torch_dataloader_utils.plan.pieces import (
+    Piece,
+    as_pieces,
+    cut_piece,
+    mix_pieces,
+    remaining,
+    window_pieces,
+)
 from torch_dataloader_utils.plan.planner import _DROP_SALT, _PAD_SALT, Planner, PlanSpec
 from torch_dataloader_utils.plan.ranks import fill_quotas_by, rank_quota, worker_quotas
 from torch_dataloader_utils.plan.shuffle import random_offset
@@ -66,6 +74,19 @@ def _rows(piece: Piece) -> int:
             f"{piece.chunks[0].path!r} has an unknown row count; pass equal_batches='off'"
         )
     return n
+
+
+def _group(
+    pieces: Sequence[Piece],
+    window_rows: int | None,
+    mixing: RowMixing | None,
+    key: tuple[int, ...],
+    files: Mapping[str, FileInfo],
+) -> list[Piece]:
+    """A worker's pieces as windows (``window_rows``), mixes (``mixing``) or as they are."""
+    if window_rows is not None:
+        return window_pieces(pieces, window_rows, key)
+    return mix_pieces(pieces, mixing, key, files)
 
 
 def _padded(piece: Piece) -> Piece:
@@ -98,15 +119,16 @@ def _deal_workers(
     equal: bool,
     batch_size: int,
     window_rows: int | None,
+    mixing: RowMixing | None,
     key: tuple[int, ...],
 ) -> Workers:
-    """LPT over ``workers``, worker quotas with equal batches, then row-shuffle windows."""
+    """LPT over ``workers``, worker quotas with equal batches, then windows or mixes."""
     bins = assign(share, workers, _weight)
     if equal:
         rows = sum(_rows(p) for p in share)
         bins, rest = _fill(bins, worker_quotas(rows, workers, batch_size), files)
         assert not rest, "worker quotas add up to the rank's rows"
-    return tuple(tuple(window_pieces(b, window_rows, (*key, w))) for w, b in enumerate(bins))
+    return tuple(tuple(_group(b, window_rows, mixing, (*key, w), files)) for w, b in enumerate(bins))
 
 
 def replan(
@@ -119,13 +141,15 @@ def replan(
     batch_size: int,
     window_rows: int | None = None,
     key: tuple[int, ...] = (),
+    mixing: RowMixing | None = None,
 ) -> ResumeResult:
     """Deal remaining pieces whole, ``[rank::num_ranks]`` (row counts not exact).
 
     With ``equal_batches`` on (and more than one rank) every rank then gets exactly
     :func:`~.ranks.rank_quota` rows, surplus rows moving to short ranks at row
     granularity, and every worker a multiple of ``batch_size``. Whole chunks are
-    regrouped into windows when ``window_rows`` is set (keys ``(*key, rank, worker, j)``).
+    regrouped into windows when ``window_rows`` is set, else into mixes when ``mixing``
+    is (keys ``(*key, rank, worker, j)``).
 
     Args:
         pool: The remaining pieces, in a canonical order (rank, worker, piece).
@@ -136,6 +160,7 @@ def replan(
         batch_size: Rows per batch.
         window_rows: Row-shuffle window, or ``None``.
         key: Prefix of the windows' permutation keys.
+        mixing: Row mixing (when ``window_rows`` is ``None``), or ``None``.
     """
     shares = [list(pool[r::num_ranks]) for r in range(num_ranks)]
     equal = equal_batches.acts_on(num_ranks)
@@ -164,6 +189,7 @@ def replan(
             equal=equal,
             batch_size=batch_size,
             window_rows=window_rows,
+            mixing=mixing,
             key=(*key, rank),
         )
         for rank, share in enumerate(shares)
@@ -207,6 +233,7 @@ class Resumer:
         num_workers: Workers of a rank in that world.
         window_rows: Row-shuffle window, or ``None``.
         exact: Row counts are exact (no uncounted row filter), so chunks can be cut at a row.
+        mixing: Row mixing (when ``window_rows`` is ``None``), or ``None``.
     """
 
     def __init__(
@@ -219,11 +246,13 @@ class Resumer:
         num_workers: Callable[[int], int],
         window_rows: int | None,
         exact: bool,
+        mixing: RowMixing | None = None,
     ) -> None:
         self.spec: PlanSpec = planner.spec
         self.epoch = epoch
         self.files: Mapping[str, FileInfo] = planner.files
         self.window_rows = window_rows
+        self.mixing = mixing
         self.exact = exact
         self._entries = [_ranks_of(s) for s in segments]
         self.worlds: list[tuple[int, Callable[[int], int]]] = [
@@ -268,8 +297,12 @@ class Resumer:
         plan = self._planner.rank_plan(self.epoch, rank, workers)
         return tuple(
             tuple(
-                window_pieces(
-                    as_pieces(plan.chunks_for(w)), self.window_rows, (self._seed, self.epoch, 0, rank, w)
+                _group(
+                    as_pieces(plan.chunks_for(w)),
+                    self.window_rows,
+                    self.mixing,
+                    (self._seed, self.epoch, 0, rank, w),
+                    self.files,
                 )
             )
             for w in range(workers)
@@ -415,6 +448,7 @@ class Resumer:
             equal=equal,
             batch_size=spec.batch_size,
             window_rows=self.window_rows,
+            mixing=self.mixing,
             key=(self._seed, self.epoch, level, rank),
         )
 
@@ -460,6 +494,7 @@ class Resumer:
                 equal_batches=self.spec.equal_batches,
                 batch_size=self.spec.batch_size,
                 window_rows=self.window_rows,
+                mixing=self.mixing,
                 key=(self._seed, self.epoch, level),
             )
             self._legacy[level] = found
@@ -475,6 +510,7 @@ def segment_pieces(
     num_workers: Callable[[int], int],
     window_rows: int | None,
     exact: bool,
+    mixing: RowMixing | None = None,
 ) -> ResumeResult:
     """Pieces of every (rank, worker) after the interrupted ``segments`` of ``epoch``.
 
@@ -494,6 +530,7 @@ def segment_pieces(
         num_workers: Workers of a rank in that world.
         window_rows: Row-shuffle window, or ``None``.
         exact: Row counts are exact (no row filter), so chunks can be cut at a row.
+        mixing: Row mixing (when ``window_rows`` is ``None``), or ``None``.
     """
     planner = spec if isinstance(spec, Planner) else Planner(spec)
     resumer = Resumer(
@@ -504,6 +541,7 @@ def segment_pieces(
         num_workers=num_workers,
         window_rows=window_rows,
         exact=exact,
+        mixing=mixing,
     )
     return ResumeResult(tuple(resumer.rank(r) for r in range(num_ranks)), resumer.dropped())
 

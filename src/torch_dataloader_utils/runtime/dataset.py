@@ -23,7 +23,9 @@ from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.errors import IncompatibleOptionsError, UnknownLengthError
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
-from torch_dataloader_utils.plan.pieces import Piece, as_pieces
+from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
+from torch_dataloader_utils.plan.mixing import RowMixing
+from torch_dataloader_utils.plan.pieces import Piece, as_pieces, mix_pieces, window_pieces
 from torch_dataloader_utils.plan.planner import Planner, PlanSpec, RankPlan, nondeterministic
 from torch_dataloader_utils.plan.resume import Resumer
 from torch_dataloader_utils.plan.table import FileTable
@@ -115,6 +117,8 @@ class PlannedDataset(IterableDataset[Any]):
                 "drop_last": batching.drop_last,
                 "equal_batches": batching.equal_batches.value,
                 "row_shuffle_window": shuffle.row_window,
+                # Only when in effect: states of unshuffled (or chunk-only) reads stay valid.
+                **({} if shuffle.mixing is None else {"row_mixing": shuffle.mixing.rows}),
                 **identity,
             },
             options.world,
@@ -187,6 +191,11 @@ class PlannedDataset(IterableDataset[Any]):
     def row_shuffle_window(self) -> int | None:
         """Rows shuffled together (the row-level shuffle's window), or ``None``."""
         return self._options.shuffle.row_window
+
+    @property
+    def row_mixing(self) -> RowMixing | None:
+        """The row mixing in effect (``shuffle=True`` with ``row_mixing``), or ``None``."""
+        return self._options.shuffle.mixing
 
     @property
     def epoch(self) -> int:
@@ -414,6 +423,7 @@ class PlannedDataset(IterableDataset[Any]):
                 num_workers=lambda rank: workers,
                 window_rows=self.row_shuffle_window,
                 exact=self._row_count_issue is None,
+                mixing=self.row_mixing,
             )
             if len(self._resumers) >= 4:
                 self._resumers.pop(next(iter(self._resumers)))
@@ -428,11 +438,15 @@ class PlannedDataset(IterableDataset[Any]):
 
     def _worker_pieces(self, slot: env.WorkerSlot, epoch: int) -> tuple[Piece, ...]:
         segments = self._state.live_segments(epoch)
-        if not segments and self.row_shuffle_window is None:
-            return tuple(as_pieces(self.rank_plan(epoch, slot.count).chunks_for(slot.id)))
-        if not segments:
-            self.rank_plan(epoch, slot.count)  # the checks of a fresh plan (digest)
-        return self._pieces(epoch, slot.count, segments or [])[slot.id]
+        if segments:
+            return self._pieces(epoch, slot.count, segments)[slot.id]
+        pieces = as_pieces(self.rank_plan(epoch, slot.count).chunks_for(slot.id))
+        # Only this worker's windows / mixes, keyed as the Resumer keys segment 0.
+        shuffle = self._options.shuffle
+        key = (shuffle.shuffle_seed if shuffle.shuffle else 0, epoch, 0, self.world.rank, slot.id)
+        if self.row_shuffle_window is not None:
+            return tuple(window_pieces(pieces, self.row_shuffle_window, key))
+        return tuple(mix_pieces(pieces, self.row_mixing, key, self._table))
 
     def _rows_per_piece(
         self, epoch: int, workers: int, segments: list[dict[str, Any]]
@@ -548,13 +562,15 @@ class PlannedDataset(IterableDataset[Any]):
             watch_parent()
         epoch = self.epoch
         pieces = self._worker_pieces(slot, epoch)
+        files = None if self._row_count_issue else self._table
         schedule = getattr(self._reader, "schedule", None)
         if schedule is not None:  # readers of remote files fetch the next chunks ahead
-            schedule([c for piece in pieces for c in piece.chunks])
+            schedule([c for piece in pieces for c in piece_reads(piece, files)])
         batching = self._options.batching
         flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
         positions = Positions(self._state.token, slot.id, slot.count)
-        read = positions.read(self._reader, pieces, flag, batching.batch_size)
+        mix_rows = MIX_WORKER_READ_ROWS if slot.in_worker else None
+        read = positions.read(self._reader, pieces, flag, batching.batch_size, files, mix_rows)
         batches = rebatch(read, batching.batch_size, batching.drop_last)
         collate = self._options.output.collate_fn
         tagging = self._state.tagging
