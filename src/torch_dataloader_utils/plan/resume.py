@@ -265,6 +265,8 @@ class Resumer:
         self._pieces: dict[tuple[int, int], Workers] = {}
         self._left: dict[int, np.ndarray[Any, Any]] = {}
         self._legacy: dict[int, ResumeResult] = {}
+        self._rests: dict[tuple[int, int], list[list[Piece]]] = {}
+        self._slots: dict[int, np.ndarray[Any, Any]] = {}
 
     @property
     def levels(self) -> int:
@@ -272,8 +274,37 @@ class Resumer:
         return len(self.worlds) - 1
 
     def rank(self, rank: int) -> Workers:
-        """This world's pieces of ``rank``, per worker."""
-        return self.pieces(self.levels, rank)
+        """This world's pieces of ``rank``, per worker.
+
+        Also checks the counts of rows left of the earlier passes' ranks that say they
+        had nothing left (see :meth:`_check_empty`).
+        """
+        found = self.pieces(self.levels, rank)
+        if self.ranged:
+            self._check_empty(rank)
+        return found
+
+    def _check_empty(self, rank: int) -> None:
+        """Check the earlier ranks whose state says they had no rows left, a share of them.
+
+        A count of rows left is checked against the rank's cursors when a rank reads
+        rows of it (:meth:`_rest`), which covers every count above zero; the rows of a
+        rank claiming zero are read by no one, and a rank that finished its pass (after
+        the first) is not re-planned, so the counts of the pass before it that its
+        share crossed are read by no one either. Rank ``p`` of every earlier pass is
+        checked here by rank ``p % num_ranks`` of this one, so the ranks of a job
+        together check every claim (a few re-plans each) and none plans them all.
+        """
+        num_ranks = self.worlds[self.levels][0]
+        for level in range(self.levels):
+            for prev in range(rank, self.worlds[level][0], num_ranks):
+                entry = self._entry(level, prev)
+                given = entry.get("left")
+                if entry.get("done"):
+                    if level:
+                        self.pieces(level, prev)
+                elif given is not None and not any(given):
+                    self._rest(level, prev)
 
     def pieces(self, level: int, rank: int) -> Workers:
         """Pieces of ``rank`` in pass ``level`` (0: the epoch's plan), per worker."""
@@ -366,10 +397,14 @@ class Resumer:
 
     def _first_slot(self, level: int) -> np.ndarray[Any, Any]:
         """Index in :meth:`left` of each rank's first worker (and the total, last)."""
+        found = self._slots.get(level)
+        if found is not None:
+            return found
         num_ranks = self.worlds[level][0]
         sizes = [max(1, int(self._entry(level, r)["num_workers"])) for r in range(num_ranks)]
         out = np.zeros(num_ranks + 1, dtype=np.int64)
         np.cumsum(sizes, out=out[1:])
+        self._slots[level] = out
         return out
 
     def _pool(self, level: int, lo: int, hi: int) -> list[Piece]:
@@ -380,7 +415,6 @@ class Resumer:
         np.cumsum(left, out=starts[1:])
         out: list[Piece] = []
         first = max(0, int(np.searchsorted(starts, lo, side="right")) - 1)
-        rests: dict[int, list[list[Piece]]] = {}
         for k in range(first, len(left)):
             a, b = int(starts[k]), int(starts[k + 1])
             if a >= hi:
@@ -388,21 +422,29 @@ class Resumer:
             if b <= lo:
                 continue
             rank = int(np.searchsorted(slots, k, side="right")) - 1
-            rest = rests.get(rank)
-            if rest is None:
-                rest = self._remaining(level, rank)
-                rests[rank] = rest
-                for w, pieces in enumerate(rest):
-                    have = sum(_rows(p) for p in pieces)
-                    said = int(left[int(slots[rank]) + w])
-                    if have != said:
-                        raise ResumeStateError(
-                            f"the resume state says rank {rank} worker {w} had {said} rows left in "
-                            f"segment {level}, but its cursor leaves {have}; the state was edited, or "
-                            "saved by another version"
-                        )
+            rest = self._rest(level, rank)
             out += _slice(rest[k - int(slots[rank])], max(lo, a) - a, min(hi, b) - a, self.files)
         return out
+
+    def _rest(self, level: int, rank: int) -> list[list[Piece]]:
+        """:meth:`_remaining`, once, checked against the rows left the state says."""
+        key = (level, rank)
+        rest = self._rests.get(key)
+        if rest is None:
+            rest = self._remaining(level, rank)
+            first = int(self._first_slot(level)[rank])
+            left = self.left(level)
+            for w, pieces in enumerate(rest):
+                have = sum(_rows(p) for p in pieces)
+                said = int(left[first + w])
+                if have != said:
+                    raise ResumeStateError(
+                        f"the resume state says rank {rank} worker {w} had {said} rows left in "
+                        f"segment {level}, but its cursor leaves {have}; the state was edited, or "
+                        "saved by another version"
+                    )
+            self._rests[key] = rest
+        return rest
 
     def _ranged(self, level: int, rank: int, workers: int) -> Workers:
         prev = level - 1
@@ -430,6 +472,8 @@ class Resumer:
         lo, hi = rank * quota, (rank + 1) * quota
         share: list[Piece] = []
         width = span[1] - span[0]
+        if width:  # the rows left out: no rank reads them, so check the counts they cross here
+            self._pool(prev, *span)
         for a, b in ((lo, min(hi, span[0])), (max(lo, span[0]) + width, hi + width)):
             a, b = max(a, 0), min(b, total)
             if a < b:

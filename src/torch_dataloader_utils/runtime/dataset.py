@@ -465,8 +465,8 @@ class PlannedDataset(IterableDataset[Any]):
             self._last_rows = (segments, epoch, workers, self._piece_rows[key])
             return self._piece_rows[key]
         rows: list[list[int]] | None = []
-        if not segments and self.row_shuffle_window is None:
-            plan = self.rank_plan(epoch, workers)
+        if not segments and self.row_shuffle_window is None and self.row_mixing is None:
+            plan = self.rank_plan(epoch, workers)  # a piece is a chunk: no pieces built
             counts = [[p.rows for p in plan.workers[w]] for w in range(workers)]
         else:
             counts = [[p.num_rows for p in ps] for ps in self._pieces(epoch, workers, segments)]
