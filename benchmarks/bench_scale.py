@@ -19,6 +19,9 @@ Measured (see docs/benchmarks.md):
 * ``load``: ``load_state_dict`` of a merged mid-epoch state of every rank: the state's
   checks (files digest) and this rank's plan of the rest of the epoch;
 * ``state``: one ``state_dict()`` call (after the first);
+
+``load`` and ``state`` group a worker's chunks into row mixes as ``shuffle=True`` does by
+default (``--no-mixing``: chunks only).
 * ``meta``: bytes of metadata per file.
 """
 
@@ -147,6 +150,15 @@ def _state_of(
     }
 
 
+def _mixing(args: argparse.Namespace) -> Any:
+    """The row mixing ``shuffle=True`` has by default (``None`` with ``--no-mixing``)."""
+    if args.no_mixing:
+        return None
+    from torch_dataloader_utils.plan.mixing import RowMixing
+
+    return RowMixing()
+
+
 def one(args: argparse.Namespace) -> dict[str, Any]:
     """Run one measurement in this (fresh) process; return its figures."""
     if args.src:
@@ -224,6 +236,7 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
                 num_workers=lambda r: args.workers,
                 window_rows=None,
                 exact=True,
+                mixing=_mixing(args),
             )
             pieces = resumer.rank((args.new_ranks or args.ranks) // 2)
             out["load_s"] = round(time.perf_counter() - t, 4)
@@ -264,7 +277,20 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
 
             def rows(epoch: int, workers: int, segments: list[dict[str, Any]]) -> list[list[int]]:
                 plan = planner.rank_plan(epoch, rank, workers)
-                return [[p.hi - p.lo for p in plan.workers[w]] for w in range(workers)]
+                mixing = _mixing(args)
+                if mixing is None:
+                    return [[p.hi - p.lo for p in plan.workers[w]] for w in range(workers)]
+                from torch_dataloader_utils.plan.pieces import as_pieces, mix_pieces
+
+                return [  # what the dataset counts: rows per mix (the pieces its cursors point into)
+                    [
+                        p.num_rows or 0
+                        for p in mix_pieces(
+                            as_pieces(plan.chunks_for(w)), mixing, (7, epoch, 0, rank, w), planner.files
+                        )
+                    ]
+                    for w in range(workers)
+                ]
 
             tracker = ResumeTracker(files, options, world, 7, piece_rows=rows)
             t = time.perf_counter()
@@ -329,6 +355,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--src", default="", help="another checkout's src directory (figures before)")
     parser.add_argument("--with-torch", action="store_true", help="import torch first (a job's process)")
     parser.add_argument("--no-left", action="store_true", help="load: a state without rows left per worker")
+    parser.add_argument(
+        "--no-mixing", action="store_true", help="load, state: without row mixing (shuffle=True's default)"
+    )
     parser.add_argument("--quick", action="store_true", help="100k chunks, one repeat")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     args = parser.parse_args(argv)
@@ -361,6 +390,8 @@ def main(argv: list[str] | None = None) -> None:
                 argv_one.append("--with-torch")
             if args.no_left:
                 argv_one.append("--no-left")
+            if args.no_mixing:
+                argv_one.append("--no-mixing")
             runs = [_run_one(argv_one) for _ in range(args.repeats)]
             row = {"what": what, "ranks": ranks, **_median(runs), "loadavg": os.getloadavg()[0]}
             results.append(row)
