@@ -399,9 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan.add_argument("--shuffle", action="store_true")
     plan.add_argument("--seed", type=int, default=0)
     plan.add_argument("--split-bytes", default=None)
-    plan.add_argument(
-        "--verify", action="store_true", help="check that no row is planned for two ranks"
-    )
+    plan.add_argument("--verify", action="store_true", help="check that no row is planned for two ranks")
     plan.set_defaults(fn=_plan)
     _add_reshard(sub)
     args = parser.parse_args(argv)
