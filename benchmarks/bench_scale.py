@@ -28,6 +28,7 @@ default (``--no-mixing``: chunks only).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -275,7 +276,8 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
 
             planner = Planner(spec)
 
-            def rows(epoch: int, workers: int, segments: list[dict[str, Any]]) -> list[list[int]]:
+            @functools.cache
+            def counted(epoch: int, workers: int) -> list[list[int]]:
                 plan = planner.rank_plan(epoch, rank, workers)
                 mixing = _mixing(args)
                 if mixing is None:
@@ -291,6 +293,9 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
                     ]
                     for w in range(workers)
                 ]
+
+            def rows(epoch: int, workers: int, segments: list[dict[str, Any]]) -> list[list[int]]:
+                return counted(epoch, workers)  # the dataset keeps them per pass, too
 
             tracker = ResumeTracker(files, options, world, 7, piece_rows=rows)
             t = time.perf_counter()
