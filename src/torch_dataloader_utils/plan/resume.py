@@ -440,8 +440,8 @@ class Resumer:
                 if have != said:
                     raise ResumeStateError(
                         f"the resume state says rank {rank} worker {w} had {said} rows left in "
-                        f"segment {level}, but its cursor leaves {have}; the state was edited, or "
-                        "saved by another version"
+                        f"segment {level}, but its cursor leaves {have}; the state was edited or saved "
+                        "by another version: pass what loader.state_dict() returned, unchanged"
                     )
             self._rests[key] = rest
         return rest
