@@ -12,6 +12,7 @@ import os
 import pickle
 import signal
 import threading
+import weakref
 from collections.abc import Iterator
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -487,19 +488,26 @@ def _torch_segments() -> tuple[int, set[str]]:
     return mapped, names
 
 
+def _owner(name: str) -> int:
+    """The pid in a torch segment name (``torch_<pid>_<n>``), or -1."""
+    parts = name.split("_")
+    return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else -1
+
+
 def _kill_then_drain(pid: int, it: Iterator[Any]) -> None:
     os.kill(pid, signal.SIGKILL)
     for _ in it:
         pass
 
 
-def _dead_worker_loader(root: Path) -> None:
+def _dead_worker_loader(root: Path, pids: set[int]) -> None:
     loader, _ = create_dataloader(str(root), batch_size=400, num_workers=2, timeout=60)
     before = set(multiprocessing.active_children())
     it = iter(loader)
     _check_ragged(next(it))
     workers = [p for p in multiprocessing.active_children() if p not in before]
     assert len(workers) == 2
+    pids.update(p.pid for p in workers if p.pid is not None)
     # torch's SIGCHLD handler may raise as soon as the worker dies: kill it inside the block.
     with pytest.raises(RuntimeError, match=r"(?i)worker") as caught:
         _kill_then_drain(workers[0].pid, it)  # type: ignore[arg-type]
@@ -510,38 +518,43 @@ def _dead_worker_loader(root: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
 def test_no_segment_outlives_the_loader(tmp_path: Path, small_groups: None) -> None:
     root = tmp_path / "data"
     _ragged_rows(root, files=3, rows=5000)
     gc.collect()
-    mapped_before, names_before = _torch_segments()
+    names_before = _torch_segments()[1]
+    pids = {os.getpid()}
+    segments: list[weakref.ref[Any]] = []
 
     def run() -> None:
         loader, dataset = create_dataloader(str(root), batch_size=400, num_workers=2, timeout=60)
         for epoch in range(2):
             dataset.set_epoch(epoch)
-            ids = [i for b in loader for i in _check_ragged(b)]
+            ids = []
+            for b in loader:
+                pids.update(p.pid for p in multiprocessing.active_children() if p.pid is not None)
+                ids.extend(_check_ragged(b))
+                pool = loader._transport
+                if pool is not None:
+                    segments.extend(weakref.ref(seg) for seg in pool.segments if seg is not None)
             assert sorted(ids) == list(range(15_000))
         for i, b in enumerate(loader):  # break out of the loop with a batch held
             if i == 2:
                 held = b
                 break
-        pool = loader._transport
-        assert pool is not None
-        assert any(seg is not None for seg in pool.segments)
-        assert _torch_segments()[0] > mapped_before  # the pool's segments are mapped here
         _check_ragged(held)
 
     run()
-    _dead_worker_loader(root)
+    assert segments, "the loader never used its segment pool"
+    _dead_worker_loader(root, pids)
     for thread in threading.enumerate():  # receive threads end within their poll interval
         if thread.name == "torch_dataloader_utils-receive":
             thread.join(timeout=30)
     gc.collect()
-    mapped_after, names_after = _torch_segments()
-    assert mapped_after == mapped_before  # every segment unmapped once loader and batches are gone
-    assert names_after <= names_before  # nothing left behind in /dev/shm
+    alive = [ref() for ref in segments if ref() is not None]
+    assert alive == []  # every segment freed (so unmapped) once loader and batches are gone
+    left = sorted(n for n in _torch_segments()[1] - names_before if _owner(n) in pids)
+    assert left == []  # nothing of this process or its workers left behind in /dev/shm
 
 
 def test_forked_child_dropping_a_group_does_not_free_its_slot() -> None:
