@@ -16,7 +16,7 @@ from torch_dataloader_utils import ConfigError, CorruptFileError, create_dataloa
 from torch_dataloader_utils.config import FetchConfig
 from torch_dataloader_utils.io.prefetch import ChunkSource, coalesce
 from torch_dataloader_utils.storage.fetch import is_transient
-from torch_dataloader_utils.storage.footers import read_footer
+from torch_dataloader_utils.storage.footers import FOOTER_READ_BYTES, read_footer
 from torch_dataloader_utils.storage.fs import FileSystemSpec, native_s3_options
 
 
@@ -29,25 +29,29 @@ def _latency_dataset(root: Path, **kwargs: object) -> tuple[object, object, late
 
 
 def test_reads_only_projected_columns_of_unpruned_groups(tmp_path: Path) -> None:
-    write_parquet_files(tmp_path, [4000, 3000], row_group_size=500)
+    write_parquet_files(tmp_path, [40000, 30000], row_group_size=5000)
     import pyarrow.compute as pc
 
     loader, dataset, counters = _latency_dataset(
-        tmp_path, columns=["id"], filters=pc.field("id") >= 5000, split_rows=1000, batch_size=256
+        tmp_path, columns=["id"], filters=pc.field("id") >= 50000, split_rows=10000, batch_size=2560
     )
     counters.reset()
     ids = np.concatenate([b["id"].numpy() for b in loader])  # type: ignore[attr-defined]
-    assert np.array_equal(np.sort(ids), np.arange(5000, 7000))
+    assert np.array_equal(np.sort(ids), np.arange(50000, 70000))
     source = dataset._reader._source  # type: ignore[attr-defined]
     needed = 0
     for name in ("part-0000.parquet", "part-0001.parquet"):
+        assert (tmp_path / name).stat().st_size > FOOTER_READ_BYTES  # not fetched whole
         meta = pq.read_metadata(tmp_path / name)
         for i in range(meta.num_row_groups):
             col = meta.row_group(i).column(0)  # id
-            if col.statistics.max >= 5000:
+            if col.statistics.max >= 50000:
                 needed += col.total_compressed_size
     assert source.stats.bytes_needed == needed
-    assert counters.bytes == source.stats.bytes_fetched <= 1.05 * needed
+    assert source.stats.bytes_fetched <= 1.05 * needed
+    # The reader fetched each file's footer once itself (discovery keeps no footer bytes).
+    assert source.stats.footer_requests == 1
+    assert counters.bytes == source.stats.bytes_fetched + source.stats.footer_bytes
     assert source.stats.misses == 0
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -11,29 +13,41 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from torch_dataloader_utils.config import FetchConfig, FileFormat, FileSourceConfig
+from torch_dataloader_utils.discovery.cache import CacheHit, CacheKey, cache_bytes, load_cache, save_cache
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
+from torch_dataloader_utils.discovery.exchange import LOCAL, Exchange
 from torch_dataloader_utils.discovery.listing import list_files
+from torch_dataloader_utils.discovery.metadata import (
+    FILES_SCHEMA,
+    SharedError,
+    decode_share,
+    encode_share,
+    file_infos,
+    files_table,
+    from_ipc,
+    listed_files,
+    listing_table,
+    to_ipc,
+)
 from torch_dataloader_utils.discovery.orc import read_orc_footers
-from torch_dataloader_utils.discovery.parquet import FooterInfo, prune, read_footers
+from torch_dataloader_utils.discovery.parquet import (
+    FooterCheck,
+    FooterInfo,
+    Reference,
+    check_fields,
+    read_reference,
+    read_share,
+    reference,
+)
 from torch_dataloader_utils.discovery.partitions import Partitions, infer_partitions
 from torch_dataloader_utils.discovery.text import TextDiscovery, TextOptions, discover_text
 from torch_dataloader_utils.errors import ConfigError, SchemaMismatchError
 from torch_dataloader_utils.plan.types import FileInfo
-from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
 
-__all__ = ["Discovered", "ShareHook", "discover", "local_only"]
+_LISTING_COLUMNS = ("path", "size", "mtime", "etag")
 
-ShareHook = Callable[[Callable[[], Any]], Any]
-"""Runs a metadata-reading function once and gives its (picklable) result to every rank.
-
-``share(read)`` returns ``read()``; the runtime passes one that calls it on rank 0 only
-and broadcasts the result. Discovery itself never communicates.
-"""
-
-
-def local_only(read: Callable[[], Any]) -> Any:
-    """The :data:`ShareHook` of a single process: just read."""
-    return read()
+__all__ = ["Discovered", "discover"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +67,8 @@ class Discovered:
         extra: Format-specific metadata for readers. CSV / JSONL: ``"text_meta"`` (a
             :class:`~torch_dataloader_utils.io.text.TextFileMeta` per path) and
             ``"text_options"`` (the :class:`TextOptions`).
+        metadata: Parquet: the files as columns (:data:`~.metadata.FILES_SCHEMA`, one
+            row per file, in the order of ``files``), which ``files`` is built from.
     """
 
     fs: FileSystemSpec
@@ -65,33 +81,12 @@ class Discovered:
     partitions: Partitions | None
     filters: pc.Expression | None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    metadata: pa.Table | None = None
 
     @property
     def output_schema(self) -> pa.Schema:
         """Schema of every batch."""
         return pa.schema([self.schema.field(c) for c in self.output_columns])
-
-
-def _check_consistent(footers: Sequence[FooterInfo], names: Sequence[str], fs: FileSystemSpec) -> None:
-    first = footers[0]
-    for other in footers[1:]:
-        if other.schema.equals(first.schema):
-            continue
-        for name in names:
-            a = first.schema.field(name) if name in first.schema.names else None
-            b = other.schema.field(name) if name in other.schema.names else None
-            if b is None:
-                raise SchemaMismatchError(
-                    f"field {name!r} is in {fs.display(first.file.path)!r} but missing from "
-                    f"{fs.display(other.file.path)!r}; rewrite the files to one schema or "
-                    "leave the field out of columns"
-                )
-            if a is not None and not a.type.equals(b.type):
-                raise SchemaMismatchError(
-                    f"field {name!r} is {a.type} in {fs.display(first.file.path)!r} but "
-                    f"{b.type} in {fs.display(other.file.path)!r}; rewrite the files to one "
-                    "type or leave the field out of columns"
-                )
 
 
 def discover(
@@ -100,7 +95,7 @@ def discover(
     *,
     text: TextOptions | None = None,
     fetch: FetchConfig | None = None,
-    share: ShareHook = local_only,
+    share: Exchange = LOCAL,
 ) -> Discovered:
     """List ``path``, read metadata, check ``source``'s request against the schema.
 
@@ -114,8 +109,11 @@ def discover(
         UnknownColumnError: ``columns`` or ``filters`` name a missing column.
         ConfigError: a parameter has an unsupported value.
 
-    Listing and footers are read through ``share`` (once for all ranks when the runtime
-    passes a broadcasting hook); checking the request against them is done locally.
+    Parquet metadata is read through ``share``: rank 0 lists the files (and reads the
+    first footer, or the metadata cache), every rank reads the footers of its share and
+    the ranks exchange the results as Arrow buffers. Without a process group
+    (:data:`~.exchange.LOCAL`) this process reads everything, concurrently. Errors are
+    raised on every rank.
     """
     format, columns, filters, partitioning = (
         source.format,
@@ -127,21 +125,13 @@ def discover(
         raise ConfigError(f"partitioning={partitioning!r} is not supported; use 'hive' or None")
     fs_options = dict(source.storage_options or {})
     if format is FileFormat.PARQUET:
-
-        def read_metadata() -> tuple[FileSystemSpec, Partitions | None, list[FooterInfo]]:
-            listing = list_files(path, fs_options)
-            partitions = infer_partitions(listing.files) if partitioning == "hive" else None
-            return listing.fs, partitions, read_footers(listing.fs, listing.files, partitions, fetch)
-
-        # With a process group, rank 0 reads the metadata and the others receive it.
-        fs, partitions, footers = share(read_metadata)
-        return _discover_parquet(fs, format, footers, partitions, columns, filters)
+        return _discover_parquet(path, source, fetch or FetchConfig(), share)
     listing = list_files(path, fs_options)
     fs = listing.fs
     partitions = infer_partitions(listing.files) if partitioning == "hive" else None
     if format is FileFormat.ORC:
         footers = read_orc_footers(fs, listing.files)
-        return _discover_parquet(fs, format, footers, partitions, columns, filters)
+        return _discover_orc(fs, footers, partitions, columns, filters)
     if format in (FileFormat.CSV, FileFormat.JSONL):
         options = text or TextOptions()
         found = discover_text(fs, format, listing.files, options)
@@ -211,33 +201,168 @@ def _resolve_request(
     )
 
 
-def _discover_parquet(
+def _discover_orc(
     fs: FileSystemSpec,
-    format: FileFormat,
     footers: Sequence[FooterInfo],
     partitions: Partitions | None,
     columns: Sequence[str] | None,
     filters: object,
 ) -> Discovered:
     request = _resolve_request(footers[0].schema, partitions, columns, filters)
-    _check_consistent(footers, request.data_columns, fs)
-    expr = request.filters
-    if expr is None or format is not FileFormat.PARQUET:
-        files = [f.file for f in footers]
-    else:
-        files = [prune(f, expr, request.schema) for f in footers]
-        if all(f.live_rows == 0 for f in files):
-            warnings.warn(
-                f"filters={expr} excludes every row group of the {len(files)} files by their "
-                "statistics: the dataset yields no rows",
-                UserWarning,
-                stacklevel=3,
-            )
+    first = footers[0]
+    for other in footers[1:]:
+        if not other.schema.equals(first.schema):
+            check_fields(fs, first, other.file.path, other.schema, request.data_columns)
     return Discovered(
         fs=fs,
-        format=format,
-        files=tuple(files),
+        format=FileFormat.ORC,
+        files=tuple(f.file for f in footers),
         partitions=partitions,
-        extra={"parquet_footers": {f.file.path: f.footer for f in footers}},
         **request._asdict(),
     )
+
+
+@dataclass(frozen=True)
+class _Head:
+    """What rank 0 reads first and sends to every rank (plain values and Arrow buffers).
+
+    Attributes:
+        listing: The listing table as an IPC buffer.
+        first_footer: The first file's footer (from the file, or from the cache).
+        cached: The cache's files table without the listing columns, as an IPC buffer,
+            when the cache is valid.
+        note: Why the cache was ignored, when it was.
+    """
+
+    listing: bytes
+    first_footer: bytes
+    cached: bytes | None
+    note: str | None
+
+
+def _cache_spec(source: FileSourceConfig, fs: FileSystemSpec) -> tuple[FileSystemSpec, str] | None:
+    """The metadata cache's filesystem and path (the dataset's options on the same store)."""
+    if source.metadata_cache is None:
+        return None
+    spec, cache_path = resolve(source.metadata_cache, None)
+    if spec.protocol == fs.protocol:
+        spec = fs
+    if spec.is_local and os.path.isdir(cache_path):
+        raise ConfigError(
+            f"metadata_cache={source.metadata_cache!r} is a directory; pass a file path such as "
+            f"{os.path.join(source.metadata_cache, 'metadata.arrow')!r}"
+        )
+    return spec, cache_path
+
+
+def _share_bounds(num_files: int, share: Exchange) -> tuple[int, int]:
+    """The listing positions ``[lo, hi)`` whose footers this rank reads (contiguous blocks)."""
+    return num_files * share.rank // share.size, num_files * (share.rank + 1) // share.size
+
+
+def _discover_parquet(
+    path: str | Sequence[str], source: FileSourceConfig, fetch: FetchConfig, share: Exchange
+) -> Discovered:
+    key = CacheKey(
+        filters="" if source.filters is None else str(source.filters), partitioning=source.partitioning or ""
+    )
+
+    def head() -> _Head:
+        listing = list_files(path, dict(source.storage_options or {}))
+        table = listing_table(listing.files)
+        cache = _cache_spec(source, listing.fs)
+        loaded = load_cache(*cache, table, key) if cache is not None else None
+        if isinstance(loaded, CacheHit):
+            kept = loaded.table.drop_columns(list(_LISTING_COLUMNS))
+            return _Head(to_ipc(table), loaded.first_footer, to_ipc(kept), None)
+        footer = read_reference(listing.fs, listing.files[0], fetch)
+        note = None
+        if isinstance(loaded, str):
+            note = f"{loaded}; reading the footers again and rewriting it"
+        return _Head(to_ipc(table), footer, None, note)
+
+    # Rank 0 lists (and reads the first footer or the cache); every rank receives it.
+    got = share.from_rank0(head)
+    if got.note is not None:
+        warnings.warn(got.note, UserWarning, stacklevel=4)
+    # This rank's own filesystem spec (its own storage_options), as list_files resolved it.
+    fs = resolve(
+        os.fspath(path if isinstance(path, (str, os.PathLike)) else path[0]), source.storage_options
+    )[0]
+    listing = from_ipc(got.listing)
+    partitions = infer_partitions(listed_files(listing)) if source.partitioning == "hive" else None
+    first_path = listing.column("path")[0].as_py()
+    first = reference(fs, first_path, got.first_footer)
+    request = _resolve_request(first.schema, partitions, source.columns, source.filters)
+    if got.cached is not None:
+        cached = from_ipc(got.cached)
+        table = pa.table(
+            {name: listing.column(name) for name in _LISTING_COLUMNS}
+            | {n: cached.column(n) for n in cached.column_names}
+        ).cast(FILES_SCHEMA)
+        _check_schemas(fs, first, table, request.data_columns)
+    else:
+        check = FooterCheck(first, request.data_columns, request.filters, request.schema, partitions)
+        lo, hi = _share_bounds(listing.num_rows, share)
+        mine = listed_files(listing, lo, hi)
+        known = {first.path: first.footer} if lo == 0 else None
+        try:
+            part, error = read_share(fs, mine, check, first_index=lo, fetch=fetch, known=known)
+        except Exception as exc:  # still take part in the exchange: no rank is left waiting
+            part, error = files_table([]), SharedError(lo, type(exc).__name__, str(exc))
+        shares = [decode_share(buf) for buf in share.all_gather(encode_share(part, error))]
+        errors = [e for _, e in shares if e is not None]
+        if errors:
+            raise min(errors, key=lambda e: e.index).exception()
+        table = pa.concat_tables([t for t, _ in shares]).combine_chunks()
+        cache = _cache_spec(source, fs)
+        if cache is not None and share.rank == 0:
+            _write_cache(cache, table, key, first)
+    files = file_infos(table)
+    expr = request.filters
+    if expr is not None and files and all(f.live_rows == 0 for f in files):
+        warnings.warn(
+            f"filters={expr} excludes every row group of the {len(files)} files by their "
+            "statistics: the dataset yields no rows",
+            UserWarning,
+            stacklevel=4,
+        )
+    return Discovered(
+        fs=fs,
+        format=FileFormat.PARQUET,
+        files=files,
+        partitions=partitions,
+        metadata=table,
+        **request._asdict(),
+    )
+
+
+def _check_schemas(fs: FileSystemSpec, first: Reference, table: pa.Table, names: Sequence[str]) -> None:
+    """Check the files whose schema differs from the first's (the ``schema`` column) on ``names``."""
+    schemas = table.column("schema")
+    if schemas.null_count == len(schemas):
+        return
+    paths = table.column("path")
+    for i, raw in enumerate(schemas.to_pylist()):
+        if raw is not None:
+            schema = pa.ipc.read_schema(pa.py_buffer(raw))
+            check_fields(fs, first, paths[i].as_py(), schema, names)
+
+
+def _write_cache(cache: tuple[FileSystemSpec, str], table: pa.Table, key: CacheKey, first: Reference) -> None:
+    """Write the metadata cache; a failure is a warning (the next start reads footers again)."""
+    cache_fs, cache_path = cache
+    try:
+        version = importlib.metadata.version("torch_dataloader_utils")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    try:
+        data = cache_bytes(table, key, first.path, first.footer, f"torch_dataloader_utils {version}")
+        save_cache(cache_fs, cache_path, data)
+    except (OSError, ValueError) as exc:
+        warnings.warn(
+            f"metadata_cache={cache_fs.display(cache_path)!r} could not be written "
+            f"({type(exc).__name__}: {exc}); the next start reads the footers again",
+            UserWarning,
+            stacklevel=5,
+        )

@@ -42,12 +42,14 @@ class ListedFile:
         size: Size in bytes.
         mtime: Modification time (seconds) when known.
         base: The directory it was found under (for hive partition keys), or ``None``.
+        etag: The object store's entity tag when the listing reports one (S3, GCS...).
     """
 
     path: str
     size: int
     mtime: float | None
     base: str | None
+    etag: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,15 @@ def _mtime(info: dict[str, Any]) -> float | None:
     return None
 
 
-def _walk_local(root: str) -> Iterable[tuple[str, int, float]]:
+def _etag(info: dict[str, Any]) -> str | None:
+    for key in ("ETag", "etag", "md5Hash"):
+        value = info.get(key)
+        if isinstance(value, str) and value:
+            return value.strip('"')
+    return None
+
+
+def _walk_local(root: str) -> Iterable[tuple[str, int, float, None]]:
     """Files under ``root``, following symlinks (directory cycles visited once)."""
     seen: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
@@ -105,16 +115,16 @@ def _walk_local(root: str) -> Iterable[tuple[str, int, float]]:
                 st = os.stat(full)  # follows symlinks
             except FileNotFoundError:  # dangling symlink
                 continue
-            yield full, st.st_size, st.st_mtime
+            yield full, st.st_size, st.st_mtime, None
 
 
-def _list_dir(fs: FileSystemSpec, root: str) -> Iterable[tuple[str, int, float | None]]:
+def _list_dir(fs: FileSystemSpec, root: str) -> Iterable[tuple[str, int, float | None, str | None]]:
     if fs.is_local:
         yield from _walk_local(root)
         return
     found = fs.fsspec().find(root, withdirs=False, detail=True)
     for path, info in found.items():
-        yield path, int(info.get("size") or 0), _mtime(info)
+        yield path, int(info.get("size") or 0), _mtime(info), _etag(info)
 
 
 def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
@@ -140,7 +150,7 @@ def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
             skipped += m_skipped
             # The glob's fixed prefix is the base of every match, so hive keys in the
             # matched part (data/year=*/...) are kept.
-            files.extend(ListedFile(f.path, f.size, f.mtime, base) for f in m_files)
+            files.extend(ListedFile(f.path, f.size, f.mtime, base, f.etag) for f in m_files)
         return files, skipped
     if fs.is_local:
         if os.path.isdir(path):
@@ -164,17 +174,17 @@ def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
     if kind == "directory":
         files, skipped = [], 0
         root = path.rstrip("/")
-        for full, size, mtime in _list_dir(fs, root):
+        for full, size, mtime, etag in _list_dir(fs, root):
             rel = posixpath.relpath(full.replace(os.sep, "/"), root.replace(os.sep, "/"))
             if _skip(rel):
                 skipped += 1
                 continue
-            files.append(ListedFile(full, size, mtime, root))
+            files.append(ListedFile(full, size, mtime, root, etag))
         return files, skipped
     if fs.is_local:
         st = os.stat(path)
         return [ListedFile(path, st.st_size, st.st_mtime, None)], 0
-    return [ListedFile(path, int(info.get("size") or 0), _mtime(info), None)], 0
+    return [ListedFile(path, int(info.get("size") or 0), _mtime(info), None, _etag(info))], 0
 
 
 def list_files(path: str | Sequence[str], storage_options: dict[str, Any] | None = None) -> Listing:

@@ -84,20 +84,23 @@ def grouped(
     """Worker side: tagged batches sent in groups of about ``GROUP_BYTES``.
 
     A group is one :class:`Tagged` whose batch is a packed ``BatchGroup`` and whose tag
-    is the tuple of the batches' tags; the loader yields them one by one. Batches made
-    before an error still arrive before the error.
+    is the tuple of the batches' tags; the loader yields them one by one. The first
+    group holds the first batch alone, so the loop starts as soon as one batch is read
+    (not after ``GROUP_BYTES`` of small files). Batches made before an error still
+    arrive before the error.
     """
     pending: list[Any] = []
     tags: list[Tag] = []
     size = 0
+    first = True
     try:
         for batch in batches:
             pending.append(convert(batch))
             tags.append(positions.tag(batch.num_rows, batch.nbytes))
             size += batch.nbytes
-            if size >= GROUP_BYTES or len(pending) >= GROUP_MAX_BATCHES:
+            if first or size >= GROUP_BYTES or len(pending) >= GROUP_MAX_BATCHES:
                 yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
-                pending, tags, size = [], [], 0
+                pending, tags, size, first = [], [], 0, False
     except Exception:
         if pending:
             yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]

@@ -173,7 +173,7 @@ class StructuredDataset(PlannedDataset):
 
     def _setup(self, path: str | Sequence[str], source: FileSourceConfig, options: Options) -> None:
         text = text_options(source, options)
-        found = discover(path, source, text=text, fetch=options.fetch, share=share.from_rank0)
+        found = discover(path, source, text=text, fetch=options.fetch, share=share.exchange())
         found, issue = count_filtered(found, options.counts_rows, options.counting.count_rows)
         self.discovered: Discovered = found
         """What discovery found: files, schema, columns."""
