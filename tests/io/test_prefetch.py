@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import testsupport.latency_fs as latency
 from tests.fixtures.data import write_parquet_files
 from torch_dataloader_utils import ConfigError, CorruptFileError, create_dataloader
 from torch_dataloader_utils.config import FetchConfig
-from torch_dataloader_utils.io.prefetch import ChunkSource, coalesce
+from torch_dataloader_utils.io.prefetch import READ_AHEAD_CHUNKS, ChunkSource, PlanOrderPool, coalesce
 from torch_dataloader_utils.storage.fetch import is_transient
 from torch_dataloader_utils.storage.footers import FOOTER_READ_BYTES, read_footer
 from torch_dataloader_utils.storage.fs import FileSystemSpec, native_s3_options
@@ -153,3 +154,62 @@ def test_read_ahead_accepts_sizes_and_zero() -> None:
     assert FetchConfig.from_user(None, 0, 0).read_ahead_bytes == 0
     assert FetchConfig(retry_backoff=1.0).backoff(1) == 1.0
     assert FetchConfig(retry_backoff=1.0).backoff(20) == 10.0
+
+
+def test_pool_serves_the_earliest_chunk_first() -> None:
+    pool = PlanOrderPool(1)
+    gate = threading.Event()
+    order: list[int] = []
+    blocker = pool.submit(0, gate.wait)
+    futures = [pool.submit(p, order.append, p) for p in (5, 1, 3, 1)]
+    gate.set()
+    blocker.result(timeout=10)
+    for f in futures:
+        f.result(timeout=10)
+    assert order == [1, 1, 3, 5]
+    pool.shutdown()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(0, order.append, 0)
+
+
+def test_read_ahead_survives_a_fork(tmp_path: Path) -> None:
+    """A source inherited by a forked worker (old pid) keeps the plan scheduled in that worker."""
+    write_parquet_files(tmp_path, [600, 600, 600], row_group_size=100)
+    _loader, dataset, _ = _latency_dataset(tmp_path, split_rows=100)
+    source: ChunkSource = dataset._reader._source  # type: ignore[attr-defined]
+    chunks = dataset.worker_chunks()  # type: ignore[attr-defined]
+    source._pid = -1  # as seen from a DataLoader worker forked after the source was used
+    source.schedule(chunks)
+    source.open(chunks[0])
+    assert sorted(source._pending) == list(range(1, min(len(chunks), 1 + READ_AHEAD_CHUNKS)))
+    source.close()
+
+
+def test_small_files_come_whole_in_one_request(tmp_path: Path) -> None:
+    write_parquet_files(tmp_path, [300, 200], row_group_size=100)
+    assert all(p.stat().st_size < FOOTER_READ_BYTES for p in tmp_path.iterdir())
+    loader, dataset, counters = _latency_dataset(tmp_path, split_strategy="file", batch_size=64)
+    counters.reset()
+    ids = np.concatenate([b["id"].numpy() for b in loader])  # type: ignore[attr-defined]
+    assert np.array_equal(np.sort(ids), np.arange(500))
+    source: ChunkSource = dataset._reader._source  # type: ignore[attr-defined]
+    assert (source.stats.requests, source.stats.footer_requests, source.stats.misses) == (2, 0, 0)
+    assert counters.requests == 2
+
+
+def test_first_batch_costs_a_bounded_number_of_requests(tmp_path: Path) -> None:
+    """However many files a worker has, the first batch starts at most the read-ahead window."""
+    write_parquet_files(tmp_path, [50] * 120, row_group_size=50, with_strings=False)
+    loader, dataset, counters = _latency_dataset(tmp_path, batch_size=64, split_strategy="file")
+    assert len(dataset.files) == 120  # type: ignore[attr-defined]
+    counters.reset()
+    it = iter(loader)
+    first = next(it)
+    assert len(first["id"]) == 64
+    # Two chunks make the first batch; at most READ_AHEAD_CHUNKS more were started.
+    assert counters.requests <= 2 + READ_AHEAD_CHUNKS
+    source: ChunkSource = dataset._reader._source  # type: ignore[attr-defined]
+    assert len(source._pending) <= READ_AHEAD_CHUNKS
+    rest = sum(len(b["id"]) for b in it)
+    assert 64 + rest == 6000
+    assert counters.requests == 120  # every file once, whole: no footer request, no miss

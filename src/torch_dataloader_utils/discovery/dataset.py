@@ -41,7 +41,7 @@ from torch_dataloader_utils.discovery.parquet import (
 )
 from torch_dataloader_utils.discovery.partitions import Partitions, infer_partitions
 from torch_dataloader_utils.discovery.text import TextDiscovery, TextOptions, discover_text
-from torch_dataloader_utils.errors import ConfigError, SchemaMismatchError
+from torch_dataloader_utils.errors import ConfigError, DiscoveryError, SchemaMismatchError
 from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
 
@@ -315,6 +315,12 @@ def _discover_parquet(
         if errors:
             raise min(errors, key=lambda e: e.index).exception()
         table = pa.concat_tables([t for t, _ in shares]).combine_chunks()
+        if not table.column("path").equals(listing.column("path")):
+            raise DiscoveryError(
+                f"the {share.size} ranks' shares of footers hold {table.num_rows} files, not the "
+                f"{listing.num_rows} listed: every rank must build the dataset with the same path "
+                "and options"
+            )
         cache = _cache_spec(source, fs)
         if cache is not None and share.rank == 0:
             _write_cache(cache, table, key, first)

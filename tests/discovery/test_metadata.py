@@ -1,0 +1,145 @@
+"""Metadata as columns: tables round-trip to FileInfo; shares and their errors travel as bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.fixtures.data import write_parquet_files
+from tests.strategies import layouts
+from torch_dataloader_utils.config import FileFormat, FileSourceConfig
+from torch_dataloader_utils.discovery import discover
+from torch_dataloader_utils.discovery.exchange import LOCAL, Exchange
+from torch_dataloader_utils.discovery.listing import ListedFile
+from torch_dataloader_utils.discovery.metadata import (
+    FILES_SCHEMA,
+    FileRows,
+    SharedError,
+    decode_share,
+    encode_share,
+    file_infos,
+    files_table,
+    from_ipc,
+    listed_files,
+    listing_table,
+    to_ipc,
+)
+from torch_dataloader_utils.errors import CorruptFileError, DiscoveryError, SchemaMismatchError
+from torch_dataloader_utils.plan.types import FileInfo
+
+
+def _rows(files: tuple[FileInfo, ...], mtimes: list[float | None]) -> list[FileRows]:
+    return [
+        FileRows(
+            ListedFile(f.path, f.size, m, "/base", "etag" if m is None else None),
+            f.num_rows or 0,
+            f.row_groups or (),
+            None if i % 3 else b"schema",
+        )
+        for i, (f, m) in enumerate(zip(files, mtimes, strict=True))
+    ]
+
+
+@given(layouts(), st.data())
+def test_files_table_round_trips_to_file_infos(files: tuple[FileInfo, ...], data: st.DataObject) -> None:
+    mtimes = data.draw(st.lists(st.none() | st.floats(0, 2e9), min_size=len(files), max_size=len(files)))
+    rows = _rows(files, mtimes)
+    table = files_table(rows)
+    assert table.schema.equals(FILES_SCHEMA)
+    expected = tuple(
+        dataclasses.replace(f, row_groups=f.row_groups or (), num_rows=f.num_rows or 0, mtime=m)
+        for f, m in zip(files, mtimes, strict=True)
+    )
+    assert file_infos(table) == expected
+    assert file_infos(from_ipc(to_ipc(table))) == expected
+    # Any slice of the table (a rank's share) converts to the same files.
+    cut = data.draw(st.integers(0, len(files)))
+    assert file_infos(table.slice(cut)) == expected[cut:]
+
+
+def test_listing_table_round_trips() -> None:
+    listed = [
+        ListedFile("/d/a.parquet", 10, 1.5, "/d", None),
+        ListedFile("/d/x=1/b.parquet", 20, None, "/d", "abc"),
+        ListedFile("/e/c.parquet", 30, 2.0, None, None),
+    ]
+    table = from_ipc(to_ipc(listing_table(listed)))
+    assert listed_files(table) == listed
+    assert listed_files(table, 1, 3) == listed[1:]
+
+
+@pytest.mark.parametrize(
+    ("error", "cls"),
+    [
+        (SharedError(7, "CorruptFileError", "cannot read x"), CorruptFileError),
+        (SharedError(1, "SchemaMismatchError", "field 'a'"), SchemaMismatchError),
+        (SharedError(2, "ValueError", "odd"), ValueError),
+        (SharedError(3, "SomethingOdd", "odd"), DiscoveryError),
+    ],
+)
+def test_a_share_carries_its_first_error(error: SharedError, cls: type[Exception]) -> None:
+    table, got = decode_share(encode_share(files_table([]), error))
+    assert got == error
+    assert table.num_rows == 0
+    raised = got.exception()
+    assert type(raised) is cls
+    assert error.message in str(raised)
+    table, got = decode_share(encode_share(files_table([])))
+    assert got is None
+
+
+class _TwoRanks:
+    """An exchange standing for one rank of two, the other rank's share given."""
+
+    def __init__(self, rank: int, other: bytes | None = None) -> None:
+        self._rank = rank
+        self.other = other
+        self.sent: bytes | None = None
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return 2
+
+    def from_rank0(self, read):  # type: ignore[no-untyped-def]
+        return read()
+
+    def all_gather(self, payload: bytes) -> list[bytes]:
+        self.sent = payload
+        other = self.other if self.other is not None else encode_share(files_table([]))
+        return [payload, other] if self._rank == 0 else [other, payload]
+
+
+def test_each_rank_reads_its_share_and_the_shares_join(tmp_path: Path) -> None:
+    write_parquet_files(tmp_path, [30, 20, 10, 40, 50], row_group_size=10)
+    source = FileSourceConfig(format=FileFormat.PARQUET)
+    alone = discover(str(tmp_path), source, share=LOCAL)
+    one = _TwoRanks(1)
+    assert isinstance(one, Exchange)
+    with pytest.raises(DiscoveryError, match="shares of footers hold 3 files, not the 5 listed"):
+        discover(str(tmp_path), source, share=one)  # rank 0's share is missing here
+    assert one.sent is not None
+    share1, error = decode_share(one.sent)
+    assert error is None
+    assert share1.column("path").to_pylist() == [f.path for f in alone.files[2:]]  # [5*1//2, 5)
+    zero = _TwoRanks(0, other=one.sent)
+    found = discover(str(tmp_path), source, share=zero)
+    assert found.files == alone.files
+    assert found.metadata is not None
+    assert alone.metadata is not None
+    assert found.metadata.equals(alone.metadata)
+
+
+def test_an_error_in_the_other_share_is_raised_here(tmp_path: Path) -> None:
+    write_parquet_files(tmp_path, [30, 20, 10], row_group_size=10)
+    source = FileSourceConfig(format=FileFormat.PARQUET)
+    other = encode_share(files_table([]), SharedError(2, "CorruptFileError", "cannot read part-0002"))
+    with pytest.raises(CorruptFileError, match="cannot read part-0002"):
+        discover(str(tmp_path), source, share=_TwoRanks(0, other=other))
