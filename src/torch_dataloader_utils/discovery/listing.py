@@ -174,8 +174,12 @@ def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
     if kind == "directory":
         files, skipped = [], 0
         root = path.rstrip("/")
+        posix_root = root.replace(os.sep, "/")
+        prefix = posix_root + "/"
         for full, size, mtime, etag in _list_dir(fs, root):
-            rel = posixpath.relpath(full.replace(os.sep, "/"), root.replace(os.sep, "/"))
+            posix = full.replace(os.sep, "/")
+            # The fast, common case first: a path under the root as listed (relpath is slow).
+            rel = posix[len(prefix) :] if posix.startswith(prefix) else posixpath.relpath(posix, posix_root)
             if _skip(rel):
                 skipped += 1
                 continue

@@ -19,6 +19,7 @@ metadata cache as Arrow IPC buffers:
 from __future__ import annotations
 
 import builtins
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -171,12 +172,17 @@ def file_infos(table: pa.Table) -> tuple[FileInfo, ...]:
     index, first, rows, nbytes = (
         flat.field(name).to_pylist() for name in ("index", "first_row", "num_rows", "num_bytes")
     )
-    out = []
-    for i, path in enumerate(paths):
-        lo, hi = offsets[i], offsets[i + 1]
-        kept = tuple(RowGroup(index[j], first[j], rows[j], nbytes[j]) for j in range(lo, hi))
-        out.append(FileInfo(path, sizes[i], num_rows[i], kept, mtimes[i]))
-    return tuple(out)
+    every = list(map(RowGroup, index, first, rows, nbytes))
+    return tuple(
+        map(
+            FileInfo,
+            paths,
+            sizes,
+            num_rows,
+            [tuple(every[lo:hi]) for lo, hi in itertools.pairwise(offsets)],
+            mtimes,
+        )
+    )
 
 
 # -- buffers ----------------------------------------------------------------------

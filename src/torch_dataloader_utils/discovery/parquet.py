@@ -10,8 +10,8 @@ themselves are dropped (readers fetch the few they need when they read a chunk).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -250,22 +250,40 @@ def read_share(
     footers = dict(known or {})
     parquet_schema = check.first.parquet_schema
 
-    def one(listed: ListedFile) -> FileRows | Exception:
-        try:
-            return _read_one(fs, listed, check, config, parquet_schema, footers.get(listed.path))
-        except Exception as exc:  # passed on to every rank, raised there
-            return exc
+    results: list[FileRows | Exception | None] = [None] * len(files)
+    cursor = iter(range(len(files)))
+    lock = threading.Lock()
+    failed = [len(files)]  # the first failed position: later files are not read
 
-    if len(files) <= 1 or threads <= 1:
-        results = [one(f) for f in files]
+    def work() -> None:
+        # Each thread takes the next file until none is left: no future or queue per file
+        # (with thousands of footers per process their cost is a large part of the CPU).
+        while True:
+            with lock:
+                i = next(cursor, None)
+                if i is None or i > failed[0]:
+                    return
+            listed = files[i]
+            try:
+                results[i] = _read_one(fs, listed, check, config, parquet_schema, footers.get(listed.path))
+            except Exception as exc:  # passed on to every rank, raised there
+                results[i] = exc
+                with lock:
+                    failed[0] = min(failed[0], i)
+
+    count = max(1, min(threads, len(files)))
+    if count == 1:
+        work()
     else:
-        with ThreadPoolExecutor(
-            max_workers=min(threads, len(files)), thread_name_prefix="tdu-footer"
-        ) as pool:
-            results = list(pool.map(one, files))
+        pool = [threading.Thread(target=work, name=f"tdu-footer-{n}", daemon=True) for n in range(count)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
     rows: list[FileRows] = []
     for i, result in enumerate(results):
         if isinstance(result, Exception):
             return files_table(rows), SharedError(first_index + i, type(result).__name__, str(result))
+        assert result is not None
         rows.append(result)
     return files_table(rows), None
