@@ -127,7 +127,7 @@ def _rank_main(
         batch = next(iter(loader))
         t2 = time.perf_counter()
         assert len(batch["id"]) == 1024
-        table = dataset.discovered.metadata
+        table = getattr(dataset.discovered, "metadata", None)  # None before the columnar tables
         out = {
             "rank": rank,
             "discover_s": discovery_time[0],

@@ -113,7 +113,8 @@ class _TwoRanks:
 
     def all_gather(self, payload: bytes) -> list[bytes]:
         self.sent = payload
-        other = self.other if self.other is not None else encode_share(files_table([]))
+        empty = files_table([]).drop_columns(["path", "size", "mtime", "etag"])
+        other = self.other if self.other is not None else encode_share(empty)
         return [payload, other] if self._rank == 0 else [other, payload]
 
 
@@ -123,12 +124,13 @@ def test_each_rank_reads_its_share_and_the_shares_join(tmp_path: Path) -> None:
     alone = discover(str(tmp_path), source, share=LOCAL)
     one = _TwoRanks(1)
     assert isinstance(one, Exchange)
-    with pytest.raises(DiscoveryError, match="shares of footers hold 3 files, not the 5 listed"):
+    with pytest.raises(DiscoveryError, match="rank 0 of 2 sent the footers of 0 files, not the 2"):
         discover(str(tmp_path), source, share=one)  # rank 0's share is missing here
     assert one.sent is not None
     share1, error = decode_share(one.sent)
     assert error is None
-    assert share1.column("path").to_pylist() == [f.path for f in alone.files[2:]]  # [5*1//2, 5)
+    assert share1.column("num_rows").to_pylist() == [f.num_rows for f in alone.files[2:]]  # [5*1//2, 5)
+    assert "path" not in share1.column_names  # every rank has the listing: not sent again
     zero = _TwoRanks(0, other=one.sent)
     found = discover(str(tmp_path), source, share=zero)
     assert found.files == alone.files
@@ -140,6 +142,7 @@ def test_each_rank_reads_its_share_and_the_shares_join(tmp_path: Path) -> None:
 def test_an_error_in_the_other_share_is_raised_here(tmp_path: Path) -> None:
     write_parquet_files(tmp_path, [30, 20, 10], row_group_size=10)
     source = FileSourceConfig(format=FileFormat.PARQUET)
-    other = encode_share(files_table([]), SharedError(2, "CorruptFileError", "cannot read part-0002"))
+    empty = files_table([]).drop_columns(["path", "size", "mtime", "etag"])
+    other = encode_share(empty, SharedError(2, "CorruptFileError", "cannot read part-0002"))
     with pytest.raises(CorruptFileError, match="cannot read part-0002"):
         discover(str(tmp_path), source, share=_TwoRanks(0, other=other))

@@ -213,3 +213,14 @@ def test_first_batch_costs_a_bounded_number_of_requests(tmp_path: Path) -> None:
     rest = sum(len(b["id"]) for b in it)
     assert 64 + rest == 6000
     assert counters.requests == 120  # every file once, whole: no footer request, no miss
+
+
+def test_s3fs_pool_is_as_large_as_the_footer_concurrency() -> None:
+    from torch_dataloader_utils.discovery.parquet import METADATA_THREADS
+
+    opts = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:1"}
+    client = FileSystemSpec("s3", opts).fsspec()
+    assert client.config_kwargs["max_pool_connections"] == METADATA_THREADS == 64
+    mine = FileSystemSpec("s3", {**opts, "config_kwargs": {"max_pool_connections": 7, "read_timeout": 5}})
+    assert mine.fsspec().config_kwargs == {"max_pool_connections": 7, "read_timeout": 5}
+    assert native_s3_options(mine.storage_options) is not None  # still read natively

@@ -255,9 +255,16 @@ def _cache_spec(source: FileSourceConfig, fs: FileSystemSpec) -> tuple[FileSyste
     return spec, cache_path
 
 
-def _share_bounds(num_files: int, share: Exchange) -> tuple[int, int]:
-    """The listing positions ``[lo, hi)`` whose footers this rank reads (contiguous blocks)."""
-    return num_files * share.rank // share.size, num_files * (share.rank + 1) // share.size
+def _share_bounds(num_files: int, rank: int, size: int) -> tuple[int, int]:
+    """The listing positions ``[lo, hi)`` whose footers ``rank`` reads (contiguous blocks)."""
+    return num_files * rank // size, num_files * (rank + 1) // size
+
+
+def _with_listing(listing: pa.Table, rest: pa.Table) -> pa.Table:
+    """The files table: the listing's columns joined to the footers' (same rows, same order)."""
+    columns = {name: listing.column(name) for name in _LISTING_COLUMNS}
+    columns.update({name: rest.column(name) for name in rest.column_names})
+    return pa.table(columns).cast(FILES_SCHEMA).combine_chunks()
 
 
 def _discover_parquet(
@@ -295,32 +302,32 @@ def _discover_parquet(
     first = reference(fs, first_path, got.first_footer)
     request = _resolve_request(first.schema, partitions, source.columns, source.filters)
     if got.cached is not None:
-        cached = from_ipc(got.cached)
-        table = pa.table(
-            {name: listing.column(name) for name in _LISTING_COLUMNS}
-            | {n: cached.column(n) for n in cached.column_names}
-        ).cast(FILES_SCHEMA)
+        table = _with_listing(listing, from_ipc(got.cached))
         _check_schemas(fs, first, table, request.data_columns)
     else:
         check = FooterCheck(first, request.data_columns, request.filters, request.schema, partitions)
-        lo, hi = _share_bounds(listing.num_rows, share)
+        lo, hi = _share_bounds(listing.num_rows, share.rank, share.size)
         mine = listed_files(listing, lo, hi)
         known = {first.path: first.footer} if lo == 0 else None
         try:
             part, error = read_share(fs, mine, check, first_index=lo, fetch=fetch, known=known)
         except Exception as exc:  # still take part in the exchange: no rank is left waiting
             part, error = files_table([]), SharedError(lo, type(exc).__name__, str(exc))
-        shares = [decode_share(buf) for buf in share.all_gather(encode_share(part, error))]
+        # Every rank has the listing: only what the footers said travels (rows, row groups).
+        slim = part.drop_columns(list(_LISTING_COLUMNS))
+        shares = [decode_share(buf) for buf in share.all_gather(encode_share(slim, error))]
         errors = [e for _, e in shares if e is not None]
         if errors:
             raise min(errors, key=lambda e: e.index).exception()
-        table = pa.concat_tables([t for t, _ in shares]).combine_chunks()
-        if not table.column("path").equals(listing.column("path")):
-            raise DiscoveryError(
-                f"the {share.size} ranks' shares of footers hold {table.num_rows} files, not the "
-                f"{listing.num_rows} listed: every rank must build the dataset with the same path "
-                "and options"
-            )
+        for rank, (got_share, _) in enumerate(shares):
+            a, b = _share_bounds(listing.num_rows, rank, share.size)
+            if got_share.num_rows != b - a:
+                raise DiscoveryError(
+                    f"rank {rank} of {share.size} sent the footers of {got_share.num_rows} files, not "
+                    f"the {b - a} of its share: every rank must build the dataset with the same path "
+                    "and options"
+                )
+        table = _with_listing(listing, pa.concat_tables([t for t, _ in shares]))
         cache = _cache_spec(source, fs)
         if cache is not None and share.rank == 0:
             _write_cache(cache, table, key, first)
