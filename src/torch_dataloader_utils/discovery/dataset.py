@@ -328,8 +328,8 @@ def _discover_parquet(
                     "and options"
                 )
         table = _with_listing(listing, pa.concat_tables([t for t, _ in shares]))
-        cache = _cache_spec(source, fs)
-        if cache is not None and share.rank == 0:
+        cache = _cache_spec(source, fs) if share.rank == 0 else None
+        if cache is not None:
             _write_cache(cache, table, key, first)
     files = file_infos(table)
     expr = request.filters
