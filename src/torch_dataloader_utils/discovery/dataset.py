@@ -19,6 +19,7 @@ from torch_dataloader_utils.discovery.exchange import LOCAL, Exchange
 from torch_dataloader_utils.discovery.listing import list_files
 from torch_dataloader_utils.discovery.metadata import (
     FILES_SCHEMA,
+    FOOTER_COLUMN,
     SharedError,
     decode_share,
     encode_share,
@@ -46,6 +47,10 @@ from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
 
 _LISTING_COLUMNS = ("path", "size", "mtime", "etag")
+KEEP_FOOTERS_FILES = 1024
+"""Datasets of at most this many Parquet files pass the footers to every rank's readers
+(at most a few MB), which then read no footer themselves; larger ones do not (their
+readers fetch the footers of the files they read, 1M footers would be GBs per rank)."""
 
 __all__ = ["Discovered", "discover"]
 
@@ -66,7 +71,9 @@ class Discovered:
         filters: The row filter, or ``None``.
         extra: Format-specific metadata for readers. CSV / JSONL: ``"text_meta"`` (a
             :class:`~torch_dataloader_utils.io.text.TextFileMeta` per path) and
-            ``"text_options"`` (the :class:`TextOptions`).
+            ``"text_options"`` (the :class:`TextOptions`). Parquet of at most
+            ``KEEP_FOOTERS_FILES`` files read without the cache: ``"parquet_footers"``
+            (footer bytes by path).
         metadata: Parquet: the files as columns (:data:`~.metadata.FILES_SCHEMA`, one
             row per file, in the order of ``files``), which ``files`` is built from.
     """
@@ -301,6 +308,7 @@ def _discover_parquet(
     first_path = listing.column("path")[0].as_py()
     first = reference(fs, first_path, got.first_footer)
     request = _resolve_request(first.schema, partitions, source.columns, source.filters)
+    footers: dict[str, bytes] = {}
     if got.cached is not None:
         table = _with_listing(listing, from_ipc(got.cached))
         _check_schemas(fs, first, table, request.data_columns)
@@ -309,10 +317,13 @@ def _discover_parquet(
         lo, hi = _share_bounds(listing.num_rows, share.rank, share.size)
         mine = listed_files(listing, lo, hi)
         known = {first.path: first.footer} if lo == 0 else None
+        keep = listing.num_rows <= KEEP_FOOTERS_FILES
         try:
-            part, error = read_share(fs, mine, check, first_index=lo, fetch=fetch, known=known)
+            part, error = read_share(
+                fs, mine, check, first_index=lo, fetch=fetch, known=known, keep_footers=keep
+            )
         except Exception as exc:  # still take part in the exchange: no rank is left waiting
-            part, error = files_table([]), SharedError(lo, type(exc).__name__, str(exc))
+            part, error = files_table([], footers=keep), SharedError(lo, type(exc).__name__, str(exc))
         # Every rank has the listing: only what the footers said travels (rows, row groups).
         slim = part.drop_columns(list(_LISTING_COLUMNS))
         shares = [decode_share(buf) for buf in share.all_gather(encode_share(slim, error))]
@@ -327,7 +338,13 @@ def _discover_parquet(
                     f"the {b - a} of its share: every rank must build the dataset with the same path "
                     "and options"
                 )
-        table = _with_listing(listing, pa.concat_tables([t for t, _ in shares]))
+        joined = pa.concat_tables([t for t, _ in shares])
+        if keep:
+            buffers: list[Any] = joined.column(FOOTER_COLUMN).to_pylist()
+            names: list[Any] = listing.column("path").to_pylist()
+            footers = dict(zip(names, buffers, strict=True))
+            joined = joined.drop_columns([FOOTER_COLUMN])
+        table = _with_listing(listing, joined)
         cache = _cache_spec(source, fs) if share.rank == 0 else None
         if cache is not None:
             _write_cache(cache, table, key, first)
@@ -346,6 +363,7 @@ def _discover_parquet(
         files=files,
         partitions=partitions,
         metadata=table,
+        extra={"parquet_footers": footers} if footers else {},
         **request._asdict(),
     )
 

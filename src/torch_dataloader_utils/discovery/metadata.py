@@ -33,6 +33,7 @@ from torch_dataloader_utils.plan.types import FileInfo, RowGroup
 
 __all__ = [
     "FILES_SCHEMA",
+    "FOOTER_COLUMN",
     "LISTING_SCHEMA",
     "ROW_GROUP_TYPE",
     "FileRows",
@@ -80,6 +81,9 @@ FILES_SCHEMA = pa.schema(_FILES_FIELDS)
 """One row per Parquet file: listing columns, rows, unpruned row groups, and the file's
 Arrow schema (serialized) only where it differs from the first file's."""
 
+FOOTER_COLUMN = "footer"
+"""The column of footer buffers a share carries for a small dataset (not in FILES_SCHEMA)."""
+
 _ERROR_CLASS = b"tdu.error.class"
 _ERROR_MESSAGE = b"tdu.error.message"
 _ERROR_INDEX = b"tdu.error.index"
@@ -117,16 +121,18 @@ class FileRows:
         num_rows: Rows in the file.
         row_groups: The unpruned row groups.
         schema: The file's serialized Arrow schema, only when it differs from the first file's.
+        footer: The footer buffer, when it is kept for the readers (small datasets).
     """
 
     listed: ListedFile
     num_rows: int
     row_groups: tuple[RowGroup, ...]
     schema: bytes | None = None
+    footer: bytes | None = None
 
 
-def files_table(rows: Sequence[FileRows]) -> pa.Table:
-    """The files table of ``rows`` (in their order)."""
+def files_table(rows: Sequence[FileRows], *, footers: bool = False) -> pa.Table:
+    """The files table of ``rows`` (in their order); with ``footers``, plus a ``footer`` column."""
     counts = np.fromiter((len(r.row_groups) for r in rows), np.int64, len(rows))
     offsets = np.zeros(len(rows) + 1, np.int32)
     np.cumsum(counts, out=offsets[1:])
@@ -142,7 +148,7 @@ def files_table(rows: Sequence[FileRows]) -> pa.Table:
     )
     list_type: Any = FILES_SCHEMA.field("row_groups").type
     row_groups = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), structs, type=list_type)
-    return pa.table(
+    table = pa.table(
         {
             "path": pa.array([r.listed.path for r in rows], pa.string()),
             "size": pa.array([r.listed.size for r in rows], pa.int64()),
@@ -154,6 +160,9 @@ def files_table(rows: Sequence[FileRows]) -> pa.Table:
         },
         schema=FILES_SCHEMA,
     )
+    if footers:
+        table = table.append_column(FOOTER_COLUMN, pa.array([r.footer for r in rows], pa.binary()))
+    return table
 
 
 def file_infos(table: pa.Table) -> tuple[FileInfo, ...]:

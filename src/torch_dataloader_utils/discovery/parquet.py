@@ -197,6 +197,7 @@ def _read_one(
     fetch: FetchConfig,
     parquet_schema: Any,
     footer: bytes | None,
+    keep: bool,
 ) -> FileRows:
     if footer is None:
         footer = _fetch_footer(fs, listed, fetch)
@@ -214,7 +215,7 @@ def _read_one(
     if check.filters is not None:
         kept = _kept_groups(footer, check, listed.path)
         groups = tuple(g for g in groups if g.index in kept)
-    return FileRows(listed, meta.num_rows, groups, schema_bytes)
+    return FileRows(listed, meta.num_rows, groups, schema_bytes, footer if keep else None)
 
 
 def read_share(
@@ -226,6 +227,7 @@ def read_share(
     fetch: FetchConfig | None = None,
     known: Mapping[str, bytes] | None = None,
     threads: int = METADATA_THREADS,
+    keep_footers: bool = False,
 ) -> tuple[pa.Table, SharedError | None]:
     """Read, check and prune the footers of ``files`` concurrently, as a files table.
 
@@ -240,6 +242,7 @@ def read_share(
         fetch: Retries of the ranged reads.
         known: Footers already read, by path (not fetched again).
         threads: Footers read at once.
+        keep_footers: Add the footer buffers as a ``footer`` column (for the readers).
 
     Returns:
         The files table (:data:`~.metadata.FILES_SCHEMA`) of the files read, and the
@@ -265,7 +268,9 @@ def read_share(
                     return
             listed = files[i]
             try:
-                results[i] = _read_one(fs, listed, check, config, parquet_schema, footers.get(listed.path))
+                results[i] = _read_one(
+                    fs, listed, check, config, parquet_schema, footers.get(listed.path), keep_footers
+                )
             except Exception as exc:  # passed on to every rank, raised there
                 results[i] = exc
                 with lock:
@@ -283,7 +288,8 @@ def read_share(
     rows: list[FileRows] = []
     for i, result in enumerate(results):
         if isinstance(result, Exception):
-            return files_table(rows), SharedError(first_index + i, type(result).__name__, str(result))
+            error = SharedError(first_index + i, type(result).__name__, str(result))
+            return files_table(rows, footers=keep_footers), error
         assert result is not None
         rows.append(result)
-    return files_table(rows), None
+    return files_table(rows, footers=keep_footers), None
