@@ -28,7 +28,12 @@ from torch_dataloader_utils.discovery.metadata import (
     listing_table,
     to_ipc,
 )
-from torch_dataloader_utils.errors import CorruptFileError, DiscoveryError, SchemaMismatchError
+from torch_dataloader_utils.errors import (
+    CorruptFileError,
+    DiscoveryError,
+    SchemaMismatchError,
+    UnknownColumnError,
+)
 from torch_dataloader_utils.plan.types import FileInfo
 
 
@@ -148,3 +153,23 @@ def test_an_error_in_the_other_share_is_raised_here(tmp_path: Path) -> None:
     other = encode_share(empty, SharedError(2, "CorruptFileError", "cannot read part-0002"))
     with pytest.raises(CorruptFileError, match="cannot read part-0002"):
         discover(str(tmp_path), source, share=_TwoRanks(0, other=other))
+
+
+def test_a_bad_request_travels_too_so_no_rank_waits(tmp_path: Path) -> None:
+    """Every rank resolves the request from the first footer; its error goes through the exchange."""
+    write_parquet_files(tmp_path, [30, 20, 10], row_group_size=10)
+    one = _TwoRanks(1)
+    with pytest.raises(UnknownColumnError, match="nope"):
+        discover(str(tmp_path), FileSourceConfig(format=FileFormat.PARQUET, columns=["nope"]), share=one)
+    assert one.sent is not None  # it took part in the all-gather before raising
+    _, error = decode_share(one.sent)
+    assert error is not None
+    assert (error.index, error.kind) == (-1, "UnknownColumnError")
+    (tmp_path / "part-0000.parquet").write_bytes(b"x" * 100)  # the first file is the schema
+    one = _TwoRanks(1)
+    with pytest.raises(CorruptFileError, match=r"part-0000\.parquet"):
+        discover(str(tmp_path), FileSourceConfig(format=FileFormat.PARQUET), share=one)
+    assert one.sent is not None
+    _, error = decode_share(one.sent)
+    assert error is not None
+    assert (error.index, error.kind) == (0, "CorruptFileError")

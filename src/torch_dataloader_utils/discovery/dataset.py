@@ -36,7 +36,6 @@ from torch_dataloader_utils.discovery.parquet import (
     FooterInfo,
     Reference,
     check_fields,
-    read_reference,
     read_share,
     reference,
 )
@@ -235,14 +234,14 @@ class _Head:
 
     Attributes:
         listing: The listing table as an IPC buffer.
-        first_footer: The first file's footer (from the file, or from the cache).
+        first_footer: The first file's footer, from the cache (when it is valid).
         cached: The cache's files table without the listing columns, as an IPC buffer,
             when the cache is valid.
         note: Why the cache was ignored, when it was.
     """
 
     listing: bytes
-    first_footer: bytes
+    first_footer: bytes | None
     cached: bytes | None
     note: str | None
 
@@ -289,13 +288,12 @@ def _discover_parquet(
         if isinstance(loaded, CacheHit):
             kept = loaded.table.drop_columns(list(_LISTING_COLUMNS))
             return _Head(to_ipc(table), loaded.first_footer, to_ipc(kept), None)
-        footer = read_reference(listing.fs, listing.files[0], fetch)
         note = None
         if isinstance(loaded, str):
             note = f"{loaded}; reading the footers again and rewriting it"
-        return _Head(to_ipc(table), footer, None, note)
+        return _Head(to_ipc(table), None, None, note)
 
-    # Rank 0 lists (and reads the first footer or the cache); every rank receives it.
+    # Rank 0 lists (and reads the cache); every rank receives the listing.
     got = share.from_rank0(head)
     if got.note is not None:
         warnings.warn(got.note, UserWarning, stacklevel=4)
@@ -305,23 +303,32 @@ def _discover_parquet(
     )[0]
     listing = from_ipc(got.listing)
     partitions = infer_partitions(listed_files(listing)) if source.partitioning == "hive" else None
-    first_path = listing.column("path")[0].as_py()
-    first = reference(fs, first_path, got.first_footer)
-    request = _resolve_request(first.schema, partitions, source.columns, source.filters)
+    resolved: list[tuple[Reference, _Request]] = []
+
+    def make_check(footer: bytes) -> FooterCheck:
+        """The request, resolved against the first file's footer (the same on every rank)."""
+        first = reference(fs, listing.column("path")[0].as_py(), footer)
+        request = _resolve_request(first.schema, partitions, source.columns, source.filters)
+        resolved.append((first, request))
+        return FooterCheck(first, request.data_columns, request.filters, request.schema, partitions)
+
     footers: dict[str, bytes] = {}
     if got.cached is not None:
+        assert got.first_footer is not None
+        make_check(got.first_footer)
+        first, request = resolved[0]
         table = _with_listing(listing, from_ipc(got.cached))
         _check_schemas(fs, first, table, request.data_columns)
     else:
-        check = FooterCheck(first, request.data_columns, request.filters, request.schema, partitions)
         lo, hi = _share_bounds(listing.num_rows, share.rank, share.size)
         mine = listed_files(listing, lo, hi)
-        known = {first.path: first.footer} if lo == 0 else None
+        first_file = mine[0] if lo == 0 and mine else listed_files(listing, 0, 1)[0]
         keep = listing.num_rows <= KEEP_FOOTERS_FILES
         try:
-            part, error = read_share(
-                fs, mine, check, first_index=lo, fetch=fetch, known=known, keep_footers=keep
+            result = read_share(
+                fs, mine, first_file, make_check, first_index=lo, fetch=fetch, keep_footers=keep
             )
+            part, error = result.table, result.error
         except Exception as exc:  # still take part in the exchange: no rank is left waiting
             part, error = files_table([], footers=keep), SharedError(lo, type(exc).__name__, str(exc))
         # Every rank has the listing: only what the footers said travels (rows, row groups).
@@ -345,6 +352,7 @@ def _discover_parquet(
             footers = dict(zip(names, buffers, strict=True))
             joined = joined.drop_columns([FOOTER_COLUMN])
         table = _with_listing(listing, joined)
+        first, request = resolved[0]
         cache = _cache_spec(source, fs) if share.rank == 0 else None
         if cache is not None:
             _write_cache(cache, table, key, first)

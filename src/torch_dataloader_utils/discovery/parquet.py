@@ -11,7 +11,7 @@ themselves are dropped (readers fetch the few they need when they read a chunk).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,7 @@ __all__ = [
     "FooterInfo",
     "Reference",
     "check_fields",
-    "read_reference",
+    "ShareResult",
     "read_share",
     "reference",
     "row_groups",
@@ -117,18 +117,6 @@ class Reference:
         return pq.read_metadata(pa.BufferReader(self.footer)).schema
 
 
-def read_reference(fs: FileSystemSpec, listed: ListedFile, fetch: FetchConfig | None = None) -> bytes:
-    """The footer of the first file (one request), read before the others.
-
-    Raises:
-        CorruptFileError: it is not a Parquet file.
-        ReadError: it could not be fetched.
-    """
-    footer = _fetch_footer(fs, listed, fetch or FetchConfig())
-    _parse(fs, listed.path, footer)
-    return footer
-
-
 def reference(fs: FileSystemSpec, path: str, footer: bytes) -> Reference:
     """The :class:`Reference` of the first file's footer."""
     return Reference(path, footer, _parse(fs, path, footer).schema.to_arrow_schema())
@@ -190,17 +178,9 @@ def _kept_groups(footer: bytes, check: FooterCheck, path: str) -> set[int]:
     return {g.id for g in frag.subset(check.filters, schema=check.schema).row_groups}
 
 
-def _read_one(
-    fs: FileSystemSpec,
-    listed: ListedFile,
-    check: FooterCheck,
-    fetch: FetchConfig,
-    parquet_schema: Any,
-    footer: bytes | None,
-    keep: bool,
+def _check_one(
+    fs: FileSystemSpec, listed: ListedFile, footer: bytes, check: FooterCheck, parquet_schema: Any, keep: bool
 ) -> FileRows:
-    if footer is None:
-        footer = _fetch_footer(fs, listed, fetch)
     meta = _parse(fs, listed.path, footer)
     schema_bytes = None
     if not meta.schema.equals(parquet_schema):
@@ -218,65 +198,122 @@ def _read_one(
     return FileRows(listed, meta.num_rows, groups, schema_bytes, footer if keep else None)
 
 
+@dataclass(frozen=True)
+class ShareResult:
+    """What one process learned from its share of footers.
+
+    Attributes:
+        table: The files table of its share (:data:`~.metadata.FILES_SCHEMA`, plus a
+            ``footer`` column when footers are kept), up to the first error.
+        error: The first error in file order (position ``-1``: the request itself, as
+            ``make_check`` raised it), or ``None``.
+        check: What ``make_check`` returned for the first file's footer, or ``None``
+            when that failed.
+    """
+
+    table: pa.Table
+    error: SharedError | None
+    check: FooterCheck | None
+
+
 def read_share(
     fs: FileSystemSpec,
     files: Sequence[ListedFile],
-    check: FooterCheck,
+    first: ListedFile,
+    make_check: Callable[[bytes], FooterCheck],
     *,
     first_index: int = 0,
     fetch: FetchConfig | None = None,
-    known: Mapping[str, bytes] | None = None,
     threads: int = METADATA_THREADS,
     keep_footers: bool = False,
-) -> tuple[pa.Table, SharedError | None]:
+) -> ShareResult:
     """Read, check and prune the footers of ``files`` concurrently, as a files table.
 
-    Nothing is raised for a file: the first failure (in file order) is returned, to be
-    passed to every rank and raised there.
+    The dataset's first file's footer is read too (first, alongside the others: it is
+    the share's own first file on the rank that holds it); ``make_check`` turns it into
+    the request every footer is checked against. Fetching does not wait for it, only
+    checking does, so the share costs no extra round trip.
+
+    Nothing is raised: the first failure (in file order) is returned, to be passed to
+    every rank and raised there.
 
     Args:
         fs: The filesystem.
         files: This process's share of the listing, in listing order.
-        check: The request every footer is checked against.
+        first: The dataset's first file (listing position 0).
+        make_check: Builds the check from the first file's footer (may raise: a bad
+            column or filter, reported at position -1).
         first_index: The listing position of ``files[0]`` (errors name positions).
         fetch: Retries of the ranged reads.
-        known: Footers already read, by path (not fetched again).
         threads: Footers read at once.
         keep_footers: Add the footer buffers as a ``footer`` column (for the readers).
-
-    Returns:
-        The files table (:data:`~.metadata.FILES_SCHEMA`) of the files read, and the
-        first error: :class:`CorruptFileError`, :class:`SchemaMismatchError` or
-        :class:`ReadError`.
     """
     config = fetch or FetchConfig()
-    footers = dict(known or {})
-    parquet_schema = check.first.parquet_schema
-
+    own_first = first_index == 0 and bool(files)
+    # Work items in order: -1 is the first file's footer when it is not in this share.
+    items = iter(range(0 if own_first else -1, len(files)))
     results: list[FileRows | Exception | None] = [None] * len(files)
-    cursor = iter(range(len(files)))
     lock = threading.Lock()
     failed = [len(files)]  # the first failed position: later files are not read
+    ready = threading.Event()
+    state: dict[str, Any] = {}
+
+    def resolve(footer: bytes) -> None:
+        try:
+            state["check"] = make_check(footer)
+            state["parquet_schema"] = state["check"].first.parquet_schema
+        except Exception as exc:  # a bad request: every rank meets the same
+            state["error"] = SharedError(
+                -1 if not isinstance(exc, CorruptFileError) else 0, type(exc).__name__, str(exc)
+            )
+        finally:
+            ready.set()
+
+    def stop() -> None:
+        with lock:
+            failed[0] = -1
 
     def work() -> None:
         # Each thread takes the next file until none is left: no future or queue per file
         # (with thousands of footers per process their cost is a large part of the CPU).
         while True:
             with lock:
-                i = next(cursor, None)
+                i = next(items, None)
                 if i is None or i > failed[0]:
                     return
-            listed = files[i]
+            listed = first if i < 0 else files[i]
             try:
-                results[i] = _read_one(
-                    fs, listed, check, config, parquet_schema, footers.get(listed.path), keep_footers
+                footer = _fetch_footer(fs, listed, config)
+            except Exception as exc:
+                if i <= 0 and (i < 0 or own_first):
+                    state["error"] = SharedError(0, type(exc).__name__, str(exc))
+                    ready.set()
+                    stop()
+                else:
+                    results[i] = exc
+                    with lock:
+                        failed[0] = min(failed[0], i)
+                continue
+            if i < 0 or (i == 0 and own_first):
+                resolve(footer)
+                if "error" in state:
+                    stop()
+                    continue
+                if i < 0:
+                    continue
+            ready.wait()
+            if "error" in state:
+                return
+            try:
+                results[i] = _check_one(
+                    fs, listed, footer, state["check"], state["parquet_schema"], keep_footers
                 )
             except Exception as exc:  # passed on to every rank, raised there
                 results[i] = exc
                 with lock:
                     failed[0] = min(failed[0], i)
 
-    count = max(1, min(threads, len(files)))
+    count = max(1, min(threads, len(files) + (0 if own_first else 1)))
     if count == 1:
         work()
     else:
@@ -285,11 +322,13 @@ def read_share(
             t.start()
         for t in pool:
             t.join()
+    if "error" in state:
+        return ShareResult(files_table([], footers=keep_footers), state["error"], None)
     rows: list[FileRows] = []
     for i, result in enumerate(results):
         if isinstance(result, Exception):
             error = SharedError(first_index + i, type(result).__name__, str(result))
-            return files_table(rows, footers=keep_footers), error
+            return ShareResult(files_table(rows, footers=keep_footers), error, state["check"])
         assert result is not None
         rows.append(result)
-    return files_table(rows, footers=keep_footers), None
+    return ShareResult(files_table(rows, footers=keep_footers), None, state["check"])
