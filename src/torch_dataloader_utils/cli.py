@@ -1,15 +1,18 @@
-"""Command line: ``demo`` (the README's main job) and ``plan`` (inspect a plan).
+"""Command line: ``demo`` (the README's main job), ``plan`` (inspect a plan), ``reshard``.
 
 Usage::
 
     python -m torch_dataloader_utils demo          # torchrun on CPU: 2 ranks x 2 workers
     python -m torch_dataloader_utils plan PATH --num-ranks 4 --num-workers 2 --epoch 0
+    torch-dataloader-utils reshard SRC DST --target-file-size 256MiB --workers 8
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -203,6 +206,169 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+_FILTER_RE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(==|!=|<=|>=|<|>|=|\bin\b)\s*(.+?)\s*$")
+
+
+def parse_filter(text: str) -> Any:
+    """``--filter "NAME OP VALUE"`` as a pyarrow expression.
+
+    ``OP`` is one of ``== != < <= > >= in``; ``VALUE`` is a JSON literal (``5``,
+    ``"a"``, ``true``, ``[1, 2]`` for ``in``) or a bare word (a string).
+
+    Raises:
+        ConfigError: the text is not of that form.
+    """
+    import pyarrow.compute as pc
+
+    from torch_dataloader_utils.errors import ConfigError
+
+    match = _FILTER_RE.match(text)
+    if match is None:
+        raise ConfigError(
+            f"--filter {text!r} is not 'NAME OP VALUE' (OP one of == != < <= > >= in), "
+            "e.g. --filter 'label == 3' or --filter 'split in [\"train\", \"val\"]'"
+        )
+    name, op, raw = match.groups()
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    field = pc.field(name)
+    if op == "in":
+        if not isinstance(value, list):
+            raise ConfigError(f"--filter {text!r}: 'in' needs a JSON list, e.g. [1, 2]")
+        return field.isin(value)
+    ops = {
+        "==": field.__eq__,
+        "=": field.__eq__,
+        "!=": field.__ne__,
+        "<": field.__lt__,
+        "<=": field.__le__,
+        ">": field.__gt__,
+        ">=": field.__ge__,
+    }
+    return ops[op](value)
+
+
+def _json_option(text: str | None, flag: str) -> Any:
+    from torch_dataloader_utils.errors import ConfigError
+
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f'{flag} must be a JSON object, e.g. \'{{"key": "..."}}\' ({exc})') from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag} must be a JSON object, got {text!r}")
+    return value
+
+
+def _names_option(text: str | None) -> list[str] | None:
+    return None if text is None else [c.strip() for c in text.split(",") if c.strip()]
+
+
+def _reshard(args: argparse.Namespace) -> int:
+    """Parse ``reshard``'s flags into :func:`~torch_dataloader_utils.tools.reshard.reshard`'s keywords."""
+    from torch_dataloader_utils.errors import DataLoaderUtilsError
+    from torch_dataloader_utils.tools.reshard import reshard
+
+    try:
+        filters = None
+        for text in args.filter or []:
+            expr = parse_filter(text)
+            filters = expr if filters is None else filters & expr
+        size = args.row_group_size.strip()
+        by_rows = size.lower().endswith("rows")
+        report = reshard(
+            args.src if len(args.src) > 1 else args.src[0],
+            args.dst,
+            format=args.format,
+            columns=_names_option(args.columns),
+            filters=filters,
+            storage_options=_json_option(args.storage_options, "--storage-options"),
+            partitioning=args.partitioning,
+            catalog_config=_json_option(args.catalog_config, "--catalog-config"),
+            snapshot_id=args.snapshot_id,
+            dst_storage_options=_json_option(args.dst_storage_options, "--dst-storage-options"),
+            target_file_size=args.target_file_size,
+            row_group_bytes=None if by_rows else size,
+            row_group_rows=_rows(size) if by_rows else None,
+            compression=args.compression,
+            sort_by=_names_option(args.sort_by),
+            group_by=_names_option(args.group_by),
+            partition_by=_names_option(args.partition_by),
+            workers=args.workers,
+            verify=args.verify,
+            rank_timeout=args.rank_timeout,
+        )
+    except DataLoaderUtilsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"{report.destination}: {report.num_shards} shards, {report.num_rows} rows, "
+        f"{report.num_bytes} bytes ({report.shards_written} written now, {report.shards_skipped} "
+        f"done before) in {report.seconds:.1f} s" + ("; verified" if report.verified else "")
+    )
+    return 0
+
+
+def _rows(text: str) -> int:
+    from torch_dataloader_utils.errors import ConfigError
+
+    digits = text[: -len("rows")].strip().replace("_", "")
+    if not digits.isdigit():
+        raise ConfigError(f"--row-group-size {text!r}: give bytes ('32MiB') or rows ('100000rows')")
+    return int(digits)
+
+
+def _add_reshard(sub: Any) -> None:
+    from torch_dataloader_utils.tools.reshard import (
+        COMPRESSIONS,
+        DEFAULT_COMPRESSION,
+        DEFAULT_RANK_TIMEOUT,
+        SOURCE_FORMATS,
+    )
+
+    cmd = sub.add_parser(
+        "reshard",
+        help="rewrite many small files into Parquet shards of a target size, with a manifest",
+        description=(
+            "Rewrite SRC (anything the loader reads) into Parquet shards of about "
+            "--target-file-size under DST, with DST/_manifest.json that the loader opens "
+            "without listing or footers. Restartable: run the same command again after an "
+            "interruption. Under torchrun every rank writes its share."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    cmd.add_argument(
+        "src", nargs="+", help="files, directories, globs or URLs; or a table with --format iceberg"
+    )
+    cmd.add_argument("dst", help="output directory (local or URL): new, empty, or an interrupted job's")
+    cmd.add_argument("--format", default="parquet", choices=SOURCE_FORMATS, help="source format")
+    cmd.add_argument("--columns", default=None, help="comma-separated columns to keep; all when unset")
+    cmd.add_argument("--filter", action="append", help="keep rows where 'NAME OP VALUE' holds (repeat: and)")
+    cmd.add_argument("--partitioning", default=None, choices=["hive"], help="read key=value directories")
+    cmd.add_argument("--storage-options", default=None, help="source filesystem options (JSON object)")
+    cmd.add_argument("--dst-storage-options", default=None, help="output filesystem options (JSON)")
+    cmd.add_argument("--catalog-config", default=None, help="Iceberg catalog properties (JSON object)")
+    cmd.add_argument(
+        "--snapshot-id", type=int, default=None, help="Iceberg snapshot; the current one when unset"
+    )
+    cmd.add_argument("--target-file-size", default="256MiB", help="bytes per shard, e.g. 256MiB")
+    cmd.add_argument("--row-group-size", default="32MiB", help="bytes (32MiB) or rows (100000rows)")
+    cmd.add_argument("--compression", default=DEFAULT_COMPRESSION, choices=COMPRESSIONS)
+    cmd.add_argument("--sort-by", default=None, help="comma-separated columns to sort each shard by")
+    cmd.add_argument("--group-by", default=None, help="columns whose rows stay in one shard, contiguous")
+    cmd.add_argument("--partition-by", default=None, help="columns written as key=value directories")
+    cmd.add_argument("--workers", type=int, default=1, help="worker processes per rank")
+    cmd.add_argument("--verify", action="store_true", help="compare row counts and column checksums")
+    cmd.add_argument(
+        "--rank-timeout", type=float, default=DEFAULT_RANK_TIMEOUT, help="seconds a rank waits at a barrier"
+    )
+    cmd.set_defaults(fn=_reshard)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m torch_dataloader_utils``."""
     parser = argparse.ArgumentParser(prog="torch_dataloader_utils")
@@ -231,6 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan.add_argument("--seed", type=int, default=0)
     plan.add_argument("--split-bytes", default=None)
     plan.set_defaults(fn=_plan)
+    _add_reshard(sub)
     args = parser.parse_args(argv)
     return int(args.fn(args))
 

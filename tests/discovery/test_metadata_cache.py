@@ -219,3 +219,29 @@ def test_cache_on_s3_skips_footer_requests(s3_server: S3Server, s3_proxy: FaultP
     with pytest.warns(UserWarning, match=r"metadata_cache='s3://.*meta\.arrow' is stale.*part-0001"):
         stale = StructuredDataset(url, storage_options=options, metadata_cache=cache)
     assert [f.num_rows for f in stale.files] == [500, 40, 800, 120]
+
+
+def test_a_reshard_manifest_comes_first_and_use_manifest_false_uses_the_cache(
+    data: Path, tmp_path: Path
+) -> None:
+    """A resharded directory is read from its manifest (one request): the cache is neither read
+    nor written; listed instead (use_manifest=False), the cache works as for any directory."""
+    from torch_dataloader_utils import reshard
+
+    dst = tmp_path / "dst"
+    reshard(str(data), str(dst), target_file_size="4KiB")
+    cache = tmp_path / "meta.arrow"
+    ds, requests, notes = _build(dst, cache)
+    assert (requests, notes) == (1, [])  # the manifest: no listing, no footer, no cache
+    assert "manifest" in ds.discovered.extra
+    assert not cache.exists()
+    assert np.array_equal(_ids(ds), np.arange(sum(ROWS)))
+    cold, _, notes = _build(dst, cache, use_manifest=False)
+    assert notes == []
+    assert cache.exists()
+    warm, warm_requests, notes = _build(dst, cache, use_manifest=False)
+    assert notes == []
+    assert warm_requests == 2  # a HEAD and one listing page: no footer
+    assert warm.files == cold.files
+    assert [f.num_rows for f in warm.files] == [f.num_rows for f in ds.files]
+    assert np.array_equal(_ids(warm), np.arange(sum(ROWS)))

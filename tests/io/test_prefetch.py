@@ -21,6 +21,19 @@ from torch_dataloader_utils.storage.footers import FOOTER_READ_BYTES, read_foote
 from torch_dataloader_utils.storage.fs import FileSystemSpec, native_s3_options
 
 
+def _count_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths of every ``info`` request (the readers' checks that a file is unchanged)."""
+    checked: list[str] = []
+    info = latency.LatencyFileSystem.info
+
+    def counted(self: latency.LatencyFileSystem, path: str, **kwargs: object) -> object:
+        checked.append(path)
+        return info(self, path, **kwargs)
+
+    monkeypatch.setattr(latency.LatencyFileSystem, "info", counted)
+    return checked
+
+
 def _latency_dataset(root: Path, **kwargs: object) -> tuple[object, object, latency.RequestStats]:
     key = uuid.uuid4().hex
     loader, dataset = create_dataloader(
@@ -196,12 +209,14 @@ def test_small_files_come_whole_in_one_request(tmp_path: Path, monkeypatch: pyte
     write_parquet_files(tmp_path, [300, 200], row_group_size=100)
     assert all(p.stat().st_size < FOOTER_READ_BYTES for p in tmp_path.iterdir())
     loader, dataset, counters = _latency_dataset(tmp_path, split_strategy="file", batch_size=64)
+    checks = _count_checks(monkeypatch)
     counters.reset()
     ids = np.concatenate([b["id"].numpy() for b in loader])  # type: ignore[attr-defined]
     assert np.array_equal(np.sort(ids), np.arange(500))
     source: ChunkSource = dataset._reader._source  # type: ignore[attr-defined]
     assert (source.stats.requests, source.stats.footer_requests, source.stats.misses) == (2, 0, 0)
-    assert counters.requests == 2
+    assert len(checks) == 2  # each file checked once: unchanged since the dataset was built
+    assert counters.requests - len(checks) == 2  # and read in one request
 
 
 @pytest.mark.parametrize("footers_kept", [True, False])
@@ -214,23 +229,27 @@ def test_first_batch_costs_a_bounded_number_of_requests(
     write_parquet_files(tmp_path, [50] * 120, row_group_size=50, with_strings=False)
     loader, dataset, counters = _latency_dataset(tmp_path, batch_size=64, split_strategy="file")
     assert len(dataset.files) == 120  # type: ignore[attr-defined]
+    checks = _count_checks(monkeypatch)
     counters.reset()
     it = iter(loader)
     first = next(it)
     assert len(first["id"]) == 64
-    # Two chunks make the first batch; at most READ_AHEAD_CHUNKS more were started.
-    assert counters.requests <= 2 + READ_AHEAD_CHUNKS
+    # Two chunks make the first batch; at most READ_AHEAD_CHUNKS more were started (the
+    # checks that files are unchanged run beside them, one per file of the pass).
+    assert counters.requests - len(checks) <= 2 + READ_AHEAD_CHUNKS
     source: ChunkSource = dataset._reader._source  # type: ignore[attr-defined]
     assert len(source._pending) <= READ_AHEAD_CHUNKS
     rest = sum(len(b["id"]) for b in it)
     assert 64 + rest == 6000
-    assert counters.requests == 120  # every file once, whole: no footer request, no miss
+    assert len(checks) == len(set(checks)) == 120  # each file checked once
+    assert counters.requests - len(checks) == 120  # every file read once, whole: no footer request, no miss
 
 
 def test_s3fs_pool_is_as_large_as_the_footer_concurrency() -> None:
     from torch_dataloader_utils.discovery.parquet import METADATA_THREADS
 
-    opts = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:1"}
+    # (an endpoint of its own: tests/storage/test_fs.py checks that no client exists for its options)
+    opts = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:2"}
     client = FileSystemSpec("s3", opts).fsspec()
     assert client.config_kwargs["max_pool_connections"] == METADATA_THREADS == 64
     mine = FileSystemSpec("s3", {**opts, "config_kwargs": {"max_pool_connections": 7, "read_timeout": 5}})

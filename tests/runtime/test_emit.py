@@ -15,5 +15,5 @@ def test_first_group_is_one_batch_then_groups_fill_up() -> None:
     sizes = [len(g.tag) for g in groups]
     assert sizes[0] == 1  # the first batch travels alone
     assert sum(sizes) == 10
-    assert len(groups) == 2  # small batches: the rest in one group
-    assert GROUP_MAX_BATCHES > 9
+    assert sizes == [1, 2, 4, 3]  # small batches: groups double up to GROUP_MAX_BATCHES
+    assert GROUP_MAX_BATCHES > 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,7 @@ from torch_dataloader_utils.discovery.cache import CacheHit, CacheKey, cache_byt
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
 from torch_dataloader_utils.discovery.exchange import LOCAL, Exchange
 from torch_dataloader_utils.discovery.listing import list_files
+from torch_dataloader_utils.discovery.manifest import Manifest, find_manifest
 from torch_dataloader_utils.discovery.metadata import (
     FILES_SCHEMA,
     FOOTER_COLUMN,
@@ -41,9 +43,10 @@ from torch_dataloader_utils.discovery.parquet import (
 )
 from torch_dataloader_utils.discovery.partitions import Partitions, infer_partitions
 from torch_dataloader_utils.discovery.text import TextDiscovery, TextOptions, discover_text
-from torch_dataloader_utils.errors import ConfigError, DiscoveryError, SchemaMismatchError
+from torch_dataloader_utils.errors import ConfigError, DiscoveryError, SchemaError, SchemaMismatchError
 from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
+from torch_dataloader_utils.storage.schemas import nullable_type, same_but_nullability
 
 _LISTING_COLUMNS = ("path", "size", "mtime", "etag")
 KEEP_FOOTERS_FILES = 1024
@@ -52,6 +55,8 @@ KEEP_FOOTERS_FILES = 1024
 readers fetch the footers of the files they read, 1M footers would be GBs per rank)."""
 
 __all__ = ["Discovered", "discover"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,59 @@ class Discovered:
         return pa.schema([self.schema.field(c) for c in self.output_columns])
 
 
+def _dataset_schema(
+    first: tuple[str, pa.Schema],
+    others: Sequence[tuple[str, pa.Schema]],
+    columns: Sequence[str] | None,
+    fs: FileSystemSpec,
+) -> pa.Schema:
+    """The first file's schema, checked against the others, NOT NULL differences unified.
+
+    ``others`` are ``(path, schema)`` of the other files (those whose schema equals the
+    first's may be left out). A field that some files declare NOT NULL and others
+    nullable (as Spark writes them) becomes nullable. With ``columns=None`` every file
+    must have the same fields: a field found only in a later file is an error, as one
+    missing from it is (never dropped silently because of the order of the files).
+
+    Raises:
+        SchemaError: a file names a needed column twice.
+        SchemaMismatchError: a file has a field the first lacks (all columns requested).
+    """
+    first_path, first_schema = first
+    wanted = set(columns) if columns is not None else None
+    fields = {f.name: f for f in first_schema}
+    for path, schema in [first, *others]:
+        names = schema.names
+        if len(set(names)) == len(names):
+            continue
+        twice = sorted({n for n in names if names.count(n) > 1 and (wanted is None or n in wanted)})
+        if twice:
+            raise SchemaError(
+                f"{fs.display(path)!r} has more than one column named {twice}; columns "
+                "are read by name, so rewrite the file with unique column names (or leave them "
+                "out of columns)"
+            )
+    for path, schema in others:
+        if schema.equals(first_schema):
+            continue
+        extra = [n for n in schema.names if n not in fields and (wanted is None or n in wanted)]
+        if extra:
+            common = [n for n in first_schema.names if n in schema.names]
+            raise SchemaMismatchError(
+                f"fields {extra} are in {fs.display(path)!r} but not in "
+                f"{fs.display(first_path)!r}; every file must have the columns read: pass "
+                f"columns= with fields all files share (e.g. {common}) or rewrite the files to "
+                "one schema"
+            )
+        for b in schema:
+            a = fields.get(b.name)
+            if a is None or (a.nullable == b.nullable and a.type.equals(b.type)):
+                continue
+            if same_but_nullability(a.type, b.type):
+                fields[b.name] = a.with_type(nullable_type(a.type)).with_nullable(True)
+    return pa.schema([fields[f.name] for f in first_schema], metadata=first_schema.metadata)  # type: ignore[arg-type]
+
+
 def discover(
     path: str | Sequence[str],
     source: FileSourceConfig,
@@ -120,6 +178,12 @@ def discover(
     the ranks exchange the results as Arrow buffers. Without a process group
     (:data:`~.exchange.LOCAL`) this process reads everything, concurrently. Errors are
     raised on every rank.
+
+    A Parquet ``path`` naming one directory that holds a reshard manifest
+    (``_manifest.json``, see :mod:`~torch_dataloader_utils.discovery.manifest`) is planned
+    from the manifest alone, with no listing, no footer read and no metadata cache;
+    ``use_manifest=False`` lists it instead, ``True`` requires the manifest
+    (``source.use_manifest``).
     """
     format, columns, filters, partitioning = (
         source.format,
@@ -132,7 +196,7 @@ def discover(
     fs_options = dict(source.storage_options or {})
     if format is FileFormat.PARQUET:
         return _discover_parquet(path, source, fetch or FetchConfig(), share)
-    listing = list_files(path, fs_options)
+    listing = list_files(path, fs_options, fetch)
     fs = listing.fs
     partitions = infer_partitions(listing.files) if partitioning == "hive" else None
     if format is FileFormat.ORC:
@@ -214,7 +278,10 @@ def _discover_orc(
     columns: Sequence[str] | None,
     filters: object,
 ) -> Discovered:
-    request = _resolve_request(footers[0].schema, partitions, columns, filters)
+    schema = _dataset_schema(
+        (footers[0].file.path, footers[0].schema), [(f.file.path, f.schema) for f in footers[1:]], columns, fs
+    )
+    request = _resolve_request(schema, partitions, columns, filters)
     first = footers[0]
     for other in footers[1:]:
         if not other.schema.equals(first.schema):
@@ -238,12 +305,15 @@ class _Head:
         cached: The cache's files table without the listing columns, as an IPC buffer,
             when the cache is valid.
         note: Why the cache was ignored, when it was.
+        manifest: ``(filesystem, root, manifest)`` of a resharded directory read from
+            its manifest (then nothing else is set: no listing, no footers, no cache).
     """
 
     listing: bytes
     first_footer: bytes | None
     cached: bytes | None
     note: str | None
+    manifest: tuple[FileSystemSpec, str, Manifest] | None = None
 
 
 def _cache_spec(source: FileSourceConfig, fs: FileSystemSpec) -> tuple[FileSystemSpec, str] | None:
@@ -281,7 +351,13 @@ def _discover_parquet(
     )
 
     def head() -> _Head:
-        listing = list_files(path, dict(source.storage_options or {}))
+        if source.use_manifest is not False:
+            found = find_manifest(
+                path, source.storage_options, required=source.use_manifest is True, fetch=fetch
+            )
+            if found is not None:
+                return _Head(b"", None, None, None, found)
+        listing = list_files(path, dict(source.storage_options or {}), fetch)
         table = listing_table(listing.files)
         cache = _cache_spec(source, listing.fs)
         loaded = load_cache(*cache, table, key) if cache is not None else None
@@ -295,11 +371,20 @@ def _discover_parquet(
 
     # Rank 0 lists (and reads the cache); every rank receives the listing.
     got = share.from_rank0(head)
+    if got.manifest is not None:
+        if source.metadata_cache is not None:
+            log.info(
+                "metadata_cache=%r is not used: the dataset is read from its reshard manifest",
+                source.metadata_cache,
+            )
+        return _discover_manifest(*got.manifest, source.columns, source.filters)
     if got.note is not None:
         warnings.warn(got.note, UserWarning, stacklevel=4)
     # This rank's own filesystem spec (its own storage_options), as list_files resolved it.
     fs = resolve(
-        os.fspath(path if isinstance(path, (str, os.PathLike)) else path[0]), source.storage_options
+        os.fspath(path if isinstance(path, (str, os.PathLike)) else path[0]),
+        source.storage_options,
+        timeout=fetch.attempt_timeout,
     )[0]
     listing = from_ipc(got.listing)
     partitions = infer_partitions(listed_files(listing)) if source.partitioning == "hive" else None
@@ -308,7 +393,8 @@ def _discover_parquet(
     def make_check(footer: bytes) -> FooterCheck:
         """The request, resolved against the first file's footer (the same on every rank)."""
         first = reference(fs, listing.column("path")[0].as_py(), footer)
-        request = _resolve_request(first.schema, partitions, source.columns, source.filters)
+        schema = _dataset_schema((first.path, first.schema), [], source.columns, fs)  # its own names
+        request = _resolve_request(schema, partitions, source.columns, source.filters)
         resolved.append((first, request))
         return FooterCheck(first, request.data_columns, request.filters, request.schema, partitions)
 
@@ -318,7 +404,6 @@ def _discover_parquet(
         make_check(got.first_footer)
         first, request = resolved[0]
         table = _with_listing(listing, from_ipc(got.cached))
-        _check_schemas(fs, first, table, request.data_columns)
     else:
         lo, hi = _share_bounds(listing.num_rows, share.rank, share.size)
         mine = listed_files(listing, lo, hi)
@@ -356,6 +441,13 @@ def _discover_parquet(
         cache = _cache_spec(source, fs) if share.rank == 0 else None
         if cache is not None:
             _write_cache(cache, table, key, first)
+    others = _other_schemas(table)
+    if others:
+        for other_path, other_schema in others:  # (the footer readers checked theirs already)
+            check_fields(fs, first, other_path, other_schema, request.data_columns)
+        schema = _dataset_schema((first.path, first.schema), others, source.columns, fs)
+        if not schema.equals(first.schema):  # NOT NULL in some files only: nullable
+            request = _resolve_request(schema, partitions, source.columns, source.filters)
     files = file_infos(table)
     expr = request.filters
     if expr is not None and files and all(f.live_rows == 0 for f in files):
@@ -376,16 +468,13 @@ def _discover_parquet(
     )
 
 
-def _check_schemas(fs: FileSystemSpec, first: Reference, table: pa.Table, names: Sequence[str]) -> None:
-    """Check the files whose schema differs from the first's (the ``schema`` column) on ``names``."""
+def _other_schemas(table: pa.Table) -> list[tuple[str, pa.Schema]]:
+    """``(path, schema)`` of the files whose schema differs from the first's (the ``schema`` column)."""
     schemas = table.column("schema")
     if schemas.null_count == len(schemas):
-        return
-    paths = table.column("path")
-    for i, raw in enumerate(schemas.to_pylist()):
-        if raw is not None:
-            schema = pa.ipc.read_schema(pa.py_buffer(raw))
-            check_fields(fs, first, paths[i].as_py(), schema, names)
+        return []
+    rows = table.select(["path", "schema"]).filter(pc.is_valid(schemas)).to_pylist()
+    return [(row["path"], pa.ipc.read_schema(pa.py_buffer(row["schema"]))) for row in rows]
 
 
 def _write_cache(cache: tuple[FileSystemSpec, str], table: pa.Table, key: CacheKey, first: Reference) -> None:
@@ -405,3 +494,46 @@ def _write_cache(cache: tuple[FileSystemSpec, str], table: pa.Table, key: CacheK
             UserWarning,
             stacklevel=5,
         )
+
+
+def _discover_manifest(
+    fs: FileSystemSpec, root: str, manifest: Manifest, columns: Sequence[str] | None, filters: object
+) -> Discovered:
+    """A resharded dataset, from its manifest alone (no listing, no footers).
+
+    Its partition columns (``partition_by``) come back as hive partitions typed by the
+    manifest's schema. A filter on partition columns only drops whole shards, so row
+    counts stay exact; other filters are applied to rows as they are read (row groups
+    are not pruned: the manifest holds no statistics).
+    """
+    log.info(
+        "reading %s from its manifest: %d shards, %d rows (no listing, no footer reads)",
+        fs.display(root),
+        len(manifest.shards),
+        manifest.num_rows,
+    )
+    partitions = manifest.partitions(root)
+    request = _resolve_request(manifest.file_schema, partitions, columns, filters)
+    expr = request.filters
+    files = tuple(sorted(manifest.files(root), key=lambda f: f.path))
+    fields = filter_fields(expr, request.schema)
+    if expr is not None and partitions is not None and fields and set(fields) <= set(partitions.schema.names):
+        rows = pa.table(
+            {
+                **{
+                    f.name: pa.array([partitions.values[fi.path][i] for fi in files], f.type)
+                    for i, f in enumerate(partitions.schema)
+                },
+                "__index": pa.array(range(len(files)), pa.int64()),
+            }
+        )
+        kept = set(rows.filter(expr).column("__index").to_pylist())
+        files = tuple(fi for i, fi in enumerate(files) if i in kept)
+    return Discovered(
+        fs=fs,
+        format=FileFormat.PARQUET,
+        files=files,
+        partitions=partitions,
+        extra={"manifest": manifest},
+        **request._asdict(),
+    )

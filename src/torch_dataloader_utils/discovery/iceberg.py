@@ -51,7 +51,13 @@ from torch_dataloader_utils.discovery.iceberg_equality import (
 )
 from torch_dataloader_utils.discovery.iceberg_filters import to_iceberg_expression
 from torch_dataloader_utils.discovery.parquet import row_groups
-from torch_dataloader_utils.errors import ConfigError, CorruptFileError, DiscoveryError, PathNotFoundError
+from torch_dataloader_utils.errors import (
+    ConfigError,
+    CorruptFileError,
+    DataLoaderUtilsError,
+    DiscoveryError,
+    PathNotFoundError,
+)
 from torch_dataloader_utils.plan.types import RowGroup
 from torch_dataloader_utils.storage.iceberg_fs import IcebergFileSystem
 from torch_dataloader_utils.storage.iceberg_meta import IcebergFileInfo, IcebergScan
@@ -111,10 +117,27 @@ def load_table(table: str, catalog_config: Mapping[str, Any] | None) -> Any:
             "pass pyiceberg catalog properties, e.g. "
             "{'type': 'sql', 'uri': 'sqlite:///catalog.db', 'warehouse': ...}"
         ) from exc
+    except Exception as exc:  # a database that cannot be opened, a server that is down...
+        raise _unreachable(catalog_name, props, exc) from exc
     try:
         return catalog.load_table(identifier)
     except (NoSuchTableError, NoSuchNamespaceError) as exc:
         raise PathNotFoundError(f"table={table!r} does not exist in catalog {catalog_name!r}: {exc}") from exc
+    except DataLoaderUtilsError:
+        raise
+    except Exception as exc:
+        raise _unreachable(catalog_name, props, exc) from exc
+
+
+def _unreachable(name: str, props: Mapping[str, Any], exc: BaseException) -> DiscoveryError:
+    """The error for a catalog that cannot be opened or reached, naming its uri (secrets hidden)."""
+    kind = f"type={props['type']!r}, " if "type" in props else ""
+    return DiscoveryError(
+        f"catalog {name!r} ({kind}uri={redact(props.get('uri'))!r}) cannot be opened or "
+        f"reached: {type(exc).__name__}: {redact(str(exc))}. Check catalog_config: a SQLite "
+        "catalog's file (and its directory) must exist and be readable, a REST catalog's server "
+        "must be running and reachable, and the credentials must be right"
+    )
 
 
 def _as_of_ms(as_of: object) -> int:
@@ -187,6 +210,14 @@ def _partition_key(data_file: Any, specs: Mapping[int, Any]) -> tuple[int, tuple
         return None
     values = tuple(data_file.partition[i] for i in range(len(spec.fields)))
     return data_file.spec_id, values
+
+
+def _partition_values(data_file: Any, specs: Mapping[int, Any]) -> dict[str, Any] | None:
+    """The partition values of ``data_file`` by partition field name, or ``None`` when unpartitioned."""
+    spec = specs[data_file.spec_id]
+    if spec.is_unpartitioned():
+        return None
+    return {pf.name: data_file.partition[i] for i, pf in enumerate(spec.fields)}
 
 
 def _identity_constants(data_file: Any, specs: Mapping[int, Any]) -> tuple[tuple[int, Any], ...]:
@@ -264,7 +295,7 @@ def discover_iceberg(tbl: Any, source: IcebergSourceConfig, *, count_filtered: b
         fs, tbl.metadata, entries, request, row_filter, positions
     )
     return IcebergScan(
-        files=_data_files(fs, entries, positions),
+        files=_data_files(fs, entries, positions, snap.snapshot_id),
         formats=entries.formats,
         constants=entries.constants,
         snapshot_id=snap.snapshot_id,
@@ -493,7 +524,10 @@ def _equality_and_filter_deletes(
 
 
 def _data_files(
-    fs: IcebergFileSystem, entries: _Entries, positions: Mapping[str, list[np.ndarray[Any, Any]]]
+    fs: IcebergFileSystem,
+    entries: _Entries,
+    positions: Mapping[str, list[np.ndarray[Any, Any]]],
+    snapshot_id: int,
 ) -> tuple[IcebergFileInfo, ...]:
     """One :class:`IcebergFileInfo` per data file (sorted by path): row groups and deletes."""
     parquet = [df for df, _ in entries.data if entries.formats[df.file_path] == "PARQUET"]
@@ -521,6 +555,8 @@ def _data_files(
                 groups.get(path),
                 None,
                 deleted=deleted,
+                partition=_partition_values(df, entries.specs),
+                snapshot_id=snapshot_id,
             )
         )
     return tuple(files)

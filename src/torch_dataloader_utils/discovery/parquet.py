@@ -28,6 +28,7 @@ from torch_dataloader_utils.plan.types import FileInfo, RowGroup
 from torch_dataloader_utils.storage.footers import NotParquetError, read_footer
 from torch_dataloader_utils.storage.fs import METADATA_CONCURRENCY, FileSystemSpec
 from torch_dataloader_utils.storage.partitions import Partitions
+from torch_dataloader_utils.storage.schemas import same_but_nullability
 
 __all__ = [
     "METADATA_THREADS",
@@ -140,7 +141,7 @@ def check_fields(
                 f"{fs.display(path)!r}; rewrite the files to one schema or "
                 "leave the field out of columns"
             )
-        if a is not None and not a.type.equals(b.type):
+        if a is not None and not same_but_nullability(a.type, b.type):
             raise SchemaMismatchError(
                 f"field {name!r} is {a.type} in {fs.display(first_path)!r} but "
                 f"{b.type} in {fs.display(path)!r}; rewrite the files to one "

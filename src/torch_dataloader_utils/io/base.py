@@ -43,6 +43,8 @@ class ReadRequest:
         partitions: Hive partition values per file, or ``None``.
         partition_columns: Partition keys to add as columns.
         filters: The row filter, or ``None``.
+        output_schema: The schema of every output batch (files differing from it only in
+            NOT NULL declarations are relabelled to it), or ``None``.
     """
 
     fs: FileSystemSpec
@@ -53,10 +55,13 @@ class ReadRequest:
     partitions: Partitions | None = None
     partition_columns: tuple[str, ...] = ()
     filters: pc.Expression | None = None
+    output_schema: pa.Schema | None = None
 
     def finisher(self) -> BatchFinisher:
         """Adds partition columns, filters rows and projects, as every reader does last."""
-        return BatchFinisher(self.output_columns, self.partitions, self.partition_columns, self.filters)
+        return BatchFinisher(
+            self.output_columns, self.partitions, self.partition_columns, self.filters, self.output_schema
+        )
 
 
 class OpenFiles(Generic[T]):

@@ -33,6 +33,7 @@ from torch_dataloader_utils.storage.iceberg_columns import (
     parquet_field_ids,
 )
 from torch_dataloader_utils.storage.iceberg_meta import IcebergFileInfo, IcebergScan
+from torch_dataloader_utils.storage.identity import check_size
 
 __all__ = ["IcebergReader"]
 
@@ -66,7 +67,9 @@ class IcebergReader:
     # -- files ------------------------------------------------------------------
     def _open_parquet(self, path: str) -> pq.ParquetFile:
         filesystem, inner = self._scan.fs.resolve(path)
-        return pq.ParquetFile(inner, filesystem=filesystem)
+        handle = filesystem.open_input_file(inner)
+        check_size(path, self._files[path].size, handle.size())  # the size is known from opening
+        return pq.ParquetFile(handle)
 
     # -- reading ----------------------------------------------------------------
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
@@ -127,6 +130,7 @@ class IcebergReader:
             )
         filesystem, inner = self._scan.fs.resolve(info.path)
         with filesystem.open_input_file(inner) as handle:
+            check_size(info.path, info.size, handle.size())
             table = po.ORCFile(handle).read()
         names = self._scan.read_columns
         ids = orc_field_ids(table.schema, self._scan.name_mapping)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -11,6 +11,7 @@ import pyarrow.orc as orc
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
 from torch_dataloader_utils.plan.types import Chunk
+from torch_dataloader_utils.storage.identity import check_unchanged, schedule_checks
 
 __all__ = ["OrcReader"]
 
@@ -37,7 +38,13 @@ class OrcReader:
             self._open_orc, closer=lambda e: e[0].close()
         )
 
+    def schedule(self, chunks: Sequence[Chunk]) -> None:
+        """Announce the chunks this process reads next: remote files are checked meanwhile."""
+        schedule_checks(self._fs, (self._files[c.path] for c in chunks))
+
     def _open_orc(self, path: str) -> tuple[Any, orc.ORCFile]:
+        info = self._files[path]
+        check_unchanged(self._fs, path, info.size, info.mtime)  # never read a rewritten file
         source = self._fs.arrow().open_input_file(path)
         return source, orc.ORCFile(source)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
@@ -11,6 +12,7 @@ from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
 from torch_dataloader_utils.io.prefetch import ChunkSource
 from torch_dataloader_utils.plan.types import Chunk, RowGroup
+from torch_dataloader_utils.storage.identity import check_unchanged, schedule_checks
 
 __all__ = ["READ_BATCH_ROWS", "ParquetReader"]
 
@@ -58,12 +60,25 @@ class ParquetReader:
         # filter, so a row group is filtered first and sliced after.
         self._filtered_positions = filtered_positions
 
+    def with_read_rows(self, rows: int) -> ParquetReader:
+        """This reader decoding batches of ``rows`` rows (``batch_size`` when larger).
+
+        Used for row mixing, where several chunks are read side by side: smaller decoded
+        batches keep the rows held at once (and fresh allocations) small.
+        """
+        narrow = copy.copy(self)
+        narrow._read_rows = max(self._batch_size, rows)
+        return narrow
+
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next, in order (remote read-ahead)."""
+        schedule_checks(self._fs, (self._files[c.path] for c in chunks))
         if self._source is not None:
             self._source.schedule(chunks)
 
     def _open_parquet(self, path: str) -> pq.ParquetFile:
+        info = self._files[path]
+        check_unchanged(self._fs, path, info.size, info.mtime)  # never read a rewritten file
         return pq.ParquetFile(path, filesystem=self._fs.arrow())
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
@@ -73,7 +88,11 @@ class ParquetReader:
         if not groups:
             return
         try:
-            pf = self._source.open(chunk) if self._source is not None else self._open.get(chunk.path)
+            if self._source is not None:
+                check_unchanged(self._fs, chunk.path, info.size, info.mtime)
+                pf = self._source.open(chunk)
+            else:
+                pf = self._open.get(chunk.path)
             if self._filtered_positions:
                 yield from self._read_filtered(pf, chunk, groups)
                 return

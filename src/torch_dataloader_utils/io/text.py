@@ -15,7 +15,8 @@ every newline byte that is followed by a non-empty line. The reader
    field): :class:`RecordBoundaryError` is raised, naming the file, the byte offset
    and the option to set, instead of yielding split or duplicated records.
 
-Lines end with LF or CR LF. Multi-byte UTF-8 characters never contain the
+Lines end with LF or CR LF, or with a lone CR in files that use CR alone (the newline
+byte is found per file by discovery). Multi-byte UTF-8 characters never contain the
 newline byte, so cutting at a newline never splits a character.
 
 Compressed files (``.gz``, ``.bz2``, ``.zst``, ``.lz4``) are streamed whole; a CSV
@@ -25,7 +26,7 @@ by pyarrow's streaming CSV reader, which follows quotes across lines.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import pyarrow as pa
@@ -36,6 +37,7 @@ from torch_dataloader_utils.config import FileFormat
 from torch_dataloader_utils.errors import ReadError, RecordBoundaryError
 from torch_dataloader_utils.io.base import ReadRequest
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
+from torch_dataloader_utils.storage.identity import check_unchanged, schedule_checks
 from torch_dataloader_utils.storage.records import (
     PIECE_BYTES,
     TextFileMeta,
@@ -46,6 +48,11 @@ from torch_dataloader_utils.storage.records import (
 )
 
 __all__ = ["TextReader"]
+
+_NOT_UTF8 = (
+    "is not valid UTF-8; text files must be UTF-8: convert the file (e.g. iconv -f latin1 -t "
+    "utf-8 in > out), or pass schema= with pyarrow.binary() for a column of raw bytes"
+)
 
 
 class TextReader:
@@ -86,6 +93,10 @@ class TextReader:
         self._strict = strict_fields
         self._piece = piece_bytes
 
+    def schedule(self, chunks: Sequence[Chunk]) -> None:
+        """Announce the chunks this process reads next: remote files are checked meanwhile."""
+        schedule_checks(self._fs, (self._files[c.path] for c in chunks))
+
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the records whose first byte lies in the chunk (filtered, projected)."""
         info = self._files[chunk.path]
@@ -99,6 +110,7 @@ class TextReader:
                 f"quoted_newlines=True), but the plan asks for bytes [{chunk.start}, {chunk.stop}); "
                 "use split_strategy='byte_range' or 'file'"
             )
+        check_unchanged(self._fs, chunk.path, info.size, info.mtime)  # never read a rewritten file
         try:
             if self._quoted:
                 yield from self._read_quoted(chunk.path, meta)
@@ -115,10 +127,17 @@ class TextReader:
             for batch in raw:
                 yield self._finish(batch, chunk.path)
         except (OSError, pa.ArrowException) as exc:
+            where = f"{self._fs.display(chunk.path)!r} bytes [{chunk.start}, {chunk.stop})"
+            if "utf8" in str(exc).lower():
+                raise ReadError(f"{where} {_NOT_UTF8} ({exc})") from exc
+            hint = (
+                "if quoted CSV fields hold newlines, pass quoted_newlines=True"
+                if self._csv
+                else "JSONL needs one JSON object per line"
+            )
             raise ReadError(
-                f"reading {self._fs.display(chunk.path)!r} bytes [{chunk.start}, {chunk.stop}) failed: "
-                f"{exc}. If a column's type is wrong for later rows, pass schema=; if quoted CSV "
-                "fields hold newlines, pass quoted_newlines=True"
+                f"reading {where} failed: {exc}. If a column's type is wrong for later rows, pass "
+                f"schema=; {hint}"
             ) from exc
 
     def _window(self, batches: Iterator[pa.RecordBatch], chunk: Chunk) -> Iterator[pa.RecordBatch]:
@@ -148,22 +167,22 @@ class TextReader:
         if meta.compression is not None:
             with fs.open_input_stream(chunk.path, compression=meta.compression) as stream:
                 stream.read(meta.data_start)
-                yield from iter_pieces(stream.read, meta.data_start, float("inf"), self._piece)
+                yield from iter_pieces(stream.read, meta.data_start, float("inf"), self._piece, meta.newline)
             return
         with fs.open_input_file(chunk.path) as f:
             if chunk.start <= meta.data_start:
                 first = meta.data_start
             else:
                 f.seek(chunk.start - 1)
-                first = next_line_start(f.read, chunk.start - 1)
+                first = next_line_start(f.read, chunk.start - 1, meta.newline)
             if first >= chunk.stop:
                 return
             f.seek(first)
-            yield from iter_pieces(f.read, first, chunk.stop, self._piece)
+            yield from iter_pieces(f.read, first, chunk.stop, self._piece, meta.newline)
 
     # -- parsing ---------------------------------------------------------------
     def _parse(self, piece: bytes, path: str, offset: int, meta: TextFileMeta) -> pa.Table:
-        expected = count_records(piece, self._csv)
+        expected = count_records(piece, self._csv, meta.newline)
         if expected == 0:
             return self._schema.empty_table().select(self._data_columns)
         source = buffer_source(piece)
@@ -186,14 +205,42 @@ class TextReader:
                 ),
             ).select(self._data_columns)
         if table.num_rows != expected:
+            where = f"{self._fs.display(path)!r}: the lines at bytes [{offset}, {offset + len(piece)})"
+            if not self._csv:
+                raise RecordBoundaryError(
+                    f"{where} parsed into {table.num_rows} JSON records but hold {expected} non-empty "
+                    "lines, so a record spans lines (a pretty-printed object?). JSONL needs one "
+                    "JSON object per line: rewrite the file with one object per line (e.g. "
+                    "jq -c . in.json > out.jsonl)"
+                )
             raise RecordBoundaryError(
-                f"{self._fs.display(path)!r}: the lines at bytes [{offset}, {offset + len(piece)}) "
-                f"parsed into {table.num_rows} records but hold {expected} non-empty lines, so a "
-                "record spans lines (a newline inside a quoted CSV field?). Splitting this file "
-                "by bytes would split or duplicate records: pass quoted_newlines=True to read "
+                f"{where} parsed into {table.num_rows} records but hold {expected} non-empty lines, "
+                "so a record spans lines (a newline inside a quoted CSV field?). Splitting this "
+                "file by bytes would split or duplicate records: pass quoted_newlines=True to read "
                 "such files whole"
             )
+        if not self._csv:
+            self._check_utf8(table, path, offset, piece)
         return table
+
+    def _check_utf8(self, table: pa.Table, path: str, offset: int, piece: bytes) -> None:
+        """Pyarrow's JSON reader does not check that strings are UTF-8: check them here.
+
+        Raises:
+            ReadError: naming the file and the byte offset of the first invalid byte.
+        """
+        for name, column in zip(table.column_names, table.columns, strict=True):
+            if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+                continue
+            try:
+                column.validate(full=True)
+            except pa.ArrowInvalid:
+                try:
+                    piece.decode("utf-8")
+                    at = ""
+                except UnicodeDecodeError as exc:
+                    at = f" at byte {offset + exc.start}"
+                raise ReadError(f"{self._fs.display(path)!r} column {name!r}{at} {_NOT_UTF8}") from None
 
     def _csv_convert(self, meta: TextFileMeta) -> pcsv.ConvertOptions:
         types = {n: self._schema.field(n).type for n in meta.column_names if n in self._schema.names}

@@ -21,7 +21,9 @@ from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.errors import IncompatibleOptionsError, UnknownLengthError
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
-from torch_dataloader_utils.plan.pieces import Piece, as_pieces
+from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
+from torch_dataloader_utils.plan.mixing import RowMixing
+from torch_dataloader_utils.plan.pieces import Piece, as_pieces, mix_pieces, window_pieces
 from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
 from torch_dataloader_utils.plan.resume import segment_pieces
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
@@ -29,7 +31,7 @@ from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.emit import Positions, grouped
 from torch_dataloader_utils.runtime.metrics import MetricsRecorder, WorkerMetrics
 from torch_dataloader_utils.runtime.options import Options
-from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged
+from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged, complete_state
 from torch_dataloader_utils.runtime.watchdog import watch_parent
 from torch_dataloader_utils.transfer import pack
 
@@ -89,13 +91,11 @@ class PlannedDataset(IterableDataset[Any]):
                 "(torch.distributed.algorithms.Join)"
             )
         self._files = tuple(files)
+        self._by_path = {f.path: f for f in self._files}
         self._options = options
         self._reader = reader
-        self._converter = BatchConverter(
-            batch_schema(output_schema, batching.equal_batches),
-            options.output.output_format,
-            options.output.null_fill,
-        )
+        self._schema = output_schema
+        self._converter = BatchConverter(batch_schema(output_schema, batching.equal_batches), options.output)
         self._row_count_issue = row_count_issue
         # Shared memory: set_epoch in the main process reaches persistent workers.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
@@ -112,6 +112,8 @@ class PlannedDataset(IterableDataset[Any]):
                 "drop_last": batching.drop_last,
                 "equal_batches": batching.equal_batches.value,
                 "row_shuffle_window": shuffle.row_window,
+                # Only when in effect: states of unshuffled (or chunk-only) reads stay valid.
+                **({} if shuffle.mixing is None else {"row_mixing": shuffle.mixing.rows}),
                 **identity,
             },
             options.world,
@@ -141,6 +143,11 @@ class PlannedDataset(IterableDataset[Any]):
         return self._files
 
     @property
+    def schema(self) -> pa.Schema:
+        """The Arrow schema of the rows read (columns in output order, no padding flag)."""
+        return self._schema
+
+    @property
     def num_workers(self) -> int:
         """DataLoader workers the plan is made for (``num_workers=None`` resolved)."""
         return self._num_workers
@@ -154,6 +161,11 @@ class PlannedDataset(IterableDataset[Any]):
     def row_shuffle_window(self) -> int | None:
         """Rows shuffled together (the row-level shuffle's window), or ``None``."""
         return self._options.shuffle.row_window
+
+    @property
+    def row_mixing(self) -> RowMixing | None:
+        """The row mixing in effect (``shuffle=True`` with ``row_mixing``), or ``None``."""
+        return self._options.shuffle.mixing
 
     @property
     def epoch(self) -> int:
@@ -271,14 +283,22 @@ class PlannedDataset(IterableDataset[Any]):
             num_workers=lambda rank: self._readers(workers),
             window_rows=self.row_shuffle_window,
             exact=self._row_count_issue is None,
+            mixing=self.row_mixing,
         )
         return result.assignments[self.world.rank]
 
     def _worker_pieces(self, slot: env.WorkerSlot, epoch: int) -> tuple[Piece, ...]:
         segments = self._state.live_segments(epoch)
-        if not segments and self.row_shuffle_window is None:
-            return tuple(as_pieces(self.plan(epoch, slot.count).chunks_for(self.world.rank, slot.id)))
-        return self._pieces(epoch, slot.count, segments or [])[slot.id]
+        if segments:
+            return self._pieces(epoch, slot.count, segments)[slot.id]
+        rank = self.world.rank
+        pieces = as_pieces(self.plan(epoch, slot.count).chunks_for(rank, slot.id))
+        # Only this worker's windows / mixes, keyed as segment_pieces keys segment 0.
+        shuffle = self._options.shuffle
+        key = (shuffle.shuffle_seed if shuffle.shuffle else 0, epoch, 0, rank, slot.id)
+        if self.row_shuffle_window is not None:
+            return tuple(window_pieces(pieces, self.row_shuffle_window, key))
+        return tuple(mix_pieces(pieces, self.row_mixing, key, self._by_path))
 
     def num_batches(self, epoch: int | None = None, num_workers: int | None = None) -> int:
         """Batches this rank yields in ``epoch`` with ``num_workers`` DataLoader workers.
@@ -324,6 +344,33 @@ class PlannedDataset(IterableDataset[Any]):
         return self.num_batches()
 
     # -- reading ----------------------------------------------------------------
+    def read_chunk(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
+        """The rows of one planned chunk as Arrow record batches, in file order.
+
+        ``chunk`` is one of this dataset's planned chunks (from :meth:`plan`), or a piece of
+        one cut at row granularity (``plan.ranks.cut_chunk``). The batches are what the
+        loader reads before batching and conversion: projected to ``columns``, filtered
+        by ``filters``, partition columns added, Iceberg deletes applied; their schema is
+        :attr:`schema`. Works in any process (tools such as ``reshard`` read chunks in
+        their own worker processes); it does not touch the epoch, resume state or metrics.
+
+        Raises:
+            ReadError: the chunk cannot be read (file and range named).
+        """
+        return self._reader.read(chunk)
+
+    def read_chunks(self, chunks: Sequence[Chunk]) -> Iterator[pa.RecordBatch]:
+        """The rows of several chunks, one after the other, as :meth:`read_chunk` gives them.
+
+        On remote storage the bytes of the next chunks are fetched while one is decoded
+        (``read_ahead_bytes``), as the loader does for a worker's chunks.
+        """
+        schedule = getattr(self._reader, "schedule", None)
+        if schedule is not None:
+            schedule(list(chunks))
+        for chunk in chunks:
+            yield from self._reader.read(chunk)
+
     def worker_chunks(self) -> tuple[Chunk, ...]:
         """The chunks the calling process (main or DataLoader worker) reads this epoch."""
         slot = env.worker_slot()
@@ -335,13 +382,15 @@ class PlannedDataset(IterableDataset[Any]):
             watch_parent()
         epoch = self.epoch
         pieces = self._worker_pieces(slot, epoch)
+        files = None if self._row_count_issue else self._by_path
         schedule = getattr(self._reader, "schedule", None)
         if schedule is not None:  # readers of remote files fetch the next chunks ahead
-            schedule([c for piece in pieces for c in piece.chunks])
+            schedule([c for piece in pieces for c in piece_reads(piece, files)])
         batching = self._options.batching
         flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
         positions = Positions(self._state.token, slot.id, slot.count)
-        read = positions.read(self._reader, pieces, flag, batching.batch_size)
+        mix_rows = MIX_WORKER_READ_ROWS if slot.in_worker else None
+        read = positions.read(self._reader, pieces, flag, batching.batch_size, files, mix_rows)
         batches = rebatch(read, batching.batch_size, batching.drop_last)
         collate = self._options.output.collate_fn
         tagging = self._state.tagging
@@ -402,7 +451,10 @@ class PlannedDataset(IterableDataset[Any]):
         """Resume from a state: the next pass over its epoch reads only what was not consumed.
 
         The state must hold every rank (one rank's own state on a single-rank job, else
-        ``merge_states([...])`` or ``gather_state``). The rest of the epoch is
+        ``merge_states([...])`` or ``gather_state``), or, under an initialized
+        ``torch.distributed`` process group, be this rank's own state loaded by every
+        rank at the same call (the states are then gathered and merged, see
+        :func:`~torch_dataloader_utils.runtime.state.complete_state`). The rest of the epoch is
         re-planned over this dataset's world, which may have other ``num_ranks`` and
         ``num_workers`` than the saved one. Sets :attr:`epoch` to the state's epoch;
         the epoch after it is a normal full epoch. A state that fails a check changes
@@ -412,6 +464,7 @@ class PlannedDataset(IterableDataset[Any]):
             ResumeStateError: not a state, another version, or not every rank.
             StateMismatchError: saved for other files or options (says what changed).
         """
+        state = complete_state(state, self.world)
         epoch = self._state.load(
             state, lambda epoch, segments: self._pieces(epoch, self._num_workers, segments)
         )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -23,10 +23,11 @@ import pyarrow as pa
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.pieces import read_piece
 from torch_dataloader_utils.plan.pieces import Piece
+from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.transfer import pack_group
 
-__all__ = ["GROUP_BYTES", "GROUP_MAX_BATCHES", "Positions", "grouped"]
+__all__ = ["FIRST_GROUP_BATCHES", "GROUP_BYTES", "GROUP_MAX_BATCHES", "Positions", "grouped"]
 
 GROUP_BYTES = 8 << 20
 """A worker under ``create_dataloader``'s loader sends batches in groups of about this size.
@@ -39,6 +40,11 @@ num_workers`` groups. Measured in ``docs/benchmarks.md``.
 
 GROUP_MAX_BATCHES = 1024
 """At most this many batches per group."""
+
+FIRST_GROUP_BATCHES = 1
+"""A worker's first group holds this many batches; each next one twice as many, until
+groups reach ``GROUP_BYTES``. So the first batch of an epoch leaves a worker as soon as
+it is read (the loop can start), and later groups are large (few hand-offs)."""
 
 Tag = tuple[int, int, int, int, int, int, int]
 
@@ -59,13 +65,31 @@ class Positions:
         self._emitted = 0
 
     def read(
-        self, reader: ChunkReader, pieces: Sequence[Piece], flag_column: str | None, batch_size: int
+        self,
+        reader: ChunkReader,
+        pieces: Sequence[Piece],
+        flag_column: str | None,
+        batch_size: int,
+        files: Mapping[str, FileInfo] | None = None,
+        mix_read_rows: int | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """The pieces' batches, in order, counting the rows read before each piece."""
+        """The pieces' batches, in order, counting the rows read before each piece.
+
+        ``files`` (given when row counts are exact) and ``mix_read_rows``: see
+        :func:`~torch_dataloader_utils.io.pieces.read_piece`.
+        """
 
         def counted(piece: Piece) -> Iterator[pa.RecordBatch]:
             self._starts.append(self._read)
-            for batch in read_piece(reader, piece, flag_column=flag_column, batch_size=batch_size):
+            batches = read_piece(
+                reader,
+                piece,
+                flag_column=flag_column,
+                batch_size=batch_size,
+                files=files,
+                mix_read_rows=mix_read_rows,
+            )
+            for batch in batches:
                 self._read += batch.num_rows
                 yield batch
 
@@ -85,22 +109,23 @@ def grouped(
 
     A group is one :class:`Tagged` whose batch is a packed ``BatchGroup`` and whose tag
     is the tuple of the batches' tags; the loader yields them one by one. The first
-    group holds the first batch alone, so the loop starts as soon as one batch is read
-    (not after ``GROUP_BYTES`` of small files). Batches made before an error still
-    arrive before the error.
+    groups are small (``FIRST_GROUP_BATCHES``, doubling), so the loop gets its first
+    batch without waiting for a full group. Batches made before an error still arrive
+    before the error.
     """
     pending: list[Any] = []
     tags: list[Tag] = []
     size = 0
-    first = True
+    most = FIRST_GROUP_BATCHES
     try:
         for batch in batches:
             pending.append(convert(batch))
             tags.append(positions.tag(batch.num_rows, batch.nbytes))
             size += batch.nbytes
-            if first or size >= GROUP_BYTES or len(pending) >= GROUP_MAX_BATCHES:
+            if size >= GROUP_BYTES or len(pending) >= most:
                 yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
-                pending, tags, size, first = [], [], 0, False
+                pending, tags, size = [], [], 0
+                most = min(2 * most, GROUP_MAX_BATCHES)
     except Exception:
         if pending:
             yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]

@@ -25,6 +25,7 @@ from torch_dataloader_utils.config import (
     BatchConfig,
     CountConfig,
     EqualBatches,
+    FeaturePack,
     FetchConfig,
     FileFormat,
     FileSourceConfig,
@@ -33,12 +34,15 @@ from torch_dataloader_utils.config import (
     OutputConfig,
     OutputFormat,
     ProgressConfig,
+    RaggedLayout,
     ShuffleConfig,
     SplitConfig,
     SplitKind,
+    StringLayout,
     coerce_enum,
     coerce_equal_batches,
     coerce_format,
+    coerce_packs,
     parse_read_ahead,
     parse_size,
 )
@@ -83,9 +87,18 @@ class ReadOptions(TypedDict, total=False):
     drop_last: bool
     """Drop each worker's last, short batch (default ``False``)."""
     shuffle: bool
-    """Shuffle chunk order every epoch, by ``(shuffle_seed, epoch)`` (default ``False``)."""
+    """Shuffle every epoch, by ``(shuffle_seed, epoch)``: the order of chunks, and rows
+    mixed across chunks (``row_mixing``) (default ``False``)."""
     shuffle_seed: int
     """Seed of the shuffle, an int >= 0, the same on every rank (default 0)."""
+    row_mixing: int | None
+    """With ``shuffle=True``, how rows are mixed across chunks: each worker reads 8 of
+    its chunks (or parts of chunks) side by side and yields them in rounds of about this
+    many rows, each round in an order seeded by ``(shuffle_seed, epoch, ...)``, so every
+    batch draws rows from several files. More rows per round mix more widely and hold
+    more memory (one round, plus a decoded batch per chunk read). ``None`` shuffles chunk
+    order only (rows of a chunk stay in file order). Default 32768. Exactly once and
+    resumable; ignored when ``row_shuffle_window`` or ``shuffle_buffer_size`` is set."""
     row_shuffle_window: int | None
     """With ``shuffle=True``, also mix rows across chunks: each worker reads runs of
     consecutive chunks of up to this many rows together and yields their rows in a
@@ -117,6 +130,26 @@ class ReadOptions(TypedDict, total=False):
     has no null; by default a null there is an error."""
     collate_fn: Callable[[Any], Any] | None
     """Applied to each converted batch inside the worker."""
+    ragged: str | RaggedLayout | None
+    """Variable-length list columns (``list``, ``large_list``, nested one level:
+    ``list<fixed_size_list>``): ``"jagged"`` (a jagged nested tensor ``[rows, j]``, no
+    copy), ``"padded"`` (a ``PaddedList(values [rows, width], lengths)``) or ``"offsets"``
+    (a ``FlatList(values, offsets)``, Arrow's layout). ``None`` (default): ``"jagged"``
+    for ``output_format="torch"``, an object array of arrays for ``"numpy"``.
+    Fixed-size lists are always a dense ``[rows, size]`` tensor."""
+    pad_value: int | float | None
+    """With ``ragged="padded"``: the value past each list's end (default 0)."""
+    max_length: int | None
+    """With ``ragged="padded"``: keep at most this many items per list (``None``: all);
+    the width is the longest list of the batch, at most ``max_length``."""
+    strings: str | StringLayout | None
+    """String and binary columns: ``"list"`` (default: ``list[str]``, or an object array
+    with numpy), ``"arrow"`` (the ``pyarrow`` array, nulls kept) or ``"bytes"`` (a
+    ``FlatList(values uint8, offsets int64)``; nulls need ``null_fill``)."""
+    pack_features: FeaturePack | Sequence[FeaturePack] | None
+    """Stack numeric columns into one ``[rows, F]`` tensor of a given dtype under a key,
+    e.g. ``FeaturePack(["f0", "f1", "f2"], key="features", dtype="float32")``; the packed
+    columns leave the batch (default: none)."""
     num_ranks: int | None
     """Number of ranks (world size); default from ``torch.distributed`` or ``WORLD_SIZE``."""
     rank: int | None
@@ -158,7 +191,13 @@ class FileReadOptions(ReadOptions, total=False):
     """Parquet: a file (local path or URL such as ``"s3://bucket/cache/train.arrow"``)
     keeping the files' metadata (rows, row groups) across runs, so a restarted job reads
     no footers. Valid while the listing (paths, sizes, modification times, ETags)
-    matches it; otherwise it is ignored with a warning and rewritten. Default ``None``."""
+    matches it; otherwise it is ignored with a warning and rewritten. Not used for a
+    directory read from its reshard manifest (``use_manifest``), which needs neither
+    listing nor footers. Default ``None``."""
+    use_manifest: bool | None
+    """Parquet: plan a directory written by ``reshard`` from its ``_manifest.json`` (one
+    request: no listing, no footer reads). ``None`` (default) uses the manifest when
+    ``path`` is a directory holding one, ``True`` requires it, ``False`` lists the files."""
     read_ahead_bytes: int | str | None
     """Remote storage only: memory bound of the bytes of upcoming chunks fetched while one
     is decoded (default ``"256MiB"`` per worker; ``0`` disables read-ahead)."""
@@ -167,6 +206,11 @@ class FileReadOptions(ReadOptions, total=False):
     (HTTP 5xx, connection reset, timeout); ``0`` disables them (default 4)."""
     retry_backoff: float
     """Seconds before the first retry, doubled after each (max 10 s; default 0.2)."""
+    request_timeout: float
+    """Remote storage only: seconds one request (a listing, a footer, a byte range) may
+    take in all, retries included (default 30). Each attempt's connect and read timeouts
+    are ``request_timeout / (retries + 1)``, so an endpoint that accepts connections and
+    never answers fails within about this long, with an error naming it."""
 
 
 class IcebergReadOptions(ReadOptions, total=False):
@@ -258,6 +302,9 @@ def _fspath(value: object) -> object:
 _COERCE: dict[str, Callable[[Any], object]] = {
     "equal_batches": coerce_equal_batches,
     "output_format": lambda v: coerce_enum(v, OutputFormat, "output_format"),
+    "ragged": lambda v: None if v is None else coerce_enum(v, RaggedLayout, "ragged"),
+    "strings": lambda v: None if v is None else coerce_enum(v, StringLayout, "strings"),
+    "pack_features": coerce_packs,
     "split_bytes": lambda v: parse_size(v, "split_bytes"),
     "read_ahead_bytes": parse_read_ahead,
     "count_cache_dir": _fspath,

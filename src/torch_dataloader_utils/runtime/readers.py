@@ -31,6 +31,7 @@ def make_reader(found: Discovered, batch_size: int, fetch: FetchConfig | None = 
         partitions=found.partitions,
         partition_columns=found.partition_columns,
         filters=found.filters,
+        output_schema=found.output_schema,
     )
     if found.format is FileFormat.PARQUET:
         source = None
