@@ -211,7 +211,12 @@ def test_cache_on_s3_skips_footer_requests(s3_server: S3Server, s3_proxy: FaultP
         s3_proxy.requests = 0
         warm = StructuredDataset(url, storage_options=options, metadata_cache=cache)
         assert s3_proxy.requests == 0  # no footer was read
-    assert warm.files == cold.files
+        # A transient error on the cache's GET is retried (no warning, no footer read).
+        s3_proxy.fail_path, s3_proxy.fail_every, s3_proxy.requests = "/cache/meta.arrow", 2, 1
+        retried = StructuredDataset(url, storage_options=options, metadata_cache=cache)
+        assert (s3_proxy.failures, s3_proxy.requests) == (1, 3)
+        s3_proxy.reset()
+    assert warm.files == cold.files == retried.files
     assert np.array_equal(_ids(warm), np.arange(sum(ROWS)))
     # A changed object (new size and ETag) is noticed.
     write_parquet_files(tmp_path / "new", [ROWS[0], 40])

@@ -33,7 +33,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from torch_dataloader_utils.config import FetchConfig
 from torch_dataloader_utils.discovery.metadata import FILES_SCHEMA
+from torch_dataloader_utils.storage.fetch import GaveUp, retry_call
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 
 __all__ = ["CACHE_KIND", "CACHE_VERSION", "CacheHit", "CacheKey", "cache_bytes", "load_cache", "save_cache"]
@@ -97,14 +99,21 @@ def _describe_change(cached: pa.Table, listing: pa.Table) -> str | None:
     return None
 
 
-def _read(fs: FileSystemSpec, path: str) -> bytes:
+def _read(fs: FileSystemSpec, path: str, config: FetchConfig) -> bytes:
     if fs.is_local:
         with open(path, "rb") as f:
             return f.read()
-    return bytes(fs.fsspec().cat_file(path))
+    try:  # one GET, retried within the request's time budget
+        return bytes(retry_call(lambda: fs.fsspec().cat_file(path), config))
+    except GaveUp as failed:
+        if isinstance(failed.error, FileNotFoundError):
+            raise failed.error from None
+        raise OSError(f"reading it failed {failed.how(config)}") from failed.error
 
 
-def load_cache(fs: FileSystemSpec, path: str, listing: pa.Table, key: CacheKey) -> CacheHit | str | None:
+def load_cache(
+    fs: FileSystemSpec, path: str, listing: pa.Table, key: CacheKey, fetch: FetchConfig | None = None
+) -> CacheHit | str | None:
     """The cache at ``path`` if it is valid for ``listing`` and ``key``.
 
     Returns:
@@ -113,7 +122,7 @@ def load_cache(fs: FileSystemSpec, path: str, listing: pa.Table, key: CacheKey) 
     """
     shown = fs.display(path)
     try:
-        data = _read(fs, path)
+        data = _read(fs, path, fetch or FetchConfig())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
@@ -170,14 +179,18 @@ def cache_bytes(
     return sink.getvalue().to_pybytes()  # type: ignore[no-any-return]
 
 
-def save_cache(fs: FileSystemSpec, path: str, data: bytes) -> None:
+def save_cache(fs: FileSystemSpec, path: str, data: bytes, fetch: FetchConfig | None = None) -> None:
     """Write the cache file at ``path`` atomically (temporary file + rename; one PUT remotely).
 
     Raises:
         OSError: it could not be written.
     """
     if not fs.is_local:
-        fs.fsspec().pipe_file(path, data)
+        config = fetch or FetchConfig()
+        try:  # one PUT, retried within the request's time budget
+            retry_call(lambda: fs.fsspec().pipe_file(path, data), config)
+        except GaveUp as failed:
+            raise OSError(f"writing it failed {failed.how(config)}") from failed.error
         return
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)

@@ -316,11 +316,13 @@ class _Head:
     manifest: tuple[FileSystemSpec, str, Manifest] | None = None
 
 
-def _cache_spec(source: FileSourceConfig, fs: FileSystemSpec) -> tuple[FileSystemSpec, str] | None:
+def _cache_spec(
+    source: FileSourceConfig, fs: FileSystemSpec, fetch: FetchConfig
+) -> tuple[FileSystemSpec, str] | None:
     """The metadata cache's filesystem and path (the dataset's options on the same store)."""
     if source.metadata_cache is None:
         return None
-    spec, cache_path = resolve(source.metadata_cache, None)
+    spec, cache_path = resolve(source.metadata_cache, None, timeout=fetch.attempt_timeout)
     if spec.protocol == fs.protocol:
         spec = fs
     if spec.is_local and os.path.isdir(cache_path):
@@ -359,8 +361,8 @@ def _discover_parquet(
                 return _Head(b"", None, None, None, found)
         listing = list_files(path, dict(source.storage_options or {}), fetch)
         table = listing_table(listing.files)
-        cache = _cache_spec(source, listing.fs)
-        loaded = load_cache(*cache, table, key) if cache is not None else None
+        cache = _cache_spec(source, listing.fs, fetch)
+        loaded = load_cache(*cache, table, key, fetch) if cache is not None else None
         if isinstance(loaded, CacheHit):
             kept = loaded.table.drop_columns(list(_LISTING_COLUMNS))
             return _Head(to_ipc(table), loaded.first_footer, to_ipc(kept), None)
@@ -438,9 +440,9 @@ def _discover_parquet(
             joined = joined.drop_columns([FOOTER_COLUMN])
         table = _with_listing(listing, joined)
         first, request = resolved[0]
-        cache = _cache_spec(source, fs) if share.rank == 0 else None
+        cache = _cache_spec(source, fs, fetch) if share.rank == 0 else None
         if cache is not None:
-            _write_cache(cache, table, key, first)
+            _write_cache(cache, table, key, first, fetch)
     others = _other_schemas(table)
     if others:
         for other_path, other_schema in others:  # (the footer readers checked theirs already)
@@ -477,7 +479,9 @@ def _other_schemas(table: pa.Table) -> list[tuple[str, pa.Schema]]:
     return [(row["path"], pa.ipc.read_schema(pa.py_buffer(row["schema"]))) for row in rows]
 
 
-def _write_cache(cache: tuple[FileSystemSpec, str], table: pa.Table, key: CacheKey, first: Reference) -> None:
+def _write_cache(
+    cache: tuple[FileSystemSpec, str], table: pa.Table, key: CacheKey, first: Reference, fetch: FetchConfig
+) -> None:
     """Write the metadata cache; a failure is a warning (the next start reads footers again)."""
     cache_fs, cache_path = cache
     try:
@@ -486,7 +490,7 @@ def _write_cache(cache: tuple[FileSystemSpec, str], table: pa.Table, key: CacheK
         version = "unknown"
     try:
         data = cache_bytes(table, key, first.path, first.footer, f"torch_dataloader_utils {version}")
-        save_cache(cache_fs, cache_path, data)
+        save_cache(cache_fs, cache_path, data, fetch)
     except (OSError, ValueError) as exc:
         warnings.warn(
             f"metadata_cache={cache_fs.display(cache_path)!r} could not be written "
