@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -21,6 +23,7 @@ from torch_dataloader_utils.discovery.metadata import (
     SharedError,
     decode_share,
     encode_share,
+    file_columns,
     file_infos,
     files_table,
     from_ipc,
@@ -34,7 +37,7 @@ from torch_dataloader_utils.errors import (
     SchemaMismatchError,
     UnknownColumnError,
 )
-from torch_dataloader_utils.plan.types import FileInfo
+from torch_dataloader_utils.plan.types import FileInfo, RowGroup
 
 
 def _rows(files: tuple[FileInfo, ...], mtimes: list[float | None]) -> list[FileRows]:
@@ -47,6 +50,29 @@ def _rows(files: tuple[FileInfo, ...], mtimes: list[float | None]) -> list[FileR
         )
         for i, (f, m) in enumerate(zip(files, mtimes, strict=True))
     ]
+
+
+def _from_columns(table: pa.Table) -> tuple[FileInfo, ...]:
+    """The files of :func:`file_columns`, read back one by one (the reference)."""
+    c = file_columns(table)
+    out = []
+    for i in range(len(c["size"])):
+        path = bytes(c["paths_blob"][c["path_offsets"][i] : c["path_offsets"][i + 1]]).decode()
+        lo, hi = c["group_offsets"][i], c["group_offsets"][i + 1]
+        groups = tuple(
+            RowGroup(
+                int(c["group_index"][g]),
+                int(c["group_first_row"][g]),
+                int(c["group_rows"][g]),
+                int(c["group_bytes"][g]),
+            )
+            for g in range(lo, hi)
+        )
+        mtime = float(c["mtime"][i])
+        out.append(
+            FileInfo(path, int(c["size"][i]), int(c["rows"][i]), groups, None if math.isnan(mtime) else mtime)
+        )
+    return tuple(out)
 
 
 @given(layouts(), st.data())
@@ -64,6 +90,10 @@ def test_files_table_round_trips_to_file_infos(files: tuple[FileInfo, ...], data
     # Any slice of the table (a rank's share) converts to the same files.
     cut = data.draw(st.integers(0, len(files)))
     assert file_infos(table.slice(cut)) == expected[cut:]
+    # The same files as numpy columns, whole or sliced (Arrow offsets rebased).
+    assert _from_columns(table) == expected
+    stop = data.draw(st.integers(cut, len(files)))
+    assert _from_columns(table.slice(cut, stop - cut)) == expected[cut:stop]
 
 
 def test_listing_table_round_trips() -> None:

@@ -13,7 +13,8 @@ metadata cache as Arrow IPC buffers:
   file's, that schema (so any column request can be checked against it later).
 
 :func:`file_infos` is the one place the files table becomes
-:class:`~torch_dataloader_utils.plan.types.FileInfo` values for the planner.
+:class:`~torch_dataloader_utils.plan.types.FileInfo` values for the planner;
+:func:`file_columns` gives the same files as numpy columns (for a columnar planner).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
     "SharedError",
     "decode_share",
     "encode_share",
+    "file_columns",
     "file_infos",
     "files_table",
     "from_ipc",
@@ -192,6 +194,59 @@ def file_infos(table: pa.Table) -> tuple[FileInfo, ...]:
             mtimes,
         )
     )
+
+
+def _offsets(array: Any) -> np.ndarray[Any, Any]:
+    """An Arrow string or list array's ``len + 1`` offsets (into its data, slices included)."""
+    raw = np.frombuffer(array.buffers()[1], dtype=np.int32)
+    out: np.ndarray[Any, Any] = raw[array.offset : array.offset + len(array) + 1].astype(np.int64)
+    return out
+
+
+def file_columns(table: pa.Table) -> dict[str, np.ndarray[Any, Any]]:
+    """The files table as plain numpy columns, without a Python object per file.
+
+    Keys (the column layout of a columnar planner's file table): ``paths_blob``
+    (UTF-8 bytes of every path, ``uint8``) and ``path_offsets`` (``int64``, ``n + 1``),
+    ``size``, ``rows`` (``int64``), ``mtime`` (``float64``, ``nan`` when unknown),
+    ``group_offsets`` (``int64``, ``n + 1``: each file's unpruned row groups) and, per
+    row group, ``group_index`` (``int32``), ``group_first_row``, ``group_rows`` and
+    ``group_bytes`` (``int64``). The same files as :func:`file_infos`, in the same order.
+    """
+    table = table.combine_chunks()
+    n = table.num_rows
+    if n == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return {
+            "paths_blob": np.zeros(0, dtype=np.uint8),
+            "path_offsets": np.zeros(1, dtype=np.int64),
+            "size": empty,
+            "rows": empty,
+            "mtime": np.zeros(0, dtype=np.float64),
+            "group_offsets": np.zeros(1, dtype=np.int64),
+            "group_index": np.zeros(0, dtype=np.int32),
+            "group_first_row": empty,
+            "group_rows": empty,
+            "group_bytes": empty,
+        }
+    paths: Any = table.column("path").chunk(0)
+    raw = _offsets(paths)
+    blob = np.frombuffer(paths.buffers()[2], dtype=np.uint8)[raw[0] : raw[-1]].copy()
+    lists: Any = table.column("row_groups").chunk(0)
+    spans = _offsets(lists)
+    groups = lists.values.slice(int(spans[0]), int(spans[-1] - spans[0]))
+    return {
+        "paths_blob": blob,
+        "path_offsets": raw - raw[0],
+        "size": table.column("size").to_numpy().astype(np.int64),
+        "rows": table.column("num_rows").to_numpy().astype(np.int64),
+        "mtime": table.column("mtime").to_numpy(zero_copy_only=False).astype(np.float64),
+        "group_offsets": spans - spans[0],
+        "group_index": groups.field("index").to_numpy().astype(np.int32),
+        "group_first_row": groups.field("first_row").to_numpy().astype(np.int64),
+        "group_rows": groups.field("num_rows").to_numpy().astype(np.int64),
+        "group_bytes": groups.field("num_bytes").to_numpy().astype(np.int64),
+    }
 
 
 # -- buffers ----------------------------------------------------------------------
