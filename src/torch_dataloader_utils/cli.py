@@ -203,6 +203,9 @@ def _plan(args: argparse.Namespace) -> int:
             head = ", ".join(f"{Path(c.path).name}[{c.start}:{c.stop})" for c in chunks[:3])
             more = " ..." if len(chunks) > 3 else ""
             print(f"{r:>4} {w:>6} {rows if rows is not None else '?':>10} {len(chunks):>6}  {head}{more}")
+    if args.verify:
+        dataset.verify_plan(args.epoch, num_workers=args.num_workers)
+        print(f"verified: no row is planned for two ranks in epoch {plan.epoch}")
     return 0
 
 
@@ -396,6 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan.add_argument("--shuffle", action="store_true")
     plan.add_argument("--seed", type=int, default=0)
     plan.add_argument("--split-bytes", default=None)
+    plan.add_argument("--verify", action="store_true", help="check that no row is planned for two ranks")
     plan.set_defaults(fn=_plan)
     _add_reshard(sub)
     args = parser.parse_args(argv)
