@@ -203,3 +203,31 @@ def test_a_bad_request_travels_too_so_no_rank_waits(tmp_path: Path) -> None:
     _, error = decode_share(one.sent)
     assert error is not None
     assert (error.index, error.kind) == (0, "CorruptFileError")
+
+
+def test_the_planner_table_is_built_from_the_columns(tmp_path: Path) -> None:
+    """Parquet: the planner's file table comes from discovery's columns, equal to one built
+    from the FileInfo objects; counted filters change the files, so the columns are dropped."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from torch_dataloader_utils import StructuredDataset
+    from torch_dataloader_utils.plan.table import FileTable
+
+    write_parquet_files(tmp_path, [300, 200, 50], row_group_size=[100, 60, 50])
+    ds = StructuredDataset(str(tmp_path), split_rows=70, shuffle=False)
+    assert ds.discovered.metadata is not None
+    table, ref = ds.file_table, FileTable.from_infos(ds.files)
+    assert table.digest() == ref.digest()
+    for name in ("size", "rows", "live", "group_offsets", "group_first_row", "group_rows", "path_offsets"):
+        assert np.array_equal(getattr(table, name), getattr(ref, name)), name
+    assert [table.info(i) for i in range(len(table))] == list(ds.files)
+    ids = np.concatenate([b["id"].numpy() for b in ds])
+    assert np.array_equal(np.sort(ids), np.arange(550))
+    counted = StructuredDataset(str(tmp_path), filters=pc.field("id") < 130, count_rows=True, shuffle=False)
+    assert counted.discovered.metadata is None
+    ref = FileTable.from_infos(counted.files)
+    assert counted.file_table.digest() == ref.digest()
+    assert np.array_equal(counted.file_table.live, ref.live)  # the counted rows, not the footers'
+    assert int(counted.file_table.live.sum()) == 130
+    assert np.array_equal(np.sort(np.concatenate([b["id"].numpy() for b in counted])), np.arange(130))

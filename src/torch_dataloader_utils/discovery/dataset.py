@@ -79,7 +79,8 @@ class Discovered:
             ``KEEP_FOOTERS_FILES`` files read without the cache: ``"parquet_footers"``
             (footer bytes by path).
         metadata: Parquet: the files as columns (:data:`~.metadata.FILES_SCHEMA`, one
-            row per file, in the order of ``files``), which ``files`` is built from.
+            row per file, in the order of ``files``), which ``files`` is built from and
+            the planner's file table is built from (``None`` once ``files`` changed).
     """
 
     fs: FileSystemSpec
