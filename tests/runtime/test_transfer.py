@@ -6,7 +6,13 @@ DataLoader queue does it) and end-to-end through real DataLoader workers.
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
+import os
 import pickle
+import signal
+import threading
+from collections.abc import Iterator
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
@@ -19,10 +25,18 @@ import torch.multiprocessing
 from torch.utils.data import DataLoader
 
 from tests.fixtures.data import WriteParquet
-from torch_dataloader_utils import create_dataloader
+from torch_dataloader_utils import create_dataloader, transfer
 from torch_dataloader_utils.config import OutputConfig, OutputFormat
-from torch_dataloader_utils.convert import BatchConverter, DeferredText
-from torch_dataloader_utils.transfer import PIPE_MAX_BYTES, BatchGroup, pack, pack_group
+from torch_dataloader_utils.convert import BatchConverter, DeferredText, JaggedParts
+from torch_dataloader_utils.transfer import (
+    PIPE_MAX_BYTES,
+    BatchGroup,
+    PackedBatch,
+    PooledBatch,
+    SegmentPool,
+    pack,
+    pack_group,
+)
 
 
 def _roundtrip(obj: Any) -> Any:
@@ -237,3 +251,317 @@ def test_batches_before_a_worker_error_still_arrive(tmp_path: Path) -> None:
     with pytest.raises(NullValueError, match="'id'"):
         consume()
     assert seen == list(range(1000))
+
+
+# -- segments used again (SegmentPool) ------------------------------------------------
+
+
+def _free_slots(pool: SegmentPool) -> set[int]:
+    return {s for s, flag in enumerate(pool.flags.tolist()) if flag == 0}
+
+
+def test_pooled_group_roundtrip_and_slot_freed_when_last_view_goes() -> None:
+    pool = SegmentPool(workers=1, slots_per_worker=2)
+    assert pool.lease()
+    writer = pool.writer(0)
+    assert writer is not None
+    n = PIPE_MAX_BYTES // 8
+    items = [
+        {
+            "a": torch.arange(n, dtype=torch.int64) + i,
+            "bf": torch.arange(4, dtype=torch.bfloat16),
+            "j": JaggedParts(torch.arange(6, dtype=torch.int32), torch.tensor([0, 2, 2, 6])),
+            "s": DeferredText(pa.array(["x", "", f"r{i}"]), False),
+            "t": DeferredText(pa.array(["u", "v", "w"]), True),
+        }
+        for i in range(3)
+    ]
+    packed = pack_group(items, writer)
+    assert isinstance(packed, PooledBatch)
+    assert packed.segment is not None
+    got = _roundtrip(packed)
+    assert type(got) is BatchGroup
+    assert _free_slots(pool) == {1}
+    # Views of every kind keep the slot busy: a numpy slice, a torch view of a bfloat16
+    # tensor, a nested tensor's values, an Arrow buffer.
+    keep = [
+        got[0]["a"].numpy()[5:9],
+        got[1]["bf"][1:],
+        got[2]["j"].values()[2:],
+        pa.array(got[0]["s"]).buffers(),
+    ]
+    expected = [
+        np.arange(5, 9),
+        torch.arange(1, 4, dtype=torch.bfloat16),
+        torch.arange(2, 6, dtype=torch.int32),
+    ]
+    del got, packed
+    gc.collect()
+    for held in keep:
+        assert _free_slots(pool) == {1}, f"freed while {type(held)} still refers to the group"
+    assert keep[0].tolist() == expected[0].tolist()
+    assert torch.equal(keep[1], expected[1])
+    assert torch.equal(keep[2], expected[2])
+    keep.clear()
+    gc.collect()
+    assert _free_slots(pool) == {0, 1}
+    # The next group reuses the segment: only its number travels.
+    again = pack_group(items, writer)
+    assert isinstance(again, PooledBatch)
+    assert again.slot == 0
+    assert again.segment is None
+    assert len(bytes(ForkingPickler.dumps(again))) < 4096
+    _assert_same(
+        [{k: v for k, v in b.items() if k != "j"} for b in _roundtrip(again)],
+        [
+            {
+                **{k: v for k, v in b.items() if k not in ("j", "s", "t")},
+                "s": np.array(["x", "", f"r{i}"], dtype=object),
+                "t": ["u", "v", "w"],
+            }
+            for i, b in enumerate(items)
+        ],
+    )
+
+
+def test_pool_falls_back_to_fresh_segments_when_every_slot_is_held() -> None:
+    pool = SegmentPool(workers=1, slots_per_worker=1)
+    assert pool.lease()
+    writer = pool.writer(0)
+    n = PIPE_MAX_BYTES // 8 + 1
+    first = _roundtrip(pack_group([{"a": torch.arange(n)}], writer))
+    second = pack_group([{"a": torch.arange(n) * 2}], writer)
+    assert isinstance(second, PackedBatch)
+    assert isinstance(second.buffer, torch.Tensor)
+    assert torch.equal(_roundtrip(second)[0]["a"], torch.arange(n) * 2)
+    assert torch.equal(first[0]["a"], torch.arange(n))
+
+
+def test_pool_lease_is_exclusive_and_frees_slots_no_batch_holds() -> None:
+    pool = SegmentPool(workers=2, slots_per_worker=2)
+    assert pool.lease()
+    assert not pool.lease()  # a second iteration at the same time goes without
+    writer = pool.writer(1)
+    n = PIPE_MAX_BYTES // 8 + 1
+    held = _roundtrip(pack_group([{"a": torch.arange(n)}], writer))
+    lost = pack_group([{"a": torch.arange(n)}], writer)  # sent, never received
+    assert _free_slots(pool) == {0, 1}
+    pool.release()
+    assert pool.lease()
+    assert _free_slots(pool) == {0, 1, 3}  # the lost group's slot is free again, the held one not
+    assert isinstance(lost, PooledBatch)
+    assert torch.equal(held[0]["a"], torch.arange(n))
+
+
+def test_pool_pickled_without_torch_sharing_is_not_used() -> None:
+    pool = SegmentPool(workers=1, slots_per_worker=1)
+    copy = pickle.loads(pickle.dumps(pool))
+    assert copy.writer(0) is None
+    assert pool.writer(0) is not None
+
+
+def _ragged_rows(root: Path, files: int, rows: int, width: int = 1) -> None:
+    root.mkdir()
+    import pyarrow.parquet as pq
+
+    for f in range(files):
+        ids = np.arange(f * rows, (f + 1) * rows)
+        tokens = pa.array([[int(i) % 1000] * int(i % 9 * width) for i in ids], pa.list_(pa.int32()))
+        text = pa.array([f"r{i}" * int(1 + i % 3) for i in ids])
+        pq.write_table(
+            pa.table({"id": ids, "tokens": tokens, "text": text}), root / f"p{f}.parquet", row_group_size=2000
+        )
+
+
+def _check_ragged(batch: dict[str, Any], width: int = 1) -> list[int]:
+    ids = batch["id"].tolist()
+    lengths = [i % 9 * width for i in ids]
+    assert torch.equal(batch["tokens"].offsets().diff(), torch.tensor(lengths, dtype=torch.int64))
+    assert batch["tokens"].values().tolist() == [i % 1000 for i in ids for _ in range(i % 9 * width)]
+    assert batch["text"] == [f"r{i}" * (1 + i % 3) for i in ids]
+    return ids
+
+
+@pytest.fixture
+def small_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Small groups that still take the shared-memory path (forked workers inherit the patch).
+    from torch_dataloader_utils.runtime import emit
+
+    monkeypatch.setattr(emit, "GROUP_BYTES", 96 << 10)
+    monkeypatch.setattr(transfer, "PIPE_MAX_BYTES", 16 << 10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("persistent", [False, True], ids=["new_workers", "persistent"])
+def test_held_batches_are_never_overwritten(tmp_path: Path, small_groups: None, persistent: bool) -> None:
+    root = tmp_path / "data"
+    _ragged_rows(root, files=4, rows=6000)
+    loader, dataset = create_dataloader(
+        str(root), batch_size=500, num_workers=2, persistent_workers=persistent, shuffle=True, timeout=60
+    )
+    kept = list(loader)  # every batch of epoch 0 held: the workers find no free slot
+    pool = loader._transport
+    assert pool is not None
+    assert any(seg is not None for seg in pool.segments)
+    assert sorted(i for b in kept for i in _check_ragged(b)) == list(range(24_000))
+    for epoch in (1, 2):
+        dataset.set_epoch(epoch)
+        ids = [i for b in loader for i in _check_ragged(b)]
+        assert sorted(ids) == list(range(24_000))
+        # Keep every third batch of the earlier epochs (parts of groups), drop the rest.
+        kept = kept[::3]
+        gc.collect()
+    assert sorted(i for b in kept for i in _check_ragged(b)) == sorted(
+        i for b in kept for i in b["id"].tolist()
+    )
+    for b in kept:
+        _check_ragged(b)
+    del kept, b
+    gc.collect()
+    if not persistent:
+        assert _free_slots(pool) == set(range(len(pool.segments)))
+
+
+@pytest.mark.slow
+def test_early_break_then_full_epochs_are_exact(tmp_path: Path, small_groups: None) -> None:
+    root = tmp_path / "data"
+    _ragged_rows(root, files=3, rows=5000)
+    loader, _ = create_dataloader(str(root), batch_size=400, num_workers=2, timeout=60)
+    for _ in range(2):
+        for i, b in enumerate(loader):  # stop early: groups in flight are dropped unread
+            _check_ragged(b)
+            if i == 3:
+                break
+        ids = [i for b in loader for i in _check_ragged(b)]
+        assert sorted(ids) == list(range(15_000))
+    pool = loader._transport
+    assert pool is not None
+    assert pool.lease()
+    pool.release()
+
+
+@pytest.mark.slow
+def test_two_iterations_at_once_share_no_segment(tmp_path: Path, small_groups: None) -> None:
+    root = tmp_path / "data"
+    _ragged_rows(root, files=2, rows=5000)
+    loader, _ = create_dataloader(str(root), batch_size=300, num_workers=2, timeout=60)
+    first = iter(loader)
+    a = [next(first) for _ in range(3)]
+    second = [i for b in loader for i in _check_ragged(b)]  # runs while `first`'s workers live
+    rest = [b for b in first]
+    ids = [i for b in [*a, *rest] for i in _check_ragged(b)]
+    assert sorted(ids) == sorted(second) == list(range(10_000))
+
+
+@pytest.mark.slow
+def test_spawned_workers_use_the_pool(tmp_path: Path) -> None:
+    # Spawned workers import the library afresh: groups of the real size (a few MiB).
+    root = tmp_path / "data"
+    _ragged_rows(root, files=2, rows=3000, width=60)
+    loader, dataset = create_dataloader(
+        str(root),
+        batch_size=300,
+        num_workers=1,
+        multiprocessing_context="spawn",
+        persistent_workers=True,
+        timeout=120,
+    )
+    for epoch in range(2):
+        dataset.set_epoch(epoch)
+        kept = list(loader)
+        assert sorted(i for b in kept for i in _check_ragged(b, width=60)) == list(range(6000))
+    assert loader._transport is not None
+    assert any(seg is not None for seg in loader._transport.segments)
+
+
+# -- segments are released ---------------------------------------------------------
+
+
+def _torch_segments() -> tuple[int, set[str]]:
+    """This process's mappings of torch shared-memory segments, and the names in /dev/shm."""
+    with open("/proc/self/maps") as maps:
+        mapped = sum(1 for line in maps if "/torch_" in line and "/dev/shm" in line)
+    names = (
+        {n for n in os.listdir("/dev/shm") if n.startswith("torch_")} if os.path.isdir("/dev/shm") else set()
+    )
+    return mapped, names
+
+
+def _kill_then_drain(pid: int, it: Iterator[Any]) -> None:
+    os.kill(pid, signal.SIGKILL)
+    for _ in it:
+        pass
+
+
+def _dead_worker_loader(root: Path) -> None:
+    loader, _ = create_dataloader(str(root), batch_size=400, num_workers=2, timeout=60)
+    before = set(multiprocessing.active_children())
+    it = iter(loader)
+    _check_ragged(next(it))
+    workers = [p for p in multiprocessing.active_children() if p not in before]
+    assert len(workers) == 2
+    # torch's SIGCHLD handler may raise as soon as the worker dies: kill it inside the block.
+    with pytest.raises(RuntimeError, match=r"(?i)worker") as caught:
+        _kill_then_drain(workers[0].pid, it)  # type: ignore[arg-type]
+    del caught, it  # the traceback holds the iterator: its workers are shut down once it goes
+    gc.collect()
+    ids = [i for b in loader for i in _check_ragged(b)]  # fresh workers, the same pool
+    assert sorted(ids) == list(range(15_000))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
+def test_no_segment_outlives_the_loader(tmp_path: Path, small_groups: None) -> None:
+    root = tmp_path / "data"
+    _ragged_rows(root, files=3, rows=5000)
+    gc.collect()
+    mapped_before, names_before = _torch_segments()
+
+    def run() -> None:
+        loader, dataset = create_dataloader(str(root), batch_size=400, num_workers=2, timeout=60)
+        for epoch in range(2):
+            dataset.set_epoch(epoch)
+            ids = [i for b in loader for i in _check_ragged(b)]
+            assert sorted(ids) == list(range(15_000))
+        for i, b in enumerate(loader):  # break out of the loop with a batch held
+            if i == 2:
+                held = b
+                break
+        pool = loader._transport
+        assert pool is not None
+        assert any(seg is not None for seg in pool.segments)
+        assert _torch_segments()[0] > mapped_before  # the pool's segments are mapped here
+        _check_ragged(held)
+
+    run()
+    _dead_worker_loader(root)
+    for thread in threading.enumerate():  # receive threads end within their poll interval
+        if thread.name == "torch_dataloader_utils-receive":
+            thread.join(timeout=30)
+    gc.collect()
+    mapped_after, names_after = _torch_segments()
+    assert mapped_after == mapped_before  # every segment unmapped once loader and batches are gone
+    assert names_after <= names_before  # nothing left behind in /dev/shm
+
+
+def test_forked_child_dropping_a_group_does_not_free_its_slot() -> None:
+    pool = SegmentPool(workers=1, slots_per_worker=2)
+    assert pool.lease()
+    writer = pool.writer(0)
+    n = PIPE_MAX_BYTES // 8 + 1
+    got = _roundtrip(pack_group([{"a": torch.arange(n)}], writer))
+    assert _free_slots(pool) == {1}
+    pid = os.fork()
+    if pid == 0:  # the child inherits the group and its finalizer, and drops them
+        try:
+            del got
+            gc.collect()
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert _free_slots(pool) == {1}  # the slot is the parent's batch's: still busy
+    assert torch.equal(got[0]["a"], torch.arange(n))
+    del got
+    gc.collect()
+    assert _free_slots(pool) == {0, 1}

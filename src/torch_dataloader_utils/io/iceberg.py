@@ -51,6 +51,10 @@ class IcebergReader:
         self._decoder: ThreadPoolExecutor | None = None
         self._decoder_pid = 0
 
+    def use_threads(self, on: bool) -> None:
+        """Decode with Arrow's thread pool (``True``, the default) or in the calling thread."""
+        self._use_threads = on
+
     def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()
         state["_decoder"] = None  # nor threads: made again in the process that reads

@@ -60,6 +60,14 @@ class ParquetReader:
         # filter, so a row group is filtered first and sliced after.
         self._filtered_positions = filtered_positions
 
+    def use_threads(self, on: bool) -> None:
+        """Decode with Arrow's thread pool (``True``, the default) or in the calling thread.
+
+        A DataLoader worker whose rank's workers already fill the CPUs reads without
+        threads: the pool's hand-offs then only cost time (measured in docs/benchmarks.md).
+        """
+        self._use_threads = on
+
     def with_read_rows(self, rows: int) -> ParquetReader:
         """This reader decoding batches of ``rows`` rows (``batch_size`` when larger).
 

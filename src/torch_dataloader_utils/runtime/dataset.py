@@ -36,7 +36,7 @@ from torch_dataloader_utils.runtime.metrics import MetricsRecorder, WorkerMetric
 from torch_dataloader_utils.runtime.options import Options
 from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged, complete_state
 from torch_dataloader_utils.runtime.watchdog import watch_parent
-from torch_dataloader_utils.transfer import pack
+from torch_dataloader_utils.transfer import SegmentPool, pack
 
 __all__ = ["MAX_AUTO_WORKERS", "PlannedDataset"]
 
@@ -156,6 +156,8 @@ class PlannedDataset(IterableDataset[Any]):
         self._logged: set[int] = set()
         self.metrics = MetricsRecorder(options.progress)
         """Per-worker counters of the batches received (see :meth:`get_metrics`)."""
+        self.transport: SegmentPool | None = None
+        """Set by the loader while its workers start: the segments they send batches in."""
         workers = options.loader.num_workers
         self._num_workers = self._auto_workers() if workers is None else workers
         self._check_plan()
@@ -566,6 +568,10 @@ class PlannedDataset(IterableDataset[Any]):
             watch_parent()
         epoch = self.epoch
         pieces = self._worker_pieces(slot, epoch)
+        use_threads = getattr(self._reader, "use_threads", None)
+        if slot.in_worker and use_threads is not None:
+            # Workers that already fill this rank's CPUs decode in their own thread.
+            use_threads(slot.count < env.cpus_per_rank())
         files = None if self._row_count_issue else self._table
         schedule = getattr(self._reader, "schedule", None)
         if schedule is not None:  # readers of remote files fetch the next chunks ahead
@@ -581,7 +587,8 @@ class PlannedDataset(IterableDataset[Any]):
         if slot.in_worker and tagging:
             # Under the loader of create_dataloader (which flattens groups): several
             # batches per transfer, since each hand-off between processes has a fixed cost.
-            yield from grouped(batches, self._for_transfer, positions)
+            pool = self.transport.writer(slot.id) if self.transport is not None else None
+            yield from grouped(batches, self._for_transfer, positions, pool)
             return
         progress = None if (tagging or slot.in_worker) else self._state.begin(1, epoch)
         if progress is not None:

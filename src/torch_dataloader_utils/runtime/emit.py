@@ -25,7 +25,7 @@ from torch_dataloader_utils.io.pieces import read_piece
 from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.runtime.state import Tagged
-from torch_dataloader_utils.transfer import pack_group
+from torch_dataloader_utils.transfer import SegmentWriter, pack_group
 
 __all__ = ["FIRST_GROUP_BATCHES", "GROUP_BYTES", "GROUP_MAX_BATCHES", "Positions", "grouped"]
 
@@ -103,7 +103,10 @@ class Positions:
 
 
 def grouped(
-    batches: Iterator[pa.RecordBatch], convert: Callable[[pa.RecordBatch], Any], positions: Positions
+    batches: Iterator[pa.RecordBatch],
+    convert: Callable[[pa.RecordBatch], Any],
+    positions: Positions,
+    pool: SegmentWriter | None = None,
 ) -> Iterator[Tagged]:
     """Worker side: tagged batches sent in groups of about ``GROUP_BYTES``.
 
@@ -111,7 +114,8 @@ def grouped(
     is the tuple of the batches' tags; the loader yields them one by one. The first
     groups are small (``FIRST_GROUP_BATCHES``, doubling), so the loop gets its first
     batch without waiting for a full group. Batches made before an error still arrive
-    before the error.
+    before the error. ``pool``: this worker's segments of the loader's
+    :class:`~torch_dataloader_utils.transfer.SegmentPool`.
     """
     pending: list[Any] = []
     tags: list[Tag] = []
@@ -123,12 +127,12 @@ def grouped(
             tags.append(positions.tag(batch.num_rows, batch.nbytes))
             size += batch.nbytes
             if size >= GROUP_BYTES or len(pending) >= most:
-                yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
+                yield Tagged(pack_group(pending, pool), tuple(tags))  # type: ignore[arg-type]
                 pending, tags, size = [], [], 0
                 most = min(2 * most, GROUP_MAX_BATCHES)
     except Exception:
         if pending:
-            yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
+            yield Tagged(pack_group(pending, pool), tuple(tags))  # type: ignore[arg-type]
         raise
     if pending:
-        yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
+        yield Tagged(pack_group(pending, pool), tuple(tags))  # type: ignore[arg-type]

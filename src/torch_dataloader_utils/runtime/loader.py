@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -18,13 +19,18 @@ from torch.utils.data import DataLoader
 from torch_dataloader_utils.config import LoaderConfig
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.state import Tagged
-from torch_dataloader_utils.transfer import BatchGroup
+from torch_dataloader_utils.transfer import BatchGroup, SegmentPool
 from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
 
-__all__ = ["RECEIVE_AHEAD", "ResumableDataLoader", "make_loader", "received"]
+__all__ = ["RECEIVE_AHEAD", "SPARE_SEGMENTS", "ResumableDataLoader", "make_loader", "received"]
 
 RECEIVE_AHEAD = 2
 """Items (groups of batches) the receiving thread holds ready beyond the one in use."""
+
+SPARE_SEGMENTS = RECEIVE_AHEAD + 2
+"""Shared-memory segments per worker beyond ``prefetch_factor``: the groups the receiving
+thread holds, the one being yielded and the previous one, which the loop may still hold
+(see ``transfer.SegmentPool``)."""
 
 _POLL = 0.05
 
@@ -110,23 +116,50 @@ class ResumableDataLoader(DataLoader[Any]):
     dataset: PlannedDataset
     _receiver: _Receiver | None = None
 
+    _transport: SegmentPool | None = None
+
+    def _lease_transport(self) -> SegmentPool | None:
+        """The segments this iteration's workers send batches in (see ``transfer``)."""
+        if self.num_workers == 0:
+            return None
+        # Every worker seeds numpy.random, which numpy 2 imports on first use: imported
+        # here once, forked workers find it loaded (about 20 ms less per worker and epoch).
+        import numpy.random  # noqa: F401
+
+        if self._transport is None:
+            self._transport = SegmentPool(self.num_workers, (self.prefetch_factor or 2) + SPARE_SEGMENTS)
+        return self._transport if self._transport.lease() else None
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         state = self.dataset._state
         metrics = self.dataset.metrics
-        if self._receiver is not None:
-            # A pass left early: its thread must be out of the (persistent) iterator first.
+        if self._receiver is not None and self.persistent_workers:
+            # A pass left early: its thread must be out of the persistent iterator first
+            # (without persistent workers each pass has its own iterator and thread).
             self._receiver.join()
-            self._receiver = None
+        self._receiver = None
         # len() may differ between a resumed pass and a full one; drop torch's cached value.
         self._IterableDataset_len_called = None
         state.begin(self.num_workers, self.dataset.epoch)
         self.dataset.begin_metrics(self.num_workers)
         state.tagging = True  # set before workers start: they pickle the dataset
+        pool = self._lease_transport()
+        self.dataset.transport = pool  # the workers starting now take it
+        receiver: _Receiver | None = None
         try:
-            source: Iterator[Any] = super().__iter__()  # starts (or resets) the workers, here
+            try:
+                source: Iterator[Any] = super().__iter__()  # starts (or resets) the workers, here
+            except BaseException:
+                self._transport = None  # workers may have started: a fresh pool next time
+                raise
+            finally:
+                self.dataset.transport = None
+            if pool is not None:
+                # Free for the next iteration once this one's workers are gone.
+                weakref.finalize(source, pool.release)
             if self.num_workers > 0:
-                self._receiver = _Receiver(source, RECEIVE_AHEAD)
-                source = received(self._receiver)
+                receiver = self._receiver = _Receiver(source, RECEIVE_AHEAD)
+                source = received(receiver)
             for item in source:
                 if isinstance(item, Tagged) and isinstance(item.batch, BatchGroup):
                     # Several batches of one worker that travelled together.
@@ -141,8 +174,8 @@ class ResumableDataLoader(DataLoader[Any]):
         finally:
             state.tagging = False
             metrics.finish()
-            if self._receiver is not None:
-                self._receiver.stop()
+            if receiver is not None:  # this pass's thread (another pass may have started since)
+                receiver.stop()
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's resume state; see :meth:`PlannedDataset.state_dict`."""
