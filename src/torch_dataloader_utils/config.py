@@ -746,6 +746,8 @@ class FileSourceConfig(RedactedRepr):
         storage_options: Options of the fsspec filesystem (credentials, endpoint...).
         schema: CSV / JSONL: a ``pyarrow.Schema`` for every file, or ``None`` to infer.
         quoted_newlines: CSV: quoted fields may hold newlines (such files are read whole).
+        metadata_cache: Parquet: a file (local path or URL) keeping the files' metadata
+            across runs, so a restart reads no footers; ``None`` (default) keeps none.
         use_manifest: Parquet: read a resharded directory from its ``_manifest.json``
             (no listing, no footers). ``None`` uses it when ``path`` holds one, ``True``
             requires it, ``False`` lists the files instead.
@@ -758,9 +760,17 @@ class FileSourceConfig(RedactedRepr):
     storage_options: Mapping[str, Any] | None = None
     schema: Any = None
     quoted_newlines: bool = False
+    metadata_cache: str | None = None
     use_manifest: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.metadata_cache is not None and (
+            not isinstance(self.metadata_cache, str) or not self.metadata_cache.strip()
+        ):
+            raise ConfigError(
+                f"metadata_cache={self.metadata_cache!r} must be a file path or URL (str), e.g. "
+                "'/scratch/train-metadata.arrow' or 's3://bucket/cache/train.arrow', or None"
+            )
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise ConfigError(
                 f"storage_options={redact(self.storage_options)!r} must be a dict of filesystem "

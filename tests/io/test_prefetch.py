@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from pathlib import Path
 
@@ -14,10 +15,23 @@ import testsupport.latency_fs as latency
 from tests.fixtures.data import write_parquet_files
 from torch_dataloader_utils import ConfigError, CorruptFileError, create_dataloader
 from torch_dataloader_utils.config import FetchConfig
-from torch_dataloader_utils.io.prefetch import ChunkSource, coalesce
+from torch_dataloader_utils.io.prefetch import READ_AHEAD_CHUNKS, ChunkSource, PlanOrderPool, coalesce
 from torch_dataloader_utils.storage.fetch import is_transient
-from torch_dataloader_utils.storage.footers import read_footer
+from torch_dataloader_utils.storage.footers import FOOTER_READ_BYTES, read_footer
 from torch_dataloader_utils.storage.fs import FileSystemSpec, native_s3_options
+
+
+def _count_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths of every ``info`` request (the readers' checks that a file is unchanged)."""
+    checked: list[str] = []
+    info = latency.LatencyFileSystem.info
+
+    def counted(self: latency.LatencyFileSystem, path: str, **kwargs: object) -> object:
+        checked.append(path)
+        return info(self, path, **kwargs)
+
+    monkeypatch.setattr(latency.LatencyFileSystem, "info", counted)
+    return checked
 
 
 def _latency_dataset(root: Path, **kwargs: object) -> tuple[object, object, latency.RequestStats]:
@@ -28,26 +42,36 @@ def _latency_dataset(root: Path, **kwargs: object) -> tuple[object, object, late
     return loader, dataset, latency.stats(key)
 
 
-def test_reads_only_projected_columns_of_unpruned_groups(tmp_path: Path) -> None:
-    write_parquet_files(tmp_path, [4000, 3000], row_group_size=500)
+@pytest.mark.parametrize("footers_kept", [True, False])
+def test_reads_only_projected_columns_of_unpruned_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, footers_kept: bool
+) -> None:
+    if not footers_kept:  # as for a large dataset: readers fetch the footers themselves
+        monkeypatch.setattr("torch_dataloader_utils.discovery.dataset.KEEP_FOOTERS_FILES", 1)
+    write_parquet_files(tmp_path, [40000, 30000], row_group_size=5000)
     import pyarrow.compute as pc
 
     loader, dataset, counters = _latency_dataset(
-        tmp_path, columns=["id"], filters=pc.field("id") >= 5000, split_rows=1000, batch_size=256
+        tmp_path, columns=["id"], filters=pc.field("id") >= 50000, split_rows=10000, batch_size=2560
     )
     counters.reset()
     ids = np.concatenate([b["id"].numpy() for b in loader])  # type: ignore[attr-defined]
-    assert np.array_equal(np.sort(ids), np.arange(5000, 7000))
+    assert np.array_equal(np.sort(ids), np.arange(50000, 70000))
     source = dataset._reader._source  # type: ignore[attr-defined]
     needed = 0
     for name in ("part-0000.parquet", "part-0001.parquet"):
+        assert (tmp_path / name).stat().st_size > FOOTER_READ_BYTES  # not fetched whole
         meta = pq.read_metadata(tmp_path / name)
         for i in range(meta.num_row_groups):
             col = meta.row_group(i).column(0)  # id
-            if col.statistics.max >= 5000:
+            if col.statistics.max >= 50000:
                 needed += col.total_compressed_size
     assert source.stats.bytes_needed == needed
-    assert counters.bytes == source.stats.bytes_fetched <= 1.05 * needed
+    assert source.stats.bytes_fetched <= 1.05 * needed
+    # Footers come with a small dataset's metadata; otherwise the reader fetched the
+    # footer of each file it read once (file 0 is pruned whole).
+    assert source.stats.footer_requests == (0 if footers_kept else 1)
+    assert counters.bytes == source.stats.bytes_fetched + source.stats.footer_bytes
     assert source.stats.misses == 0
 
 
@@ -149,3 +173,85 @@ def test_read_ahead_accepts_sizes_and_zero() -> None:
     assert FetchConfig.from_user(None, 0, 0).read_ahead_bytes == 0
     assert FetchConfig(retry_backoff=1.0).backoff(1) == 1.0
     assert FetchConfig(retry_backoff=1.0).backoff(20) == 10.0
+
+
+def test_pool_serves_the_earliest_chunk_first() -> None:
+    pool = PlanOrderPool(1)
+    gate = threading.Event()
+    order: list[int] = []
+    blocker = pool.submit(0, gate.wait)
+    futures = [pool.submit(p, order.append, p) for p in (5, 1, 3, 1)]
+    gate.set()
+    blocker.result(timeout=10)
+    for f in futures:
+        f.result(timeout=10)
+    assert order == [1, 1, 3, 5]
+    pool.shutdown()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(0, order.append, 0)
+
+
+def test_read_ahead_survives_a_fork(tmp_path: Path) -> None:
+    """A source inherited by a forked worker (old pid) keeps the plan scheduled in that worker."""
+    write_parquet_files(tmp_path, [600, 600, 600], row_group_size=100)
+    _loader, dataset, _ = _latency_dataset(tmp_path, split_rows=100)
+    source: ChunkSource = dataset._reader._source  # type: ignore[attr-defined]
+    chunks = dataset.worker_chunks()  # type: ignore[attr-defined]
+    source._pid = -1  # as seen from a DataLoader worker forked after the source was used
+    source.schedule(chunks)
+    source.open(chunks[0])
+    assert sorted(source._pending) == list(range(1, min(len(chunks), 1 + READ_AHEAD_CHUNKS)))
+    source.close()
+
+
+def test_small_files_come_whole_in_one_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("torch_dataloader_utils.discovery.dataset.KEEP_FOOTERS_FILES", 1)
+    write_parquet_files(tmp_path, [300, 200], row_group_size=100)
+    assert all(p.stat().st_size < FOOTER_READ_BYTES for p in tmp_path.iterdir())
+    loader, dataset, counters = _latency_dataset(tmp_path, split_strategy="file", batch_size=64)
+    checks = _count_checks(monkeypatch)
+    counters.reset()
+    ids = np.concatenate([b["id"].numpy() for b in loader])  # type: ignore[attr-defined]
+    assert np.array_equal(np.sort(ids), np.arange(500))
+    source: ChunkSource = dataset._reader._source  # type: ignore[attr-defined]
+    assert (source.stats.requests, source.stats.footer_requests, source.stats.misses) == (2, 0, 0)
+    assert len(checks) == 2  # each file checked once: unchanged since the dataset was built
+    assert counters.requests - len(checks) == 2  # and read in one request
+
+
+@pytest.mark.parametrize("footers_kept", [True, False])
+def test_first_batch_costs_a_bounded_number_of_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, footers_kept: bool
+) -> None:
+    """However many files a worker has, the first batch starts at most the read-ahead window."""
+    if not footers_kept:
+        monkeypatch.setattr("torch_dataloader_utils.discovery.dataset.KEEP_FOOTERS_FILES", 1)
+    write_parquet_files(tmp_path, [50] * 120, row_group_size=50, with_strings=False)
+    loader, dataset, counters = _latency_dataset(tmp_path, batch_size=64, split_strategy="file")
+    assert len(dataset.files) == 120  # type: ignore[attr-defined]
+    checks = _count_checks(monkeypatch)
+    counters.reset()
+    it = iter(loader)
+    first = next(it)
+    assert len(first["id"]) == 64
+    # Two chunks make the first batch; at most READ_AHEAD_CHUNKS more were started (the
+    # checks that files are unchanged run beside them, one per file of the pass).
+    assert counters.requests - len(checks) <= 2 + READ_AHEAD_CHUNKS
+    source: ChunkSource = dataset._reader._source  # type: ignore[attr-defined]
+    assert len(source._pending) <= READ_AHEAD_CHUNKS
+    rest = sum(len(b["id"]) for b in it)
+    assert 64 + rest == 6000
+    assert len(checks) == len(set(checks)) == 120  # each file checked once
+    assert counters.requests - len(checks) == 120  # every file read once, whole: no footer request, no miss
+
+
+def test_s3fs_pool_is_as_large_as_the_footer_concurrency() -> None:
+    from torch_dataloader_utils.discovery.parquet import METADATA_THREADS
+
+    # (an endpoint of its own: tests/storage/test_fs.py checks that no client exists for its options)
+    opts = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:2"}
+    client = FileSystemSpec("s3", opts).fsspec()
+    assert client.config_kwargs["max_pool_connections"] == METADATA_THREADS == 64
+    mine = FileSystemSpec("s3", {**opts, "config_kwargs": {"max_pool_connections": 7, "read_timeout": 5}})
+    assert mine.fsspec().config_kwargs == {"max_pool_connections": 7, "read_timeout": 5}
+    assert native_s3_options(mine.storage_options) is not None  # still read natively

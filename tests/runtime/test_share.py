@@ -1,4 +1,4 @@
-"""With a process group, metadata is read once (rank 0) and broadcast to every rank."""
+"""With a process group, rank 0 lists, every rank reads its share of footers, all get the same."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def _rank_main(rank: int, port: int, url: str, queue: Any) -> None:
         queue.put((rank, traceback.format_exc()))
 
 
-def test_rank0_reads_metadata_and_every_rank_gets_the_same(tmp_path: Path) -> None:
+def test_ranks_share_the_footers_and_every_rank_gets_the_same(tmp_path: Path) -> None:
     write_parquet_files(tmp_path, [1000, 700, 400], row_group_size=100)
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
@@ -66,8 +66,10 @@ def test_rank0_reads_metadata_and_every_rank_gets_the_same(tmp_path: Path) -> No
             if p.is_alive():
                 p.kill()
     (req0, files0, plan0, err0), (req1, files1, plan1, err1) = results[0], results[1]
-    assert req0 >= 4  # a listing and three footers
-    assert req1 == 0  # rank 1 read nothing itself
+    # Rank 0 lists (a HEAD and one listing page) and reads its share, file [0, 1); rank 1
+    # reads the first file's footer (the dataset's schema) and its share, files [1, 3).
+    assert req0 == 3
+    assert req1 == 1 + 2
     assert files0 == files1
     assert len(files0) == 3
     assert plan0 == plan1

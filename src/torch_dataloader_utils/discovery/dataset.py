@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
+import os
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -12,33 +14,49 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from torch_dataloader_utils.config import FetchConfig, FileFormat, FileSourceConfig
+from torch_dataloader_utils.discovery.cache import CacheHit, CacheKey, cache_bytes, load_cache, save_cache
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
+from torch_dataloader_utils.discovery.exchange import LOCAL, Exchange
 from torch_dataloader_utils.discovery.listing import list_files
 from torch_dataloader_utils.discovery.manifest import Manifest, find_manifest
+from torch_dataloader_utils.discovery.metadata import (
+    FILES_SCHEMA,
+    FOOTER_COLUMN,
+    SharedError,
+    decode_share,
+    encode_share,
+    file_infos,
+    files_table,
+    from_ipc,
+    listed_files,
+    listing_table,
+    to_ipc,
+)
 from torch_dataloader_utils.discovery.orc import read_orc_footers
-from torch_dataloader_utils.discovery.parquet import FooterInfo, prune, read_footers
+from torch_dataloader_utils.discovery.parquet import (
+    FooterCheck,
+    FooterInfo,
+    Reference,
+    check_fields,
+    read_share,
+    reference,
+)
 from torch_dataloader_utils.discovery.partitions import Partitions, infer_partitions
 from torch_dataloader_utils.discovery.text import TextDiscovery, TextOptions, discover_text
-from torch_dataloader_utils.errors import ConfigError, SchemaError, SchemaMismatchError
+from torch_dataloader_utils.errors import ConfigError, DiscoveryError, SchemaError, SchemaMismatchError
 from torch_dataloader_utils.plan.types import FileInfo
-from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
 from torch_dataloader_utils.storage.schemas import nullable_type, same_but_nullability
 
-__all__ = ["Discovered", "ShareHook", "discover", "local_only"]
+_LISTING_COLUMNS = ("path", "size", "mtime", "etag")
+KEEP_FOOTERS_FILES = 1024
+"""Datasets of at most this many Parquet files pass the footers to every rank's readers
+(at most a few MB), which then read no footer themselves; larger ones do not (their
+readers fetch the footers of the files they read, 1M footers would be GBs per rank)."""
+
+__all__ = ["Discovered", "discover"]
 
 log = logging.getLogger(__name__)
-
-ShareHook = Callable[[Callable[[], Any]], Any]
-"""Runs a metadata-reading function once and gives its (picklable) result to every rank.
-
-``share(read)`` returns ``read()``; the runtime passes one that calls it on rank 0 only
-and broadcasts the result. Discovery itself never communicates.
-"""
-
-
-def local_only(read: Callable[[], Any]) -> Any:
-    """The :data:`ShareHook` of a single process: just read."""
-    return read()
 
 
 @dataclass(frozen=True)
@@ -57,7 +75,12 @@ class Discovered:
         filters: The row filter, or ``None``.
         extra: Format-specific metadata for readers. CSV / JSONL: ``"text_meta"`` (a
             :class:`~torch_dataloader_utils.io.text.TextFileMeta` per path) and
-            ``"text_options"`` (the :class:`TextOptions`).
+            ``"text_options"`` (the :class:`TextOptions`). Parquet of at most
+            ``KEEP_FOOTERS_FILES`` files read without the cache: ``"parquet_footers"``
+            (footer bytes by path).
+        metadata: Parquet: the files as columns (:data:`~.metadata.FILES_SCHEMA`, one
+            row per file, in the order of ``files``), which ``files`` is built from and
+            the planner's file table is built from (``None`` once ``files`` changed).
     """
 
     fs: FileSystemSpec
@@ -70,6 +93,7 @@ class Discovered:
     partitions: Partitions | None
     filters: pc.Expression | None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    metadata: pa.Table | None = None
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -78,74 +102,56 @@ class Discovered:
 
 
 def _dataset_schema(
-    footers: Sequence[FooterInfo], columns: Sequence[str] | None, fs: FileSystemSpec
+    first: tuple[str, pa.Schema],
+    others: Sequence[tuple[str, pa.Schema]],
+    columns: Sequence[str] | None,
+    fs: FileSystemSpec,
 ) -> pa.Schema:
-    """The first file's schema, checked against every file, NOT NULL differences unified.
+    """The first file's schema, checked against the others, NOT NULL differences unified.
 
-    A field that some files declare NOT NULL and others nullable (as Spark writes them)
-    becomes nullable. With ``columns=None`` every file must have the same fields: a
-    field found only in a later file is an error, as one missing from it is (never
-    dropped silently because of the order of the files).
+    ``others`` are ``(path, schema)`` of the other files (those whose schema equals the
+    first's may be left out). A field that some files declare NOT NULL and others
+    nullable (as Spark writes them) becomes nullable. With ``columns=None`` every file
+    must have the same fields: a field found only in a later file is an error, as one
+    missing from it is (never dropped silently because of the order of the files).
 
     Raises:
         SchemaError: a file names a needed column twice.
         SchemaMismatchError: a file has a field the first lacks (all columns requested).
     """
-    first = footers[0]
+    first_path, first_schema = first
     wanted = set(columns) if columns is not None else None
-    fields = {f.name: f for f in first.schema}
-    for footer in footers:
-        names = footer.schema.names
+    fields = {f.name: f for f in first_schema}
+    for path, schema in [first, *others]:
+        names = schema.names
         if len(set(names)) == len(names):
             continue
         twice = sorted({n for n in names if names.count(n) > 1 and (wanted is None or n in wanted)})
         if twice:
             raise SchemaError(
-                f"{fs.display(footer.file.path)!r} has more than one column named {twice}; columns "
+                f"{fs.display(path)!r} has more than one column named {twice}; columns "
                 "are read by name, so rewrite the file with unique column names (or leave them "
                 "out of columns)"
             )
-    for other in footers[1:]:
-        if other.schema.equals(first.schema):
+    for path, schema in others:
+        if schema.equals(first_schema):
             continue
-        extra = [n for n in other.schema.names if n not in fields and (wanted is None or n in wanted)]
+        extra = [n for n in schema.names if n not in fields and (wanted is None or n in wanted)]
         if extra:
-            common = [n for n in first.schema.names if n in other.schema.names]
+            common = [n for n in first_schema.names if n in schema.names]
             raise SchemaMismatchError(
-                f"fields {extra} are in {fs.display(other.file.path)!r} but not in "
-                f"{fs.display(first.file.path)!r}; every file must have the columns read: pass "
+                f"fields {extra} are in {fs.display(path)!r} but not in "
+                f"{fs.display(first_path)!r}; every file must have the columns read: pass "
                 f"columns= with fields all files share (e.g. {common}) or rewrite the files to "
                 "one schema"
             )
-        for b in other.schema:
+        for b in schema:
             a = fields.get(b.name)
             if a is None or (a.nullable == b.nullable and a.type.equals(b.type)):
                 continue
             if same_but_nullability(a.type, b.type):
                 fields[b.name] = a.with_type(nullable_type(a.type)).with_nullable(True)
-    return pa.schema([fields[f.name] for f in first.schema], metadata=first.schema.metadata)  # type: ignore[arg-type]
-
-
-def _check_consistent(footers: Sequence[FooterInfo], names: Sequence[str], fs: FileSystemSpec) -> None:
-    first = footers[0]
-    for other in footers[1:]:
-        if other.schema.equals(first.schema):
-            continue
-        for name in names:
-            a = first.schema.field(name) if name in first.schema.names else None
-            b = other.schema.field(name) if name in other.schema.names else None
-            if b is None:
-                raise SchemaMismatchError(
-                    f"field {name!r} is in {fs.display(first.file.path)!r} but missing from "
-                    f"{fs.display(other.file.path)!r}; rewrite the files to one schema or "
-                    "leave the field out of columns"
-                )
-            if a is not None and not same_but_nullability(a.type, b.type):
-                raise SchemaMismatchError(
-                    f"field {name!r} is {a.type} in {fs.display(first.file.path)!r} but "
-                    f"{b.type} in {fs.display(other.file.path)!r}; rewrite the files to one "
-                    "type or leave the field out of columns"
-                )
+    return pa.schema([fields[f.name] for f in first_schema], metadata=first_schema.metadata)  # type: ignore[arg-type]
 
 
 def discover(
@@ -154,7 +160,7 @@ def discover(
     *,
     text: TextOptions | None = None,
     fetch: FetchConfig | None = None,
-    share: ShareHook = local_only,
+    share: Exchange = LOCAL,
 ) -> Discovered:
     """List ``path``, read metadata, check ``source``'s request against the schema.
 
@@ -168,13 +174,17 @@ def discover(
         UnknownColumnError: ``columns`` or ``filters`` name a missing column.
         ConfigError: a parameter has an unsupported value.
 
-    Listing and footers are read through ``share`` (once for all ranks when the runtime
-    passes a broadcasting hook); checking the request against them is done locally.
+    Parquet metadata is read through ``share``: rank 0 lists the files (and reads the
+    first footer, or the metadata cache), every rank reads the footers of its share and
+    the ranks exchange the results as Arrow buffers. Without a process group
+    (:data:`~.exchange.LOCAL`) this process reads everything, concurrently. Errors are
+    raised on every rank.
 
     A Parquet ``path`` naming one directory that holds a reshard manifest
     (``_manifest.json``, see :mod:`~torch_dataloader_utils.discovery.manifest`) is planned
-    from the manifest alone, with no listing and no footer read; ``use_manifest=False``
-    lists it instead, ``True`` requires the manifest (``source.use_manifest``).
+    from the manifest alone, with no listing, no footer read and no metadata cache;
+    ``use_manifest=False`` lists it instead, ``True`` requires the manifest
+    (``source.use_manifest``).
     """
     format, columns, filters, partitioning = (
         source.format,
@@ -185,29 +195,14 @@ def discover(
     if partitioning not in (None, "hive"):
         raise ConfigError(f"partitioning={partitioning!r} is not supported; use 'hive' or None")
     fs_options = dict(source.storage_options or {})
-    use_manifest = source.use_manifest
     if format is FileFormat.PARQUET:
-
-        def read_metadata() -> tuple[FileSystemSpec, Any, Any]:
-            if use_manifest is not False:
-                found = find_manifest(path, fs_options, required=use_manifest is True, fetch=fetch)
-                if found is not None:
-                    return found
-            listing = list_files(path, fs_options, fetch)
-            partitions = infer_partitions(listing.files) if partitioning == "hive" else None
-            return listing.fs, partitions, read_footers(listing.fs, listing.files, partitions, fetch)
-
-        # With a process group, rank 0 reads the metadata and the others receive it.
-        fs, partitions, footers = share(read_metadata)
-        if isinstance(footers, Manifest):
-            return _discover_manifest(fs, partitions, footers, columns, filters)
-        return _discover_parquet(fs, format, footers, partitions, columns, filters)
+        return _discover_parquet(path, source, fetch or FetchConfig(), share)
     listing = list_files(path, fs_options, fetch)
     fs = listing.fs
     partitions = infer_partitions(listing.files) if partitioning == "hive" else None
     if format is FileFormat.ORC:
         footers = read_orc_footers(fs, listing.files)
-        return _discover_parquet(fs, format, footers, partitions, columns, filters)
+        return _discover_orc(fs, footers, partitions, columns, filters)
     if format in (FileFormat.CSV, FileFormat.JSONL):
         options = text or TextOptions()
         found = discover_text(fs, format, listing.files, options)
@@ -277,36 +272,233 @@ def _resolve_request(
     )
 
 
-def _discover_parquet(
+def _discover_orc(
     fs: FileSystemSpec,
-    format: FileFormat,
     footers: Sequence[FooterInfo],
     partitions: Partitions | None,
     columns: Sequence[str] | None,
     filters: object,
 ) -> Discovered:
-    request = _resolve_request(_dataset_schema(footers, columns, fs), partitions, columns, filters)
-    _check_consistent(footers, request.data_columns, fs)
-    expr = request.filters
-    if expr is None or format is not FileFormat.PARQUET:
-        files = [f.file for f in footers]
-    else:
-        files = [prune(f, expr, request.schema) for f in footers]
-        if all(f.live_rows == 0 for f in files):
-            warnings.warn(
-                f"filters={expr} excludes every row group of the {len(files)} files by their "
-                "statistics: the dataset yields no rows",
-                UserWarning,
-                stacklevel=3,
-            )
+    schema = _dataset_schema(
+        (footers[0].file.path, footers[0].schema), [(f.file.path, f.schema) for f in footers[1:]], columns, fs
+    )
+    request = _resolve_request(schema, partitions, columns, filters)
+    first = footers[0]
+    for other in footers[1:]:
+        if not other.schema.equals(first.schema):
+            check_fields(fs, first, other.file.path, other.schema, request.data_columns)
     return Discovered(
         fs=fs,
-        format=format,
-        files=tuple(files),
+        format=FileFormat.ORC,
+        files=tuple(f.file for f in footers),
         partitions=partitions,
-        extra={"parquet_footers": {f.file.path: f.footer for f in footers}},
         **request._asdict(),
     )
+
+
+@dataclass(frozen=True)
+class _Head:
+    """What rank 0 reads first and sends to every rank (plain values and Arrow buffers).
+
+    Attributes:
+        listing: The listing table as an IPC buffer.
+        first_footer: The first file's footer, from the cache (when it is valid).
+        cached: The cache's files table without the listing columns, as an IPC buffer,
+            when the cache is valid.
+        note: Why the cache was ignored, when it was.
+        manifest: ``(filesystem, root, manifest)`` of a resharded directory read from
+            its manifest (then nothing else is set: no listing, no footers, no cache).
+    """
+
+    listing: bytes
+    first_footer: bytes | None
+    cached: bytes | None
+    note: str | None
+    manifest: tuple[FileSystemSpec, str, Manifest] | None = None
+
+
+def _cache_spec(
+    source: FileSourceConfig, fs: FileSystemSpec, fetch: FetchConfig
+) -> tuple[FileSystemSpec, str] | None:
+    """The metadata cache's filesystem and path (the dataset's options on the same store)."""
+    if source.metadata_cache is None:
+        return None
+    spec, cache_path = resolve(source.metadata_cache, None, timeout=fetch.attempt_timeout)
+    if spec.protocol == fs.protocol:
+        spec = fs
+    if spec.is_local and os.path.isdir(cache_path):
+        raise ConfigError(
+            f"metadata_cache={source.metadata_cache!r} is a directory; pass a file path such as "
+            f"{os.path.join(source.metadata_cache, 'metadata.arrow')!r}"
+        )
+    return spec, cache_path
+
+
+def _share_bounds(num_files: int, rank: int, size: int) -> tuple[int, int]:
+    """The listing positions ``[lo, hi)`` whose footers ``rank`` reads (contiguous blocks)."""
+    return num_files * rank // size, num_files * (rank + 1) // size
+
+
+def _with_listing(listing: pa.Table, rest: pa.Table) -> pa.Table:
+    """The files table: the listing's columns joined to the footers' (same rows, same order)."""
+    columns = {name: listing.column(name) for name in _LISTING_COLUMNS}
+    columns.update({name: rest.column(name) for name in rest.column_names})
+    return pa.table(columns).cast(FILES_SCHEMA).combine_chunks()
+
+
+def _discover_parquet(
+    path: str | Sequence[str], source: FileSourceConfig, fetch: FetchConfig, share: Exchange
+) -> Discovered:
+    key = CacheKey(
+        filters="" if source.filters is None else str(source.filters), partitioning=source.partitioning or ""
+    )
+
+    def head() -> _Head:
+        if source.use_manifest is not False:
+            found = find_manifest(
+                path, source.storage_options, required=source.use_manifest is True, fetch=fetch
+            )
+            if found is not None:
+                return _Head(b"", None, None, None, found)
+        listing = list_files(path, dict(source.storage_options or {}), fetch)
+        table = listing_table(listing.files)
+        cache = _cache_spec(source, listing.fs, fetch)
+        loaded = load_cache(*cache, table, key, fetch) if cache is not None else None
+        if isinstance(loaded, CacheHit):
+            kept = loaded.table.drop_columns(list(_LISTING_COLUMNS))
+            return _Head(to_ipc(table), loaded.first_footer, to_ipc(kept), None)
+        note = None
+        if isinstance(loaded, str):
+            note = f"{loaded}; reading the footers again and rewriting it"
+        return _Head(to_ipc(table), None, None, note)
+
+    # Rank 0 lists (and reads the cache); every rank receives the listing.
+    got = share.from_rank0(head)
+    if got.manifest is not None:
+        if source.metadata_cache is not None:
+            log.info(
+                "metadata_cache=%r is not used: the dataset is read from its reshard manifest",
+                source.metadata_cache,
+            )
+        return _discover_manifest(*got.manifest, source.columns, source.filters)
+    if got.note is not None:
+        warnings.warn(got.note, UserWarning, stacklevel=4)
+    # This rank's own filesystem spec (its own storage_options), as list_files resolved it.
+    fs = resolve(
+        os.fspath(path if isinstance(path, (str, os.PathLike)) else path[0]),
+        source.storage_options,
+        timeout=fetch.attempt_timeout,
+    )[0]
+    listing = from_ipc(got.listing)
+    partitions = infer_partitions(listed_files(listing)) if source.partitioning == "hive" else None
+    resolved: list[tuple[Reference, _Request]] = []
+
+    def make_check(footer: bytes) -> FooterCheck:
+        """The request, resolved against the first file's footer (the same on every rank)."""
+        first = reference(fs, listing.column("path")[0].as_py(), footer)
+        schema = _dataset_schema((first.path, first.schema), [], source.columns, fs)  # its own names
+        request = _resolve_request(schema, partitions, source.columns, source.filters)
+        resolved.append((first, request))
+        return FooterCheck(first, request.data_columns, request.filters, request.schema, partitions)
+
+    footers: dict[str, bytes] = {}
+    if got.cached is not None:
+        assert got.first_footer is not None
+        make_check(got.first_footer)
+        first, request = resolved[0]
+        table = _with_listing(listing, from_ipc(got.cached))
+    else:
+        lo, hi = _share_bounds(listing.num_rows, share.rank, share.size)
+        mine = listed_files(listing, lo, hi)
+        first_file = mine[0] if lo == 0 and mine else listed_files(listing, 0, 1)[0]
+        keep = listing.num_rows <= KEEP_FOOTERS_FILES
+        try:
+            result = read_share(
+                fs, mine, first_file, make_check, first_index=lo, fetch=fetch, keep_footers=keep
+            )
+            part, error = result.table, result.error
+        except Exception as exc:  # still take part in the exchange: no rank is left waiting
+            part, error = files_table([], footers=keep), SharedError(lo, type(exc).__name__, str(exc))
+        # Every rank has the listing: only what the footers said travels (rows, row groups).
+        slim = part.drop_columns(list(_LISTING_COLUMNS))
+        shares = [decode_share(buf) for buf in share.all_gather(encode_share(slim, error))]
+        errors = [e for _, e in shares if e is not None]
+        if errors:
+            raise min(errors, key=lambda e: e.index).exception()
+        for rank, (got_share, _) in enumerate(shares):
+            a, b = _share_bounds(listing.num_rows, rank, share.size)
+            if got_share.num_rows != b - a:
+                raise DiscoveryError(
+                    f"rank {rank} of {share.size} sent the footers of {got_share.num_rows} files, not "
+                    f"the {b - a} of its share: every rank must build the dataset with the same path "
+                    "and options"
+                )
+        joined = pa.concat_tables([t for t, _ in shares])
+        if keep:
+            buffers: list[Any] = joined.column(FOOTER_COLUMN).to_pylist()
+            names: list[Any] = listing.column("path").to_pylist()
+            footers = dict(zip(names, buffers, strict=True))
+            joined = joined.drop_columns([FOOTER_COLUMN])
+        table = _with_listing(listing, joined)
+        first, request = resolved[0]
+        cache = _cache_spec(source, fs, fetch) if share.rank == 0 else None
+        if cache is not None:
+            _write_cache(cache, table, key, first, fetch)
+    others = _other_schemas(table)
+    if others:
+        for other_path, other_schema in others:  # (the footer readers checked theirs already)
+            check_fields(fs, first, other_path, other_schema, request.data_columns)
+        schema = _dataset_schema((first.path, first.schema), others, source.columns, fs)
+        if not schema.equals(first.schema):  # NOT NULL in some files only: nullable
+            request = _resolve_request(schema, partitions, source.columns, source.filters)
+    files = file_infos(table)
+    expr = request.filters
+    if expr is not None and files and all(f.live_rows == 0 for f in files):
+        warnings.warn(
+            f"filters={expr} excludes every row group of the {len(files)} files by their "
+            "statistics: the dataset yields no rows",
+            UserWarning,
+            stacklevel=4,
+        )
+    return Discovered(
+        fs=fs,
+        format=FileFormat.PARQUET,
+        files=files,
+        partitions=partitions,
+        metadata=table,
+        extra={"parquet_footers": footers} if footers else {},
+        **request._asdict(),
+    )
+
+
+def _other_schemas(table: pa.Table) -> list[tuple[str, pa.Schema]]:
+    """``(path, schema)`` of the files whose schema differs from the first's (the ``schema`` column)."""
+    schemas = table.column("schema")
+    if schemas.null_count == len(schemas):
+        return []
+    rows = table.select(["path", "schema"]).filter(pc.is_valid(schemas)).to_pylist()
+    return [(row["path"], pa.ipc.read_schema(pa.py_buffer(row["schema"]))) for row in rows]
+
+
+def _write_cache(
+    cache: tuple[FileSystemSpec, str], table: pa.Table, key: CacheKey, first: Reference, fetch: FetchConfig
+) -> None:
+    """Write the metadata cache; a failure is a warning (the next start reads footers again)."""
+    cache_fs, cache_path = cache
+    try:
+        version = importlib.metadata.version("torch_dataloader_utils")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    try:
+        data = cache_bytes(table, key, first.path, first.footer, f"torch_dataloader_utils {version}")
+        save_cache(cache_fs, cache_path, data, fetch)
+    except (OSError, ValueError) as exc:
+        warnings.warn(
+            f"metadata_cache={cache_fs.display(cache_path)!r} could not be written "
+            f"({type(exc).__name__}: {exc}); the next start reads the footers again",
+            UserWarning,
+            stacklevel=5,
+        )
 
 
 def _discover_manifest(

@@ -46,12 +46,14 @@ class ListedFile:
         size: Size in bytes.
         mtime: Modification time (seconds) when known.
         base: The directory it was found under (for hive partition keys), or ``None``.
+        etag: The object store's entity tag when the listing reports one (S3, GCS...).
     """
 
     path: str
     size: int
     mtime: float | None
     base: str | None
+    etag: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,15 @@ def _is_glob(path: str) -> bool:
     return any(ch in _GLOB_CHARS for ch in path)
 
 
-def _walk_local(root: str) -> Iterable[tuple[str, int, float]]:
+def _etag(info: dict[str, Any]) -> str | None:
+    for key in ("ETag", "etag", "md5Hash"):
+        value = info.get(key)
+        if isinstance(value, str) and value:
+            return value.strip('"')
+    return None
+
+
+def _walk_local(root: str) -> Iterable[tuple[str, int, float, None]]:
     """Files under ``root``, following symlinks (directory cycles visited once)."""
     seen: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
@@ -96,7 +106,7 @@ def _walk_local(root: str) -> Iterable[tuple[str, int, float]]:
                 st = os.stat(full)  # follows symlinks
             except FileNotFoundError:  # dangling symlink
                 continue
-            yield full, st.st_size, st.st_mtime
+            yield full, st.st_size, st.st_mtime, None
 
 
 def remote_request(fs: FileSystemSpec, config: FetchConfig, path: str, call: Callable[[], _R]) -> _R:
@@ -125,13 +135,15 @@ def remote_request(fs: FileSystemSpec, config: FetchConfig, path: str, call: Cal
         ) from error
 
 
-def _list_dir(fs: FileSystemSpec, root: str, config: FetchConfig) -> Iterable[tuple[str, int, float | None]]:
+def _list_dir(
+    fs: FileSystemSpec, root: str, config: FetchConfig
+) -> Iterable[tuple[str, int, float | None, str | None]]:
     if fs.is_local:
         yield from _walk_local(root)
         return
     found = remote_request(fs, config, root, lambda: fs.fsspec().find(root, withdirs=False, detail=True))
     for path, info in found.items():
-        yield path, int(info.get("size") or 0), mtime_of(info)
+        yield path, int(info.get("size") or 0), mtime_of(info), _etag(info)
 
 
 def _exists(fs: FileSystemSpec, path: str, config: FetchConfig) -> bool:
@@ -169,7 +181,7 @@ def _list_one(fs: FileSystemSpec, path: str, config: FetchConfig) -> tuple[list[
             skipped += m_skipped
             # The glob's fixed prefix is the base of every match, so hive keys in the
             # matched part (data/year=*/...) are kept.
-            files.extend(ListedFile(f.path, f.size, f.mtime, base) for f in m_files)
+            files.extend(ListedFile(f.path, f.size, f.mtime, base, f.etag) for f in m_files)
         return files, skipped
     if fs.is_local:
         if os.path.isdir(path):
@@ -193,17 +205,21 @@ def _list_one(fs: FileSystemSpec, path: str, config: FetchConfig) -> tuple[list[
     if kind == "directory":
         files, skipped = [], 0
         root = path.rstrip("/")
-        for full, size, mtime in _list_dir(fs, root, config):
-            rel = posixpath.relpath(full.replace(os.sep, "/"), root.replace(os.sep, "/"))
+        posix_root = root.replace(os.sep, "/")
+        prefix = posix_root + "/"
+        for full, size, mtime, etag in _list_dir(fs, root, config):
+            posix = full.replace(os.sep, "/")
+            # The fast, common case first: a path under the root as listed (relpath is slow).
+            rel = posix[len(prefix) :] if posix.startswith(prefix) else posixpath.relpath(posix, posix_root)
             if _skip(rel):
                 skipped += 1
                 continue
-            files.append(ListedFile(full, size, mtime, root))
+            files.append(ListedFile(full, size, mtime, root, etag))
         return files, skipped
     if fs.is_local:
         st = os.stat(path)
         return [ListedFile(path, st.st_size, st.st_mtime, None)], 0
-    return [ListedFile(path, int(info.get("size") or 0), mtime_of(info), None)], 0
+    return [ListedFile(path, int(info.get("size") or 0), mtime_of(info), None, _etag(info))], 0
 
 
 def list_files(

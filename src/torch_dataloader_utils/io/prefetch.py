@@ -1,12 +1,18 @@
 """Remote bytes, fetched ahead and retried: ranged reads planned from Parquet footers.
 
-For every chunk the reader will read, the byte ranges it needs are known before any
-data is read: the footer's ``ColumnChunkMetaData`` gives the offset and compressed size
-of every column chunk, so a chunk needs exactly the projected columns of its unpruned
-row groups. :class:`ChunkSource` fetches those ranges (adjacent ones coalesced, large
-ones split, all in parallel) for the chunk being decoded and for the next chunks of
-the worker's plan, up to ``read_ahead_bytes`` of memory, and hands pyarrow a file that
-serves its reads from the fetched bytes.
+For every chunk the reader will read, the byte ranges it needs follow from the file's
+footer: its ``ColumnChunkMetaData`` gives the offset and compressed size of every
+column chunk, so a chunk needs exactly the projected columns of its unpruned row
+groups. :class:`ChunkSource` fetches, in the worker's plan order, the footer of each
+chunk's file (one request, kept for the next chunks of that file) and then those
+ranges (adjacent ones coalesced, large ones split, all in parallel), for the chunk
+being decoded and for the next chunks of the plan, up to ``read_ahead_bytes`` of
+memory and :data:`READ_AHEAD_CHUNKS` chunks, and hands pyarrow a file that serves its
+reads from the fetched bytes. A file no larger than one footer read is fetched whole in
+one request. Requests run on a small pool that always serves the earliest chunk of the
+plan first, so the first batch costs about one chunk's requests however many chunks
+are queued behind it; nothing is fetched before the chunk that needs it is within the
+read-ahead window.
 
 Every request goes through :func:`~torch_dataloader_utils.storage.fetch.fetch_range`:
 transient errors (HTTP 500/502/503/504, connection reset, timeouts) are retried with
@@ -17,24 +23,30 @@ the byte range. A failed chunk stops the iteration: no row is ever skipped.
 from __future__ import annotations
 
 import bisect
+import functools
 import io
+import itertools
 import os
+import queue
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from torch_dataloader_utils.config import FetchConfig
+from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
 from torch_dataloader_utils.storage.fetch import fetch_range
-from torch_dataloader_utils.storage.footers import read_footer
+from torch_dataloader_utils.storage.footers import FOOTER_READ_BYTES, NotParquetError, read_footer
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 
-__all__ = ["ChunkSource", "FetchStats", "coalesce", "column_ranges"]
+__all__ = ["ChunkSource", "FetchStats", "PlanOrderPool", "coalesce", "column_ranges"]
 
 COALESCE_HOLE = 4096
 """Two ranges closer than this are fetched as one (the gap is read and thrown away)."""
@@ -42,6 +54,13 @@ MAX_PART_BYTES = 8 * 1024**2
 """Larger ranges are split into parts of this size, fetched in parallel."""
 FETCH_THREADS = 8
 """Requests in flight at once per process."""
+READ_AHEAD_CHUNKS = 32
+"""Chunks of the plan fetched ahead of the one being read, at most (with small chunks
+the byte bound alone would start every chunk of the worker at once)."""
+FOOTER_CACHE_FILES = 1024
+"""Parsed footers kept per process (for the next chunks of the same files)."""
+
+R = TypeVar("R")
 
 
 def column_ranges(
@@ -94,12 +113,23 @@ def coalesce(
 
 @dataclass
 class FetchStats:
-    """Counters of one process's :class:`ChunkSource` (requests and bytes)."""
+    """Counters of one process's :class:`ChunkSource` (requests and bytes).
+
+    Attributes:
+        requests: Ranged requests for data (column chunks, whole small files).
+        bytes_fetched: Bytes those requests returned.
+        bytes_needed: Bytes of the column chunks the chunks needed.
+        misses: Reads pyarrow made outside the fetched ranges (fetched on demand).
+        footer_requests: Requests for footers (small files come whole instead).
+        footer_bytes: Bytes of those footer reads.
+    """
 
     requests: int = 0
     bytes_fetched: int = 0
     bytes_needed: int = 0
     misses: int = 0
+    footer_requests: int = 0
+    footer_bytes: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, nbytes: int) -> None:
@@ -107,6 +137,83 @@ class FetchStats:
         with self.lock:
             self.requests += 1
             self.bytes_fetched += nbytes
+
+
+class PlanOrderPool:
+    """Threads running submitted calls in priority order (lowest first; FIFO among equals).
+
+    The priority of a request is the position of its chunk in the plan, so the chunk
+    about to be read never waits behind requests for chunks far ahead. Threads start
+    on demand and end when the pool is shut down or garbage collected.
+
+    Args:
+        threads: Calls running at once.
+        name: Prefix of the threads' names.
+    """
+
+    def __init__(self, threads: int, name: str = "tdu-fetch") -> None:
+        self._queue: queue.PriorityQueue[tuple[float, int, Any]] = queue.PriorityQueue()
+        self._seq = itertools.count()
+        self._size = max(1, threads)
+        self._name = name
+        self._started = [0]  # threads started (a list: the finalizer reads it too)
+        self._closed = False
+        # The threads hold the queue, not the pool: a pool nobody holds is collected,
+        # and then its threads are told to stop.
+        self._finalizer = weakref.finalize(self, _stop_threads, self._queue, self._seq, self._started)
+
+    def submit(self, priority: float, fn: Callable[..., R], *args: Any) -> Future[R]:
+        """Run ``fn(*args)`` when no call of a lower priority is waiting.
+
+        Raises:
+            RuntimeError: the pool is shut down.
+        """
+        if self._closed:
+            raise RuntimeError("cannot schedule new requests after shutdown")
+        future: Future[R] = Future()
+        self._queue.put((priority, next(self._seq), (future, fn, args)))
+        if self._started[0] < self._size:
+            self._started[0] += 1
+            name = f"{self._name}-{self._started[0]}"
+            threading.Thread(target=_run_calls, args=(self._queue,), name=name, daemon=True).start()
+        return future
+
+    def shutdown(self) -> None:
+        """Cancel the waiting calls and stop the threads (running calls finish)."""
+        self._closed = True
+        self._finalizer()
+
+
+def _run_calls(calls: queue.PriorityQueue[tuple[float, int, Any]]) -> None:
+    while True:
+        _, _, item = calls.get()
+        if item is None:
+            return
+        future, fn, args = item
+        if not future.set_running_or_notify_cancel():
+            continue
+        try:
+            result = fn(*args)
+        except BaseException as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+        del future, fn, args, item
+
+
+def _stop_threads(
+    calls: queue.PriorityQueue[tuple[float, int, Any]], seq: Iterator[int], started: list[int]
+) -> None:
+    """Cancel the calls still waiting and send every thread a stop marker."""
+    while True:
+        try:
+            _, _, item = calls.get_nowait()
+        except queue.Empty:
+            break
+        if item is not None:
+            item[0].cancel()
+    for _ in range(started[0]):
+        calls.put((float("inf"), next(seq), None))
 
 
 class _SparseFile(io.RawIOBase):
@@ -157,14 +264,27 @@ class _SparseFile(io.RawIOBase):
 
 
 class _Fetch:
-    """The in-flight or finished requests of one chunk."""
+    """The requests of one chunk: its footer first (when not known yet), then its ranges.
 
-    def __init__(self, ranges: list[tuple[int, int]], futures: list[Future[bytes]], nbytes: int):
-        self.ranges = ranges
-        self.futures = futures
+    ``nbytes`` is an estimate (the chunk's row groups, all columns) until the footer is
+    known, then the bytes of the chunk's coalesced ranges.
+    """
+
+    def __init__(self, nbytes: int) -> None:
         self.nbytes = nbytes
+        self.ranges: list[tuple[int, int]] = []
+        self.futures: list[Future[bytes]] = []
+        self.whole: bytes | None = None
+        self.error: BaseException | None = None
+        self.cancelled = False
+        self.ready = threading.Event()
 
     def result(self) -> list[tuple[int, bytes]]:
+        self.ready.wait()
+        if self.error is not None:
+            raise self.error
+        if self.whole is not None:
+            return [(0, self.whole)]
         try:
             return [(r[0], f.result()) for r, f in zip(self.ranges, self.futures, strict=True)]
         except BaseException:
@@ -172,6 +292,7 @@ class _Fetch:
             raise
 
     def cancel(self) -> None:
+        self.cancelled = True
         for f in self.futures:
             f.cancel()
 
@@ -186,8 +307,8 @@ class ChunkSource:
         fs: The filesystem.
         files: File metadata (size, unpruned row groups) by path.
         columns: Top-level columns to read.
-        footers: Footer buffers by path (as :func:`read_footer` returns); a missing one
-            is fetched on first use.
+        footers: Footer buffers by path (as :func:`read_footer` returns), when already
+            read; any other footer is fetched when a chunk of its file is first fetched.
         config: Read-ahead bound and retries.
         threads: Requests in flight at once.
     """
@@ -212,8 +333,10 @@ class ChunkSource:
 
     def _reset(self) -> None:
         self._pid = os.getpid()
-        self._pool: ThreadPoolExecutor | None = None
-        self._metadata: dict[str, pq.FileMetaData] = {}
+        self._pool: PlanOrderPool | None = None
+        self._metadata: OrderedDict[str, pq.FileMetaData] = OrderedDict()
+        self._loading: dict[str, Future[pq.FileMetaData]] = {}
+        self._meta_lock = threading.Lock()
         self._plan: list[Chunk] = []
         self._cursor = 0
         self._pending: dict[int, _Fetch] = {}
@@ -230,29 +353,98 @@ class ChunkSource:
         self._reset()
 
     # -- per-process state --------------------------------------------------------
-    def _executor(self) -> ThreadPoolExecutor:
-        if self._pid != os.getpid():  # forked with live state: start clean
+    def _check_process(self) -> None:
+        """Start clean in a process forked with this source's state (a DataLoader worker)."""
+        if self._pid != os.getpid():
             self._reset()
+
+    def _executor(self) -> PlanOrderPool:
+        self._check_process()
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="tdu-fetch")
+            self._pool = PlanOrderPool(self._threads)
         return self._pool
 
-    def metadata(self, path: str) -> pq.FileMetaData:
-        """The footer of ``path`` (parsed once per process)."""
-        meta = self._metadata.get(path)
-        if meta is None:
-            footer = self._footers.get(path)
-            if footer is None:
-                footer = read_footer(self.fs, path, self._files[path].size, self.config)
-                self._footers[path] = footer
-            meta = pq.read_metadata(pa.BufferReader(footer))
+    # -- footers --------------------------------------------------------------------
+    def _remember(self, path: str, meta: pq.FileMetaData) -> None:
+        with self._meta_lock:
             self._metadata[path] = meta
+            self._metadata.move_to_end(path)
+            while len(self._metadata) > FOOTER_CACHE_FILES:
+                self._metadata.popitem(last=False)
+
+    def _known(self, path: str) -> pq.FileMetaData | None:
+        with self._meta_lock:
+            meta = self._metadata.get(path)
+            if meta is not None:
+                self._metadata.move_to_end(path)
+            return meta
+
+    def _parse(self, path: str, footer: bytes) -> pq.FileMetaData:
+        try:
+            meta = pq.read_metadata(pa.BufferReader(footer))
+        except (OSError, pa.ArrowException) as exc:
+            raise ReadError(
+                f"the footer of {self.fs.display(path)!r} cannot be read ({exc}); the file changed "
+                "since the dataset was built: build the dataset again"
+            ) from exc
+        self._remember(path, meta)
         return meta
+
+    def _load_footer(self, path: str) -> pq.FileMetaData:
+        footer = self._footers.pop(path, None)
+        if footer is None:
+            size = self._files[path].size
+            try:
+                footer = read_footer(self.fs, path, size, self.config, on_request=self._footer_request)
+            except NotParquetError as exc:
+                raise ReadError(
+                    f"{self.fs.display(path)!r} has no Parquet footer any more ({exc}); the file "
+                    "changed since the dataset was built: build the dataset again"
+                ) from exc
+        return self._parse(path, footer)
+
+    def _footer_request(self, nbytes: int) -> None:
+        with self.stats.lock:
+            self.stats.footer_requests += 1
+            self.stats.footer_bytes += nbytes
+
+    def _footer_future(self, path: str, priority: float) -> Future[pq.FileMetaData]:
+        """The footer of ``path``: known, being fetched, or fetched now at ``priority``."""
+        meta = self._known(path)
+        if meta is not None:
+            done: Future[pq.FileMetaData] = Future()
+            done.set_result(meta)
+            return done
+        loading = self._loading.get(path)
+        if loading is None or loading.cancelled():
+            loading = self._executor().submit(priority, self._load_footer, path)
+            self._loading[path] = loading
+            loading.add_done_callback(functools.partial(self._loaded, path))
+        return loading
+
+    def _loaded(self, path: str, _future: Future[pq.FileMetaData]) -> None:
+        self._loading.pop(path, None)
+
+    def metadata(self, path: str) -> pq.FileMetaData:
+        """The footer of ``path`` (fetched on first use, parsed once per process).
+
+        Raises:
+            ReadError: it could not be fetched or parsed.
+        """
+        meta = self._known(path)
+        if meta is not None:
+            return meta
+        if path in self._footers:
+            return self._parse(path, self._footers.pop(path))
+        return self._footer_future(path, -1).result()
 
     def needed_ranges(self, chunk: Chunk) -> list[tuple[int, int]]:
         """The column-chunk byte ranges ``chunk`` needs (before coalescing)."""
+        return self._ranges_of(chunk, self.metadata(chunk.path))
+
+    def _ranges_of(self, chunk: Chunk, meta: pq.FileMetaData) -> list[tuple[int, int]]:
         groups = self._files[chunk.path].groups_in(chunk.start, chunk.stop)
-        return column_ranges(self.metadata(chunk.path), [g.index for g in groups], self._columns)
+        return column_ranges(meta, [g.index for g in groups], self._columns)
 
     # -- fetching -------------------------------------------------------------------
     def _fetch(self, path: str, start: int, stop: int) -> bytes:
@@ -261,17 +453,90 @@ class ChunkSource:
             self.fs, path, start, stop, size=size, config=self.config, on_request=self.stats.add
         )
 
-    def _start(self, chunk: Chunk) -> _Fetch:
-        needed = self.needed_ranges(chunk)
-        ranges = coalesce(needed)
+    def _estimate(self, chunk: Chunk) -> int:
+        """Bytes ``chunk`` will fetch: exact when its footer is known, else its row groups' size."""
+        meta = self._known(chunk.path)
+        if meta is not None:
+            return sum(hi - lo for lo, hi in coalesce(self._ranges_of(chunk, meta)))
+        info = self._files[chunk.path]
+        if info.size <= FOOTER_READ_BYTES:
+            return info.size
+        return sum(g.num_bytes for g in info.groups_in(chunk.start, chunk.stop))
+
+    def _start(self, chunk: Chunk, priority: float) -> _Fetch:
+        """Start fetching ``chunk``: its footer if needed, then its ranges (in plan order)."""
         pool = self._executor()
-        futures = [pool.submit(self._fetch, chunk.path, lo, hi) for lo, hi in ranges]
+        fetch = _Fetch(self._estimate(chunk))
+        path = chunk.path
+        size = self._files[path].size
+        if self._known(path) is None and path not in self._footers and size <= FOOTER_READ_BYTES:
+            # A small file: one request brings its footer and every column chunk.
+            future = pool.submit(priority, self._fetch_whole, chunk, fetch)
+            future.add_done_callback(lambda f: self._whole_done(f, fetch))
+            return fetch
+        if path in self._footers:
+            footer: Future[pq.FileMetaData] = Future()
+            try:
+                footer.set_result(self._parse(path, self._footers.pop(path)))
+            except ReadError as exc:
+                footer.set_exception(exc)
+        else:
+            footer = self._footer_future(path, priority)
+        footer.add_done_callback(lambda f: self._footer_done(f, chunk, fetch, priority))
+        return fetch
+
+    def _fetch_whole(self, chunk: Chunk, fetch: _Fetch) -> bytes:
+        data = self._fetch(chunk.path, 0, self._files[chunk.path].size)
+        meta = self._known(chunk.path)
+        if meta is None:
+            length = int.from_bytes(data[-8:-4], "little") if len(data) >= 12 else -1
+            if data[-4:] != b"PAR1" or not 0 <= length <= len(data) - 12:
+                raise ReadError(
+                    f"{self.fs.display(chunk.path)!r} has no Parquet footer any more; the file "
+                    "changed since the dataset was built: build the dataset again"
+                )
+            meta = self._parse(chunk.path, b"PAR1" + data[-(length + 8) :])
+        needed = self._ranges_of(chunk, meta)
         with self.stats.lock:
             self.stats.bytes_needed += sum(hi - lo for lo, hi in needed)
-        return _Fetch(ranges, futures, sum(hi - lo for lo, hi in ranges))
+        fetch.nbytes = len(data)
+        return data
+
+    @staticmethod
+    def _whole_done(future: Future[bytes], fetch: _Fetch) -> None:
+        try:
+            fetch.whole = future.result()
+        except BaseException as exc:
+            fetch.error = exc
+        finally:
+            fetch.ready.set()
+
+    def _footer_done(
+        self, footer: Future[pq.FileMetaData], chunk: Chunk, fetch: _Fetch, priority: float
+    ) -> None:
+        """The footer of ``chunk`` is known: start its ranges (runs on a pool thread)."""
+        try:
+            meta = footer.result()
+            if fetch.cancelled:
+                raise RuntimeError("the chunk's fetch was cancelled")
+            needed = self._ranges_of(chunk, meta)
+            ranges = coalesce(needed)
+            with self.stats.lock:
+                self.stats.bytes_needed += sum(hi - lo for lo, hi in needed)
+            fetch.nbytes = sum(hi - lo for lo, hi in ranges)
+            pool = self._pool
+            if pool is None:
+                raise RuntimeError("the fetch pool was closed")
+            fetch.ranges = ranges
+            fetch.futures = [pool.submit(priority, self._fetch, chunk.path, lo, hi) for lo, hi in ranges]
+        except BaseException as exc:
+            fetch.error = exc
+        finally:
+            fetch.ready.set()
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks about to be read, in order: they are fetched ahead."""
+        self._check_process()
         for fetch in self._pending.values():
             fetch.cancel()
         self._plan = list(chunks)
@@ -281,16 +546,17 @@ class ChunkSource:
     def _read_ahead(self, first: int) -> None:
         budget = self.config.read_ahead_bytes
         used = sum(f.nbytes for f in self._pending.values())
-        for i in range(first, len(self._plan)):
+        last = min(len(self._plan), first + READ_AHEAD_CHUNKS)
+        for i in range(first, last):
             if i in self._pending:
                 continue
             if used >= budget:
                 return
             chunk = self._plan[i]
-            estimate = sum(hi - lo for lo, hi in coalesce(self.needed_ranges(chunk)))
+            estimate = self._estimate(chunk)
             if used + estimate > budget:
                 return
-            self._pending[i] = self._start(chunk)
+            self._pending[i] = self._start(chunk, i)
             used += estimate
 
     def open(self, chunk: Chunk) -> pq.ParquetFile:
@@ -309,13 +575,13 @@ class ChunkSource:
                 index = i
                 break
         if index is None:
-            fetch = self._start(chunk)
+            fetch = self._start(chunk, -1)
         else:
             for stale in [i for i in self._pending if i < index]:
                 self._pending.pop(stale).cancel()
             self._cursor = index + 1
             pending = self._pending.pop(index, None)
-            fetch = pending if pending is not None else self._start(chunk)
+            fetch = pending if pending is not None else self._start(chunk, index)
             self._read_ahead(index + 1)
         data = fetch.result()
         size = self._files[chunk.path].size
@@ -338,5 +604,5 @@ class ChunkSource:
             fetch.cancel()
         self._pending = {}
         if self._pool is not None and self._pid == os.getpid():
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()
         self._pool = None

@@ -83,6 +83,7 @@ class PlannedDataset(IterableDataset[Any]):
         options: Options,
         row_count_issue: str | None,
         identity: Mapping[str, Any],
+        table: FileTable | None = None,
     ) -> None:
         super().__init__()
         batching, shuffle = options.batching, options.shuffle
@@ -106,7 +107,10 @@ class PlannedDataset(IterableDataset[Any]):
         strategy = repr(options.strategy)
         if " at 0x" in strategy:
             strategy = f"{type(options.strategy).__module__}.{type(options.strategy).__qualname__}"
-        self._table = FileTable.from_infos(self._files)
+        # ``table``: the same files as columns when discovery has them (no pass over objects).
+        if table is not None and len(table) != len(self._files):
+            raise ValueError(f"a file table of {len(table)} files for {len(self._files)} files")
+        self._table = table if table is not None else FileTable.from_infos(self._files)
         self._state = ResumeTracker(
             self._table,
             {

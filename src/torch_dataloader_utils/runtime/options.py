@@ -191,6 +191,13 @@ class FileReadOptions(ReadOptions, total=False):
     Without it, a record found spanning lines raises ``RecordBoundaryError``."""
     count_cache_dir: str | os.PathLike[str] | None
     """Also keep text counts in this directory across processes and runs."""
+    metadata_cache: str | os.PathLike[str] | None
+    """Parquet: a file (local path or URL such as ``"s3://bucket/cache/train.arrow"``)
+    keeping the files' metadata (rows, row groups) across runs, so a restarted job reads
+    no footers. Valid while the listing (paths, sizes, modification times, ETags)
+    matches it; otherwise it is ignored with a warning and rewritten. Not used for a
+    directory read from its reshard manifest (``use_manifest``), which needs neither
+    listing nor footers. Default ``None``."""
     use_manifest: bool | None
     """Parquet: plan a directory written by ``reshard`` from its ``_manifest.json`` (one
     request: no listing, no footer reads). ``None`` (default) uses the manifest when
@@ -305,6 +312,7 @@ _COERCE: dict[str, Callable[[Any], object]] = {
     "split_bytes": lambda v: parse_size(v, "split_bytes"),
     "read_ahead_bytes": parse_read_ahead,
     "count_cache_dir": _fspath,
+    "metadata_cache": _fspath,
 }
 
 C = TypeVar("C")
@@ -374,7 +382,9 @@ def build_options(
 
 def file_source(format: object, given: Mapping[str, object]) -> FileSourceConfig:
     """The source options of a file dataset, from the flat keywords."""
-    return _pick(FileSourceConfig, given, format=coerce_format(format))
+    names = {f.name for f in dataclasses.fields(FileSourceConfig)}
+    values = {k: _COERCE[k](v) if k in _COERCE and k in names else v for k, v in given.items()}
+    return _pick(FileSourceConfig, values, format=coerce_format(format))
 
 
 def iceberg_source(table: str, given: Mapping[str, object]) -> IcebergSourceConfig:

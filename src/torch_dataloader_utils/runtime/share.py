@@ -1,13 +1,16 @@
-"""Reading metadata once per job: rank 0 reads, every other rank receives it.
+"""Collectives for metadata: rank 0 reads and broadcasts; every rank reads a share and all gather.
 
 With an initialized ``torch.distributed`` process group of more than one rank,
-:func:`from_rank0` runs the metadata read on rank 0 only and broadcasts the result
-(``broadcast_object_list`` over a gloo group, so it works beside NCCL too). An error on
-rank 0 is broadcast as well and raised on every rank, so no rank is left waiting.
-Without a process group each rank reads for itself, and plans stay identical because
+:func:`from_rank0` runs a read on rank 0 only and broadcasts the result
+(``broadcast_object_list`` over a gloo group, so it works beside NCCL too), and
+:class:`TorchExchange` adds :meth:`~TorchExchange.all_gather` of byte buffers (Arrow
+IPC): each rank reads the footers of its share of the files and every rank receives
+all shares. An error on one rank travels with the results and is raised on every rank,
+so no rank is left waiting. Without a process group each rank reads for itself
+(:func:`exchange` returns discovery's ``LOCAL``), and plans stay identical because
 planning depends on values alone.
 
-Every rank must build its dataset (the broadcast is a collective call).
+Every rank must build its dataset (these are collective calls).
 """
 
 from __future__ import annotations
@@ -17,13 +20,15 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar
 
+import torch
 import torch.distributed as dist
 
+from torch_dataloader_utils.discovery.exchange import LOCAL, Exchange
 from torch_dataloader_utils.errors import DistributedConfigError, RankFailedError
 from torch_dataloader_utils.plan.types import World
 from torch_dataloader_utils.runtime import env
 
-__all__ = ["all_gather", "all_ok", "from_rank0", "job_world"]
+__all__ = ["TorchExchange", "all_gather", "all_ok", "exchange", "from_rank0", "job_world"]
 
 T = TypeVar("T")
 
@@ -65,6 +70,51 @@ def from_rank0(read: Callable[[], T]) -> T:
     if not ok:
         raise payload
     return payload  # type: ignore[no-any-return]
+
+
+class TorchExchange:
+    """The :class:`~torch_dataloader_utils.discovery.exchange.Exchange` of the default process group.
+
+    Buffers travel as uint8 tensors over gloo (a gloo group is made beside NCCL): the
+    sizes first (one int64 per rank), then every buffer padded to the largest.
+    """
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the default group."""
+        return int(dist.get_rank())
+
+    @property
+    def size(self) -> int:
+        """The default group's size."""
+        return int(dist.get_world_size())
+
+    def from_rank0(self, read: Callable[[], T]) -> T:
+        """See :func:`from_rank0`."""
+        return from_rank0(read)
+
+    def all_gather(self, payload: bytes) -> list[bytes]:
+        """Every rank's ``payload``, in rank order, on every rank."""
+        group = _gloo_group()
+        size = self.size
+        mine = torch.tensor([len(payload)], dtype=torch.int64)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
+        dist.all_gather(sizes, mine, group=group)
+        lengths = [int(t.item()) for t in sizes]
+        longest = max(lengths)
+        if longest == 0:
+            return [b"" for _ in range(size)]
+        buffer = torch.zeros(longest, dtype=torch.uint8)
+        if payload:
+            buffer[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        received = [torch.empty(longest, dtype=torch.uint8) for _ in range(size)]
+        dist.all_gather(received, buffer, group=group)
+        return [t[:n].numpy().tobytes() for t, n in zip(received, lengths, strict=True)]
+
+
+def exchange() -> Exchange:
+    """The exchange of this process: over the process group when one of several ranks is up."""
+    return TorchExchange() if _grouped() else LOCAL
 
 
 def _grouped() -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch_dataloader_utils.config import FetchConfig
 from torch_dataloader_utils.storage.fetch import fetch_range
 from torch_dataloader_utils.storage.fs import FileSystemSpec
@@ -16,8 +18,16 @@ class NotParquetError(ValueError):
     """The bytes at a file's end are not a Parquet footer."""
 
 
-def read_footer(fs: FileSystemSpec, path: str, size: int, config: FetchConfig) -> bytes:
+def read_footer(
+    fs: FileSystemSpec,
+    path: str,
+    size: int,
+    config: FetchConfig,
+    on_request: Callable[[int], None] | None = None,
+) -> bytes:
     """The file's footer, usually in one ranged request of its last ``FOOTER_READ_BYTES``.
+
+    ``on_request`` is called with the bytes received after every request.
 
     Returns:
         A small buffer that pyarrow reads as a Parquet file with no row data
@@ -31,7 +41,14 @@ def read_footer(fs: FileSystemSpec, path: str, size: int, config: FetchConfig) -
     if size < 12:
         raise NotParquetError(f"{size} bytes is too small for a Parquet file")
     tail = fetch_range(
-        fs, path, max(0, size - FOOTER_READ_BYTES), size, size=size, config=config, metadata=True
+        fs,
+        path,
+        max(0, size - FOOTER_READ_BYTES),
+        size,
+        size=size,
+        config=config,
+        metadata=True,
+        on_request=on_request,
     )
     if tail[-4:] != b"PAR1":
         what = "an encrypted footer" if tail[-4:] == b"PARE" else f"magic bytes {tail[-4:]!r}"
@@ -41,7 +58,14 @@ def read_footer(fs: FileSystemSpec, path: str, size: int, config: FetchConfig) -
         raise NotParquetError(f"the footer length {length} does not fit in a file of {size} bytes")
     if length + 8 > len(tail):
         head = fetch_range(
-            fs, path, size - 8 - length, size - len(tail), size=size, config=config, metadata=True
+            fs,
+            path,
+            size - 8 - length,
+            size - len(tail),
+            size=size,
+            config=config,
+            metadata=True,
+            on_request=on_request,
         )
         tail = head + tail
     return b"PAR1" + tail[-(length + 8) :]

@@ -27,7 +27,7 @@ import pyarrow.fs as pafs
 from torch_dataloader_utils.errors import ConfigError
 from torch_dataloader_utils.storage.redact import RedactedRepr, redact
 
-__all__ = ["FileSystemSpec", "check_storage_options", "native_s3_options", "resolve"]
+__all__ = ["METADATA_CONCURRENCY", "FileSystemSpec", "check_storage_options", "native_s3_options", "resolve"]
 
 _LOCAL = frozenset({"file", "local"})
 _S3 = frozenset({"s3", "s3a"})
@@ -36,6 +36,10 @@ _HANDLES: OrderedDict[tuple[int, str, str], Any] = OrderedDict()
 _HANDLES_LOCK = threading.Lock()
 _OPEN_HANDLES = 256
 """Open native input files kept per process: opening one costs a HEAD request on S3."""
+METADATA_CONCURRENCY = 64
+"""Metadata requests (Parquet footers) in flight at once per process, and so the size of
+the s3fs (botocore) connection pool, which is 10 unless ``storage_options`` set
+``config_kwargs={"max_pool_connections": N}``: a smaller pool would queue the requests."""
 
 # s3fs options that only tune s3fs itself (caches, block sizes): the native client
 # does not need them, so they do not stop it from being used.
@@ -117,6 +121,15 @@ def native_s3_options(options: Mapping[str, Any]) -> dict[str, Any] | None:
     # one attempt per call here, so a failure is not retried twice over.
     out["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=1)
     return out
+
+
+def _with_pool(options: dict[str, Any], connections: int) -> dict[str, Any]:
+    """s3fs ``options`` whose connection pool holds ``connections`` (unless the user set one)."""
+    config = dict(options.get("config_kwargs") or {})
+    if "max_pool_connections" in config:
+        return options
+    config["max_pool_connections"] = connections
+    return {**options, "config_kwargs": config}
 
 
 @dataclass(frozen=True, repr=False)
@@ -207,9 +220,10 @@ class FileSystemSpec(RedactedRepr):
         if client is None:
             # skip_instance_cache: never reuse an instance that came over a fork (a user's
             # own skip_instance_cache is overridden, not passed twice).
-            client = fsspec.filesystem(
-                self.protocol, **{**self._client_options(), "skip_instance_cache": True}
-            )
+            options = {**self._client_options(), "skip_instance_cache": True}
+            if self.protocol in _S3:
+                options = _with_pool(options, METADATA_CONCURRENCY)
+            client = fsspec.filesystem(self.protocol, **options)
             if self.protocol in _S3 and self.timeout is not None:
                 client.retries = 1  # s3fs's own retry loop: the library's retries replace it
             _CLIENTS[key] = client

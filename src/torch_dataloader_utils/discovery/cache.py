@@ -1,0 +1,207 @@
+"""The metadata cache: a restarted job skips reading footers.
+
+``metadata_cache="PATH or URL"`` names one file (local, or on any fsspec store such as
+``s3://bucket/cache/train.arrow``). It is an Arrow IPC file holding the files table
+(:data:`~.metadata.FILES_SCHEMA`: path, size, mtime, ETag, rows, unpruned row groups)
+and, in its schema metadata, what it was built for:
+
+================================  ===================================================
+``tdu.kind``                      ``torch_dataloader_utils/parquet-metadata``
+``tdu.version``                   the format version (:data:`CACHE_VERSION`)
+``tdu.created_by``                the library version that wrote it
+``tdu.filters``                   the row filter it was pruned with (``""``: none)
+``tdu.partitioning``              ``"hive"`` or ``""``
+``tdu.first_path``                the first file, whose schema is the dataset's
+``tdu.first_footer``              that file's Parquet footer (a few KB)
+================================  ===================================================
+
+It is valid when the listing matches it exactly: the same paths, sizes, modification
+times and ETags (a vectorized comparison of four columns; the listing itself is still
+read, one request per 1,000 files on object stores). Otherwise, or when it cannot be
+read, it is ignored with a ``UserWarning`` naming it, the footers are read again and
+the file is rewritten. It is written whole, atomically: a temporary file renamed over
+it on a local disk, one ``PUT`` on an object store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from torch_dataloader_utils.config import FetchConfig
+from torch_dataloader_utils.discovery.metadata import FILES_SCHEMA
+from torch_dataloader_utils.storage.fetch import GaveUp, retry_call
+from torch_dataloader_utils.storage.fs import FileSystemSpec
+
+__all__ = ["CACHE_KIND", "CACHE_VERSION", "CacheHit", "CacheKey", "cache_bytes", "load_cache", "save_cache"]
+
+CACHE_KIND = "torch_dataloader_utils/parquet-metadata"
+CACHE_VERSION = 1
+"""Bumped whenever the cache's columns or metadata change meaning."""
+
+_LISTING_COLUMNS = ("path", "size", "mtime", "etag")
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """What a cache's content depends on besides the listing.
+
+    Attributes:
+        filters: The row filter as text (``""``: none); row groups are pruned by it.
+        partitioning: ``"hive"`` or ``""`` (partition values prune whole files).
+    """
+
+    filters: str
+    partitioning: str
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    """A valid cache: the files table (matching the listing) and the first file's footer."""
+
+    table: pa.Table
+    first_path: str
+    first_footer: bytes
+
+
+def _describe_change(cached: pa.Table, listing: pa.Table) -> str | None:
+    """Why ``cached`` does not match ``listing`` (``None`` when it does)."""
+    if cached.num_rows != listing.num_rows or not cached.column("path").equals(listing.column("path")):
+        old: set[Any] = set(cached.column("path").to_pylist())
+        new: list[Any] = listing.column("path").to_pylist()
+        added = [p for p in new if p not in old]
+        removed = sorted(old - set(new))
+        parts = [f"the listing has {listing.num_rows} files, the cache {cached.num_rows}"]
+        if added:
+            parts.append(f"{len(added)} new (first {added[0]!r})")
+        if removed:
+            parts.append(f"{len(removed)} gone (first {removed[0]!r})")
+        return "; ".join(parts)
+    for name in ("size", "mtime", "etag"):
+        if cached.column(name).equals(listing.column(name)):
+            continue
+        was: list[object] = cached.column(name).to_pylist()
+        now: list[object] = listing.column(name).to_pylist()
+        changed = [i for i, (a, b) in enumerate(zip(was, now, strict=True)) if a != b]
+        if not changed:
+            continue
+        first = changed[0]
+        path = listing.column("path")[first].as_py()
+        return (
+            f"{len(changed)} file(s) changed {name} since it was written (first {path!r}: "
+            f"{was[first]!r} -> {now[first]!r})"
+        )
+    return None
+
+
+def _read(fs: FileSystemSpec, path: str, config: FetchConfig) -> bytes:
+    if fs.is_local:
+        with open(path, "rb") as f:
+            return f.read()
+    try:  # one GET, retried within the request's time budget
+        return bytes(retry_call(lambda: fs.fsspec().cat_file(path), config))
+    except GaveUp as failed:
+        if isinstance(failed.error, FileNotFoundError):
+            raise failed.error from None
+        raise OSError(f"reading it failed {failed.how(config)}") from failed.error
+
+
+def load_cache(
+    fs: FileSystemSpec, path: str, listing: pa.Table, key: CacheKey, fetch: FetchConfig | None = None
+) -> CacheHit | str | None:
+    """The cache at ``path`` if it is valid for ``listing`` and ``key``.
+
+    Returns:
+        A :class:`CacheHit`; ``None`` when there is no cache file yet; else a sentence
+        saying why it is ignored (stale, written for another request, unreadable).
+    """
+    shown = fs.display(path)
+    try:
+        data = _read(fs, path, fetch or FetchConfig())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return f"metadata_cache={shown!r} cannot be read ({type(exc).__name__}: {exc})"
+    try:
+        table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        return f"metadata_cache={shown!r} is not a metadata cache file or is damaged ({exc})"
+    meta = {k.decode(): v for k, v in (table.schema.metadata or {}).items()}
+    kind = meta.get("tdu.kind", b"").decode(errors="replace")
+    if kind != CACHE_KIND:
+        return (
+            f"metadata_cache={shown!r} is not a metadata cache file (kind {kind!r}, expected {CACHE_KIND!r})"
+        )
+    version = meta.get("tdu.version", b"").decode(errors="replace")
+    if version != str(CACHE_VERSION):
+        return f"metadata_cache={shown!r} has format version {version!r}; this version reads {CACHE_VERSION}"
+    if not table.schema.remove_metadata().equals(FILES_SCHEMA):
+        return f"metadata_cache={shown!r} has unexpected columns {table.schema.names}"
+    for field, wanted in (("filters", key.filters), ("partitioning", key.partitioning)):
+        was = meta.get(f"tdu.{field}", b"").decode(errors="replace")
+        if was != wanted:
+            return f"metadata_cache={shown!r} was written for {field}={was or None!r}, not {wanted or None!r}"
+    table = table.replace_schema_metadata(None)
+    change = _describe_change(table.select(_LISTING_COLUMNS), listing.select(_LISTING_COLUMNS))
+    if change is not None:
+        return f"metadata_cache={shown!r} is stale: {change}"
+    first_path = meta.get("tdu.first_path", b"").decode()
+    first_footer = meta.get("tdu.first_footer")
+    if not first_footer or first_path != listing.column("path")[0].as_py():
+        return f"metadata_cache={shown!r} is damaged (no footer of the first file)"
+    return CacheHit(table, first_path, bytes(first_footer))
+
+
+def cache_bytes(
+    table: pa.Table, key: CacheKey, first_path: str, first_footer: bytes, created_by: str
+) -> bytes:
+    """The cache file's content."""
+    meta: dict[str, str] = {
+        "tdu.kind": CACHE_KIND,
+        "tdu.version": str(CACHE_VERSION),
+        "tdu.created_by": created_by,
+        "tdu.filters": key.filters,
+        "tdu.partitioning": key.partitioning,
+        "tdu.first_path": first_path,
+    }
+    # Binary metadata values: pyarrow keeps them as bytes.
+    metadata: dict[bytes, bytes] = {k.encode(): v.encode() for k, v in meta.items()}
+    metadata[b"tdu.first_footer"] = first_footer
+    table = table.cast(FILES_SCHEMA).replace_schema_metadata(metadata)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()  # type: ignore[no-any-return]
+
+
+def save_cache(fs: FileSystemSpec, path: str, data: bytes, fetch: FetchConfig | None = None) -> None:
+    """Write the cache file at ``path`` atomically (temporary file + rename; one PUT remotely).
+
+    Raises:
+        OSError: it could not be written.
+    """
+    if not fs.is_local:
+        config = fetch or FetchConfig()
+        try:  # one PUT, retried within the request's time budget
+            retry_call(lambda: fs.fsspec().pipe_file(path, data), config)
+        except GaveUp as failed:
+            raise OSError(f"writing it failed {failed.how(config)}") from failed.error
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tdu-metadata-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
