@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.base import OpenFiles
 from torch_dataloader_utils.io.finish import BatchFinisher
-from torch_dataloader_utils.io.prefetch import ChunkSource
+from torch_dataloader_utils.io.prefetch import ChunkSource, FetchStats, column_ranges
 from torch_dataloader_utils.plan.types import Chunk, FileInfo, RowGroup
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.partitions import Partitions
@@ -65,6 +65,7 @@ class ParquetReader:
         self._open = OpenFiles(self._open_parquet)
         # Remote files: bytes come from the source (read-ahead, retries); see io/prefetch.py.
         self._source = source
+        self._local_stats = FetchStats()
         # Files counted by discovery.counts: row positions count only rows that pass the
         # filter, so a row group is filtered first and sliced after.
         self._filtered_positions = filtered_positions
@@ -73,6 +74,15 @@ class ParquetReader:
         """Announce the chunks this process reads next, in order (remote read-ahead)."""
         if self._source is not None:
             self._source.schedule(chunks)
+
+    def io_totals(self) -> tuple[int, int, int, int, float]:
+        """``(bytes_fetched, bytes_needed, requests, retries, wait_sec)`` of this process so far.
+
+        Remote files: what the :class:`ChunkSource` fetched. Local files: the column
+        chunks read (fetched = needed; no requests; waiting for the disk is part of decoding).
+        """
+        stats = self._source.stats if self._source is not None else self._local_stats
+        return stats.totals()
 
     def _open_parquet(self, path: str) -> pq.ParquetFile:
         return pq.ParquetFile(path, filesystem=self._fs.arrow())
@@ -84,7 +94,13 @@ class ParquetReader:
         if not groups:
             return
         try:
-            pf = self._source.open(chunk) if self._source is not None else self._open.get(chunk.path)
+            if self._source is not None:
+                pf = self._source.open(chunk)
+            else:
+                pf = self._open.get(chunk.path)
+                needed = column_ranges(pf.metadata, [g.index for g in groups], self._data_columns)
+                nbytes = sum(hi - lo for lo, hi in needed)
+                self._local_stats.read(nbytes, nbytes)
             if self._filtered_positions:
                 yield from self._read_filtered(pf, chunk, groups)
                 return

@@ -20,6 +20,7 @@ import bisect
 import io
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -94,19 +95,53 @@ def coalesce(
 
 @dataclass
 class FetchStats:
-    """Counters of one process's :class:`ChunkSource` (requests and bytes)."""
+    """I/O counters of a reader in one process (cumulative; a worker reports differences).
+
+    Attributes:
+        requests: Successful requests (ranged reads) to storage.
+        bytes_fetched: Bytes those requests returned (coalescing gaps included).
+        bytes_needed: Bytes of the column chunks (or byte ranges) the chunks needed.
+        misses: Reads outside the fetched ranges, fetched on demand.
+        retries: Requests retried after a transient error.
+        wait_sec: Seconds the reading thread waited for bytes from storage.
+    """
 
     requests: int = 0
     bytes_fetched: int = 0
     bytes_needed: int = 0
     misses: int = 0
+    retries: int = 0
+    wait_sec: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("lock")  # a lock does not pickle (spawned workers); made again below
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.Lock()
 
     def add(self, nbytes: int) -> None:
         """Count one successful request of ``nbytes``."""
         with self.lock:
             self.requests += 1
             self.bytes_fetched += nbytes
+
+    def retry(self) -> None:
+        """Count one retried request."""
+        with self.lock:
+            self.retries += 1
+
+    def read(self, fetched: int, needed: int) -> None:
+        """Count bytes read without requests of their own (a local file): fetched and needed."""
+        self.bytes_fetched += fetched
+        self.bytes_needed += needed
+
+    def totals(self) -> tuple[int, int, int, int, float]:
+        """``(bytes_fetched, bytes_needed, requests, retries, wait_sec)`` so far."""
+        return (self.bytes_fetched, self.bytes_needed, self.requests, self.retries, self.wait_sec)
 
 
 class _SparseFile(io.RawIOBase):
@@ -258,7 +293,14 @@ class ChunkSource:
     def _fetch(self, path: str, start: int, stop: int) -> bytes:
         size = self._files[path].size
         return fetch_range(
-            self.fs, path, start, stop, size=size, config=self.config, on_request=self.stats.add
+            self.fs,
+            path,
+            start,
+            stop,
+            size=size,
+            config=self.config,
+            on_request=self.stats.add,
+            on_retry=self.stats.retry,
         )
 
     def _start(self, chunk: Chunk) -> _Fetch:
@@ -317,13 +359,20 @@ class ChunkSource:
             pending = self._pending.pop(index, None)
             fetch = pending if pending is not None else self._start(chunk)
             self._read_ahead(index + 1)
+        waited = time.perf_counter()
         data = fetch.result()
+        self.stats.wait_sec += time.perf_counter() - waited
         size = self._files[chunk.path].size
 
         def miss(start: int, stop: int) -> bytes:
             with self.stats.lock:
                 self.stats.misses += 1
-            return self._fetch(chunk.path, start, stop)
+            began = time.perf_counter()
+            try:
+                return self._fetch(chunk.path, start, stop)
+            finally:
+                with self.stats.lock:
+                    self.stats.wait_sec += time.perf_counter() - began
 
         sparse = _SparseFile(size, data, miss)
         # pre_buffer off: the bytes are in memory already, and its coalescing would read

@@ -8,6 +8,7 @@ data and hand the core its files, a reader and the output schema.
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -26,10 +27,12 @@ from torch_dataloader_utils.plan.resume import Piece, as_pieces, segment_pieces
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.emit import Positions, grouped
-from torch_dataloader_utils.runtime.metrics import MetricsRecorder, WorkerMetrics
+from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics, WorkerMetrics, stall_clock
 from torch_dataloader_utils.runtime.options import Options
+from torch_dataloader_utils.runtime.progress import Progress
 from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged
 from torch_dataloader_utils.runtime.watchdog import watch_parent
+from torch_dataloader_utils.runtime.workstats import WorkStats
 from torch_dataloader_utils.transfer import pack
 
 __all__ = ["MAX_AUTO_WORKERS", "PlannedDataset"]
@@ -187,13 +190,51 @@ class PlannedDataset(IterableDataset[Any]):
         self.metrics.reset()
 
     def begin_metrics(self, num_workers: int) -> None:
-        """A pass over the current epoch starts: progress bars get each worker's row count."""
+        """A pass over the current epoch starts: the metrics note it, progress is set up."""
         epoch = self.epoch
-        totals: list[int | None] = []
-        if self._options.progress.show_progress and self._state.live_segments(epoch) is None:
-            plan = self.plan(epoch, max(1, num_workers))
-            totals = [plan.rows_for(self.world.rank, w) for w in range(plan.num_workers)]
-        self.metrics.begin(epoch, totals)
+        config = self._options.progress
+        rank = self.world.rank
+        if not Progress.shown_on(config, rank):
+            self.metrics.begin(epoch)
+            return
+
+        def display() -> Progress:
+            total, done = self._progress_rows(epoch, max(1, num_workers))
+            return Progress(config, rank=rank, epoch=epoch, total=total, done=done)
+
+        self.metrics.begin(epoch, display)
+
+    def _progress_rows(self, epoch: int, workers: int) -> tuple[int | None, int]:
+        """Rows this rank's loop receives in ``epoch`` (``None``: unknown), and those already consumed."""
+        if self._row_count_issue:
+            return None, 0
+        batching = self._options.batching
+
+        def delivered(rows: list[int | None]) -> int | None:
+            if any(r is None for r in rows):
+                return None
+            size = batching.batch_size
+            return sum((r or 0) // size * size if batching.drop_last else (r or 0) for r in rows)
+
+        plan = self.plan(epoch, workers)
+        total = delivered([plan.rows_for(self.world.rank, w) for w in range(plan.num_workers)])
+        segments = self._state.live_segments(epoch)
+        if total is None or not segments:
+            return total, 0
+        left = delivered(
+            [
+                None if any(p.num_rows is None for p in pieces) else sum(p.num_rows or 0 for p in pieces)
+                for pieces in self._pieces(epoch, workers, segments)
+            ]
+        )
+        return total, 0 if left is None else max(0, total - left)
+
+    def rank_metrics(self) -> RankMetrics:
+        """This rank's metrics since the last reset (see ``ResumableDataLoader.metrics``)."""
+        dropped = 0
+        if self._options.equalized and not self._row_count_issue:
+            dropped = sum(c.num_rows or 0 for c in self.plan(self.metrics.epoch).dropped)
+        return self.metrics.rank_metrics(self.world.rank, self.world.num_ranks, dropped)
 
     # -- planning ---------------------------------------------------------------
     def _spec(self, num_workers: int) -> PlanSpec:
@@ -335,37 +376,61 @@ class PlannedDataset(IterableDataset[Any]):
         positions = Positions(self._state.token, slot.id, slot.count)
         read = positions.read(self._reader, pieces, flag, batching.batch_size)
         batches = rebatch(read, batching.batch_size, batching.drop_last)
-        collate = self._options.output.collate_fn
+        work = WorkStats(self._reader, len(pieces), flag)
         tagging = self._state.tagging
         if slot.in_worker and tagging:
             # Under the loader of create_dataloader (which flattens groups): several
-            # batches per transfer, since each hand-off between processes has a fixed cost.
-            yield from grouped(batches, self._for_transfer, positions)
+            # batches per transfer, since each hand-off between processes has a fixed
+            # cost; the worker's timers and counters travel with them.
+            yield from grouped(batches, self._for_transfer, positions, work)
             return
-        progress = None if (tagging or slot.in_worker) else self._state.begin(1, epoch)
-        if progress is not None:
-            self.begin_metrics(0)
-        for batch in batches:
-            tag = positions.tag(batch.num_rows, batch.nbytes)
-            if slot.in_worker and collate is None:
-                # Strings travel as Arrow buffers in the batch's one buffer (transfer.pack).
-                out = pack(self._converter.convert_for_transfer(batch))
-            else:
-                out = self._converter(batch)
-                if collate is not None:
-                    out = collate(out)
-                if slot.in_worker:
-                    out = pack(out)
-            if tagging:
-                yield Tagged(out, tag)
-                continue
-            if progress is not None:
-                progress.record(tag)
-                self.metrics.record(tag)
-            yield out
-        if progress is not None:
+        if slot.in_worker:  # a DataLoader of the user's own: no tags, no metrics
+            yield from self._plain(batches)
+            return
+        self.metrics.attach(slot.id, work)
+        if tagging:  # the loader of create_dataloader, reading in this process
+            yield from self._tagged(batches, positions, work)
+            return
+        # Iterated directly in the main process: record what the loop consumes here.
+        self._state.begin(1, epoch)
+        self.begin_metrics(0)
+        completed = False
+        try:
+            for item in stall_clock(self._tagged(batches, positions, work), self.metrics):
+                self.metrics.record(item.tag)
+                yield self._state.consume(item)
             self._state.finish()
-            self.metrics.finish()
+            completed = True
+        finally:
+            self.metrics.finish(completed)
+
+    def _tagged(self, batches: Iterator[pa.RecordBatch], positions: Positions, work: WorkStats) -> Iterator[Tagged]:
+        """The batches converted in this process, tagged with their positions, timed in ``work``."""
+        collate = self._options.output.collate_fn
+        clock = time.perf_counter
+        asked = clock()
+        for batch in batches:
+            got = clock()
+            work.read_sec += got - asked
+            work.count_padding(batch)
+            tag = positions.tag(batch.num_rows, batch.nbytes)
+            out = self._converter(batch)
+            if collate is not None:
+                out = collate(out)
+            asked = clock()
+            work.convert_sec += asked - got
+            yield Tagged(out, tag)
+            asked = clock()
+
+    def _plain(self, batches: Iterator[pa.RecordBatch]) -> Iterator[Any]:
+        """A worker of a DataLoader of the user's own: each batch packed for its transfer."""
+        collate = self._options.output.collate_fn
+        for batch in batches:
+            if collate is None:
+                # Strings travel as Arrow buffers in the batch's one buffer (transfer.pack).
+                yield pack(self._converter.convert_for_transfer(batch))
+            else:
+                yield pack(collate(self._converter(batch)))
 
     def _for_transfer(self, batch: pa.RecordBatch) -> Any:
         collate = self._options.output.collate_fn

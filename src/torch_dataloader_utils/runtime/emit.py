@@ -8,13 +8,16 @@ been yielded; the batch itself holds ``rows`` rows of ``nbytes`` Arrow bytes (co
 by :mod:`.metrics`).
 
 Under the loader of ``create_dataloader``, a worker sends several batches per transfer
-(:func:`grouped`), since every hand-off between processes has a fixed cost.
+(:func:`grouped`), since every hand-off between processes has a fixed cost. Each group
+also carries the worker's timers and counters since the previous one (:mod:`.workstats`);
+after its last group a worker sends one more item, with no batch, holding the rest.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -24,7 +27,8 @@ from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.pieces import read_piece
 from torch_dataloader_utils.plan.resume import Piece
 from torch_dataloader_utils.runtime.state import Tagged
-from torch_dataloader_utils.transfer import pack_group
+from torch_dataloader_utils.runtime.workstats import WorkStats
+from torch_dataloader_utils.transfer import BatchGroup, pack_group
 
 __all__ = ["GROUP_BYTES", "GROUP_MAX_BATCHES", "Positions", "grouped"]
 
@@ -54,6 +58,7 @@ class Positions:
 
     def __init__(self, token: int, worker: int, workers: int) -> None:
         self._prefix = (token, worker, workers)
+        self.worker = worker
         self._starts: list[int] = []
         self._read = 0
         self._emitted = 0
@@ -79,28 +84,52 @@ class Positions:
 
 
 def grouped(
-    batches: Iterator[pa.RecordBatch], convert: Callable[[pa.RecordBatch], Any], positions: Positions
+    batches: Iterator[pa.RecordBatch],
+    convert: Callable[[pa.RecordBatch], Any],
+    positions: Positions,
+    work: WorkStats,
 ) -> Iterator[Tagged]:
     """Worker side: tagged batches sent in groups of about ``GROUP_BYTES``.
 
-    A group is one :class:`Tagged` whose batch is a packed ``BatchGroup`` and whose tag
-    is the tuple of the batches' tags; the loader yields them one by one. Batches made
-    before an error still arrive before the error.
+    A group is one :class:`Tagged` whose batch is a packed ``BatchGroup``, whose tag
+    is the tuple of the batches' tags and whose ``work`` is what ``work`` counted since
+    the previous group; the loader yields the batches one by one. After the last group
+    an item with an empty group carries the rest of ``work``. Batches made before an
+    error still arrive before the error.
     """
     pending: list[Any] = []
     tags: list[Tag] = []
     size = 0
+    clock = time.perf_counter
+    worker = positions.worker
+
+    def send() -> Tagged:
+        began = clock()
+        packed = pack_group(pending)
+        work.transfer_sec += clock() - began
+        return Tagged(packed, tuple(tags), (worker, work.delta()))  # type: ignore[arg-type]
+
     try:
+        asked = clock()
         for batch in batches:
+            got = clock()
+            work.read_sec += got - asked
+            work.count_padding(batch)
             pending.append(convert(batch))
             tags.append(positions.tag(batch.num_rows, batch.nbytes))
             size += batch.nbytes
+            asked = clock()
+            work.convert_sec += asked - got
             if size >= GROUP_BYTES or len(pending) >= GROUP_MAX_BATCHES:
-                yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
+                yield send()
                 pending, tags, size = [], [], 0
+                asked = clock()
     except Exception:
         if pending:
-            yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
+            yield send()
         raise
     if pending:
-        yield Tagged(pack_group(pending), tuple(tags))  # type: ignore[arg-type]
+        yield send()
+    rest = work.delta()
+    if any(rest):
+        yield Tagged(BatchGroup(), (), (worker, rest))

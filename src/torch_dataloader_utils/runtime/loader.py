@@ -9,7 +9,9 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from torch_dataloader_utils.config import LoaderConfig
+from torch_dataloader_utils.runtime import share
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
+from torch_dataloader_utils.runtime.metrics import LoaderMetrics, stall_clock
 from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.transfer import BatchGroup
 
@@ -31,22 +33,34 @@ class ResumableDataLoader(DataLoader[Any]):
     workers or ranks. It follows the ``state_dict`` / ``load_state_dict`` protocol of
     torchdata's ``StatefulDataLoader``, so trainers that checkpoint such loaders
     (Lightning, Accelerate) save it with the model.
+
+    It also measures what it does (:meth:`metrics`): per worker, rows, batches, chunks,
+    bytes and the time spent waiting for storage, decoding, converting and packing; per
+    rank, the time the training loop waits on the loader versus the time it spends
+    between batches.
     """
 
     dataset: PlannedDataset
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        state = self.dataset._state
-        metrics = self.dataset.metrics
         # len() may differ between a resumed pass and a full one; drop torch's cached value.
         self._IterableDataset_len_called = None
+        return stall_clock(self._batches(), self.dataset.metrics)
+
+    def _batches(self) -> Iterator[Any]:
+        state = self.dataset._state
+        metrics = self.dataset.metrics
         state.begin(self.num_workers, self.dataset.epoch)
         self.dataset.begin_metrics(self.num_workers)
         state.tagging = True  # set before workers start: they pickle the dataset
+        completed = False
         try:
             for item in super().__iter__():
                 if isinstance(item, Tagged) and isinstance(item.batch, BatchGroup):
-                    # Several batches of one worker that travelled together.
+                    # Several batches of one worker that travelled together, and the
+                    # worker's timers and counters since its previous group.
+                    if item.work is not None:
+                        metrics.add_work(*item.work)
                     for batch, tag in zip(item.batch, item.tag, strict=True):
                         metrics.record(tag)  # type: ignore[arg-type]
                         yield state.consume(Tagged(batch, tag))  # type: ignore[arg-type]
@@ -55,9 +69,32 @@ class ResumableDataLoader(DataLoader[Any]):
                         metrics.record(item.tag)
                     yield state.consume(item)
             state.finish()
+            completed = True
         finally:
             state.tagging = False
-            metrics.finish()
+            metrics.finish(completed)
+
+    def metrics(self, gather: bool = False, group: Any = None) -> LoaderMetrics:
+        """What the loader did since the last ``set_epoch``, ``reset_metrics`` or ``get_metrics``.
+
+        A snapshot (nothing is cleared): per worker, rows, batches, chunks done, bytes
+        fetched from storage and needed, requests, retries, rows padded, and the time
+        spent waiting for storage, decoding, converting and packing; for the rank, the
+        time the training loop was blocked in ``next()`` on this loader versus the time
+        it spent between batches, and their ratio, the stall fraction. ``print(...)``
+        shows it as a table; ``as_dict()`` gives plain values.
+
+        Args:
+            gather: Combine every rank's metrics (``torch.distributed.all_gather_object``
+                over the process group; call it on every rank at the same step). Without
+                an initialized process group, this rank's.
+            group: The process group to gather over (``None``: the default one).
+        """
+        mine = self.dataset.rank_metrics()
+        if not gather:
+            return LoaderMetrics((mine,))
+        ranks = share.all_gather(mine, group)
+        return LoaderMetrics(tuple(sorted(ranks, key=lambda r: r.rank)))
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's resume state; see :meth:`PlannedDataset.state_dict`."""

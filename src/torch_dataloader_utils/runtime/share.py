@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-__all__ = ["from_rank0"]
+__all__ = ["all_gather", "from_rank0"]
 
 T = TypeVar("T")
 
@@ -59,3 +59,24 @@ def from_rank0(read: Callable[[], T]) -> T:
     if not ok:
         raise payload
     return payload  # type: ignore[no-any-return]
+
+
+def all_gather(value: T, group: Any = None) -> list[T]:
+    """Every rank's ``value`` (in rank order); ``[value]`` without a process group.
+
+    A collective call: every rank of ``group`` must call it. Objects travel over gloo
+    (the default group when it is gloo, else a gloo group over all ranks), so it works
+    beside NCCL without setting a CUDA device.
+
+    Args:
+        value: What this rank contributes; it must pickle.
+        group: A process group, or ``None`` for the default one (over NCCL, a gloo
+            group over all ranks is used instead).
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    if group is None:
+        group = _gloo_group()
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, value, group=group)
+    return out

@@ -72,6 +72,7 @@ def fetch_range(
     size: int | None,
     config: FetchConfig,
     on_request: Callable[[int], None] | None = None,
+    on_retry: Callable[[], None] | None = None,
     metadata: bool = False,
 ) -> bytes:
     """Bytes ``[start, stop)`` of ``path``, retrying transient errors with backoff.
@@ -84,6 +85,7 @@ def fetch_range(
         size: The file's size, when known.
         config: Retries and backoff.
         on_request: Called with the bytes received after every successful request.
+        on_retry: Called before every retry of a request that failed transiently.
         metadata: A one-off metadata read (see :meth:`FileSystemSpec.read_range`).
 
     Raises:
@@ -117,4 +119,6 @@ def fetch_range(
                     f"reading {fs.display(path)!r} bytes [{start}, {stop}) failed after {tries}: "
                     f"{type(exc).__name__}: {exc}{hint}"
                 ) from exc
+            if on_retry is not None:
+                on_retry()
             time.sleep(config.backoff(attempt))
