@@ -65,6 +65,12 @@ if TYPE_CHECKING:
     from torch_dataloader_utils.runtime.files import StructuredDataset, create_dataloader
     from torch_dataloader_utils.runtime.iceberg import IcebergDataset
     from torch_dataloader_utils.runtime.loader import ResumableDataLoader
+    from torch_dataloader_utils.runtime.metrics import (
+        LoaderMetrics,
+        RankMetrics,
+        WorkerMetrics,
+        gather_metrics,
+    )
     from torch_dataloader_utils.runtime.options import FileLoaderOptions, IcebergLoaderOptions
     from torch_dataloader_utils.runtime.state import gather_state
 
@@ -74,6 +80,10 @@ _LAZY = {
     "FileLoaderOptions": "torch_dataloader_utils.runtime.options",
     "IcebergDataset": "torch_dataloader_utils.runtime.iceberg",
     "IcebergLoaderOptions": "torch_dataloader_utils.runtime.options",
+    "LoaderMetrics": "torch_dataloader_utils.runtime.metrics",
+    "RankMetrics": "torch_dataloader_utils.runtime.metrics",
+    "WorkerMetrics": "torch_dataloader_utils.runtime.metrics",
+    "gather_metrics": "torch_dataloader_utils.runtime.metrics",
     "ResumableDataLoader": "torch_dataloader_utils.runtime.loader",
     "StructuredDataset": "torch_dataloader_utils.runtime.files",
     "create_dataloader": "torch_dataloader_utils.runtime.files",
@@ -113,12 +123,14 @@ __all__ = [
     "IcebergLoaderOptions",
     "IncompatibleOptionsError",
     "LegacySplitStrategy",
+    "LoaderMetrics",
     "NoFilesFoundError",
     "NullValueError",
     "OutputFormat",
     "OverlappingChunksError",
     "PathNotFoundError",
     "PlanError",
+    "RankMetrics",
     "ReadError",
     "RecordBoundaryError",
     "RecordIndex",
@@ -138,8 +150,10 @@ __all__ = [
     "UnknownColumnError",
     "UnknownLengthError",
     "UnknownOptionError",
+    "WorkerMetrics",
     "World",
     "create_dataloader",
+    "gather_metrics",
     "gather_state",
     "merge_states",
 ]

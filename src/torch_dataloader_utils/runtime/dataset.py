@@ -404,7 +404,9 @@ class PlannedDataset(IterableDataset[Any]):
         finally:
             self.metrics.finish(completed)
 
-    def _tagged(self, batches: Iterator[pa.RecordBatch], positions: Positions, work: WorkStats) -> Iterator[Tagged]:
+    def _tagged(
+        self, batches: Iterator[pa.RecordBatch], positions: Positions, work: WorkStats
+    ) -> Iterator[Tagged]:
         """The batches converted in this process, tagged with their positions, timed in ``work``."""
         collate = self._options.output.collate_fn
         clock = time.perf_counter

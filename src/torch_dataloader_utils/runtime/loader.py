@@ -9,9 +9,8 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from torch_dataloader_utils.config import LoaderConfig
-from torch_dataloader_utils.runtime import share
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
-from torch_dataloader_utils.runtime.metrics import LoaderMetrics, stall_clock
+from torch_dataloader_utils.runtime.metrics import LoaderMetrics, gather_metrics, stall_clock
 from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.transfer import BatchGroup
 
@@ -90,11 +89,9 @@ class ResumableDataLoader(DataLoader[Any]):
                 an initialized process group, this rank's.
             group: The process group to gather over (``None``: the default one).
         """
-        mine = self.dataset.rank_metrics()
-        if not gather:
-            return LoaderMetrics((mine,))
-        ranks = share.all_gather(mine, group)
-        return LoaderMetrics(tuple(sorted(ranks, key=lambda r: r.rank)))
+        if gather:
+            return gather_metrics(self, group)
+        return LoaderMetrics((self.dataset.rank_metrics(),))
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's resume state; see :meth:`PlannedDataset.state_dict`."""

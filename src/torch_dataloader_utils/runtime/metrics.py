@@ -29,17 +29,19 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from torch_dataloader_utils.config import ProgressConfig
+from torch_dataloader_utils.runtime import share
 from torch_dataloader_utils.runtime.progress import Progress, check_progress, logger
-from torch_dataloader_utils.runtime.workstats import WORK_FIELDS, WorkStats
+from torch_dataloader_utils.runtime.workstats import WorkStats
 
 __all__ = [
     "LoaderMetrics",
     "MetricsRecorder",
     "RankMetrics",
     "WorkerMetrics",
+    "gather_metrics",
     "stall_clock",
 ]
 
@@ -148,7 +150,7 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.1f}"
 
 
-_COLUMNS = (
+_COLUMNS: tuple[tuple[str, Callable[[WorkerMetrics], str]], ...] = (
     ("worker", lambda m: "all" if m.worker_id < 0 else str(m.worker_id)),
     ("rows", lambda m: f"{m.rows_read:,}"),
     ("batches", lambda m: f"{m.batches_read:,}"),
@@ -297,6 +299,31 @@ class LoaderMetrics:
                 f"({_pct(worst.stall_fraction)})",
             )
         return "\n\n".join(parts)
+
+
+class _HasRankMetrics(Protocol):
+    def rank_metrics(self) -> RankMetrics: ...
+
+
+class _HasDataset(Protocol):
+    @property
+    def dataset(self) -> _HasRankMetrics: ...
+
+
+def gather_metrics(source: _HasDataset | _HasRankMetrics, group: Any = None) -> LoaderMetrics:
+    """Every rank's metrics combined: call it on every rank at the same step.
+
+    Uses ``torch.distributed.all_gather_object`` (over gloo; with NCCL a gloo group over
+    all ranks is made once). Without an initialized process group it returns this
+    rank's metrics. ``loader.metrics(gather=True)`` is the same.
+
+    Args:
+        source: The loader of ``create_dataloader`` (or its dataset).
+        group: A process group, or ``None`` for the default one.
+    """
+    dataset = source if hasattr(source, "rank_metrics") else source.dataset  # type: ignore[union-attr]
+    mine = dataset.rank_metrics()
+    return LoaderMetrics(tuple(sorted(share.all_gather(mine, group), key=lambda r: r.rank)))
 
 
 def stall_clock(items: Iterator[T], recorder: MetricsRecorder) -> Iterator[T]:

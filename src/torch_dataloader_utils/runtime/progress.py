@@ -56,7 +56,7 @@ def check_progress(config: ProgressConfig) -> None:
 
 
 def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
@@ -95,7 +95,9 @@ class Progress:
         done: Rows already consumed before this pass (a resumed epoch).
     """
 
-    def __init__(self, config: ProgressConfig, *, rank: int, epoch: int, total: int | None, done: int) -> None:
+    def __init__(
+        self, config: ProgressConfig, *, rank: int, epoch: int, total: int | None, done: int
+    ) -> None:
         self._interval = config.progress_interval_sec
         self._prefix = f"rank {rank} epoch {epoch}"
         self._total = total

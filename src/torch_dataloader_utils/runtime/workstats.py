@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 __all__ = ["WORK_FIELDS", "WorkStats"]
 
@@ -81,7 +82,7 @@ class WorkStats:
     def count_padding(self, batch: pa.RecordBatch) -> None:
         """Count the rows of ``batch`` flagged as padding (a no-op without the flag)."""
         if self.flag_column is not None:
-            self.rows_padded += batch.column(self.flag_column).true_count
+            self.rows_padded += int(pc.sum(batch.column(self.flag_column)).as_py() or 0)
 
     def totals(self) -> tuple[float, ...]:
         """Everything so far in this pass, in :data:`WORK_FIELDS` order."""
