@@ -180,6 +180,7 @@ def test_stall_fraction_near_one_for_a_slow_reader(tmp_path: Path) -> None:
     loader, _ = create_dataloader(
         f"latency://{tmp_path}",
         storage_options={"delay": 0.02},
+        read_ahead_bytes=1,  # no read-ahead: every chunk waits for its own requests
         num_workers=0,
         batch_size=100,
         split_rows=100,
