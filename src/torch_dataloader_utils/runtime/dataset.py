@@ -9,7 +9,6 @@ data and hand the core its files, a reader and the output schema.
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +29,7 @@ from torch_dataloader_utils.runtime.emit import Positions, grouped
 from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics, WorkerMetrics, stall_clock
 from torch_dataloader_utils.runtime.options import Options
 from torch_dataloader_utils.runtime.progress import Progress
+from torch_dataloader_utils.runtime.report import report_plan
 from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged
 from torch_dataloader_utils.runtime.watchdog import watch_parent
 from torch_dataloader_utils.runtime.workstats import WorkStats
@@ -282,15 +282,16 @@ class PlannedDataset(IterableDataset[Any]):
         return 0 if workers <= 1 else workers
 
     def _check_plan(self) -> None:
-        chunks = self.plan(0).rank_chunks(self.world.rank)
-        if self._num_workers > 1 and len(chunks) < self._num_workers:
-            warnings.warn(
-                f"num_workers={self._num_workers} but rank {self.world.rank} has only "
-                f"{len(chunks)} chunk(s) in epoch 0: {self._num_workers - len(chunks)} worker(s) "
-                "will read nothing. Lower split_bytes / split_rows or num_workers.",
-                UserWarning,
-                stacklevel=5,
-            )
+        """Log the plan of epoch 0 and warn about layouts that will hurt (rank 0)."""
+        shuffle = self._options.shuffle
+        report_plan(
+            self.plan(0),
+            self._files,
+            rank=self.world.rank,
+            shuffle=shuffle.shuffle,
+            row_window=shuffle.row_window,
+            batch_size=self._options.batching.batch_size,
+        )
 
     def _pieces(
         self, epoch: int, workers: int, segments: list[dict[str, Any]]
@@ -373,7 +374,7 @@ class PlannedDataset(IterableDataset[Any]):
             schedule([c for piece in pieces for c in piece.chunks])
         batching = self._options.batching
         flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
-        positions = Positions(self._state.token, slot.id, slot.count)
+        positions = Positions(self._state.token, slot.id, slot.count, rank=self.world.rank)
         read = positions.read(self._reader, pieces, flag, batching.batch_size)
         batches = rebatch(read, batching.batch_size, batching.drop_last)
         work = WorkStats(self._reader, len(pieces), flag)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -46,19 +47,25 @@ GROUP_MAX_BATCHES = 1024
 
 Tag = tuple[int, int, int, int, int, int, int]
 
+log = logging.getLogger(__name__)
+
 
 class Positions:
     """The rows read from a worker's pieces, so each yielded batch gets its position.
+
+    With DEBUG logging on, every piece read is logged (rank, worker, chunks, rows, time).
 
     Args:
         token: The live resume state's token (0: none), part of every tag.
         worker: This worker's id.
         workers: Workers reading this epoch.
+        rank: This rank (for the DEBUG records).
     """
 
-    def __init__(self, token: int, worker: int, workers: int) -> None:
+    def __init__(self, token: int, worker: int, workers: int, rank: int = 0) -> None:
         self._prefix = (token, worker, workers)
         self.worker = worker
+        self.rank = rank
         self._starts: list[int] = []
         self._read = 0
         self._emitted = 0
@@ -67,12 +74,24 @@ class Positions:
         self, reader: ChunkReader, pieces: Sequence[Piece], flag_column: str | None, batch_size: int
     ) -> Iterator[pa.RecordBatch]:
         """The pieces' batches, in order, counting the rows read before each piece."""
+        debug = log.isEnabledFor(logging.DEBUG)
 
         def counted(piece: Piece) -> Iterator[pa.RecordBatch]:
             self._starts.append(self._read)
+            began = time.perf_counter() if debug else 0.0
             for batch in read_piece(reader, piece, flag_column=flag_column, batch_size=batch_size):
                 self._read += batch.num_rows
                 yield batch
+            if debug:
+                log.debug(
+                    "rank %d worker %d read piece %d: %s, %d rows in %.3f s",
+                    self.rank,
+                    self.worker,
+                    len(self._starts) - 1,
+                    _describe(piece),
+                    self._read - self._starts[-1],
+                    time.perf_counter() - began,
+                )
 
         return itertools.chain.from_iterable(counted(p) for p in pieces)
 
@@ -81,6 +100,17 @@ class Positions:
         self._emitted += rows
         index = bisect.bisect_right(self._starts, self._emitted) - 1
         return (*self._prefix, index, self._emitted - self._starts[index], rows, nbytes)
+
+
+def _describe(piece: Piece) -> str:
+    chunks = piece.chunks
+    first = chunks[0]
+    text = f"{first.path}[{first.start}:{first.stop})"
+    if len(chunks) > 1:
+        text += f" and {len(chunks) - 1} more chunks (a shuffle window)"
+    if piece.lo or piece.hi is not None:
+        text += f" rows [{piece.lo}:{'' if piece.hi is None else piece.hi})"
+    return text
 
 
 def grouped(
