@@ -93,6 +93,7 @@ class PlannedDataset(IterableDataset[Any]):
         self._files = tuple(files)
         self._options = options
         self._reader = reader
+        self._output_schema = output_schema
         self._converter = BatchConverter(
             batch_schema(output_schema, batching.equal_batches),
             options.output.output_format,
@@ -141,6 +142,20 @@ class PlannedDataset(IterableDataset[Any]):
     def files(self) -> tuple[FileInfo, ...]:
         """The dataset's files (metadata only)."""
         return self._files
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The columns of every batch (before ``equal_batches='pad'`` adds its flag)."""
+        return self._output_schema
+
+    @property
+    def reader(self) -> ChunkReader:
+        """Reads one chunk's rows (what every worker runs on its chunks)."""
+        return self._reader
+
+    def convert_batch(self, batch: pa.RecordBatch, for_transfer: bool = False) -> Any:
+        """Convert one record batch as reading does (``for_transfer``: as a DataLoader worker does)."""
+        return self._for_transfer(batch) if for_transfer else self._converter(batch)
 
     @property
     def num_workers(self) -> int:

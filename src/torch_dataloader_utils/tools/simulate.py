@@ -1,0 +1,537 @@
+"""``simulate``: predict time to first batch, epoch time per rank and worker, and the straggler.
+
+The model, from the plan (the library's own) and a few numbers:
+
+* **Storage**: every chunk is fetched as the library fetches it — its needed byte ranges
+  (projected columns of its row groups, from the footers), coalesced and split as
+  :mod:`torch_dataloader_utils.io.prefetch` does, each range one request taking
+  ``latency + bytes / bandwidth``, at most ``concurrency`` requests in flight per
+  worker, the next chunks fetched ahead while one is decoded (up to ``read_ahead_bytes``).
+* **Decoding**: rows per second of one reading process (read + convert, and packing for
+  the transfer when there are workers), measured on one chunk of the plan or given;
+  workers share ``cores_per_rank`` cores.
+* **The plan**: each worker reads its chunks in order; a worker's first batches reach
+  the loop in a group of about 8 MiB (:data:`~torch_dataloader_utils.runtime.emit.GROUP_BYTES`);
+  the DataLoader takes worker 0's first.
+* **The loop** (optional): ``step_sec`` of training per batch; the rank's epoch is then
+  at least its batches times the step.
+
+It ignores what it cannot know from here: other jobs on the node or the network,
+variance of the store, Python's own overheads beyond those in the measured rate.
+``benchmarks/bench_simulate.py`` checks it against real runs through a latency file
+system.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from torch_dataloader_utils.config import DEFAULT_READ_AHEAD_BYTES
+from torch_dataloader_utils.discovery.parquet import METADATA_THREADS
+from torch_dataloader_utils.io.parquet import READ_BATCH_ROWS
+from torch_dataloader_utils.io.prefetch import FETCH_THREADS, MAX_PART_BYTES, coalesce, column_ranges
+from torch_dataloader_utils.plan.summary import Spread
+from torch_dataloader_utils.plan.types import Chunk, FileInfo
+from torch_dataloader_utils.runtime.dataset import PlannedDataset
+from torch_dataloader_utils.runtime.emit import GROUP_BYTES
+from torch_dataloader_utils.runtime.report import size
+from torch_dataloader_utils.tools.plan import PlanView, plan_of
+from torch_dataloader_utils.tools.source import Source, open_dataset
+from torch_dataloader_utils.transfer import pack_group
+
+__all__ = [
+    "DecodeModel",
+    "SimulateRequest",
+    "Simulation",
+    "StorageModel",
+    "WorkerTime",
+    "chunk_requests",
+    "measure_decode",
+    "run_simulate",
+    "simulate",
+    "simulate_worker",
+]
+
+MEASURE_SEC = 0.3
+"""A decode measurement repeats the chunk until this long has passed (and at least twice)."""
+
+
+@dataclass(frozen=True)
+class StorageModel:
+    """Where the bytes come from.
+
+    Attributes:
+        latency_sec: Seconds before a request's first byte (0: local disk, page cache).
+        bandwidth: Bytes per second of one request (``inf``: not a limit).
+        concurrency: Requests in flight at once per worker (the library's fetch threads).
+        read_ahead_bytes: Bytes of the next chunks fetched while one is decoded.
+    """
+
+    latency_sec: float = 0.0
+    bandwidth: float = math.inf
+    concurrency: int = FETCH_THREADS
+    read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES
+
+    def request_sec(self, nbytes: int) -> float:
+        """Time of one request of ``nbytes``."""
+        return self.latency_sec + (nbytes / self.bandwidth if math.isfinite(self.bandwidth) else 0.0)
+
+
+@dataclass(frozen=True)
+class DecodeModel:
+    """How fast one process turns stored bytes into batches.
+
+    Attributes:
+        rows_per_sec: Rows per second of one reading process running alone.
+        cores_used: Cores that process kept busy while measured (pyarrow decodes with
+            threads), so workers sharing a rank's cores each get their share.
+        arrow_bytes_per_row: Decoded bytes per row (sizes the first group of batches).
+        measured_on: The chunk measured, or ``None`` when the rate was given.
+    """
+
+    rows_per_sec: float
+    cores_used: float = 1.0
+    arrow_bytes_per_row: float = 64.0
+    measured_on: str | None = None
+
+    def worker_rate(self, workers: int, cores: float) -> float:
+        """Rows per second of each of ``workers`` processes sharing ``cores`` cores."""
+        if workers <= 1:
+            return self.rows_per_sec * min(1.0, cores / max(self.cores_used, 1e-9))
+        share = cores / (workers * max(self.cores_used, 1e-9))
+        return self.rows_per_sec * min(1.0, share)
+
+
+@dataclass(frozen=True)
+class WorkerTime:
+    """One worker's predicted reading of its chunks (seconds from the start of the pass).
+
+    Attributes:
+        rank: The rank.
+        worker: The worker.
+        rows: Rows it reads.
+        chunks: Chunks it reads.
+        requests: Requests it sends.
+        first_batch_sec: When its first batches reach the loop.
+        finish_sec: When its last batch is ready.
+        storage_wait_sec: Time it waits for bytes.
+        decode_sec: Time it decodes.
+    """
+
+    rank: int
+    worker: int
+    rows: int
+    chunks: int
+    requests: int
+    first_batch_sec: float
+    finish_sec: float
+    storage_wait_sec: float
+    decode_sec: float
+
+
+@dataclass(frozen=True)
+class RankTime:
+    """One rank's predicted epoch.
+
+    Attributes:
+        rank: The rank.
+        first_batch_sec: Time to its first batch.
+        data_sec: When its last batch is ready (the loop never slower).
+        epoch_sec: Its epoch with the loop's step time.
+        batches: Its batches.
+        stall_fraction: Predicted share of the loop's time spent waiting for data.
+    """
+
+    rank: int
+    first_batch_sec: float
+    data_sec: float
+    epoch_sec: float
+    batches: int
+    stall_fraction: float
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """The prediction for one epoch.
+
+    Attributes:
+        storage: The storage model.
+        decode: The decode model.
+        startup_sec: Building the dataset: listing and footers.
+        ranks: Every rank's epoch.
+        workers: Every worker's reading.
+        worker_start_sec: Start-up of the DataLoader workers assumed.
+        step_sec: The loop's time per batch assumed.
+    """
+
+    storage: StorageModel
+    decode: DecodeModel
+    startup_sec: float
+    ranks: list[RankTime]
+    workers: list[WorkerTime] = field(repr=False)
+    worker_start_sec: float = 0.0
+    step_sec: float = 0.0
+
+    @property
+    def straggler(self) -> RankTime:
+        """The rank whose epoch ends last."""
+        return max(self.ranks, key=lambda r: r.epoch_sec)
+
+    @property
+    def slowest_worker(self) -> WorkerTime:
+        """The worker that finishes last."""
+        return max(self.workers, key=lambda w: w.finish_sec)
+
+    @property
+    def epoch_sec(self) -> float:
+        """The job's epoch: its straggler's."""
+        return self.straggler.epoch_sec
+
+    @property
+    def first_batch_sec(self) -> float:
+        """The latest time to first batch over ranks (every rank waits for the slowest)."""
+        return max(r.first_batch_sec for r in self.ranks)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values (JSON-ready)."""
+        straggler = self.straggler
+        return {
+            "storage": {
+                "latency_sec": self.storage.latency_sec,
+                "bandwidth": None if math.isinf(self.storage.bandwidth) else self.storage.bandwidth,
+                "concurrency": self.storage.concurrency,
+                "read_ahead_bytes": self.storage.read_ahead_bytes,
+            },
+            "decode": {
+                "rows_per_sec": self.decode.rows_per_sec,
+                "cores_used": self.decode.cores_used,
+                "arrow_bytes_per_row": self.decode.arrow_bytes_per_row,
+                "measured_on": self.decode.measured_on,
+            },
+            "worker_start_sec": self.worker_start_sec,
+            "step_sec": self.step_sec,
+            "startup_sec": self.startup_sec,
+            "first_batch_sec": self.first_batch_sec,
+            "epoch_sec": self.epoch_sec,
+            "straggler": {"rank": straggler.rank, "epoch_sec": straggler.epoch_sec},
+            "ranks": [vars(r) for r in self.ranks],
+            "workers": [vars(w) for w in self.workers],
+        }
+
+
+def _metadata(
+    dataset: PlannedDataset, path: str, cache: dict[str, pq.FileMetaData]
+) -> pq.FileMetaData | None:
+    meta = cache.get(path)
+    if meta is None:
+        found = getattr(dataset, "discovered", None)
+        footers = getattr(found, "extra", {}).get("parquet_footers") if found is not None else None
+        footer = (footers or {}).get(path)
+        if footer is None:
+            return None
+        meta = cache[path] = pq.read_metadata(pa.BufferReader(footer))
+    return meta
+
+
+def chunk_requests(
+    dataset: PlannedDataset, chunk: Chunk, cache: dict[str, pq.FileMetaData] | None = None
+) -> list[int]:
+    """The sizes of the requests that fetch ``chunk`` from remote storage, as the library sends them.
+
+    Parquet: its projected column chunks, coalesced and split like the fetcher does.
+    Other formats: its bytes, in parts of :data:`MAX_PART_BYTES`.
+    """
+    cache = {} if cache is None else cache
+    meta = _metadata(dataset, chunk.path, cache)
+    files: dict[str, FileInfo] = {f.path: f for f in dataset.files} if meta is not None else {}
+    if meta is not None and chunk.path in files:
+        groups = files[chunk.path].groups_in(chunk.start, chunk.stop)
+        columns = list(dataset.discovered.data_columns)  # type: ignore[attr-defined]
+        ranges = coalesce(column_ranges(meta, [g.index for g in groups], columns))
+        return [hi - lo for lo, hi in ranges]
+    nbytes = max(1, chunk.num_bytes)
+    return [min(MAX_PART_BYTES, nbytes - lo) for lo in range(0, nbytes, MAX_PART_BYTES)]
+
+
+def measure_decode(dataset: PlannedDataset, chunk: Chunk, workers: int) -> DecodeModel:
+    """Rows per second of reading ``chunk`` in this process (storage waits left out).
+
+    Reads it (and converts its batches, packing them as a worker does when ``workers``)
+    until :data:`MEASURE_SEC` has passed, after one warm-up read.
+    """
+    reader = dataset.reader
+    io = getattr(reader, "io_totals", None)
+
+    def once() -> tuple[int, int, float]:
+        rows = nbytes = 0
+        waited = io()[4] if io is not None else 0.0
+        pending = []
+        for batch in reader.read(chunk):
+            rows += batch.num_rows
+            nbytes += batch.nbytes
+            out = dataset.convert_batch(batch, for_transfer=workers > 0)
+            if workers > 0:
+                pending.append(out)
+        if pending:
+            pack_group(pending)
+        return rows, nbytes, (io()[4] if io is not None else 0.0) - waited
+
+    once()
+    wall = cpu = waits = 0.0
+    rows = nbytes = runs = 0
+    while runs < 2 or wall < MEASURE_SEC:
+        w0, c0 = time.perf_counter(), time.process_time()
+        r, b, waited = once()
+        wall += time.perf_counter() - w0
+        cpu += time.process_time() - c0
+        waits += waited
+        rows += r
+        nbytes += b
+        runs += 1
+        if r == 0:
+            break
+    busy = max(wall - waits, 1e-9)
+    name = f"{chunk.path}[{chunk.start}:{chunk.stop})"
+    return DecodeModel(
+        rows_per_sec=rows / busy,
+        cores_used=max(1.0, cpu / busy),
+        arrow_bytes_per_row=nbytes / rows if rows else 64.0,
+        measured_on=name,
+    )
+
+
+def simulate_worker(
+    chunks: Sequence[Chunk],
+    requests: Sequence[Sequence[int]],
+    storage: StorageModel,
+    rate: float,
+    first_rows: int,
+    start: float = 0.0,
+) -> tuple[float, float, float, float]:
+    """One worker reading ``chunks`` in order: ``(first_batch, finish, storage_wait, decode)`` seconds.
+
+    ``requests[i]`` are the request sizes of chunk ``i``; its first batches reach the
+    loop once ``first_rows`` rows are decoded (or its chunks end).
+    """
+    threads = [start] * max(1, storage.concurrency)
+    heapq.heapify(threads)
+    ready: dict[int, float] = {}
+    fetched = [sum(r) for r in requests]
+
+    def submit(i: int, at: float) -> None:
+        end = at
+        for nbytes in requests[i]:
+            free = heapq.heappop(threads)
+            done = max(at, free) + storage.request_sec(nbytes)
+            heapq.heappush(threads, done)
+            end = max(end, done)
+        ready[i] = end
+
+    t = start
+    wait = decode = 0.0
+    first: float | None = None
+    produced = 0
+    for i, chunk in enumerate(chunks):
+        opened = t
+        if i not in ready:
+            submit(i, opened)
+        pending = sum(fetched[j] for j in ready if j > i)
+        j = max(ready) + 1
+        while j < len(chunks) and pending + fetched[j] <= storage.read_ahead_bytes:
+            submit(j, opened)
+            pending += fetched[j]
+            j += 1
+        t = max(opened, ready[i])
+        wait += t - opened
+        rows = chunk.num_rows or 0
+        spent = rows / rate if rate > 0 else 0.0
+        if first is None and produced + rows >= first_rows:
+            first = t + (first_rows - produced) / rate if rate > 0 else t
+        produced += rows
+        decode += spent
+        t += spent
+    return (t if first is None else first), t, wait, decode
+
+
+def startup_sec(files: int, storage: StorageModel) -> float:
+    """Listing (a request per 1,000 files) and footers (one request each, 64 at once)."""
+    return storage.request_sec(0) * (math.ceil(max(1, files) / 1000) + math.ceil(files / METADATA_THREADS))
+
+
+def simulate(
+    dataset: PlannedDataset,
+    view: PlanView,
+    storage: StorageModel,
+    decode: DecodeModel,
+    *,
+    num_workers: int,
+    cores_per_rank: float,
+    worker_start_sec: float,
+    step_sec: float = 0.0,
+) -> Simulation:
+    """Predict the epoch of ``view`` (see the module docstring)."""
+    batching = dataset.options.batching
+    rate = decode.worker_rate(num_workers, cores_per_rank)
+    read_rows = max(batching.batch_size, READ_BATCH_ROWS)
+    if num_workers > 0:
+        group_rows = max(batching.batch_size, math.ceil(GROUP_BYTES / max(decode.arrow_bytes_per_row, 1e-9)))
+    else:
+        group_rows = batching.batch_size
+    start = worker_start_sec if num_workers > 0 else 0.0
+    cache: dict[str, pq.FileMetaData] = {}
+    workers: list[WorkerTime] = []
+    ranks: list[RankTime] = []
+    for r in range(view.num_ranks):
+        mine: list[WorkerTime] = []
+        batches = 0
+        for w in range(view.num_workers):
+            chunks = list(view.chunks_for(r, w))
+            requests = [chunk_requests(dataset, c, cache) for c in chunks]
+            rows = sum(c.num_rows or 0 for c in chunks)
+            first_rows = min(rows, max(group_rows, min(read_rows, chunks[0].num_rows or 0) if chunks else 0))
+            first, finish, wait, dec = simulate_worker(chunks, requests, storage, rate, first_rows, start)
+            mine.append(
+                WorkerTime(r, w, rows, len(chunks), sum(len(q) for q in requests), first, finish, wait, dec)
+            )
+            full, rest = divmod(rows, batching.batch_size)
+            batches += full + (1 if rest and not batching.drop_last else 0)
+        workers += mine
+        busy = [m for m in mine if m.rows]
+        first_batch = busy[0].first_batch_sec if busy else start
+        data = max((m.finish_sec for m in mine), default=start)
+        epoch = max(data, first_batch + batches * step_sec)
+        stall = 0.0 if epoch <= 0 else max(0.0, epoch - batches * step_sec) / epoch
+        ranks.append(RankTime(r, first_batch, data, epoch, batches, stall))
+    return Simulation(
+        storage=storage,
+        decode=decode,
+        startup_sec=startup_sec(len(dataset.files), storage),
+        ranks=ranks,
+        workers=workers,
+        worker_start_sec=start,
+        step_sec=step_sec,
+    )
+
+
+@dataclass(frozen=True)
+class SimulateRequest:
+    """What ``simulate`` is asked.
+
+    Attributes:
+        source: The dataset and its options (its plan and a chunk to measure).
+        num_ranks: Ranks.
+        num_workers: DataLoader workers per rank.
+        epoch: The epoch simulated.
+        storage: The storage model.
+        decode_rate: Rows per second of one process, or ``None`` to measure one chunk.
+        cores_per_rank: Cores each rank's processes share.
+        worker_start_sec: Start-up of DataLoader workers (fork and first import).
+        step_sec: The training step per batch (0: predict the loading alone).
+        detail: Ranks listed (``-1``: all).
+        as_json: Print JSON.
+    """
+
+    source: Source
+    num_ranks: int = 1
+    num_workers: int = 0
+    epoch: int = 0
+    storage: StorageModel = StorageModel()
+    decode_rate: float | None = None
+    cores_per_rank: float = 1.0
+    worker_start_sec: float = 0.1
+    step_sec: float = 0.0
+    detail: int = 16
+    as_json: bool = False
+
+
+def _median_chunk(view: PlanView) -> Chunk | None:
+    chunks = [c for w in range(view.num_workers) for c in view.chunks_for(0, w) if c.num_rows]
+    if not chunks:
+        return None
+    chunks.sort(key=lambda c: c.num_rows or 0)
+    return chunks[len(chunks) // 2]
+
+
+def run_simulation(request: SimulateRequest) -> tuple[PlannedDataset, Simulation]:
+    """Build the dataset, measure (or take) the decode rate, simulate."""
+    workers = max(1, request.num_workers)
+    dataset = open_dataset(request.source, num_ranks=request.num_ranks, num_workers=request.num_workers)
+    view = plan_of(dataset, request.epoch, workers)
+    if request.decode_rate is not None:
+        decode = DecodeModel(rows_per_sec=request.decode_rate)
+    else:
+        chunk = _median_chunk(view)
+        if chunk is None:
+            decode = DecodeModel(rows_per_sec=1.0)
+        else:
+            decode = measure_decode(dataset, chunk, request.num_workers)
+    sim = simulate(
+        dataset,
+        view,
+        request.storage,
+        decode,
+        num_workers=request.num_workers,
+        cores_per_rank=request.cores_per_rank,
+        worker_start_sec=request.worker_start_sec,
+        step_sec=request.step_sec,
+    )
+    return dataset, sim
+
+
+def render_text(request: SimulateRequest, sim: Simulation) -> str:
+    """The prediction for people: the model, time to first batch, epoch, straggler, ranks."""
+    s, d = sim.storage, sim.decode
+    bw = "unlimited" if math.isinf(s.bandwidth) else f"{size(s.bandwidth)}/s"
+    how = f"measured on {d.measured_on}" if d.measured_on else "given"
+    lines = [
+        f"simulation of {request.source.describe()}: {len(sim.ranks):,} ranks x "
+        f"{max(1, request.num_workers)} workers, epoch {request.epoch}",
+        f"storage: {s.latency_sec * 1000:g} ms per request, {bw} per request, {s.concurrency} requests "
+        f"in flight per worker, read-ahead {size(s.read_ahead_bytes)}",
+        f"decode: {d.rows_per_sec:,.0f} rows/s per process ({how}; {d.cores_used:.1f} cores busy), "
+        f"{request.cores_per_rank:g} cores per rank",
+        "",
+        f"dataset start-up (listing, footers): {sim.startup_sec:.2f} s",
+        f"time to first batch: {sim.first_batch_sec:.2f} s",
+        f"epoch: {sim.epoch_sec:.2f} s (straggler: rank {sim.straggler.rank})",
+    ]
+    slow = sim.slowest_worker
+    lines.append(
+        f"slowest worker: rank {slow.rank} worker {slow.worker}: {slow.finish_sec:.2f} s for "
+        f"{slow.rows:,} rows in {slow.chunks:,} chunks ({slow.requests:,} requests; waits "
+        f"{slow.storage_wait_sec:.2f} s for storage, decodes {slow.decode_sec:.2f} s)"
+    )
+    epochs = Spread.of([r.epoch_sec for r in sim.ranks])
+    lines.append(f"epoch per rank: min {epochs.min:.2f} s, mean {epochs.mean:.2f} s, max {epochs.max:.2f} s")
+    if request.step_sec:
+        stall = np.mean([r.stall_fraction for r in sim.ranks])
+        lines.append(f"with a {request.step_sec * 1000:g} ms step per batch: stall about {100 * stall:.0f}%")
+    shown = sim.ranks if request.detail < 0 else sim.ranks[: request.detail]
+    lines += ["", "rank  first batch s  epoch s  batches  slowest worker s"]
+    by_rank: dict[int, list[WorkerTime]] = {}
+    for w in sim.workers:
+        by_rank.setdefault(w.rank, []).append(w)
+    for r in shown:
+        worst = max(w.finish_sec for w in by_rank[r.rank])
+        lines.append(
+            f"{r.rank:>4}  {r.first_batch_sec:>13.2f}  {r.epoch_sec:>7.2f}  {r.batches:>7,}  {worst:>16.2f}"
+        )
+    if len(shown) < len(sim.ranks):
+        lines.append(f"... {len(sim.ranks) - len(shown):,} more ranks (--detail N)")
+    return "\n".join(lines)
+
+
+def run_simulate(request: SimulateRequest) -> str:
+    """Simulate and return the report (text or JSON)."""
+    _, sim = run_simulation(request)
+    return json.dumps(sim.as_dict(), indent=1) if request.as_json else render_text(request, sim)
