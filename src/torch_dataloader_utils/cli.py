@@ -100,7 +100,9 @@ def _dataset_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--format", choices=["parquet", "orc", "csv", "jsonl"], default="parquet", help="file format"
     )
-    src.add_argument("--table", help="an Iceberg table instead of files: NAMESPACE.TABLE")
+    src.add_argument(
+        "--table", help="an Iceberg table instead of files: NAMESPACE.TABLE (default: none, read PATH)"
+    )
     src.add_argument(
         "--catalog-config",
         type=_typed(source.parse_catalog_config, "catalog config"),
@@ -323,7 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--detail", type=int, default=16, help="ranks listed chunk by chunk (-1: all; 0: summary only)"
     )
     plan.add_argument(
-        "--picture", metavar="FILE", help="draw the plan to FILE (.png, .svg or .pdf; needs matplotlib)"
+        "--picture",
+        metavar="FILE",
+        help="draw the plan to FILE (.png, .svg or .pdf; needs matplotlib) (default: none)",
     )
     plan.add_argument(
         "--picture-ranks", type=_typed(_positive, "int"), default=16, help="ranks drawn at most"

@@ -240,7 +240,7 @@ def inspect_dataset(request: InspectRequest) -> Inspection:
 def render_text(found: Inspection) -> str:
     """The report for people."""
     f = found.files
-    lines = [describe_files(f, f"{found.source}: {f.files:,} files")]
+    lines = [describe_files(f, f"{found.source}: {f.files:,} file{'' if f.files == 1 else 's'}")]
     spread = f.size_spread
     lines.append(f"file size: min {size(spread.min)}, median {size(f.median_size)}, max {size(spread.max)}")
     bins = histogram(f.sizes, SIZE_BINS)

@@ -133,8 +133,14 @@ def compute(request: PlanRequest) -> PlanResult:
     return PlanResult(dataset, views, issues)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def _num(value: float, unit: str) -> str:
-    return size(value) if unit == "bytes" else f"{value:,.0f}"
+    if unit == "bytes":
+        return size(value)
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
 
 
 def _spread_rows(label: str, spread: Spread | None, unit: str) -> list[str]:
@@ -199,14 +205,14 @@ def render_text(request: PlanRequest, result: PlanResult) -> str:
     lines = [
         f"plan of {request.source.describe()} for {first.num_ranks:,} ranks x {first.num_workers} workers",
         f"options: {_options_line(dataset)}",
-        describe_files(summarize_files(dataset.files), f"files: {len(dataset.files):,} files"),
+        describe_files(summarize_files(dataset.files), f"files: {_count(len(dataset.files), 'file')}"),
     ]
     for view, issues in zip(result.views, result.issues, strict=True):
         s = view.summary
         rows = s.total_rows
         lines += [
             "",
-            f"epoch {view.epoch}: {s.total_chunks:,} chunks of {s.files:,} files, "
+            f"epoch {view.epoch}: {_count(s.total_chunks, 'chunk')} of {_count(s.files, 'file')}, "
             f"{'unknown' if rows is None else f'{rows:,}'} rows, {size(int(s.bytes.sum()))}",
         ]
         table = [["", "min", "max", "mean", "imbalance"]]

@@ -74,7 +74,7 @@ def parse_filter(text: str) -> pc.Expression:
     if op in ("in", "not in"):
         values = [_literal(v.strip()) for v in raw.strip("()[]").split(",") if v.strip()]
         expr = ref.isin(pa.array(values))
-        return ~expr if op == "not in" else expr
+        return (~expr & ref.is_valid()) if op == "not in" else expr  # nulls are in no list
     value = _literal(raw)
     ops = {
         "==": ref.__eq__,
