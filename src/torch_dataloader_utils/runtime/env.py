@@ -179,7 +179,12 @@ def cpus_per_rank() -> int:
 
 
 def stderr_is_terminal() -> bool:
-    """Whether standard error is a terminal (progress bars), not a file or pipe (log lines)."""
+    """Whether progress can be drawn as a bar: standard error is a terminal, or a Jupyter kernel runs.
+
+    Otherwise (a file, a pipe: a job's log) progress is written as lines.
+    """
+    if "ipykernel" in sys.modules:  # a notebook: tqdm.auto draws a widget
+        return True
     try:
         return bool(sys.stderr.isatty())
     except (AttributeError, ValueError):  # replaced or closed stream

@@ -44,15 +44,20 @@ class ResumableDataLoader(DataLoader[Any]):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         # len() may differ between a resumed pass and a full one; drop torch's cached value.
         self._IterableDataset_len_called = None
-        return stall_clock(self._batches(), self.dataset.metrics)
+        metrics = self.dataset.metrics
+        completed: list[bool] = []
+        try:
+            # The loop's wait is timed around this loader's batches, up to StopIteration.
+            yield from stall_clock(self._batches(completed), metrics)
+        finally:
+            metrics.finish(bool(completed))
 
-    def _batches(self) -> Iterator[Any]:
+    def _batches(self, completed: list[bool]) -> Iterator[Any]:
         state = self.dataset._state
         metrics = self.dataset.metrics
         state.begin(self.num_workers, self.dataset.epoch)
         self.dataset.begin_metrics(self.num_workers)
         state.tagging = True  # set before workers start: they pickle the dataset
-        completed = False
         try:
             for item in super().__iter__():
                 if isinstance(item, Tagged) and isinstance(item.batch, BatchGroup):
@@ -68,10 +73,9 @@ class ResumableDataLoader(DataLoader[Any]):
                         metrics.record(item.tag)
                     yield state.consume(item)
             state.finish()
-            completed = True
+            completed.append(True)
         finally:
             state.tagging = False
-            metrics.finish(completed)
 
     def metrics(self, gather: bool = False, group: Any = None) -> LoaderMetrics:
         """What the loader did since the last ``set_epoch``, ``reset_metrics`` or ``get_metrics``.
