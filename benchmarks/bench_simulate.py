@@ -28,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import common
 import testsupport.latency_fs  # noqa: F401  (registers latency://)
+
+import common
 from torch_dataloader_utils import create_dataloader
 from torch_dataloader_utils.tools.simulate import SimulateRequest, StorageModel, run_simulation
 from torch_dataloader_utils.tools.source import Source

@@ -16,14 +16,42 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError
+from torch_dataloader_utils.plan.summary import PlanSummary
+from torch_dataloader_utils.plan.types import Chunk
 
-if TYPE_CHECKING:
-    from torch_dataloader_utils.tools.plan import PlanView
+__all__ = ["DrawnChunk", "PlanView", "draw_plan", "file_colours"]
 
-__all__ = ["DrawnChunk", "draw_plan"]
+
+class PlanView(Protocol):
+    """What a picture needs of an epoch's plan (``tools.plan.PlanView`` has it)."""
+
+    @property
+    def epoch(self) -> int:
+        """The epoch."""
+        ...
+
+    @property
+    def num_ranks(self) -> int:
+        """Ranks."""
+        ...
+
+    @property
+    def num_workers(self) -> int:
+        """Workers per rank."""
+        ...
+
+    @property
+    def summary(self) -> PlanSummary:
+        """The plan's figures."""
+        ...
+
+    def chunks_for(self, rank: int, worker: int) -> Sequence[Chunk]:
+        """That worker's chunks, in reading order."""
+        ...
+
 
 LANE_INCHES = 0.28
 """Height of one (rank, worker) lane."""

@@ -205,7 +205,7 @@ def render_text(request: PlanRequest, result: PlanResult) -> str:
     lines = [
         f"plan of {request.source.describe()} for {first.num_ranks:,} ranks x {first.num_workers} workers",
         f"options: {_options_line(dataset)}",
-        describe_files(summarize_files(dataset.files), _count(len(dataset.files), 'file')),
+        describe_files(summarize_files(dataset.files), _count(len(dataset.files), "file")),
     ]
     for view, issues in zip(result.views, result.issues, strict=True):
         s = view.summary
