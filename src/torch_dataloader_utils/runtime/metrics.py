@@ -70,7 +70,8 @@ class WorkerMetrics:
             CSV / JSONL, the byte ranges read. Not counted for ORC.
         bytes_needed: Bytes of the column chunks (or ranges) the pieces needed.
         requests: Requests to remote storage (ranged reads; retries not included).
-        retries: Requests retried after a transient error.
+        retries: Requests the library retried after a transient error (a storage client
+            may also retry some errors itself, e.g. a reset connection, unseen here).
         storage_wait_sec: Time the worker waited for bytes from remote storage (local
             files: 0, reading is part of decoding).
         decode_sec: Time reading batches apart from the storage wait: decoding,
