@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import fsspec
 import testsupport.latency_fs  # noqa: F401  (registers latency://)
 
 import common
@@ -53,14 +54,29 @@ def measure(url: str, options: dict[str, Any], workers: int) -> tuple[float, flo
     return first or 0.0, time.perf_counter() - t0, rows
 
 
+def request_bandwidth(files: Sequence[Path], part: int = 8 << 20) -> float:
+    """Bytes per second of one ranged request of ``part`` bytes through ``latency://`` (no delay).
+
+    Part of the storage model given to ``simulate``, measured on the store alone (as a
+    user would measure an object store), not on the loader.
+    """
+    fs = fsspec.filesystem("latency", delay=0.0)
+    total = 0
+    began = time.perf_counter()
+    for f in files[:3]:
+        size = f.stat().st_size
+        for lo in range(0, size, part):
+            total += len(fs.cat_file(str(f), start=lo, end=min(size, lo + part)))
+    return total / (time.perf_counter() - began)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = common.base_parser(__doc__.splitlines()[0])
-    p.set_defaults(rows=1_200_000, files=6, row_group_size=50_000, repeats=3)
+    p.set_defaults(rows=4_800_000, files=12, row_group_size=100_000, repeats=3)
     p.add_argument("--latencies-ms", type=float, nargs="+", default=[0.0, 10.0, 50.0])
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
-    p.add_argument("--split-rows", type=int, default=100_000, help="rows per chunk")
+    p.add_argument("--split-rows", type=int, default=200_000, help="rows per chunk")
     p.add_argument("--batch-size", type=int, default=8192)
-    p.add_argument("--worker-start", type=float, default=0.1, help="the model's worker start-up, seconds")
     args = p.parse_args(argv)
     spec = common.spec_from_args(args)
     if args.quick:
@@ -69,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     root = files[0].parent
     cpus = len(os.sched_getaffinity(0))
     load = os.getloadavg()
+    bandwidth = statistics.median(request_bandwidth(files) for _ in range(3))
     rows_md, results = [], []
     for latency_ms in args.latencies_ms:
         key = uuid.uuid4().hex
@@ -92,9 +109,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             request = SimulateRequest(
                 source=Source(path=url, options=options),
                 num_workers=w,
-                storage=StorageModel(latency_sec=latency_ms / 1000),
+                storage=StorageModel(latency_sec=latency_ms / 1000, bandwidth=bandwidth),
                 cores_per_rank=cpus,
-                worker_start_sec=args.worker_start,
             )
             _, sim = run_simulation(request)
             first = statistics.median(m[0] for m in measured[w])
@@ -112,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 "within_tolerance": abs(error) <= TOLERANCE,
                 "decode_rows_per_s": sim.decode.rows_per_sec,
                 "decode_cores_used": sim.decode.cores_used,
+                "batch_sec": sim.decode.batch_sec,
+                "worker_start_sec": sim.worker_start_sec,
             }
             results.append(entry)
             rows_md.append(
@@ -130,11 +148,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     info = common.machine()
     md = (
         f"Dataset: {spec.rows:,} rows, {spec.files} files, row groups of {spec.row_group_size:,} rows, "
-        f"chunks of {args.split_rows:,} rows, numeric columns, batch_size {args.batch_size}; every request "
-        f"through `latency://`. Measured: median of {args.repeats} interleaved epochs. Predicted: "
-        f"`simulate` with the same latency, {cpus} cores per rank, worker start-up {args.worker_start} s, "
-        f"and its own decode measurement on one chunk. Machine: {info['cpus']} CPUs, load average "
-        f"{tuple(round(x, 2) for x in load)} at start.\n\n"
+        f"chunks of {args.split_rows:,} rows, numeric columns, batch_size {args.batch_size}; every "
+        f"request through `latency://`. Measured: median of {args.repeats} interleaved epochs. "
+        f"Predicted: `simulate` with the same latency, the store's bandwidth per request "
+        f"({bandwidth / 2**20:,.0f} MiB/s, measured on the store alone) and {cpus} cores per rank; "
+        "it measures its own decode rate (on one chunk), per-batch cost and worker start-up. "
+        f"Machine: {info['cpus']} CPUs, load average {tuple(round(x, 2) for x in load)} at start.\n\n"
         + common.table(
             [
                 "latency ms",
@@ -155,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "dataset": {**spec.__dict__, "path": str(root)},
         "machine": info,
         "loadavg": load,
+        "request_bandwidth": bandwidth,
         "results": results,
     }
     common.write_results("bench_simulate", payload, md, args.out_dir)

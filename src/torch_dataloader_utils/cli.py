@@ -379,8 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--worker-start",
         type=_typed(_non_negative_number, "number"),
-        default=0.1,
-        help="seconds to start the DataLoader workers",
+        help="seconds to start the DataLoader workers (default: measured here)",
     )
     sim.add_argument(
         "--step-ms",

@@ -7,9 +7,12 @@ The model, from the plan (the library's own) and a few numbers:
   :mod:`torch_dataloader_utils.io.prefetch` does, each range one request taking
   ``latency + bytes / bandwidth``, at most ``concurrency`` requests in flight per
   worker, the next chunks fetched ahead while one is decoded (up to ``read_ahead_bytes``).
-* **Decoding**: rows per second of one reading process (read + convert, and packing for
-  the transfer when there are workers), measured on one chunk of the plan or given;
-  workers share ``cores_per_rank`` cores.
+* **Decoding**: rows per second of one reading process (read, cut into batches,
+  convert, and pack for the transfer when there are workers), measured on one chunk of
+  the plan or given; workers and the main process share ``cores_per_rank`` cores.
+* **The main process**: its own time per batch (the DataLoader's machinery, tags,
+  metrics), and the start-up of the DataLoader workers, both measured on this machine
+  (:mod:`torch_dataloader_utils.runtime.calibrate`).
 * **The plan**: each worker reads its chunks in order; a worker's first batches reach
   the loop in a group of about 8 MiB (:data:`~torch_dataloader_utils.runtime.emit.GROUP_BYTES`);
   the DataLoader takes worker 0's first.
@@ -38,10 +41,12 @@ import pyarrow.parquet as pq
 
 from torch_dataloader_utils.config import DEFAULT_READ_AHEAD_BYTES
 from torch_dataloader_utils.discovery.parquet import METADATA_THREADS
+from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.parquet import READ_BATCH_ROWS
 from torch_dataloader_utils.io.prefetch import FETCH_THREADS, MAX_PART_BYTES, coalesce, column_ranges
 from torch_dataloader_utils.plan.summary import Spread
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
+from torch_dataloader_utils.runtime.calibrate import measure_batch_overhead, measure_worker_start
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.emit import GROUP_BYTES
 from torch_dataloader_utils.runtime.report import size
@@ -96,16 +101,19 @@ class DecodeModel:
         cores_used: Cores that process kept busy while measured (pyarrow decodes with
             threads), so workers sharing a rank's cores each get their share.
         arrow_bytes_per_row: Decoded bytes per row (sizes the first group of batches).
+        batch_sec: The main process's own time per batch (the DataLoader's machinery,
+            tags, metrics), beside reading.
         measured_on: The chunk measured, or ``None`` when the rate was given.
     """
 
     rows_per_sec: float
     cores_used: float = 1.0
     arrow_bytes_per_row: float = 64.0
+    batch_sec: float = 0.0
     measured_on: str | None = None
 
     def worker_rate(self, workers: int, cores: float) -> float:
-        """Rows per second of each of ``workers`` processes sharing ``cores`` cores."""
+        """Rows per second of one of ``workers`` processes when all read at once on ``cores`` cores."""
         if workers <= 1:
             return self.rows_per_sec * min(1.0, cores / max(self.cores_used, 1e-9))
         share = cores / (workers * max(self.cores_used, 1e-9))
@@ -216,6 +224,7 @@ class Simulation:
                 "rows_per_sec": self.decode.rows_per_sec,
                 "cores_used": self.decode.cores_used,
                 "arrow_bytes_per_row": self.decode.arrow_bytes_per_row,
+                "batch_sec": self.decode.batch_sec,
                 "measured_on": self.decode.measured_on,
             },
             "worker_start_sec": self.worker_start_sec,
@@ -266,24 +275,40 @@ def chunk_requests(
 def measure_decode(dataset: PlannedDataset, chunk: Chunk, workers: int) -> DecodeModel:
     """Rows per second of reading ``chunk`` in this process (storage waits left out).
 
-    Reads it (and converts its batches, packing them as a worker does when ``workers``)
-    until :data:`MEASURE_SEC` has passed, after one warm-up read.
+    Reads it, cuts it into batches and converts them (with ``workers``, packing them in
+    groups as a worker does, and timing apart the main process's unpacking of them) until
+    :data:`MEASURE_SEC` has passed, after one warm-up read; the main process's own time
+    per batch adds :func:`measure_batch_overhead`.
     """
     reader = dataset.reader
     io = getattr(reader, "io_totals", None)
 
+    batching = dataset.options.batching
+    received = [0.0, 0]  # main process: seconds unpacking groups, batches received
+
+    def receive(packed: Any, count: int) -> None:
+        began = time.perf_counter()
+        rebuild, args = packed.__reduce__()
+        rebuild(*args)  # the main process's views of the buffer (its transfer itself not timed)
+        received[0] += time.perf_counter() - began
+        received[1] += count
+
     def once() -> tuple[int, int, float]:
-        rows = nbytes = 0
+        rows = nbytes = group = 0
         waited = io()[4] if io is not None else 0.0
-        pending = []
-        for batch in reader.read(chunk):
+        pending: list[Any] = []
+        for batch in rebatch(reader.read(chunk), batching.batch_size, batching.drop_last):
             rows += batch.num_rows
             nbytes += batch.nbytes
             out = dataset.convert_batch(batch, for_transfer=workers > 0)
-            if workers > 0:
+            if workers > 0:  # as a worker sends them: groups of about GROUP_BYTES
                 pending.append(out)
+                group += batch.nbytes
+                if group >= GROUP_BYTES:
+                    receive(pack_group(pending), len(pending))
+                    pending, group = [], 0
         if pending:
-            pack_group(pending)
+            receive(pack_group(pending), len(pending))
         return rows, nbytes, (io()[4] if io is not None else 0.0) - waited
 
     once()
@@ -300,12 +325,14 @@ def measure_decode(dataset: PlannedDataset, chunk: Chunk, workers: int) -> Decod
         runs += 1
         if r == 0:
             break
-    busy = max(wall - waits, 1e-9)
+    unpack_sec = received[0] / received[1] if received[1] else 0.0
+    busy = max(wall - waits - received[0], 1e-9)
     name = f"{chunk.path}[{chunk.start}:{chunk.stop})"
     return DecodeModel(
         rows_per_sec=rows / busy,
-        cores_used=max(1.0, cpu / busy),
+        cores_used=max(1.0, (cpu - received[0]) / busy),
         arrow_bytes_per_row=nbytes / rows if rows else 64.0,
+        batch_sec=measure_batch_overhead() + unpack_sec,
         measured_on=name,
     )
 
@@ -388,12 +415,15 @@ def simulate(
     else:
         group_rows = batching.batch_size
     start = worker_start_sec if num_workers > 0 else 0.0
+    if num_workers == 0 and decode.batch_sec > 0:
+        # One process reads and hands out batches: its per-batch cost slows its rows.
+        rate = 1.0 / (1.0 / rate + decode.batch_sec / batching.batch_size)
     cache: dict[str, pq.FileMetaData] = {}
     workers: list[WorkerTime] = []
     ranks: list[RankTime] = []
     for r in range(view.num_ranks):
         mine: list[WorkerTime] = []
-        batches = 0
+        batches = rows_total = 0
         for w in range(view.num_workers):
             chunks = list(view.chunks_for(r, w))
             requests = [chunk_requests(dataset, c, cache) for c in chunks]
@@ -405,10 +435,16 @@ def simulate(
             )
             full, rest = divmod(rows, batching.batch_size)
             batches += full + (1 if rest and not batching.drop_last else 0)
+            rows_total += rows
         workers += mine
         busy = [m for m in mine if m.rows]
         first_batch = busy[0].first_batch_sec if busy else start
         data = max((m.finish_sec for m in mine), default=start)
+        if num_workers > 0:
+            # The main process hands out every batch while the workers read; all share the cores.
+            main = batches * decode.batch_sec
+            cpu = (rows_total / decode.rows_per_sec * decode.cores_used + main) / cores_per_rank
+            data = max(data, start + main, start + cpu)
         epoch = max(data, first_batch + batches * step_sec)
         stall = 0.0 if epoch <= 0 else max(0.0, epoch - batches * step_sec) / epoch
         ranks.append(RankTime(r, first_batch, data, epoch, batches, stall))
@@ -435,7 +471,7 @@ class SimulateRequest:
         storage: The storage model.
         decode_rate: Rows per second of one process, or ``None`` to measure one chunk.
         cores_per_rank: Cores each rank's processes share.
-        worker_start_sec: Start-up of DataLoader workers (fork and first import).
+        worker_start_sec: Start-up of DataLoader workers, or ``None`` to measure it here.
         step_sec: The training step per batch (0: predict the loading alone).
         detail: Ranks listed (``-1``: all).
         as_json: Print JSON.
@@ -448,7 +484,7 @@ class SimulateRequest:
     storage: StorageModel = StorageModel()
     decode_rate: float | None = None
     cores_per_rank: float = 1.0
-    worker_start_sec: float = 0.1
+    worker_start_sec: float | None = None
     step_sec: float = 0.0
     detail: int = 16
     as_json: bool = False
@@ -468,7 +504,7 @@ def run_simulation(request: SimulateRequest) -> tuple[PlannedDataset, Simulation
     dataset = open_dataset(request.source, num_ranks=request.num_ranks, num_workers=request.num_workers)
     view = plan_of(dataset, request.epoch, workers)
     if request.decode_rate is not None:
-        decode = DecodeModel(rows_per_sec=request.decode_rate)
+        decode = DecodeModel(rows_per_sec=request.decode_rate, batch_sec=measure_batch_overhead())
     else:
         chunk = _median_chunk(view)
         if chunk is None:
@@ -482,7 +518,11 @@ def run_simulation(request: SimulateRequest) -> tuple[PlannedDataset, Simulation
         decode,
         num_workers=request.num_workers,
         cores_per_rank=request.cores_per_rank,
-        worker_start_sec=request.worker_start_sec,
+        worker_start_sec=(
+            measure_worker_start(request.num_workers)
+            if request.worker_start_sec is None
+            else request.worker_start_sec
+        ),
         step_sec=request.step_sec,
     )
     return dataset, sim
@@ -500,6 +540,7 @@ def render_text(request: SimulateRequest, sim: Simulation) -> str:
         f"in flight per worker, read-ahead {size(s.read_ahead_bytes)}",
         f"decode: {d.rows_per_sec:,.0f} rows/s per process ({how}; {d.cores_used:.1f} cores busy), "
         f"{request.cores_per_rank:g} cores per rank",
+        f"main process: {d.batch_sec * 1e6:,.0f} us per batch; worker start-up {sim.worker_start_sec:.2f} s",
         "",
         f"dataset start-up (listing, footers): {sim.startup_sec:.2f} s",
         f"time to first batch: {sim.first_batch_sec:.2f} s",
