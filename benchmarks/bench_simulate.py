@@ -109,7 +109,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             request = SimulateRequest(
                 source=Source(path=url, options=options),
                 num_workers=w,
-                storage=StorageModel(latency_sec=latency_ms / 1000, bandwidth=bandwidth),
+                # The store is local files: receiving its bytes is copying, on the same cores.
+                storage=StorageModel(
+                    latency_sec=latency_ms / 1000, bandwidth=bandwidth, receive_rate=bandwidth
+                ),
                 cores_per_rank=cpus,
             )
             _, sim = run_simulation(request)

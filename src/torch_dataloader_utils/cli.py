@@ -266,6 +266,7 @@ def _simulate(args: argparse.Namespace) -> int:
         read_ahead_bytes=DEFAULT_READ_AHEAD_BYTES
         if args.read_ahead is None
         else parse_read_ahead(args.read_ahead),
+        receive_rate=float("inf") if args.receive_mib is None else args.receive_mib * 2**20,
     )
     request = SimulateRequest(
         source=_source(args),
@@ -365,6 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--bandwidth-mib",
         type=float,
         help="MiB/s of one request (default: unlimited)",
+    )
+    sim.add_argument(
+        "--receive-mib",
+        type=float,
+        help="MiB/s one core can receive (copies, TLS): fetching takes CPU from decoding (default: free)",
     )
     sim.add_argument(
         "--concurrency",

@@ -80,12 +80,15 @@ class StorageModel:
         bandwidth: Bytes per second of one request (``inf``: not a limit).
         concurrency: Requests in flight at once per worker (the library's fetch threads).
         read_ahead_bytes: Bytes of the next chunks fetched while one is decoded.
+        receive_rate: Bytes per second one core receives (copies, TLS): fetching costs
+            CPU that decoding then lacks (``inf``: free).
     """
 
     latency_sec: float = 0.0
     bandwidth: float = math.inf
     concurrency: int = FETCH_THREADS
     read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES
+    receive_rate: float = math.inf
 
     def request_sec(self, nbytes: int) -> float:
         """Time of one request of ``nbytes``."""
@@ -219,6 +222,7 @@ class Simulation:
                 "bandwidth": None if math.isinf(self.storage.bandwidth) else self.storage.bandwidth,
                 "concurrency": self.storage.concurrency,
                 "read_ahead_bytes": self.storage.read_ahead_bytes,
+                "receive_rate": None if math.isinf(self.storage.receive_rate) else self.storage.receive_rate,
             },
             "decode": {
                 "rows_per_sec": self.decode.rows_per_sec,
@@ -423,7 +427,7 @@ def simulate(
     ranks: list[RankTime] = []
     for r in range(view.num_ranks):
         mine: list[WorkerTime] = []
-        batches = rows_total = 0
+        batches = rows_total = fetched = 0
         for w in range(view.num_workers):
             chunks = list(view.chunks_for(r, w))
             requests = [chunk_requests(dataset, c, cache) for c in chunks]
@@ -436,15 +440,18 @@ def simulate(
             full, rest = divmod(rows, batching.batch_size)
             batches += full + (1 if rest and not batching.drop_last else 0)
             rows_total += rows
+            fetched += sum(sum(q) for q in requests)
         workers += mine
         busy = [m for m in mine if m.rows]
         first_batch = busy[0].first_batch_sec if busy else start
         data = max((m.finish_sec for m in mine), default=start)
-        if num_workers > 0:
-            # The main process hands out every batch while the workers read; all share the cores.
-            main = batches * decode.batch_sec
-            cpu = (rows_total / decode.rows_per_sec * decode.cores_used + main) / cores_per_rank
-            data = max(data, start + main, start + cpu)
+        # Decoding, receiving bytes and handing out batches share the rank's cores.
+        receive = fetched / storage.receive_rate if math.isfinite(storage.receive_rate) else 0.0
+        main = batches * decode.batch_sec
+        cpu = (rows_total / decode.rows_per_sec * decode.cores_used + receive + main) / cores_per_rank
+        data = max(data, start + cpu)
+        if num_workers > 0:  # the main process hands out every batch while the workers read
+            data = max(data, start + main)
         epoch = max(data, first_batch + batches * step_sec)
         stall = 0.0 if epoch <= 0 else max(0.0, epoch - batches * step_sec) / epoch
         ranks.append(RankTime(r, first_batch, data, epoch, batches, stall))
@@ -537,7 +544,8 @@ def render_text(request: SimulateRequest, sim: Simulation) -> str:
         f"simulation of {request.source.describe()}: {len(sim.ranks):,} ranks x "
         f"{max(1, request.num_workers)} workers, epoch {request.epoch}",
         f"storage: {s.latency_sec * 1000:g} ms per request, {bw} per request, {s.concurrency} requests "
-        f"in flight per worker, read-ahead {size(s.read_ahead_bytes)}",
+        f"in flight per worker, read-ahead {size(s.read_ahead_bytes)}"
+        + ("" if math.isinf(s.receive_rate) else f", receiving {size(s.receive_rate)}/s per core"),
         f"decode: {d.rows_per_sec:,.0f} rows/s per process ({how}; {d.cores_used:.1f} cores busy), "
         f"{request.cores_per_rank:g} cores per rank",
         f"main process: {d.batch_sec * 1e6:,.0f} us per batch; worker start-up {sim.worker_start_sec:.2f} s",
