@@ -23,9 +23,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
+import pyarrow.parquet as pq
+
 import common
 from torch_dataloader_utils import create_dataloader
 from torch_dataloader_utils.config import ProgressConfig
+from torch_dataloader_utils.io.prefetch import column_ranges
 from torch_dataloader_utils.runtime.metrics import MetricsRecorder, stall_clock
 from torch_dataloader_utils.runtime.workstats import WorkStats
 
@@ -92,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     files = common.ensure_dataset(spec, args.data_dir)
     main_cost = cpu_per_item(clocked, args.repeats) - cpu_per_item(bare, args.repeats)
     worker_cost = cpu_per_item(worker_timers, args.repeats) - cpu_per_item(bare_worker, args.repeats)
-    loader, _ = create_dataloader(
+    loader, dataset = create_dataloader(
         str(files[0].parent), columns=common.NUMERIC_COLUMNS, batch_size=args.batch_size, num_workers=0
     )
     per_batch = []
@@ -101,11 +104,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         batches = sum(1 for _ in loader)
         per_batch.append((time.process_time() - c0) / batches)
     batch_cpu = statistics.median(per_batch)
-    share = (main_cost + worker_cost) / batch_cpu
+    # Local Parquet: the bytes of each chunk are counted from its footer (column ranges).
+    chunks = dataset.plan(0).all_chunks()
+    metadata = {c.path: pq.read_metadata(c.path) for c in chunks}
+    by_path = {f.path: f for f in dataset.files}
+
+    def count_bytes() -> int:
+        for c in chunks:
+            groups = by_path[c.path].groups_in(c.start, c.stop)
+            column_ranges(metadata[c.path], [g.index for g in groups], common.NUMERIC_COLUMNS)
+        return len(chunks)
+
+    ranges_cost = cpu_per_item(count_bytes, args.repeats) * len(chunks) / batches
+    share = (main_cost + worker_cost + ranges_cost) / batch_cpu
     info = common.machine()
     rows = [
         ["main process: timing the loop around next()", f"{main_cost * 1e6:.2f}"],
         ["reading process: clock reads per batch, a work delta per 64 batches", f"{worker_cost * 1e6:.2f}"],
+        ["local Parquet: bytes of each chunk from its footer (per batch)", f"{ranges_cost * 1e6:.2f}"],
         [
             f"the loader's own CPU time per batch (batch_size {args.batch_size}, numeric, num_workers=0)",
             f"{batch_cpu * 1e6:.1f}",
@@ -123,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "machine": info,
         "main_process_us": main_cost * 1e6,
         "reading_process_us": worker_cost * 1e6,
+        "byte_counting_us": ranges_cost * 1e6,
         "loader_batch_cpu_us": batch_cpu * 1e6,
         "added_share": share,
     }

@@ -265,9 +265,13 @@ class ChunkSource:
         self._reset()
 
     # -- per-process state --------------------------------------------------------
-    def _executor(self) -> ThreadPoolExecutor:
-        if self._pid != os.getpid():  # forked with live state: start clean
+    def _own_process(self) -> None:
+        """Start clean in a forked process (the parent's threads and requests are not here)."""
+        if self._pid != os.getpid():
             self._reset()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        self._own_process()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="tdu-fetch")
         return self._pool
@@ -314,6 +318,9 @@ class ChunkSource:
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks about to be read, in order: they are fetched ahead."""
+        # In a forked worker, reset before keeping the plan: a reset at the first read
+        # would drop it, and every chunk would then be fetched only when read.
+        self._own_process()
         for fetch in self._pending.values():
             fetch.cancel()
         self._plan = list(chunks)
