@@ -14,12 +14,15 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 import bench_memory  # noqa: E402
 import bench_parquet  # noqa: E402
+import bench_ragged  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     print("== throughput (bench_parquet) ==", flush=True)
     bench_parquet.main(args)
+    print("== ragged columns (bench_ragged) ==", flush=True)
+    bench_ragged.main(args)
     print("== memory (bench_memory) ==", flush=True)
     bench_memory.main(args)
 

@@ -10,7 +10,13 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-pytest_plugins = ["tests.fixtures.data", "tests.fixtures.e2e", "tests.fixtures.iceberg", "tests.fixtures.s3"]
+pytest_plugins = [
+    "tests.fixtures.data",
+    "tests.fixtures.e2e",
+    "tests.fixtures.examples020",
+    "tests.fixtures.iceberg",
+    "tests.fixtures.s3",
+]
 
 settings.register_profile(
     "default",

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from torch_dataloader_utils.config import OutputFormat
+from torch_dataloader_utils.config import OutputConfig, OutputFormat
 from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.errors import ConversionError, NullValueError
 from torch_dataloader_utils.transfer import PackedBatch, pack
@@ -21,7 +21,7 @@ NUMPY = OutputFormat.NUMPY
 
 
 def _conv(batch: pa.RecordBatch, output: OutputFormat = TORCH, null_fill: object = None) -> dict:  # type: ignore[type-arg]
-    return BatchConverter(batch.schema, output, null_fill)(batch)  # type: ignore[no-any-return]
+    return BatchConverter(batch.schema, OutputConfig(output_format=output, null_fill=null_fill))(batch)  # type: ignore[no-any-return]
 
 
 def _one(array: pa.Array, output: OutputFormat = TORCH, null_fill: object = None) -> object:  # type: ignore[type-arg]
@@ -140,13 +140,16 @@ def test_fixed_size_list_of_a_slice() -> None:
     assert t.tolist() == [[2, 2], [3, 3], [4, 4]]
 
 
-def test_variable_list_is_list_of_tensors() -> None:
+def test_variable_list_is_a_jagged_nested_tensor_by_default() -> None:
     array = pa.array([[1, 2, 3], [], [4]], pa.list_(pa.int64()))
     out = _one(array)
-    assert isinstance(out, list)
-    assert [t.tolist() for t in out] == [[1, 2, 3], [], [4]]
-    assert all(t.dtype == torch.int64 for t in out)
-    n = _one(array, NUMPY)
+    assert isinstance(out, torch.Tensor)
+    assert out.is_nested
+    assert out.layout is torch.jagged
+    assert out.values().dtype == torch.int64
+    assert out.values().tolist() == [1, 2, 3, 4]
+    assert out.offsets().tolist() == [0, 3, 3, 4]
+    n = _one(array, NUMPY)  # numpy keeps its object array of arrays
     assert isinstance(n, np.ndarray)
     assert n.dtype == object
     assert [a.tolist() for a in n] == [[1, 2, 3], [], [4]]
@@ -155,7 +158,11 @@ def test_variable_list_is_list_of_tensors() -> None:
 def test_variable_list_of_a_slice() -> None:
     array = pa.array([[0], [1, 1], [2, 2, 2], [3]], pa.list_(pa.int32())).slice(1, 2)
     out = _one(array)
-    assert [t.tolist() for t in out] == [[1, 1], [2, 2, 2]]  # type: ignore[attr-defined]
+    assert isinstance(out, torch.Tensor)
+    assert out.values().tolist() == [1, 1, 2, 2, 2]
+    assert out.offsets().tolist() == [0, 2, 5]
+    n = _one(array, NUMPY)
+    assert [a.tolist() for a in n] == [[1, 1], [2, 2, 2]]  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
@@ -165,13 +172,14 @@ def test_variable_list_of_a_slice() -> None:
         (pa.array([{"a": 1}]), "struct"),
         (pa.array([[("k", 1)]], pa.map_(pa.string(), pa.int64())), "map"),
         (pa.array([["a"]], pa.list_(pa.string())), "list<item: string>"),
+        (pa.array([[[1]]], pa.list_(pa.list_(pa.int32()))), "variable-length lists"),
     ],
 )
 @pytest.mark.parametrize("output", [TORCH, NUMPY])
 def test_unsupported_types_fail_at_construction(array: pa.Array, kind: str, output: OutputFormat) -> None:  # type: ignore[type-arg]
     schema = pa.schema([pa.field("bad", array.type)])
     with pytest.raises(ConversionError, match=r"column 'bad' has type") as exc:
-        BatchConverter(schema, output)
+        BatchConverter(schema, OutputConfig(output_format=output))
     assert kind in str(exc.value)
     assert "output_format='arrow'" in str(exc.value)
     assert f"output_format={output.value!r}" in str(exc.value)
@@ -186,8 +194,8 @@ def test_arrow_and_dict_outputs_hold_everything() -> None:
         ],
         ["d", "s", "n"],
     )
-    assert BatchConverter(batch.schema, OutputFormat.ARROW)(batch) is batch
-    out = BatchConverter(batch.schema, OutputFormat.DICT)(batch)
+    assert BatchConverter(batch.schema, OutputConfig(output_format=OutputFormat.ARROW))(batch) is batch
+    out = BatchConverter(batch.schema, OutputConfig(output_format=OutputFormat.DICT))(batch)
     assert out == {"d": [decimal.Decimal("1.5"), None], "s": [{"a": 1}, None], "n": [1, None]}
 
 
@@ -233,14 +241,15 @@ def test_null_inside_lists() -> None:
         _one(fixed)
     assert _one(fixed, null_fill=0).tolist() == [[1, 0], [3, 4]]  # type: ignore[attr-defined]
     missing_list = pa.array([[1], None], pa.list_(pa.int64()))
-    with pytest.raises(NullValueError, match="null list"):
+    with pytest.raises(NullValueError, match="column 'c' has 1 null list") as exc:
         _one(missing_list)
+    assert "null_fill={'c': <value>}" in str(exc.value)
 
 
 def test_null_fill_names_unknown_column() -> None:
     schema = pa.schema([("a", pa.int64())])
     with pytest.raises(ConversionError, match=r"null_fill names columns \['zz'\]"):
-        BatchConverter(schema, TORCH, {"zz": 0})
+        BatchConverter(schema, OutputConfig(null_fill={"zz": 0}))
 
 
 # -- packing -------------------------------------------------------------------------------
@@ -289,7 +298,7 @@ def test_pack_round_trips_a_single_tensor_and_plain_values() -> None:
 @pytest.mark.parametrize("output", list(OutputFormat))
 def test_converter_pickles_for_spawned_workers(output: OutputFormat) -> None:
     batch = pa.record_batch([pa.array([1, None]), pa.array(["a", "b"])], ["n", "s"])
-    converter = BatchConverter(batch.schema, output, {"n": 7})
+    converter = BatchConverter(batch.schema, OutputConfig(output_format=output, null_fill={"n": 7}))
     clone = pickle.loads(pickle.dumps(converter))
     if output is OutputFormat.ARROW:
         assert clone(batch) is batch

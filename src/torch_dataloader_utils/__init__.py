@@ -24,33 +24,46 @@ from torch_dataloader_utils.compat import (
     Split,
     TargetSizeSplitStrategy,
 )
-from torch_dataloader_utils.config import EqualBatches, FileFormat, OutputFormat, SplitKind
+from torch_dataloader_utils.config import (
+    EqualBatches,
+    FeaturePack,
+    FileFormat,
+    OutputFormat,
+    RaggedLayout,
+    SplitKind,
+    StringLayout,
+)
 from torch_dataloader_utils.errors import (
     CheckpointMismatchError,
     ConfigError,
     ConversionError,
     CorruptFileError,
     DataLoaderUtilsError,
+    DestinationConflictError,
     DiscoveryError,
     DistributedConfigError,
+    FileChangedError,
     IncompatibleOptionsError,
     NoFilesFoundError,
     NullValueError,
     OverlappingChunksError,
     PathNotFoundError,
     PlanError,
+    RankFailedError,
     ReadError,
     RecordBoundaryError,
+    ReshardError,
     ResumeStateError,
     SchemaError,
     SchemaMismatchError,
+    SourceChangedError,
     StateMismatchError,
     UnknownColumnError,
     UnknownLengthError,
     UnknownOptionError,
 )
-from torch_dataloader_utils.plan.resume import merge_states
 from torch_dataloader_utils.plan.splits import LegacySplitStrategy, SplitStrategy
+from torch_dataloader_utils.plan.state import merge_states
 from torch_dataloader_utils.plan.types import (
     Chunk,
     ChunkUnit,
@@ -62,6 +75,7 @@ from torch_dataloader_utils.plan.types import (
 )
 
 if TYPE_CHECKING:
+    from torch_dataloader_utils.convert import FlatList, PaddedList
     from torch_dataloader_utils.runtime.files import StructuredDataset, create_dataloader
     from torch_dataloader_utils.runtime.iceberg import IcebergDataset
     from torch_dataloader_utils.runtime.loader import ResumableDataLoader
@@ -73,10 +87,13 @@ if TYPE_CHECKING:
     )
     from torch_dataloader_utils.runtime.options import FileLoaderOptions, IcebergLoaderOptions
     from torch_dataloader_utils.runtime.state import gather_state
+    from torch_dataloader_utils.tools.reshard import ReshardReport, reshard
 
 # torch and pyarrow are imported on first use of these names, so that importing the
 # pure parts (plan/, config, errors) stays light.
 _LAZY = {
+    "FlatList": "torch_dataloader_utils.convert",
+    "PaddedList": "torch_dataloader_utils.convert",
     "FileLoaderOptions": "torch_dataloader_utils.runtime.options",
     "IcebergDataset": "torch_dataloader_utils.runtime.iceberg",
     "IcebergLoaderOptions": "torch_dataloader_utils.runtime.options",
@@ -85,9 +102,11 @@ _LAZY = {
     "WorkerMetrics": "torch_dataloader_utils.runtime.metrics",
     "gather_metrics": "torch_dataloader_utils.runtime.metrics",
     "ResumableDataLoader": "torch_dataloader_utils.runtime.loader",
+    "ReshardReport": "torch_dataloader_utils.tools.reshard",
     "StructuredDataset": "torch_dataloader_utils.runtime.files",
     "create_dataloader": "torch_dataloader_utils.runtime.files",
     "gather_state": "torch_dataloader_utils.runtime.state",
+    "reshard": "torch_dataloader_utils.tools.reshard",
 }
 
 
@@ -111,13 +130,17 @@ __all__ = [
     "CorruptFileError",
     "DataFileInfo",
     "DataLoaderUtilsError",
+    "DestinationConflictError",
     "DiscoveryError",
     "DistributedConfigError",
     "EpochPlan",
     "EqualBatches",
+    "FeaturePack",
+    "FileChangedError",
     "FileFormat",
     "FileInfo",
     "FileLoaderOptions",
+    "FlatList",
     "IcebergDataFileInfo",
     "IcebergDataset",
     "IcebergLoaderOptions",
@@ -128,12 +151,17 @@ __all__ = [
     "NullValueError",
     "OutputFormat",
     "OverlappingChunksError",
+    "PaddedList",
     "PathNotFoundError",
     "PlanError",
+    "RaggedLayout",
+    "RankFailedError",
     "RankMetrics",
     "ReadError",
     "RecordBoundaryError",
     "RecordIndex",
+    "ReshardError",
+    "ReshardReport",
     "ResumableDataLoader",
     "ResumeStateError",
     "RoundRobinSplitStrategy",
@@ -141,10 +169,12 @@ __all__ = [
     "SchemaError",
     "SchemaMismatchError",
     "SizeBalancedSplitStrategy",
+    "SourceChangedError",
     "Split",
     "SplitKind",
     "SplitStrategy",
     "StateMismatchError",
+    "StringLayout",
     "StructuredDataset",
     "TargetSizeSplitStrategy",
     "UnknownColumnError",
@@ -156,4 +186,5 @@ __all__ = [
     "gather_metrics",
     "gather_state",
     "merge_states",
+    "reshard",
 ]

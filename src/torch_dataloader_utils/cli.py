@@ -6,6 +6,7 @@ Commands (their logic lives in :mod:`torch_dataloader_utils.tools`, one module e
     torch-dataloader-utils plan PATH --epochs 3 --picture plan.png
     torch-dataloader-utils inspect PATH --num-ranks 64 --num-workers 4
     torch-dataloader-utils simulate PATH --num-ranks 64 --num-workers 4 --latency-ms 30
+    torch-dataloader-utils reshard SRC DST --target-file-size 256MiB --workers 8
     torch-dataloader-utils demo
 
 A user error (a missing path, a bad option) prints one line and exits with status 2.
@@ -297,6 +298,139 @@ def _demo_rank(args: argparse.Namespace) -> int:
     return run_demo_rank(args)
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """A JSON object given on the command line (``--storage-options '{"anon": false}'``)."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f'{text!r} is not JSON ({exc}); give an object, e.g. \'{{"key": "value"}}\''
+        ) from exc
+    if not isinstance(value, dict):
+        raise ValueError(f'{text!r} must be a JSON object, e.g. \'{{"key": "value"}}\'')
+    return value
+
+
+def _names(text: str | None) -> list[str] | None:
+    return None if text is None else [c.strip() for c in text.split(",") if c.strip()]
+
+
+def _row_group_size(text: str) -> tuple[str | None, int | None]:
+    """``--row-group-size``: bytes (``32MiB``) or rows (``100000rows``) as (bytes, rows)."""
+    size = text.strip()
+    if not size.lower().endswith("rows"):
+        return size, None
+    digits = size[: -len("rows")].strip().replace("_", "")
+    if not digits.isdigit():
+        raise ValueError(f"{text!r}: give bytes ('32MiB') or rows ('100000rows')")
+    return None, int(digits)
+
+
+def _reshard(args: argparse.Namespace) -> int:
+    from functools import reduce
+
+    from torch_dataloader_utils.tools.reshard import reshard
+
+    row_group_bytes, row_group_rows = args.row_group_size
+    report = reshard(
+        args.src if len(args.src) > 1 else args.src[0],
+        args.dst,
+        format=args.format,
+        columns=_names(args.columns),
+        filters=reduce(lambda a, b: a & b, args.filter) if args.filter else None,
+        storage_options=args.storage_options,
+        partitioning=args.partitioning,
+        catalog_config=args.catalog_config,
+        snapshot_id=args.snapshot_id,
+        dst_storage_options=args.dst_storage_options,
+        target_file_size=args.target_file_size,
+        row_group_bytes=row_group_bytes,
+        row_group_rows=row_group_rows,
+        compression=args.compression,
+        sort_by=_names(args.sort_by),
+        group_by=_names(args.group_by),
+        partition_by=_names(args.partition_by),
+        workers=args.workers,
+        verify=args.verify,
+        rank_timeout=args.rank_timeout,
+    )
+    print(report.describe())
+    return 0
+
+
+def _add_reshard(sub: Any) -> None:
+    from torch_dataloader_utils.tools import source
+    from torch_dataloader_utils.tools.reshard import (
+        COMPRESSIONS,
+        DEFAULT_COMPRESSION,
+        DEFAULT_RANK_TIMEOUT,
+        SOURCE_FORMATS,
+    )
+
+    cmd = sub.add_parser(
+        "reshard",
+        help="rewrite many small files into Parquet shards of a target size, with a manifest",
+        description=(
+            "Rewrite SRC (anything the loader reads) into Parquet shards of about "
+            "--target-file-size under DST, with DST/_manifest.json that the loader opens "
+            "without listing or footers. Restartable: run the same command again after an "
+            "interruption. Under torchrun every rank writes its share."
+        ),
+        formatter_class=_Help,
+    )
+    json_object = _typed(_json_object, "JSON object")
+    cmd.add_argument(
+        "src", nargs="+", help="files, directories, globs or URLs; or a table with --format iceberg"
+    )
+    cmd.add_argument("dst", help="output directory (local or URL): new, empty, or an interrupted job's")
+    cmd.add_argument("--format", default="parquet", choices=SOURCE_FORMATS, help="source format")
+    cmd.add_argument("--columns", help="comma-separated columns to keep (default: all)")
+    cmd.add_argument(
+        "--filter",
+        action="append",
+        type=_typed(source.parse_filter, "filter"),
+        metavar="EXPR",
+        help="keep rows where 'COLUMN OP VALUE' holds, repeatable, combined with AND (default: none)",
+    )
+    cmd.add_argument("--partitioning", choices=["hive"], help="read key=value directories (default: none)")
+    cmd.add_argument(
+        "--storage-options", type=json_object, help="source filesystem options, a JSON object (default: none)"
+    )
+    cmd.add_argument(
+        "--dst-storage-options",
+        type=json_object,
+        help="output filesystem options, a JSON object (default: none)",
+    )
+    cmd.add_argument(
+        "--catalog-config",
+        type=_typed(source.parse_catalog_config, "catalog config"),
+        help="Iceberg catalog properties: a JSON object or a JSON file (default: pyiceberg's configuration)",
+    )
+    cmd.add_argument("--snapshot-id", type=int, help="Iceberg snapshot (default: the current one)")
+    cmd.add_argument("--target-file-size", default="256MiB", help="bytes per shard, e.g. 256MiB")
+    cmd.add_argument(
+        "--row-group-size",
+        type=_typed(_row_group_size, "size"),
+        default="32MiB",
+        help="bytes (32MiB) or rows (100000rows)",
+    )
+    cmd.add_argument("--compression", default=DEFAULT_COMPRESSION, choices=COMPRESSIONS, help="codec")
+    cmd.add_argument("--sort-by", help="comma-separated columns to sort each shard by (default: none)")
+    cmd.add_argument("--group-by", help="columns whose rows stay in one shard, contiguous (default: none)")
+    cmd.add_argument("--partition-by", help="columns written as key=value directories (default: none)")
+    cmd.add_argument("--workers", type=_typed(_positive, "int"), default=1, help="worker processes per rank")
+    cmd.add_argument("--verify", action="store_true", help="compare row counts and column checksums")
+    cmd.add_argument(
+        "--rank-timeout",
+        type=_typed(_non_negative_number, "number"),
+        default=DEFAULT_RANK_TIMEOUT,
+        help="seconds a rank waits at a barrier",
+    )
+    cmd.set_defaults(fn=_reshard)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every command."""
     from torch_dataloader_utils import __version__
@@ -395,6 +529,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--detail", type=int, default=16, help="ranks listed (-1: all)")
     sim.set_defaults(fn=_simulate)
+
+    _add_reshard(sub)
 
     demo = sub.add_parser(
         "demo", help="generate a local dataset and read it as ranks x workers", formatter_class=_Help

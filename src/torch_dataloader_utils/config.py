@@ -7,11 +7,17 @@ parameter, echoing the value and listing what is allowed.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 from torch_dataloader_utils.errors import ConfigError, DistributedConfigError, IncompatibleOptionsError
 from torch_dataloader_utils.plan.types import EqualBatches  # defined in pure plan/, coerced here
@@ -21,6 +27,7 @@ __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_EQUAL_BATCHES",
     "DEFAULT_READ_AHEAD_BYTES",
+    "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_RETRIES",
     "DEFAULT_RETRY_BACKOFF",
     "DEFAULT_SHUFFLE_SEED",
@@ -29,6 +36,7 @@ __all__ = [
     "CountConfig",
     "DistributedConfig",
     "EqualBatches",
+    "FeaturePack",
     "FetchConfig",
     "FileFormat",
     "FileSourceConfig",
@@ -38,9 +46,11 @@ __all__ = [
     "OutputFormat",
     "PADDING_COLUMN",
     "ProgressConfig",
+    "RaggedLayout",
     "ShuffleConfig",
     "SplitConfig",
     "SplitKind",
+    "StringLayout",
     "coerce_enum",
     "parse_size",
 ]
@@ -59,6 +69,8 @@ DEFAULT_RETRY_BACKOFF = 0.2
 """Seconds before the first retry; doubled after each, capped at ``MAX_RETRY_BACKOFF``."""
 MAX_RETRY_BACKOFF = 10.0
 """Upper bound of the wait between two retries, in seconds."""
+DEFAULT_REQUEST_TIMEOUT = 30.0
+"""Seconds one request to remote storage may take in all, its retries included."""
 
 
 class FileFormat(enum.Enum):
@@ -86,6 +98,124 @@ class OutputFormat(enum.Enum):
     NUMPY = "numpy"
     ARROW = "arrow"
     DICT = "dict"
+
+
+class RaggedLayout(enum.Enum):
+    """How a variable-length list column (``list``, ``large_list``) reaches the loop.
+
+    * ``JAGGED``: a jagged nested tensor ``[rows, j]`` over the flat values and offsets
+      (``torch.nested.nested_tensor_from_jagged``, no copy); ``output_format='torch'`` only.
+    * ``PADDED``: a :class:`~torch_dataloader_utils.PaddedList` ``(values, lengths)``:
+      ``values`` is ``[rows, width]`` filled with ``pad_value`` past each list's end,
+      ``width`` the longest list of the batch (at most ``max_length``).
+    * ``OFFSETS``: a :class:`~torch_dataloader_utils.FlatList` ``(values, offsets)``:
+      Arrow's layout, the flat values and ``rows + 1`` int64 offsets starting at 0.
+    """
+
+    JAGGED = "jagged"
+    PADDED = "padded"
+    OFFSETS = "offsets"
+
+
+class StringLayout(enum.Enum):
+    """How a string or binary column reaches the loop (``output_format`` torch or numpy).
+
+    * ``LIST``: Python objects: ``list[str]`` (torch) or an object array (numpy); nulls
+      are ``None``.
+    * ``ARROW``: the ``pyarrow`` array itself (``StringArray``, ``BinaryArray``...), nulls
+      kept; with workers it is rebuilt over the batch's transfer buffer without a copy.
+    * ``BYTES``: a :class:`~torch_dataloader_utils.FlatList` ``(values, offsets)``: the
+      UTF-8 (or raw) bytes as ``uint8`` and ``rows + 1`` int64 offsets starting at 0.
+    """
+
+    LIST = "list"
+    ARROW = "arrow"
+    BYTES = "bytes"
+
+
+_PACK_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+
+
+def _dtype_name(value: object) -> str:
+    """``value`` (a name, a numpy dtype or a ``torch.dtype``) as a numpy dtype name."""
+    if type(value).__name__ == "dtype" and type(value).__module__ == "torch":
+        value = str(value).removeprefix("torch.")
+    name: str | None = None
+    if value is not None:
+        with contextlib.suppress(TypeError):
+            name = str(np.dtype(value).name)  # type: ignore[call-overload]
+    if name not in _PACK_DTYPES:
+        allowed = ", ".join(repr(d) for d in _PACK_DTYPES)
+        raise ConfigError(
+            f"FeaturePack dtype={value!r} is not supported; use one of {allowed} "
+            "(a name, a numpy dtype or the torch dtype of the same name)"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class FeaturePack:
+    """Numeric columns stacked into one ``[rows, F]`` tensor (or array) under ``key``.
+
+    Pass it (or several) as ``pack_features``. The packed columns leave the batch; the
+    other columns are converted as usual. Each column gives one feature, a
+    ``fixed_size_list`` column ``size`` features, in the order of ``columns``.
+
+    Args:
+        columns: The columns to stack, in order (numbers, bool, or fixed-size lists of
+            them).
+        key: The batch key of the stacked tensor (default ``"features"``).
+        dtype: Its dtype: a name such as ``"float32"`` (default), a numpy dtype or a
+            ``torch.dtype``. Columns are cast as numpy's ``same_kind`` rule allows (ints
+            to floats, wider to narrower of one kind); a float column into an int dtype
+            is an error.
+
+    Raises:
+        ConfigError: an empty or repeated column list, an empty key, an unsupported dtype.
+    """
+
+    columns: Sequence[str]
+    key: str = "features"
+    dtype: str | np.dtype[Any] | torch.dtype = "float32"
+
+    def __post_init__(self) -> None:
+        cols = self.columns
+        if isinstance(cols, str) or not isinstance(cols, Sequence) or not cols:
+            raise ConfigError(
+                f"FeaturePack columns={cols!r} must be a non-empty list of column names, "
+                "e.g. FeaturePack(['f0', 'f1'])"
+            )
+        if not all(isinstance(c, str) for c in cols):
+            raise ConfigError(f"FeaturePack columns={cols!r} must all be column names (str)")
+        repeated = sorted({c for c in cols if list(cols).count(c) > 1})
+        if repeated:
+            raise ConfigError(f"FeaturePack columns={list(cols)!r} names {repeated} more than once")
+        if not isinstance(self.key, str) or not self.key:
+            raise ConfigError(f"FeaturePack key={self.key!r} must be a non-empty str (the batch key)")
+        object.__setattr__(self, "columns", tuple(cols))
+        object.__setattr__(self, "dtype", _dtype_name(self.dtype))
+
+    @property
+    def numpy_dtype(self) -> np.dtype[Any]:
+        """The stacked array's dtype (``dtype`` is kept as its numpy name, e.g. ``'float32'``)."""
+        return np.dtype(str(self.dtype))
+
+
+def coerce_packs(value: object) -> tuple[FeaturePack, ...]:
+    """``pack_features`` (one :class:`FeaturePack`, a sequence of them, or ``None``) as a tuple.
+
+    Raises:
+        ConfigError: anything else, naming the parameter and echoing the value.
+    """
+    if value is None:
+        return ()
+    items = (value,) if isinstance(value, FeaturePack) else value
+    if isinstance(items, (list, tuple)) and all(isinstance(p, FeaturePack) for p in items):
+        return tuple(items)
+    raise ConfigError(
+        f"pack_features={value!r} must be a FeaturePack or a list of them, "
+        "e.g. pack_features=FeaturePack(['f0', 'f1'], key='features', dtype='float32')"
+    )
 
 
 DEFAULT_EQUAL_BATCHES = EqualBatches.DROP
@@ -337,16 +467,83 @@ class OutputConfig:
             scalar for every column or a mapping column -> value. ``None`` makes a null
             there an error.
         collate_fn: Applied to every converted batch, in the worker.
+        ragged: Layout of variable-length list columns, or ``None`` for the output
+            format's own (torch: ``JAGGED``; numpy: an object array of arrays).
+        pad_value: With ``ragged=PADDED``: the value past each list's end (default 0).
+        max_length: With ``ragged=PADDED``: lists are cut to their first ``max_length``
+            items (``None``: no limit).
+        strings: Layout of string and binary columns, or ``None`` (``LIST``).
+        pack_features: Groups of numeric columns stacked into one ``[rows, F]`` tensor each.
     """
 
     output_format: OutputFormat = OutputFormat.TORCH
     null_fill: Any = None
     collate_fn: Callable[[Any], Any] | None = None
+    ragged: RaggedLayout | None = None
+    pad_value: int | float | None = None
+    max_length: int | None = None
+    strings: StringLayout | None = None
+    pack_features: tuple[FeaturePack, ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.output_format, OutputFormat):
-            coerce_enum(self.output_format, OutputFormat, "output_format")  # raises
+        # Built from code (not through the public edge), strings still become enums here.
+        set_ = object.__setattr__
+        set_(self, "output_format", coerce_enum(self.output_format, OutputFormat, "output_format"))
         _check_callable(self.collate_fn, "collate_fn")
+        if self.ragged is not None:
+            set_(self, "ragged", coerce_enum(self.ragged, RaggedLayout, "ragged"))
+        if self.strings is not None:
+            set_(self, "strings", coerce_enum(self.strings, StringLayout, "strings"))
+        pad = self.pad_value
+        if pad is not None and (isinstance(pad, bool) or not isinstance(pad, (int, float))):
+            raise ConfigError(f"pad_value={pad!r} must be a number (the value past each list's end)")
+        check_int(self.max_length, "max_length", 1, optional=True, hint=" (items kept per list)")
+        set_(self, "pack_features", coerce_packs(self.pack_features))
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        output = self.output_format
+        if output not in (OutputFormat.TORCH, OutputFormat.NUMPY):
+            given = [
+                f"{name}={value.value if isinstance(value, enum.Enum) else value!r}"
+                for name, value in (("ragged", self.ragged), ("strings", self.strings))
+                if value is not None
+            ] + (["pack_features=..."] if self.pack_features else [])
+            if given:
+                raise IncompatibleOptionsError(
+                    f"{', '.join(given)} applies to output_format 'torch' or 'numpy', but "
+                    f"output_format={output.value!r} keeps every column as it is; drop it or "
+                    "use output_format='torch'"
+                )
+        if self.ragged is RaggedLayout.JAGGED and output is OutputFormat.NUMPY:
+            raise IncompatibleOptionsError(
+                "ragged='jagged' makes torch nested tensors; with output_format='numpy' use "
+                "ragged='padded' or 'offsets' (or output_format='torch')"
+            )
+        if self.ragged is not RaggedLayout.PADDED:
+            for name, value in (("pad_value", self.pad_value), ("max_length", self.max_length)):
+                if value is not None:
+                    shown = "None" if self.ragged is None else repr(self.ragged.value)
+                    raise IncompatibleOptionsError(
+                        f"{name}={value!r} applies to padded lists, but ragged={shown}; "
+                        f"pass ragged='padded' or drop {name}"
+                    )
+        keys: dict[str, int] = {}
+        owner: dict[str, str] = {}
+        for pack in self.pack_features:
+            keys[pack.key] = keys.get(pack.key, 0) + 1
+            for column in pack.columns:
+                if column in owner:
+                    raise IncompatibleOptionsError(
+                        f"pack_features puts column {column!r} in two packs ({owner[column]!r} and "
+                        f"{pack.key!r}); a column can be packed once"
+                    )
+                owner[column] = pack.key
+        twice = sorted(k for k, n in keys.items() if n > 1)
+        if twice:
+            raise IncompatibleOptionsError(
+                f"pack_features uses the key(s) {twice} for two packs; give each FeaturePack its own key"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -431,6 +628,11 @@ class LoaderConfig:
                     f"prefetch_factor={self.prefetch_factor!r} needs num_workers >= 1 "
                     "(got num_workers=0); set num_workers or drop prefetch_factor"
                 )
+            if self.multiprocessing_context is not None:
+                raise IncompatibleOptionsError(
+                    f"multiprocessing_context={self.multiprocessing_context!r} needs num_workers >= 1 "
+                    "(got num_workers=0); set num_workers or drop multiprocessing_context"
+                )
         check_int(self.prefetch_factor, "prefetch_factor", 1, optional=True)
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or self.timeout < 0:
             raise ConfigError(f"timeout={self.timeout!r} must be a number of seconds >= 0")
@@ -464,11 +666,17 @@ class FetchConfig:
             connection reset, timeout); ``0`` fails at the first error.
         retry_backoff: Seconds before the first retry, doubled after each retry (capped
             at ``MAX_RETRY_BACKOFF``).
+        request_timeout: Seconds one request (listing, a footer, a byte range) may take in
+            all, retries and waits included: each attempt's connect and read timeouts are
+            ``request_timeout / (retries + 1)``, and no retry starts that could not end in
+            time. A storage endpoint that accepts connections and never answers fails
+            within about this long, with an error naming the endpoint.
     """
 
     read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES
     retries: int = DEFAULT_RETRIES
     retry_backoff: float = DEFAULT_RETRY_BACKOFF
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
 
     def __post_init__(self) -> None:
         if isinstance(self.read_ahead_bytes, bool) or not isinstance(self.read_ahead_bytes, int):
@@ -483,6 +691,17 @@ class FetchConfig:
             raise ConfigError(
                 f"retry_backoff={backoff!r} must be a number of seconds between 0 and 60, e.g. 0.2"
             )
+        timeout = self.request_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400:
+            raise ConfigError(
+                f"request_timeout={timeout!r} must be a number of seconds > 0 (a request to remote "
+                f"storage, retries included), e.g. {DEFAULT_REQUEST_TIMEOUT}"
+            )
+
+    @property
+    def attempt_timeout(self) -> float:
+        """Connect and read timeout of one attempt: the request's budget shared by its attempts."""
+        return float(self.request_timeout) / (self.retries + 1)
 
     @classmethod
     def from_user(cls, read_ahead_bytes: object, retries: object, retry_backoff: object) -> FetchConfig:
@@ -511,6 +730,9 @@ class FileSourceConfig(RedactedRepr):
         storage_options: Options of the fsspec filesystem (credentials, endpoint...).
         schema: CSV / JSONL: a ``pyarrow.Schema`` for every file, or ``None`` to infer.
         quoted_newlines: CSV: quoted fields may hold newlines (such files are read whole).
+        use_manifest: Parquet: read a resharded directory from its ``_manifest.json``
+            (no listing, no footers). ``None`` uses it when ``path`` holds one, ``True``
+            requires it, ``False`` lists the files instead.
     """
 
     format: FileFormat = FileFormat.PARQUET
@@ -520,6 +742,7 @@ class FileSourceConfig(RedactedRepr):
     storage_options: Mapping[str, Any] | None = None
     schema: Any = None
     quoted_newlines: bool = False
+    use_manifest: bool | None = None
 
     def __post_init__(self) -> None:
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
@@ -528,6 +751,13 @@ class FileSourceConfig(RedactedRepr):
                 "options, e.g. {'key': ..., 'secret': ..., 'endpoint_url': ...}"
             )
         check_bool(self.quoted_newlines, "quoted_newlines")
+        if self.use_manifest is not None:
+            check_bool(self.use_manifest, "use_manifest")
+            if self.use_manifest and self.format is not FileFormat.PARQUET:
+                raise IncompatibleOptionsError(
+                    f"use_manifest=True reads the Parquet shards written by reshard, but "
+                    f"format={self.format.value!r}; pass format='parquet' or drop use_manifest"
+                )
 
 
 @dataclass(frozen=True, kw_only=True, repr=False)

@@ -24,10 +24,16 @@ also :class:`ValueError`, errors about a missing path are also
     │       └── StateMismatchError            it was saved for other data or options
     ├── UnknownLengthError (TypeError)        len() asked where row counts are unknown
     ├── ReadError                             reading a chunk's data failed
-    │   └── RecordBoundaryError               text records do not match their lines
-    │                                         (e.g. newlines inside quoted CSV fields)
-    └── ConversionError (ValueError)          a column cannot become the output type
-        └── NullValueError                    a null in a column that cannot hold one
+    │   ├── RecordBoundaryError               text records do not match their lines
+    │   │                                     (e.g. newlines inside quoted CSV fields)
+    │   └── FileChangedError                  a file was rewritten after planning
+    ├── ConversionError (ValueError)          a column cannot become the output type
+    │   └── NullValueError                    a null in a column that cannot hold one
+    ├── ReshardError                          a reshard job cannot start or finish
+    │   ├── DestinationConflictError          the destination holds other data or another
+    │   │                                     job's shards
+    │   └── SourceChangedError                the source changed since the job started
+    └── RankFailedError                       another rank of a multi-rank job failed
 
 Messages name the parameter or file, echo the offending value and say the fix.
 """
@@ -40,19 +46,24 @@ __all__ = [
     "ConversionError",
     "CorruptFileError",
     "DataLoaderUtilsError",
+    "DestinationConflictError",
     "DiscoveryError",
     "DistributedConfigError",
+    "FileChangedError",
     "IncompatibleOptionsError",
     "NoFilesFoundError",
     "NullValueError",
     "OverlappingChunksError",
     "PathNotFoundError",
     "PlanError",
+    "RankFailedError",
     "ReadError",
     "RecordBoundaryError",
+    "ReshardError",
     "ResumeStateError",
     "SchemaError",
     "SchemaMismatchError",
+    "SourceChangedError",
     "StateMismatchError",
     "UnknownColumnError",
     "UnknownLengthError",
@@ -162,3 +173,30 @@ class RecordBoundaryError(ReadError):
     Raised instead of returning split or duplicated records, typically because quoted
     CSV fields hold newlines and the file was split at byte offsets.
     """
+
+
+class FileChangedError(ReadError):
+    """A file's size or modification time differs from when the dataset was built.
+
+    The plan (row groups, row ranges, byte offsets) describes the file as it was; it is
+    not read against a file that was rewritten since. Build the dataset again.
+    """
+
+
+class ReshardError(DataLoaderUtilsError):
+    """A reshard job cannot start or finish (unwritable destination, failed verification...)."""
+
+
+class DestinationConflictError(ReshardError):
+    """The destination holds files reshard did not write, or another job's shards.
+
+    Nothing is overwritten: choose a new destination, or delete it to start over.
+    """
+
+
+class SourceChangedError(ReshardError):
+    """The source changed since the reshard job writing the destination started."""
+
+
+class RankFailedError(DataLoaderUtilsError):
+    """Another rank of a multi-rank job failed, so this rank stops too (its error is named)."""

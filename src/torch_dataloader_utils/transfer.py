@@ -9,6 +9,14 @@ worker's pipe; for several MiB, one segment wins. So a batch's tensors (and the
 buffers of its string columns) are copied into ONE buffer: a bytearray pickled in-band
 up to PIPE_MAX_BYTES, one shared-memory segment above. Groups of batches
 (runtime.loader.ResumableDataLoader) are sized to take the shared-memory path.
+
+Ragged data never travels as a tensor (or a Python object) per row: a jagged list
+column (:class:`~torch_dataloader_utils.convert.JaggedParts`, or a jagged nested tensor
+a ``collate_fn`` returned) travels as its values and offsets, a string column as its
+Arrow offsets and bytes (and validity bitmap), and the receiving process rebuilds the
+nested tensor, the ``list[str]`` or the Arrow array over the received buffer. Named
+tuples (:class:`~torch_dataloader_utils.convert.PaddedList`,
+:class:`~torch_dataloader_utils.convert.FlatList`) keep their type.
 """
 
 from __future__ import annotations
@@ -20,8 +28,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from torch_dataloader_utils.convert import DeferredText, as_tensor, text_out
-from torch_dataloader_utils.upstream.torch import new_shared_bytes
+from torch_dataloader_utils.convert import DeferredText, JaggedParts, as_tensor, text_out, text_parts
+from torch_dataloader_utils.upstream.torch import jagged, jagged_parts, new_shared_bytes
 
 __all__ = ["PIPE_MAX_BYTES", "BatchGroup", "PackedBatch", "pack", "pack_group", "unpack"]
 
@@ -46,15 +54,12 @@ class PackedBatch:
         return unpack, (buffer, self.layout)
 
 
-def _leaves(obj: Any, out: list[Any]) -> None:
-    if isinstance(obj, (torch.Tensor, DeferredText)):
-        out.append(obj)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _leaves(v, out)
-    elif isinstance(obj, (list, tuple)) and not _is_plain_list(obj):
-        for v in obj:
-            _leaves(v, out)
+class BatchGroup(list[Any]):
+    """Consecutive batches of one worker that travelled together; the loader flattens it."""
+
+
+class _Unpackable(Exception):
+    """A leaf that cannot go into a byte buffer (a CUDA or sparse tensor...)."""
 
 
 def _is_plain_list(obj: Any) -> bool:
@@ -65,29 +70,27 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
-def _text_parts(a: Any) -> tuple[np.ndarray, memoryview]:
-    """Offsets rebased to 0 and the data bytes of a null-free string / binary array."""
-    wide = pa.types.is_large_string(a.type) or pa.types.is_large_binary(a.type)
-    dtype = np.int64 if wide else np.int32
-    bufs = a.buffers()
-    n = len(a)
-    offsets: np.ndarray = np.frombuffer(bufs[1], dtype=dtype, count=n + 1, offset=a.offset * dtype().itemsize)
-    lo, hi = int(offsets[0]), int(offsets[-1])
-    data = memoryview(bufs[2])[lo:hi] if bufs[2] is not None else memoryview(b"")
-    return offsets - lo, data
+def _is_text_array(obj: Any) -> bool:
+    return isinstance(obj, pa.Array) and (
+        pa.types.is_string(obj.type)
+        or pa.types.is_large_string(obj.type)
+        or pa.types.is_binary(obj.type)
+        or pa.types.is_large_binary(obj.type)
+    )
 
 
 def pack(obj: Any) -> Any:
     """Pack every tensor of ``obj`` (dict / list / tuple nesting) into one buffer.
 
-    :class:`DeferredText` columns travel as their Arrow buffers in the same buffer.
-    Returns ``obj`` unchanged when it holds no tensor (or a CUDA / sparse one).
+    :class:`DeferredText` columns and Arrow string / binary arrays travel as their
+    Arrow buffers, :class:`JaggedParts` and jagged nested tensors as values + offsets,
+    all in the same buffer. Returns ``obj`` unchanged when it holds none of these (or a
+    CUDA / sparse tensor, or another nested tensor).
     """
-    leaves: list[Any] = []
-    _leaves(obj, leaves)
-    if not leaves or any(isinstance(t, torch.Tensor) and (t.is_cuda or t.is_sparse) for t in leaves):
+    try:
+        return _pack(obj, group=False)
+    except _Unpackable:
         return obj
-    return _pack(obj, leaves, group=False)
 
 
 def pack_group(items: list[Any]) -> Any:
@@ -96,15 +99,10 @@ def pack_group(items: list[Any]) -> Any:
     Used between a worker and a loader that knows to flatten groups (see
     ``runtime.loader``): one transfer for several small batches.
     """
-    leaves: list[Any] = []
-    _leaves(items, leaves)
-    if any(isinstance(t, torch.Tensor) and (t.is_cuda or t.is_sparse) for t in leaves):
-        return BatchGroup(i.materialize() if isinstance(i, DeferredText) else i for i in items)
-    return _pack(items, leaves, group=True)
-
-
-class BatchGroup(list[Any]):
-    """Consecutive batches of one worker that travelled together; the loader flattens it."""
+    try:
+        return _pack(items, group=True)
+    except _Unpackable:
+        return BatchGroup(items)
 
 
 def _np_dtype(dtype: torch.dtype) -> np.dtype[Any] | None:
@@ -117,16 +115,84 @@ def _np_dtype(dtype: torch.dtype) -> np.dtype[Any] | None:
 _NP_DTYPES: dict[torch.dtype, np.dtype[Any] | None] = {}
 
 
-def _pack(obj: Any, leaves: list[Any], group: bool) -> PackedBatch:
-    texts: dict[int, tuple[np.ndarray, memoryview]] = {}
-    total = 0
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            total += _aligned(leaf.numel() * leaf.element_size())
-        else:
-            offsets, data = _text_parts(leaf.array)
-            texts[id(leaf)] = (offsets, data)
-            total += _aligned(offsets.nbytes) + _aligned(data.nbytes)
+class _Packer:
+    """Walks a structure once: its layout, and the byte ranges to copy into the buffer."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[int, Any, int]] = []  # (offset, source, nbytes)
+        self.total = 0
+        self.leaves = 0
+
+    def put(self, src: Any, nbytes: int) -> int:
+        at = self.total
+        if nbytes:
+            self.parts.append((at, src, nbytes))
+        self.total += _aligned(nbytes)
+        return at
+
+    def tensor(self, o: torch.Tensor) -> Any:
+        if o.is_cuda or o.is_sparse or o.is_nested:
+            raise _Unpackable
+        self.leaves += 1
+        nbytes = o.numel() * o.element_size()
+        src = o.detach().contiguous().view(-1).view(torch.uint8).numpy() if nbytes else b""
+        at = self.put(src, nbytes)
+        if o.dtype not in _NP_DTYPES:
+            _NP_DTYPES[o.dtype] = _np_dtype(o.dtype)
+        np_dtype = _NP_DTYPES[o.dtype]
+        if np_dtype is not None:
+            # numpy views of the received buffer: cheaper than torch slicing.
+            return ("n", at, np_dtype, o.numel(), tuple(o.shape))
+        return ("t", at, o.dtype, tuple(o.shape), nbytes)
+
+    def text(self, array: Any) -> tuple[Any, ...]:
+        offsets, data = text_parts(array)
+        self.leaves += 1
+        at = self.put(offsets, offsets.nbytes)
+        data_at = self.put(data, data.nbytes)
+        valid = None
+        if array.null_count:
+            bitmap = array.is_valid().buffers()[1]  # a fresh bitmap starting at bit 0
+            valid = (self.put(bitmap, bitmap.size), bitmap.size, array.null_count)
+        return (at, offsets.dtype.str, len(array), data_at, data.nbytes, array.type, valid)
+
+    def lay(self, o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            if o.is_nested:
+                parts = jagged_parts(o)
+                if parts is None:
+                    raise _Unpackable
+                return self.jagged(*parts)
+            return self.tensor(o)
+        if isinstance(o, JaggedParts):
+            return self.jagged(o.values, o.offsets)
+        if isinstance(o, DeferredText):
+            return ("s", self.text(o.array), o.to_torch)
+        if _is_text_array(o):
+            return ("a", self.text(o))
+        if isinstance(o, dict):
+            return ("d", [(k, self.lay(v)) for k, v in o.items()])
+        if isinstance(o, tuple) and hasattr(o, "_fields") and "<locals>" not in type(o).__qualname__:
+            return ("nt", type(o), [self.lay(v) for v in o])  # a named tuple keeps its type
+        if isinstance(o, (list, tuple)) and not _is_plain_list(o):
+            return ("l" if isinstance(o, list) else "u", [self.lay(v) for v in o])
+        return ("o", o)
+
+    def jagged(self, values: torch.Tensor, offsets: torch.Tensor) -> Any:
+        lo, hi = int(offsets[0]), int(offsets[-1])
+        if lo or hi != len(values):  # send only the rows' items
+            values, offsets = values[lo:hi], offsets - lo
+        return ("j", self.tensor(values), self.tensor(offsets))
+
+
+def _pack(obj: Any, group: bool) -> Any:
+    packer = _Packer()
+    layout = ("g", [packer.lay(item) for item in obj]) if group else packer.lay(obj)
+    if not packer.leaves:
+        if group:
+            return BatchGroup(obj)
+        return obj
+    total = packer.total
     buffer: bytearray | torch.Tensor
     if total <= PIPE_MAX_BYTES:
         buffer = bytearray(total)
@@ -134,39 +200,8 @@ def _pack(obj: Any, leaves: list[Any], group: bool) -> PackedBatch:
     else:
         buffer = new_shared_bytes(total)
         dst = buffer.numpy()
-    offset = 0
-
-    def put(src: Any, nbytes: int) -> int:
-        nonlocal offset
-        start = offset
-        dst[start : start + nbytes] = np.frombuffer(src, dtype=np.uint8, count=nbytes)
-        offset += _aligned(nbytes)
-        return start
-
-    def lay(o: Any) -> Any:
-        if isinstance(o, torch.Tensor):
-            nbytes = o.numel() * o.element_size()
-            src = o.detach().contiguous().view(-1).view(torch.uint8).numpy() if nbytes else b""
-            at = put(src, nbytes)
-            if o.dtype not in _NP_DTYPES:
-                _NP_DTYPES[o.dtype] = _np_dtype(o.dtype)
-            np_dtype = _NP_DTYPES[o.dtype]
-            if np_dtype is not None:
-                # numpy views of the received buffer: cheaper than torch slicing.
-                return ("n", at, np_dtype, o.numel(), tuple(o.shape))
-            return ("t", at, o.dtype, tuple(o.shape), nbytes)
-        if isinstance(o, DeferredText):
-            offsets, data = texts[id(o)]
-            at = put(offsets, offsets.nbytes)
-            data_at = put(data, data.nbytes)
-            return ("s", at, offsets.dtype.str, len(o.array), data_at, data.nbytes, o.array.type, o.to_torch)
-        if isinstance(o, dict):
-            return ("d", [(k, lay(v)) for k, v in o.items()])
-        if isinstance(o, (list, tuple)) and not _is_plain_list(o):
-            return ("l" if isinstance(o, list) else "u", [lay(v) for v in o])
-        return ("o", o)
-
-    layout = ("g", [lay(item) for item in obj]) if group else lay(obj)
+    for at, src, nbytes in packer.parts:
+        dst[at : at + nbytes] = np.frombuffer(src, dtype=np.uint8, count=nbytes)
     return PackedBatch(buffer, layout)
 
 
@@ -193,6 +228,19 @@ def _base(buffer: bytes | bytearray | torch.Tensor) -> torch.Tensor:
         return torch.frombuffer(buffer, dtype=torch.uint8)
 
 
+def _text_array(raw: Any, parts: tuple[Any, ...]) -> Any:
+    at, offsets_dtype, n, data_at, data_len, arrow_type, valid = parts
+    width = np.dtype(offsets_dtype).itemsize
+    view: Any = memoryview(raw) if not isinstance(raw, np.ndarray) else raw
+    offsets = pa.py_buffer(view[at : at + width * (n + 1)])
+    data = pa.py_buffer(view[data_at : data_at + data_len])
+    if valid is None:
+        return pa.Array.from_buffers(arrow_type, n, [None, offsets, data])
+    valid_at, valid_len, null_count = valid
+    bitmap = pa.py_buffer(view[valid_at : valid_at + valid_len])
+    return pa.Array.from_buffers(arrow_type, n, [bitmap, offsets, data], null_count=null_count)
+
+
 def _unpack(raw: Any, buffer: Any, layout: Any) -> Any:
     kind = layout[0]
     if kind == "n":
@@ -202,16 +250,16 @@ def _unpack(raw: Any, buffer: Any, layout: Any) -> Any:
     if kind == "t":
         _, offset, dtype, shape, nbytes = layout
         return _base(buffer)[offset : offset + nbytes].view(dtype).view(shape)
+    if kind == "j":
+        return jagged(_unpack(raw, buffer, layout[1]), _unpack(raw, buffer, layout[2]))
     if kind == "s":
-        _, at, offsets_dtype, n, data_at, data_len, arrow_type, to_torch = layout
-        width = np.dtype(offsets_dtype).itemsize
-        view: Any = memoryview(raw) if not isinstance(raw, np.ndarray) else raw
-        offsets = pa.py_buffer(view[at : at + width * (n + 1)])
-        data = pa.py_buffer(view[data_at : data_at + data_len])
-        array = pa.Array.from_buffers(arrow_type, n, [None, offsets, data])
-        return text_out(array.to_pylist(), to_torch)
+        return text_out(_text_array(raw, layout[1]), layout[2])
+    if kind == "a":
+        return _text_array(raw, layout[1])
     if kind == "d":
         return {k: _unpack(raw, buffer, v) for k, v in layout[1]}
+    if kind == "nt":
+        return layout[1](*(_unpack(raw, buffer, v) for v in layout[2]))
     if kind == "l":
         return [_unpack(raw, buffer, v) for v in layout[1]]
     if kind == "u":

@@ -85,3 +85,22 @@ def test_file_info_fields() -> None:
 def test_checkpoint_mismatch_catches_our_state_mismatch() -> None:
     assert issubclass(StateMismatchError, CheckpointMismatchError)
     assert issubclass(CheckpointMismatchError, ResumeStateError)
+
+
+def test_isinstance_recognizes_the_files_strategies_receive() -> None:
+    from torch_dataloader_utils.plan.types import FileInfo
+    from torch_dataloader_utils.storage.iceberg_meta import IcebergFileInfo
+
+    plain = FileInfo("a.parquet", 10, 2)
+    iceberg = IcebergFileInfo("b.parquet", 10, 2, partition={"dt": 1}, snapshot_id=7)
+    assert isinstance(plain, DataFileInfo)
+    assert not isinstance(plain, IcebergDataFileInfo)
+    assert isinstance(iceberg, DataFileInfo)
+    assert isinstance(iceberg, IcebergDataFileInfo)
+    assert (iceberg.partition, iceberg.snapshot_id, iceberg.file_size, iceberg.record_count) == (
+        {"dt": 1},
+        7,
+        10,
+        2,
+    )
+    assert not isinstance("a.parquet", DataFileInfo)

@@ -12,7 +12,7 @@ import pytest
 
 from tests.fixtures.e2e import assert_exactly_once, column_chunk_range, corrupt, epoch_ids
 from torch_dataloader_utils import create_dataloader
-from torch_dataloader_utils.config import FileFormat
+from torch_dataloader_utils.config import FileFormat, FileSourceConfig
 from torch_dataloader_utils.discovery import discover
 from torch_dataloader_utils.discovery.listing import ListedFile
 from torch_dataloader_utils.discovery.partitions import infer_partitions
@@ -140,7 +140,9 @@ def test_partition_filters_prune_whole_files(
     hive: tuple[Path, dict], expr: pc.Expression, keep: object
 ) -> None:  # type: ignore[type-arg]
     root, layout = hive
-    found = discover(str(root), format=FileFormat.PARQUET, filters=expr, partitioning="hive")
+    found = discover(
+        str(root), FileSourceConfig(format=FileFormat.PARQUET, filters=expr, partitioning="hive")
+    )
     kept_keys = [k for k in layout if keep(*k)]  # type: ignore[operator]
     live = [f for f in found.files if f.live_rows]
     assert len(live) == len(kept_keys)

@@ -22,7 +22,7 @@ from tests.fixtures.e2e import (
     upload,
 )
 from torch_dataloader_utils import create_dataloader
-from torch_dataloader_utils.config import FileFormat
+from torch_dataloader_utils.config import FileFormat, FileSourceConfig
 from torch_dataloader_utils.discovery import Discovered, discover
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.base import ChunkReader
@@ -44,7 +44,7 @@ def _ids(reader: ParquetReader, chunk: Chunk) -> list[int]:
 
 def test_whole_and_partial_row_group_chunks(write_parquet: WriteParquet) -> None:
     path = write_parquet([100], row_group_size=30)[0]
-    found = discover(str(path), format=FileFormat.PARQUET)
+    found = discover(str(path), FileSourceConfig(format=FileFormat.PARQUET))
     f = found.files[0]
     reader = _reader(found, batch_size=7)
     assert _ids(reader, Chunk.rows(f)) == list(range(100))
@@ -59,7 +59,8 @@ def test_whole_and_partial_row_group_chunks(write_parquet: WriteParquet) -> None
 def test_output_is_projected_and_filtered(write_parquet: WriteParquet) -> None:
     path = write_parquet([100], row_group_size=30)[0]
     found = discover(
-        str(path), format=FileFormat.PARQUET, columns=["x", "id"], filters=pc.field("label") == 3
+        str(path),
+        FileSourceConfig(format=FileFormat.PARQUET, columns=["x", "id"], filters=pc.field("label") == 3),
     )
     reader = _reader(found)
     batches = list(reader.read(Chunk.rows(found.files[0])))
@@ -70,7 +71,7 @@ def test_output_is_projected_and_filtered(write_parquet: WriteParquet) -> None:
 
 def test_chunk_of_only_pruned_groups_reads_nothing(write_parquet: WriteParquet) -> None:
     path = write_parquet([100], row_group_size=10)[0]
-    found = discover(str(path), format=FileFormat.PARQUET, filters=pc.field("id") < 10)
+    found = discover(str(path), FileSourceConfig(format=FileFormat.PARQUET, filters=pc.field("id") < 10))
     f = found.files[0]
     reader = _reader(found)
     assert _ids(reader, Chunk(f.path, 50, 100)) == []
@@ -79,7 +80,7 @@ def test_chunk_of_only_pruned_groups_reads_nothing(write_parquet: WriteParquet) 
 
 def test_reader_pickles_without_open_files(write_parquet: WriteParquet) -> None:
     path = write_parquet([20])[0]
-    found = discover(str(path), format=FileFormat.PARQUET)
+    found = discover(str(path), FileSourceConfig(format=FileFormat.PARQUET))
     reader = _reader(found)
     assert _ids(reader, Chunk.rows(found.files[0])) == list(range(20))
     assert reader._open, "a file handle is cached after reading"
@@ -90,7 +91,7 @@ def test_reader_pickles_without_open_files(write_parquet: WriteParquet) -> None:
 
 def test_read_error_names_file_and_rows(write_parquet: WriteParquet) -> None:
     path = write_parquet([100], row_group_size=50)[0]
-    found = discover(str(path), format=FileFormat.PARQUET, columns=["id"])
+    found = discover(str(path), FileSourceConfig(format=FileFormat.PARQUET, columns=["id"]))
     corrupt(path, [column_chunk_range(path, 1, "id")])
     reader = _reader(found)
     assert _ids(reader, Chunk.rows(found.files[0], 0, 50)) == list(range(50))

@@ -12,21 +12,17 @@ from hypothesis import strategies as st
 from tests.strategies import layouts, live_row_ids
 from torch_dataloader_utils.config import EqualBatches
 from torch_dataloader_utils.errors import ResumeStateError, StateMismatchError
+from torch_dataloader_utils.plan.pieces import Piece, piece_rows, remaining, window_pieces
 from torch_dataloader_utils.plan.planner import PlanSpec
-from torch_dataloader_utils.plan.resume import (
+from torch_dataloader_utils.plan.resume import ResumeResult, segment_pieces
+from torch_dataloader_utils.plan.splits import FileSplit, RowGroupSplit
+from torch_dataloader_utils.plan.state import (
     STATE_FORMAT,
     STATE_VERSION,
-    Piece,
-    ResumeResult,
     check_state,
     fingerprint,
     merge_states,
-    piece_rows,
-    remaining,
-    segment_pieces,
-    window_pieces,
 )
-from torch_dataloader_utils.plan.splits import FileSplit, RowGroupSplit
 from torch_dataloader_utils.plan.types import Chunk, FileInfo, RowGroup
 
 STRATEGIES = st.sampled_from([FileSplit(), RowGroupSplit(), RowGroupSplit(split_rows=50)])

@@ -149,8 +149,8 @@ def test_torch_output_types_and_values(typed: Path, num_workers: int) -> None:
         assert b["day"].tolist() == ids.tolist()
         assert b["vec"].shape == (len(ids), 3)
         assert torch.equal(b["vec"], ids.to(torch.float32).unsqueeze(1).expand(-1, 3))
-        assert isinstance(b["seq"], list)
-        assert [t.tolist() for t in b["seq"]] == [list(range(i % 4)) for i in ids.tolist()]
+        assert b["seq"].is_nested  # a jagged nested tensor (ragged="jagged", the default)
+        assert [t.tolist() for t in b["seq"].unbind()] == [list(range(i % 4)) for i in ids.tolist()]
         assert b["name"] == [f"n{i}" for i in ids.tolist()]
         seen.extend(ids.tolist())
     assert_exactly_once(seen, range(50))
@@ -266,7 +266,13 @@ def test_missing_storage_options_fail_in_listing(
 ) -> None:
     paths = write_parquet([10])
     upload(tokmem, paths, paths[0].parent, "/bucket/t")
-    with pytest.raises(PermissionError, match="needs storage_options"):
+    from torch_dataloader_utils import DiscoveryError
+
+    with pytest.raises(
+        DiscoveryError,
+        match=r"'tokmem://bucket/t' .* was refused: PermissionError: "
+        r".*needs storage_options.*check the credentials",
+    ):
         create_dataloader("tokmem://bucket/t", num_workers=0)
 
 

@@ -50,7 +50,7 @@ GROUPS = (
 )
 WORLD_KEYS = {"num_ranks", "rank"}  # resolved into a World by runtime.env
 # Options of files only: text counts cached on disk; ranged reads of remote files.
-FILE_ONLY = {"count_cache_dir", "read_ahead_bytes", "retries", "retry_backoff"}
+FILE_ONLY = {"count_cache_dir", "read_ahead_bytes", "retries", "retry_backoff", "request_timeout"}
 
 
 def _keys(typed: Any) -> set[str]:

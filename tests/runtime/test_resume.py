@@ -10,7 +10,7 @@ import pytest
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.errors import IncompatibleOptionsError, ResumeStateError, StateMismatchError
-from torch_dataloader_utils.plan.resume import merge_states
+from torch_dataloader_utils.plan.state import merge_states
 from torch_dataloader_utils.runtime.loader import ResumableDataLoader
 
 ROWS = [230, 57, 410, 99, 180]

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from tests.fixtures.data import WriteParquet
 from torch_dataloader_utils import create_dataloader
-from torch_dataloader_utils.config import OutputFormat
+from torch_dataloader_utils.config import OutputConfig, OutputFormat
 from torch_dataloader_utils.convert import BatchConverter, DeferredText
 from torch_dataloader_utils.transfer import PIPE_MAX_BYTES, BatchGroup, pack, pack_group
 
@@ -126,7 +126,7 @@ def test_convert_for_transfer_matches_call() -> None:
         }
     )
     for out in (OutputFormat.TORCH, OutputFormat.NUMPY):
-        conv = BatchConverter(batch.schema, out)
+        conv = BatchConverter(batch.schema, OutputConfig(output_format=out))
         _assert_same(_roundtrip(pack(conv.convert_for_transfer(batch))), conv(batch))
 
 

@@ -70,3 +70,56 @@ def test_pyiceberg_manifest_entries_and_filesystem(tmp_path: Path) -> None:
         )
     assert scheme == "file"
     assert fs.get_file_info(path).size > 0
+
+
+def test_accelerate_prepare_leaves_flagged_loader_alone() -> None:
+    import inspect
+
+    from accelerate import Accelerator
+
+    from torch_dataloader_utils.runtime.loader import ResumableDataLoader
+    from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
+
+    source = inspect.getsource(Accelerator.prepare_data_loader)
+    assert PREPARED_FLAG in source, (
+        f"accelerate no longer checks {PREPARED_FLAG} in prepare_data_loader "
+        "(upstream/accelerate.py): prepare(loader) would re-shard the library's loader"
+    )
+    assert getattr(ResumableDataLoader, PREPARED_FLAG) is True
+
+
+def test_torch_jagged_is_the_public_nested_tensor_without_a_copy() -> None:
+    values = torch.arange(12, dtype=torch.int32).reshape(6, 2)
+    offsets = torch.tensor([0, 2, 2, 6], dtype=torch.int64)
+    ours = up_torch.jagged(values, offsets)
+    public = torch.nested.nested_tensor_from_jagged(values, offsets)
+    assert type(ours) is type(public), "torch moved NestedTensor (upstream/torch.py falls back: re-measure)"
+    assert ours.layout is torch.jagged
+    assert ours.shape[0] == public.shape[0] == 3
+    assert ours.values().data_ptr() == values.data_ptr()
+    assert ours.offsets().data_ptr() == offsets.data_ptr()
+    assert [t.tolist() for t in ours.unbind()] == [t.tolist() for t in public.unbind()]
+    assert (ours + 1).values().tolist() == (values + 1).tolist()
+    parts = up_torch.jagged_parts(ours)
+    assert parts is not None, "NestedTensor no longer keeps _values / _offsets (upstream/torch.py)"
+    assert parts[0].data_ptr() == values.data_ptr()
+    assert parts[1].data_ptr() == offsets.data_ptr()
+    assert up_torch.jagged_parts(values) is None
+
+
+def test_torch_prepare_jagged_hides_only_the_fx_notice(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import logging, torch\n"
+        "from torch_dataloader_utils.upstream.torch import jagged, prepare_jagged\n"
+        "prepare_jagged()\n"
+        "jagged(torch.zeros(2), torch.tensor([0, 1, 2])).values()\n"
+        "logging.getLogger('torch.fx._symbolic_trace').warning('still-logged')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert "is_fx_tracing" not in done.stderr
+    assert "still-logged" in done.stderr  # the filter is gone afterwards

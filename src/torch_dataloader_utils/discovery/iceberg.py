@@ -35,12 +35,14 @@ import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from torch_dataloader_utils.config import IcebergSourceConfig
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
 from torch_dataloader_utils.discovery.iceberg_equality import (
     RowFilter,
@@ -49,7 +51,13 @@ from torch_dataloader_utils.discovery.iceberg_equality import (
 )
 from torch_dataloader_utils.discovery.iceberg_filters import to_iceberg_expression
 from torch_dataloader_utils.discovery.parquet import row_groups
-from torch_dataloader_utils.errors import ConfigError, CorruptFileError, DiscoveryError, PathNotFoundError
+from torch_dataloader_utils.errors import (
+    ConfigError,
+    CorruptFileError,
+    DataLoaderUtilsError,
+    DiscoveryError,
+    PathNotFoundError,
+)
 from torch_dataloader_utils.plan.types import RowGroup
 from torch_dataloader_utils.storage.iceberg_fs import IcebergFileSystem
 from torch_dataloader_utils.storage.iceberg_meta import IcebergFileInfo, IcebergScan
@@ -109,10 +117,27 @@ def load_table(table: str, catalog_config: Mapping[str, Any] | None) -> Any:
             "pass pyiceberg catalog properties, e.g. "
             "{'type': 'sql', 'uri': 'sqlite:///catalog.db', 'warehouse': ...}"
         ) from exc
+    except Exception as exc:  # a database that cannot be opened, a server that is down...
+        raise _unreachable(catalog_name, props, exc) from exc
     try:
         return catalog.load_table(identifier)
     except (NoSuchTableError, NoSuchNamespaceError) as exc:
         raise PathNotFoundError(f"table={table!r} does not exist in catalog {catalog_name!r}: {exc}") from exc
+    except DataLoaderUtilsError:
+        raise
+    except Exception as exc:
+        raise _unreachable(catalog_name, props, exc) from exc
+
+
+def _unreachable(name: str, props: Mapping[str, Any], exc: BaseException) -> DiscoveryError:
+    """The error for a catalog that cannot be opened or reached, naming its uri (secrets hidden)."""
+    kind = f"type={props['type']!r}, " if "type" in props else ""
+    return DiscoveryError(
+        f"catalog {name!r} ({kind}uri={redact(props.get('uri'))!r}) cannot be opened or "
+        f"reached: {type(exc).__name__}: {redact(str(exc))}. Check catalog_config: a SQLite "
+        "catalog's file (and its directory) must exist and be readable, a REST catalog's server "
+        "must be running and reachable, and the credentials must be right"
+    )
 
 
 def _as_of_ms(as_of: object) -> int:
@@ -187,6 +212,14 @@ def _partition_key(data_file: Any, specs: Mapping[int, Any]) -> tuple[int, tuple
     return data_file.spec_id, values
 
 
+def _partition_values(data_file: Any, specs: Mapping[int, Any]) -> dict[str, Any] | None:
+    """The partition values of ``data_file`` by partition field name, or ``None`` when unpartitioned."""
+    spec = specs[data_file.spec_id]
+    if spec.is_unpartitioned():
+        return None
+    return {pf.name: data_file.partition[i] for i, pf in enumerate(spec.fields)}
+
+
 def _identity_constants(data_file: Any, specs: Mapping[int, Any]) -> tuple[tuple[int, Any], ...]:
     from pyiceberg.transforms import IdentityTransform
 
@@ -227,21 +260,12 @@ def _pmap(fn: Any, items: Sequence[Any]) -> list[Any]:
         return list(pool.map(fn, items))
 
 
-def discover_iceberg(
-    tbl: Any,
-    *,
-    snapshot_id: int | None = None,
-    as_of: object = None,
-    columns: Sequence[str] | None = None,
-    filters: object = None,
-    scan_filter: object = None,
-    count_filtered: bool = False,
-) -> IcebergScan:
+def discover_iceberg(tbl: Any, source: IcebergSourceConfig, *, count_filtered: bool = False) -> IcebergScan:
     """Plan the scan of ``tbl`` (a pyiceberg ``Table``): data files, row groups, deletes.
 
-    With ``count_filtered`` and ``filters``, the rows of every data file that the filter
-    drops are added to its deleted positions (one read of the filter's columns), so row
-    counts are exact under the filter; the reader's filter then keeps the same rows.
+    With ``count_filtered`` and ``source.filters``, the rows of every data file that the
+    filter drops are added to its deleted positions (one read of the filter's columns),
+    so row counts are exact under the filter; the reader's filter then keeps the same rows.
 
     Raises:
         ConfigError: bad ``snapshot_id`` / ``as_of`` / ``filters`` / ``scan_filter``.
@@ -249,103 +273,201 @@ def discover_iceberg(
         DiscoveryError: a data or delete file has a format that cannot be read.
         CorruptFileError: a footer or delete file cannot be read.
     """
-    from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression
-    from pyiceberg.manifest import DataFileContent
     from pyiceberg.table import ALWAYS_TRUE
 
-    snap = resolve_snapshot(tbl, snapshot_id, as_of)
-    metadata = tbl.metadata
-    schema = metadata.schema()
-    time_travel = snapshot_id is not None or as_of is not None
-    if time_travel and snap is not None and snap.schema_id is not None:
-        # Time travel reads with the snapshot's schema; the current state with the current one.
-        schema = metadata.schema_by_id(snap.schema_id) or schema
-    fields = _arrow_fields(schema)
-    arrow_schema = pa.schema([pa.field(name, t) for _, name, t in fields])
-    output = check_columns(columns, arrow_schema)
-    expr = check_filter(filters, arrow_schema)
-    filter_names = set(filter_fields(expr, arrow_schema))
-    needed = set(output) | filter_names
-    read_columns = tuple(name for _, name, _ in fields if name in needed)
-    if scan_filter is not None and not isinstance(scan_filter, BooleanExpression):
-        raise ConfigError(
-            f"scan_filter={scan_filter!r} must be a pyiceberg expression, e.g. "
-            "pyiceberg.expressions.GreaterThanOrEqual('day', 10); use filters= for pyarrow expressions"
-        )
-    iceberg_filter: Any = to_iceberg_expression(expr, schema)
-    if scan_filter is not None:
-        iceberg_filter = (
-            scan_filter if isinstance(iceberg_filter, AlwaysTrue) else And(iceberg_filter, scan_filter)
-        )
-    fs = IcebergFileSystem(dict(tbl.io.properties))
-    name_mapping = _name_mapping(metadata, fields)
-    base = {
-        "fs": fs,
-        "fields": fields,
-        "output_columns": tuple(output),
-        "read_columns": read_columns,
-        "filters": expr,
-        "name_mapping": name_mapping,
-        "iceberg_filter": iceberg_filter,
-    }
-    row_filter = None
-    if count_filtered and expr is not None:
-        row_filter = RowFilter(expr, tuple(f for f in fields if f[1] in filter_names))
-    counting = row_filter is not None
+    snap = resolve_snapshot(tbl, source.snapshot_id, source.as_of)
+    request = _ScanRequest.build(tbl, snap, source)
+    row_filter = request.row_filter if count_filtered else None
+    base = request.scan_fields(IcebergFileSystem(dict(tbl.io.properties)), counted=row_filter is not None)
     if snap is None:
-        return IcebergScan(
-            files=(), formats={}, constants={}, snapshot_id=None, filter_counted=counting, **base
-        )
+        return IcebergScan(files=(), formats={}, constants={}, snapshot_id=None, **base)
     scan = tbl.scan(
-        row_filter=iceberg_filter if iceberg_filter is not None else ALWAYS_TRUE, snapshot_id=snap.snapshot_id
+        row_filter=request.iceberg_filter if request.iceberg_filter is not None else ALWAYS_TRUE,
+        snapshot_id=snap.snapshot_id,
     )
     try:
-        entries = manifest_entries(scan)
+        entries = _Entries.of(manifest_entries(scan), tbl.metadata.specs())
     except ValueError as exc:
         raise ConfigError(f"scan_filter / filters cannot be bound to the table's schema: {exc}") from exc
-    specs = metadata.specs()
-    data = []
-    pos_deletes = []
-    eq_deletes = []
-    for entry in entries:
-        df = entry.data_file
-        seq = entry.sequence_number if entry.sequence_number is not None else 0
-        if df.content == DataFileContent.DATA:
-            data.append((df, seq))
-        elif df.content == DataFileContent.POSITION_DELETES:
-            pos_deletes.append((df, seq))
-        elif df.content == DataFileContent.EQUALITY_DELETES:
-            eq_deletes.append((df, seq))
-    for df, _ in pos_deletes + eq_deletes:
-        if str(df.file_format.value).upper() != "PARQUET":
-            raise DiscoveryError(
-                f"delete file {df.file_path!r} is {df.file_format.value}; only Parquet delete files are "
-                "supported (rewrite the table's deletes, e.g. with Spark's rewrite_position_delete_files)"
-            )
-    formats = {}
-    for df, _ in data:
-        fmt = str(df.file_format.value).upper()
-        if fmt not in ("PARQUET", "ORC"):
-            raise DiscoveryError(
-                f"data file {df.file_path!r} is {fmt}; IcebergDataset reads Parquet and ORC data files"
-            )
-        formats[df.file_path] = fmt
-    by_partition: dict[Any, list[tuple[Any, int]]] = defaultdict(list)
-    for df, seq in data:
-        by_partition[_partition_key(df, specs)].append((df, seq))
+    fs: IcebergFileSystem = base["fs"]
+    positions, delete_files_read = _position_deletes(fs, entries)
+    equality_files, filter_files = _equality_and_filter_deletes(
+        fs, tbl.metadata, entries, request, row_filter, positions
+    )
+    return IcebergScan(
+        files=_data_files(fs, entries, positions, snap.snapshot_id),
+        formats=entries.formats,
+        constants=entries.constants,
+        snapshot_id=snap.snapshot_id,
+        delete_files_read=delete_files_read + len(entries.eq_work),
+        equality_files_read=equality_files,
+        filter_files_read=filter_files,
+        **base,
+    )
 
-    def applicable(delete: Any, delete_seq: int, strict: bool) -> list[Any]:
-        key = _partition_key(delete, specs)
-        pool = [x for group in by_partition.values() for x in group] if key is None else by_partition[key]
+
+@dataclass(frozen=True)
+class _ScanRequest:
+    """What the user asked of the table, checked against its schema at the snapshot."""
+
+    fields: tuple[tuple[int, str, pa.DataType], ...]
+    output: tuple[str, ...]
+    read_columns: tuple[str, ...]
+    filters: Any
+    filter_names: frozenset[str]
+    iceberg_filter: Any
+    name_mapping: dict[str, int]
+
+    @classmethod
+    def build(cls, tbl: Any, snap: Any, source: IcebergSourceConfig) -> _ScanRequest:
+        from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression
+
+        metadata = tbl.metadata
+        schema = metadata.schema()
+        time_travel = source.snapshot_id is not None or source.as_of is not None
+        if time_travel and snap is not None and snap.schema_id is not None:
+            # Time travel reads with the snapshot's schema; the current state with the current one.
+            schema = metadata.schema_by_id(snap.schema_id) or schema
+        fields = _arrow_fields(schema)
+        arrow_schema = pa.schema([pa.field(name, t) for _, name, t in fields])
+        output = check_columns(source.columns, arrow_schema)
+        expr = check_filter(source.filters, arrow_schema)
+        filter_names = frozenset(filter_fields(expr, arrow_schema))
+        needed = set(output) | filter_names
+        scan_filter = source.scan_filter
+        if scan_filter is not None and not isinstance(scan_filter, BooleanExpression):
+            raise ConfigError(
+                f"scan_filter={scan_filter!r} must be a pyiceberg expression, e.g. "
+                "pyiceberg.expressions.GreaterThanOrEqual('day', 10); use filters= for pyarrow expressions"
+            )
+        iceberg_filter: Any = to_iceberg_expression(expr, schema)
+        if scan_filter is not None:
+            iceberg_filter = (
+                scan_filter if isinstance(iceberg_filter, AlwaysTrue) else And(iceberg_filter, scan_filter)
+            )
+        return cls(
+            fields=fields,
+            output=tuple(output),
+            read_columns=tuple(name for _, name, _ in fields if name in needed),
+            filters=expr,
+            filter_names=filter_names,
+            iceberg_filter=iceberg_filter,
+            name_mapping=_name_mapping(metadata, fields),
+        )
+
+    @property
+    def row_filter(self) -> RowFilter | None:
+        """The row filter as counted by discovery (its columns), or ``None`` without one."""
+        if self.filters is None:
+            return None
+        return RowFilter(self.filters, tuple(f for f in self.fields if f[1] in self.filter_names))
+
+    def scan_fields(self, fs: IcebergFileSystem, *, counted: bool) -> dict[str, Any]:
+        """The :class:`IcebergScan` fields that do not depend on the manifests."""
+        return {
+            "fs": fs,
+            "fields": self.fields,
+            "output_columns": self.output,
+            "read_columns": self.read_columns,
+            "filters": self.filters,
+            "name_mapping": self.name_mapping,
+            "iceberg_filter": self.iceberg_filter,
+            "filter_counted": counted,
+        }
+
+
+@dataclass
+class _Entries:
+    """The scan's live manifest entries by kind, with which deletes apply to which data."""
+
+    data: list[tuple[Any, int]]
+    pos_deletes: list[tuple[Any, int]]
+    eq_deletes: list[tuple[Any, int]]
+    specs: Mapping[int, Any]
+    formats: dict[str, str] = field(default_factory=dict)
+    constants: dict[str, tuple[tuple[int, Any], ...]] = field(default_factory=dict)
+    by_partition: dict[Any, list[tuple[Any, int]]] = field(default_factory=lambda: defaultdict(list))
+    eq_work: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    """Equality delete files to read: ``(path, equality field ids)``."""
+    eq_targets: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    """Data file -> indices into :attr:`eq_work` of the equality deletes that apply to it."""
+
+    @classmethod
+    def of(cls, entries: Sequence[Any], specs: Mapping[int, Any]) -> _Entries:
+        """Sort ``entries`` by content, check their formats, index data files by partition.
+
+        Raises:
+            DiscoveryError: a delete file is not Parquet, a data file neither Parquet nor
+                ORC, or an equality delete file has no equality ids.
+        """
+        from pyiceberg.manifest import DataFileContent
+
+        out = cls([], [], [], specs)
+        kinds = {
+            DataFileContent.DATA: out.data,
+            DataFileContent.POSITION_DELETES: out.pos_deletes,
+            DataFileContent.EQUALITY_DELETES: out.eq_deletes,
+        }
+        for entry in entries:
+            seq = entry.sequence_number if entry.sequence_number is not None else 0
+            kinds[entry.data_file.content].append((entry.data_file, seq))
+        for df, _ in out.pos_deletes + out.eq_deletes:
+            if str(df.file_format.value).upper() != "PARQUET":
+                raise DiscoveryError(
+                    f"delete file {df.file_path!r} is {df.file_format.value}; only Parquet delete files "
+                    "are supported (rewrite the table's deletes, e.g. with Spark's "
+                    "rewrite_position_delete_files)"
+                )
+        for df, seq in out.data:
+            fmt = str(df.file_format.value).upper()
+            if fmt not in ("PARQUET", "ORC"):
+                raise DiscoveryError(
+                    f"data file {df.file_path!r} is {fmt}; IcebergDataset reads Parquet and ORC data files"
+                )
+            out.formats[df.file_path] = fmt
+            out.constants[df.file_path] = _identity_constants(df, specs)
+            out.by_partition[_partition_key(df, specs)].append((df, seq))
+        for d, s in out.eq_deletes:
+            ids = tuple(int(i) for i in (d.equality_ids or ()))
+            if not ids:
+                raise DiscoveryError(f"equality delete file {d.file_path!r} has no equality_ids")
+            applies_to = out.applicable(d, s, strict=True)
+            if applies_to:
+                for target in applies_to:
+                    out.eq_targets[target.file_path].append(len(out.eq_work))
+                out.eq_work.append((d.file_path, ids))
+        return out
+
+    def applicable(self, delete: Any, delete_seq: int, strict: bool) -> list[Any]:
+        """Data files a delete file applies to: same partition (or any, when global), by sequence.
+
+        Position deletes apply to data files with a sequence number ``<=`` their own,
+        equality deletes (``strict``) to those strictly ``<``.
+        """
+        key = _partition_key(delete, self.specs)
+        pool = (
+            [x for group in self.by_partition.values() for x in group]
+            if key is None
+            else self.by_partition[key]
+        )
         return [df for df, seq in pool if (seq < delete_seq if strict else seq <= delete_seq)]
 
-    # Position deletes: read each delete file once, keep positions of data files in scope.
+
+def _position_deletes(
+    fs: IcebergFileSystem, entries: _Entries
+) -> tuple[dict[str, list[np.ndarray[Any, Any]]], int]:
+    """Deleted positions per data file from every position delete file (each read once).
+
+    Returns:
+        ``(positions, delete files read)``; only positions of data files in scope are kept.
+    """
     positions: dict[str, list[np.ndarray[Any, Any]]] = defaultdict(list)
-    targets = [{df.file_path for df in applicable(d, s, strict=False)} for d, s in pos_deletes]
-    work = [(d, t) for (d, _), t in zip(pos_deletes, targets, strict=True) if t]
-    for (_d, wanted), table in zip(
-        work, _pmap(lambda x: _read_position_deletes(fs, x[0].file_path), work), strict=True
-    ):
+    targets = [
+        {df.file_path for df in entries.applicable(d, s, strict=False)} for d, s in entries.pos_deletes
+    ]
+    work = [(d, t) for (d, _), t in zip(entries.pos_deletes, targets, strict=True) if t]
+    tables = _pmap(lambda x: _read_position_deletes(fs, x[0].file_path), work)
+    for (_d, wanted), table in zip(work, tables, strict=True):
         column = table.column("file_path").unify_dictionaries().combine_chunks()
         if not pa.types.is_dictionary(column.type):
             column = column.dictionary_encode()
@@ -354,37 +476,43 @@ def discover_iceberg(
         for k, path in enumerate(column.dictionary.to_pylist()):
             if path in wanted:
                 positions[path].append(pos[indices == k])
-    constants = {df.file_path: _identity_constants(df, specs) for df, _ in data}
-    # Equality deletes: read each delete file once, then the equality columns of each
-    # data file it applies to, and turn the matching rows into deleted positions.
-    equality: dict[str, list[int]] = defaultdict(list)  # data file -> delete indices
-    eq_work: list[tuple[str, tuple[int, ...]]] = []
-    for d, s in eq_deletes:
-        ids = tuple(int(i) for i in (d.equality_ids or ()))
-        if not ids:
-            raise DiscoveryError(f"equality delete file {d.file_path!r} has no equality_ids")
-        applies_to = applicable(d, s, strict=True)
-        if applies_to:
-            for target in applies_to:
-                equality[target.file_path].append(len(eq_work))
-            eq_work.append((d.file_path, ids))
-    # A counted filter: the filter's columns of every data file are read in the same
-    # pass, and the rows it drops join the deleted positions.
+    return positions, len(work)
+
+
+def _equality_and_filter_deletes(
+    fs: IcebergFileSystem,
+    metadata: Any,
+    entries: _Entries,
+    request: _ScanRequest,
+    row_filter: RowFilter | None,
+    positions: dict[str, list[np.ndarray[Any, Any]]],
+) -> tuple[int, int]:
+    """Rows matched by equality deletes (and dropped by a counted filter) join ``positions``.
+
+    Each equality delete file is read once; then the equality columns (and a counted
+    filter's columns) of every data file concerned are read in one pass per file.
+
+    Returns:
+        ``(data files read for equality deletes, data files read for the filter)``.
+    """
     types: dict[int, pa.DataType] = {}
     matchers: list[Any] = []
-    if eq_work:
-        types = _field_types(metadata, fields, {fid for _, ids in eq_work for fid in ids}, eq_work)
-        matchers = _pmap(lambda x: read_equality_delete(fs, x[0], x[1], types, name_mapping), eq_work)
-    affected = sorted(set(equality) | (set(formats) if row_filter is not None else set()))
+    if entries.eq_work:
+        wanted = {fid for _, ids in entries.eq_work for fid in ids}
+        types = _field_types(metadata, request.fields, wanted, entries.eq_work)
+        matchers = _pmap(
+            lambda x: read_equality_delete(fs, x[0], x[1], types, request.name_mapping), entries.eq_work
+        )
+    affected = sorted(set(entries.eq_targets) | (set(entries.formats) if row_filter is not None else set()))
     found = _pmap(
         lambda path: equality_positions(
             fs,
             path,
-            formats[path],
-            [matchers[k] for k in equality.get(path, ())],
+            entries.formats[path],
+            [matchers[k] for k in entries.eq_targets.get(path, ())],
             types,
-            name_mapping,
-            dict(constants[path]),
+            request.name_mapping,
+            dict(entries.constants[path]),
             row_filter,
         ),
         affected,
@@ -392,7 +520,17 @@ def discover_iceberg(
     for path, pos in zip(affected, found, strict=True):
         if len(pos):
             positions[path].append(pos)
-    parquet = [df for df, _ in data if formats[df.file_path] == "PARQUET"]
+    return len(entries.eq_targets), len(affected) if row_filter is not None else 0
+
+
+def _data_files(
+    fs: IcebergFileSystem,
+    entries: _Entries,
+    positions: Mapping[str, list[np.ndarray[Any, Any]]],
+    snapshot_id: int,
+) -> tuple[IcebergFileInfo, ...]:
+    """One :class:`IcebergFileInfo` per data file (sorted by path): row groups and deletes."""
+    parquet = [df for df, _ in entries.data if entries.formats[df.file_path] == "PARQUET"]
     groups = dict(
         zip(
             (df.file_path for df in parquet),
@@ -401,13 +539,13 @@ def discover_iceberg(
         )
     )
     files = []
-    for df, _ in sorted(data, key=lambda x: x[0].file_path):
+    for df, _ in sorted(entries.data, key=lambda x: x[0].file_path):
         path = df.file_path
         deleted = None
         if positions.get(path):
             deleted = np.unique(np.concatenate(positions[path]).astype(np.int64))
             deleted = deleted[(deleted >= 0) & (deleted < df.record_count)]
-        if formats[path] == "ORC" and deleted is not None:
+        if entries.formats[path] == "ORC" and deleted is not None:
             log.info("Iceberg ORC data file %s has deletes: it is read whole", path)
         files.append(
             IcebergFileInfo(
@@ -417,19 +555,11 @@ def discover_iceberg(
                 groups.get(path),
                 None,
                 deleted=deleted,
+                partition=_partition_values(df, entries.specs),
+                snapshot_id=snapshot_id,
             )
         )
-    return IcebergScan(
-        files=tuple(files),
-        formats=formats,
-        constants={df.file_path: constants[df.file_path] for df, _ in data},
-        snapshot_id=snap.snapshot_id,
-        delete_files_read=len(work) + len(eq_work),
-        equality_files_read=len(equality),
-        filter_counted=counting,
-        filter_files_read=len(affected) if counting else 0,
-        **base,
-    )
+    return tuple(files)
 
 
 def _field_types(

@@ -11,10 +11,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
-from torch_dataloader_utils.errors import ConfigError, NoFilesFoundError, PathNotFoundError
+from torch_dataloader_utils.config import FetchConfig
+from torch_dataloader_utils.errors import ConfigError, DiscoveryError, NoFilesFoundError, PathNotFoundError
+from torch_dataloader_utils.storage.fetch import GaveUp, retry_call
 from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
+from torch_dataloader_utils.storage.identity import mtime_of
+from torch_dataloader_utils.storage.redact import redact
 
-__all__ = ["Listing", "ListedFile", "list_files", "parse_hive_keys"]
+__all__ = ["ListedFile", "Listing", "list_files", "parse_hive_keys", "remote_request"]
 
 _MARKERS = frozenset({"_SUCCESS", "_metadata", "_common_metadata", "_committed", "_started"})
 _GLOB_CHARS = set("*?[")
@@ -76,19 +80,6 @@ def _is_glob(path: str) -> bool:
     return any(ch in _GLOB_CHARS for ch in path)
 
 
-def _mtime(info: dict[str, Any]) -> float | None:
-    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
-        value = info.get(key)
-        if value is None:
-            continue
-        if isinstance(value, (int, float)):
-            return float(value)
-        timestamp = getattr(value, "timestamp", None)
-        if callable(timestamp):
-            return float(timestamp())
-    return None
-
-
 def _walk_local(root: str) -> Iterable[tuple[str, int, float]]:
     """Files under ``root``, following symlinks (directory cycles visited once)."""
     seen: set[str] = set()
@@ -108,19 +99,57 @@ def _walk_local(root: str) -> Iterable[tuple[str, int, float]]:
             yield full, st.st_size, st.st_mtime
 
 
-def _list_dir(fs: FileSystemSpec, root: str) -> Iterable[tuple[str, int, float | None]]:
+def remote_request(fs: FileSystemSpec, config: FetchConfig, path: str, call: Callable[[], _R]) -> _R:
+    """One metadata request (listing, a manifest) to remote storage, retried within its time budget.
+
+    Raises:
+        FileNotFoundError: as the client raised it (callers name the path).
+        DiscoveryError: naming the URL, the endpoint, the cause and the fix.
+    """
+    try:
+        return retry_call(call, config)
+    except GaveUp as failed:
+        error = failed.error
+        if isinstance(error, FileNotFoundError):
+            raise error from None
+        where = f"listing {fs.display(path)!r} on {fs.endpoint}"
+        if isinstance(error, PermissionError):
+            raise DiscoveryError(
+                f"{where} was refused: {type(error).__name__}: {redact(str(error))}; check the credentials "
+                "(key, secret, token) in storage_options and that they may list this bucket"
+            ) from error
+        raise DiscoveryError(
+            f"{where} failed {failed.how(config)}; check that endpoint_url in storage_options "
+            "points at a running storage server reachable from here, or raise request_timeout= "
+            "/ retries="
+        ) from error
+
+
+def _list_dir(fs: FileSystemSpec, root: str, config: FetchConfig) -> Iterable[tuple[str, int, float | None]]:
     if fs.is_local:
         yield from _walk_local(root)
         return
-    found = fs.fsspec().find(root, withdirs=False, detail=True)
+    found = remote_request(fs, config, root, lambda: fs.fsspec().find(root, withdirs=False, detail=True))
     for path, info in found.items():
-        yield path, int(info.get("size") or 0), _mtime(info)
+        yield path, int(info.get("size") or 0), mtime_of(info)
 
 
-def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
+def _exists(fs: FileSystemSpec, path: str, config: FetchConfig) -> bool:
+    """Whether ``path`` names an existing file or directory, read literally (no pattern)."""
+    if fs.is_local:
+        return os.path.exists(path)
+    return bool(remote_request(fs, config, path, lambda: fs.fsspec().exists(path)))
+
+
+def _list_one(fs: FileSystemSpec, path: str, config: FetchConfig) -> tuple[list[ListedFile], int]:
     client = fs.fsspec()
-    if _is_glob(path):
-        matches = sorted(_glob.glob(path, recursive=True)) if fs.is_local else sorted(client.glob(path))
+    # A path that exists as spelled is that path, even with glob characters in its name
+    # (``run[1]`` is a directory, not the pattern matching ``run1``).
+    if _is_glob(path) and not _exists(fs, path, config):
+        if fs.is_local:
+            matches = sorted(_glob.glob(path, recursive=True))
+        else:
+            matches = sorted(remote_request(fs, config, path, lambda: client.glob(path)))
         base = path[: min(path.index(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
         files: list[ListedFile] = []
         skipped = 0
@@ -136,7 +165,7 @@ def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
                 skipped += 1
             else:
                 kept.append(m)
-        for m_files, m_skipped in _map(fs, lambda m: _list_one(fs, m), kept):
+        for m_files, m_skipped in _map(fs, lambda m: _list_one(fs, m, config), kept):
             skipped += m_skipped
             # The glob's fixed prefix is the base of every match, so hive keys in the
             # matched part (data/year=*/...) are kept.
@@ -154,7 +183,7 @@ def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
             )
     else:
         try:
-            info = client.info(path)
+            info = remote_request(fs, config, path, lambda: client.info(path))
         except FileNotFoundError as exc:
             raise PathNotFoundError(
                 f"path={fs.display(path)!r} does not exist; check the URL and that "
@@ -164,7 +193,7 @@ def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
     if kind == "directory":
         files, skipped = [], 0
         root = path.rstrip("/")
-        for full, size, mtime in _list_dir(fs, root):
+        for full, size, mtime in _list_dir(fs, root, config):
             rel = posixpath.relpath(full.replace(os.sep, "/"), root.replace(os.sep, "/"))
             if _skip(rel):
                 skipped += 1
@@ -174,16 +203,21 @@ def _list_one(fs: FileSystemSpec, path: str) -> tuple[list[ListedFile], int]:
     if fs.is_local:
         st = os.stat(path)
         return [ListedFile(path, st.st_size, st.st_mtime, None)], 0
-    return [ListedFile(path, int(info.get("size") or 0), _mtime(info), None)], 0
+    return [ListedFile(path, int(info.get("size") or 0), mtime_of(info), None)], 0
 
 
-def list_files(path: str | Sequence[str], storage_options: dict[str, Any] | None = None) -> Listing:
+def list_files(
+    path: str | Sequence[str], storage_options: dict[str, Any] | None = None, fetch: FetchConfig | None = None
+) -> Listing:
     """List the data files of ``path``.
 
     Args:
         path: A file, a directory (listed recursively, so hive trees work), a glob, or a
-            list of those. URLs (``s3://...``) use fsspec with ``storage_options``.
+            list of those. URLs (``s3://...``) use fsspec with ``storage_options``. A
+            path that exists as spelled is read as that path even when its name holds
+            glob characters (``run[1]``); only a path that does not exist is a pattern.
         storage_options: Options for the fsspec filesystem.
+        fetch: Retries and the time budget of each request to remote storage.
 
     Returns:
         The filesystem and the files, sorted and without duplicates. Hidden files and
@@ -193,8 +227,11 @@ def list_files(path: str | Sequence[str], storage_options: dict[str, Any] | None
     Raises:
         PathNotFoundError: a path does not exist.
         NoFilesFoundError: no data file was found.
-        ConfigError: paths of a list are on different filesystems.
+        DiscoveryError: remote storage did not answer, or refused (endpoint named).
+        ConfigError: paths of a list are on different filesystems, or ``storage_options``
+            the client would reject.
     """
+    config = fetch or FetchConfig()
     if isinstance(path, (str, os.PathLike)):
         paths = [path]
     elif isinstance(path, (list, tuple)):
@@ -208,7 +245,7 @@ def list_files(path: str | Sequence[str], storage_options: dict[str, Any] | None
     for p in paths:
         if not isinstance(p, (str, os.PathLike)):
             raise ConfigError(f"path={p!r} must be a string (file, directory, glob or URL)")
-        p_spec, stripped = resolve(os.fspath(p), storage_options)
+        p_spec, stripped = resolve(os.fspath(p), storage_options, timeout=config.attempt_timeout)
         if spec is None:
             spec = p_spec
         elif p_spec.protocol != spec.protocol:
@@ -221,7 +258,7 @@ def list_files(path: str | Sequence[str], storage_options: dict[str, Any] | None
     fs = spec
     files: dict[str, ListedFile] = {}
     skipped = 0
-    for found, n_skipped in _map(fs, lambda p: _list_one(fs, p), stripped_paths):
+    for found, n_skipped in _map(fs, lambda p: _list_one(fs, p, config), stripped_paths):
         skipped += n_skipped
         for f in found:
             files.setdefault(f.path, f)

@@ -27,15 +27,18 @@ import pyarrow.json as pjson
 
 from torch_dataloader_utils.config import FileFormat
 from torch_dataloader_utils.discovery.listing import ListedFile
-from torch_dataloader_utils.errors import CorruptFileError, SchemaMismatchError
+from torch_dataloader_utils.errors import CorruptFileError, SchemaError, SchemaMismatchError
 from torch_dataloader_utils.plan.types import FileInfo, RecordIndex
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.records import (
+    CR,
+    LF,
     PIECE_BYTES,
     TextFileMeta,
     buffer_source,
     compression_of,
     iter_pieces,
+    line_end_of,
     record_starts,
 )
 
@@ -95,7 +98,8 @@ def _head(fs: FileSystemSpec, path: str, compression: str | None) -> tuple[bytes
     """The first ``SAMPLE_BYTES`` (more if the first line is longer) and whether that is all."""
     with fs.arrow().open_input_stream(path, compression=compression) as stream:
         head = stream.read(SAMPLE_BYTES)
-        while b"\n" not in head and len(head) < _MAX_HEADER_BYTES:
+        # Until the first line ends (with LF, or with a CR whose next byte is known).
+        while LF not in head and CR not in head[:-1] and len(head) < _MAX_HEADER_BYTES:
             more = stream.read(SAMPLE_BYTES)
             if not more:
                 return head, True
@@ -157,6 +161,7 @@ def count_file(
         is_csv,
         whole and quoted_newlines,
         meta.data_start,
+        meta.newline,
     )
     cacheable = file.mtime is not None
     counts = _COUNT_CACHE.get(key) if cacheable else None
@@ -193,8 +198,8 @@ def _block_counts(
     counts = np.zeros(math.ceil(file.size / block), dtype=np.int64)
     with fs.arrow().open_input_file(file.path) as f:
         f.seek(meta.data_start)
-        for offset, piece in iter_pieces(f.read, meta.data_start, math.inf, PIECE_BYTES):
-            starts = record_starts(piece, offset, is_csv)
+        for offset, piece in iter_pieces(f.read, meta.data_start, math.inf, PIECE_BYTES, meta.newline):
+            starts = record_starts(piece, offset, is_csv, meta.newline)
             if len(starts):
                 counts += np.bincount(starts // block, minlength=len(counts))[: len(counts)]
     return tuple(int(c) for c in counts)
@@ -204,8 +209,8 @@ def _stream_count(fs: FileSystemSpec, path: str, meta: TextFileMeta, is_csv: boo
     total = 0
     with fs.arrow().open_input_stream(path, compression=meta.compression) as stream:
         stream.read(meta.data_start)
-        for offset, piece in iter_pieces(stream.read, meta.data_start, math.inf, PIECE_BYTES):
-            total += len(record_starts(piece, offset, is_csv))
+        for offset, piece in iter_pieces(stream.read, meta.data_start, math.inf, PIECE_BYTES, meta.newline):
+            total += len(record_starts(piece, offset, is_csv, meta.newline))
     return total
 
 
@@ -232,8 +237,9 @@ def _inspect(
         raise CorruptFileError(f"cannot read the head of {display!r} ({exc})") from exc
     names: tuple[str, ...] = ()
     data_start = 0
+    newline = line_end_of(head)
     if is_csv:
-        nl = head.find(b"\n")
+        nl = head.find(newline)
         if nl < 0 and not complete:
             raise CorruptFileError(
                 f"the first line of {display!r} is longer than {_MAX_HEADER_BYTES} bytes; "
@@ -246,15 +252,27 @@ def _inspect(
                 "CSV files need their column names on the first line"
             )
         try:
-            line = header if header.endswith(b"\n") else header + b"\n"
+            line = header if header.endswith(newline) else header + newline
             names = tuple(pcsv.read_csv(buffer_source(line)).column_names)
+        except UnicodeDecodeError as exc:
+            raise CorruptFileError(
+                f"the CSV header of {display!r} is not UTF-8 (byte {header[exc.start : exc.start + 1]!r} "
+                f"at offset {exc.start}); CSV files must be UTF-8: convert the file, e.g. "
+                "iconv -f latin1 -t utf-8 in.csv > out.csv"
+            ) from exc
         except pa.ArrowException as exc:
             raise CorruptFileError(f"cannot parse the CSV header of {display!r} ({exc})") from exc
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise SchemaError(
+                f"the CSV header of {display!r} names the columns {twice} more than once; columns "
+                "are read by name, so rename them in the header to be unique"
+            )
         data_start = len(header)
-    meta = TextFileMeta(compression, data_start, names)
+    meta = TextFileMeta(compression, data_start, names, newline)
     if not infer:
         return meta, None
-    sample = head if complete else head[: head.rfind(b"\n") + 1]
+    sample = head if complete else head[: head.rfind(newline) + 1]
     if is_csv and not sample[data_start:].strip():
         return meta, None  # header only: the names, but no types
     return meta, _sample_schema(sample, is_csv, display)

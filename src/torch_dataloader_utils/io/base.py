@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from torch_dataloader_utils.plan.types import Chunk
+from torch_dataloader_utils.io.finish import BatchFinisher
+from torch_dataloader_utils.plan.types import Chunk, FileInfo
+from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.partitions import Partitions
 
-__all__ = ["ChunkReader", "OpenFiles"]
+__all__ = ["ChunkReader", "OpenFiles", "ReadRequest"]
 
 T = TypeVar("T")
 
@@ -22,6 +27,41 @@ class ChunkReader(Protocol):
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the chunk's rows, in file order, as batches of the output schema."""
         ...
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """What every file reader is asked to read, decided once by the runtime.
+
+    Attributes:
+        fs: The filesystem of the files.
+        files: File metadata by path.
+        data_columns: File columns to read (outputs plus those the filter needs).
+        output_columns: Columns of every output batch, in order.
+        batch_size: The dataset's ``batch_size``; readers decode in batches of at least
+            this many rows and the dataset re-batches exactly.
+        partitions: Hive partition values per file, or ``None``.
+        partition_columns: Partition keys to add as columns.
+        filters: The row filter, or ``None``.
+        output_schema: The schema of every output batch (files differing from it only in
+            NOT NULL declarations are relabelled to it), or ``None``.
+    """
+
+    fs: FileSystemSpec
+    files: Mapping[str, FileInfo]
+    data_columns: tuple[str, ...]
+    output_columns: tuple[str, ...]
+    batch_size: int
+    partitions: Partitions | None = None
+    partition_columns: tuple[str, ...] = ()
+    filters: pc.Expression | None = None
+    output_schema: pa.Schema | None = None
+
+    def finisher(self) -> BatchFinisher:
+        """Adds partition columns, filters rows and projects, as every reader does last."""
+        return BatchFinisher(
+            self.output_columns, self.partitions, self.partition_columns, self.filters, self.output_schema
+        )
 
 
 class OpenFiles(Generic[T]):

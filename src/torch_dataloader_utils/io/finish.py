@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from torch_dataloader_utils.storage.partitions import Partitions
+from torch_dataloader_utils.storage.schemas import same_but_nullability
 
 __all__ = ["BatchFinisher"]
 
@@ -20,6 +21,9 @@ class BatchFinisher:
         partitions: Partition values per file, or ``None``.
         partition_columns: Partition keys to add as columns.
         filters: The row filter, or ``None``.
+        schema: The dataset's output schema: batches of files that differ from it only in
+            NOT NULL declarations are relabelled to it (no copy), so batches of every
+            file can be joined.
     """
 
     def __init__(
@@ -28,7 +32,9 @@ class BatchFinisher:
         partitions: Partitions | None = None,
         partition_columns: Sequence[str] = (),
         filters: pc.Expression | None = None,
+        schema: pa.Schema | None = None,
     ) -> None:
+        self._schema = schema
         self._output_columns = list(output_columns)
         self._partitions = partitions
         self._partition_columns = list(partition_columns)
@@ -47,4 +53,14 @@ class BatchFinisher:
             batch = batch.filter(self._filters)
         if batch.schema.names != self._output_columns:
             batch = batch.select(self._output_columns)
+        target = self._schema
+        if target is not None and not batch.schema.equals(target) and _relabel(batch.schema, target):
+            batch = batch.cast(target)
         return batch
+
+
+def _relabel(schema: pa.Schema, target: pa.Schema) -> bool:
+    """Whether ``schema`` is ``target`` but for NOT NULL declarations."""
+    return schema.names == target.names and all(
+        same_but_nullability(a.type, b.type) for a, b in zip(schema, target, strict=True)
+    )

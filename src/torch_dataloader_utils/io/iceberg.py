@@ -34,6 +34,7 @@ from torch_dataloader_utils.storage.iceberg_columns import (
     parquet_field_ids,
 )
 from torch_dataloader_utils.storage.iceberg_meta import IcebergFileInfo, IcebergScan
+from torch_dataloader_utils.storage.identity import check_size
 
 __all__ = ["IcebergReader"]
 
@@ -41,7 +42,7 @@ __all__ = ["IcebergReader"]
 class IcebergReader:
     """A :class:`ChunkReader` for the data files of an :class:`IcebergScan`."""
 
-    def __init__(self, scan: IcebergScan, batch_size: int = 65536, use_threads: bool = True) -> None:
+    def __init__(self, scan: IcebergScan, batch_size: int, use_threads: bool = True) -> None:
         self._scan = scan
         self._files: dict[str, IcebergFileInfo] = {f.path: f for f in scan.files}
         self._batch_size = batch_size
@@ -75,7 +76,9 @@ class IcebergReader:
     # -- files ------------------------------------------------------------------
     def _open_parquet(self, path: str) -> pq.ParquetFile:
         filesystem, inner = self._scan.fs.resolve(path)
-        return pq.ParquetFile(inner, filesystem=filesystem)
+        handle = filesystem.open_input_file(inner)
+        check_size(path, self._files[path].size, handle.size())  # the size is known from opening
+        return pq.ParquetFile(handle)
 
     # -- reading ----------------------------------------------------------------
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
@@ -139,6 +142,7 @@ class IcebergReader:
             )
         filesystem, inner = self._scan.fs.resolve(info.path)
         with filesystem.open_input_file(inner) as handle:
+            check_size(info.path, info.size, handle.size())
             table = po.ORCFile(handle).read()
         names = self._scan.read_columns
         ids = orc_field_ids(table.schema, self._scan.name_mapping)

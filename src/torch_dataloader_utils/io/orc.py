@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.orc as orc
 
 from torch_dataloader_utils.errors import ReadError
-from torch_dataloader_utils.io.base import OpenFiles
-from torch_dataloader_utils.io.finish import BatchFinisher
-from torch_dataloader_utils.plan.types import Chunk, FileInfo
-from torch_dataloader_utils.storage.fs import FileSystemSpec
-from torch_dataloader_utils.storage.partitions import Partitions
+from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
+from torch_dataloader_utils.plan.types import Chunk
+from torch_dataloader_utils.storage.identity import check_unchanged, schedule_checks
 
 __all__ = ["OrcReader"]
 
@@ -31,28 +28,23 @@ class OrcReader:
     ``batch_size`` rows; the dataset's re-batching makes them exact across stripes.
     """
 
-    def __init__(
-        self,
-        fs: FileSystemSpec,
-        files: Mapping[str, FileInfo],
-        *,
-        data_columns: Sequence[str],
-        output_columns: Sequence[str],
-        partitions: Partitions | None = None,
-        partition_columns: Sequence[str] = (),
-        filters: pc.Expression | None = None,
-        batch_size: int = 65536,
-    ) -> None:
-        self._fs = fs
-        self._files = files
-        self._data_columns = list(data_columns)
-        self._finish = BatchFinisher(output_columns, partitions, partition_columns, filters)
-        self._batch_size = batch_size
+    def __init__(self, request: ReadRequest) -> None:
+        self._fs = request.fs
+        self._files = request.files
+        self._data_columns = list(request.data_columns)
+        self._finish = request.finisher()
+        self._batch_size = request.batch_size
         self._open: OpenFiles[tuple[Any, orc.ORCFile]] = OpenFiles(
             self._open_orc, closer=lambda e: e[0].close()
         )
 
+    def schedule(self, chunks: Sequence[Chunk]) -> None:
+        """Announce the chunks this process reads next: remote files are checked meanwhile."""
+        schedule_checks(self._fs, (self._files[c.path] for c in chunks))
+
     def _open_orc(self, path: str) -> tuple[Any, orc.ORCFile]:
+        info = self._files[path]
+        check_unchanged(self._fs, path, info.size, info.mtime)  # never read a rewritten file
         source = self._fs.arrow().open_input_file(path)
         return source, orc.ORCFile(source)
 

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from torch_dataloader_utils.errors import ReadError
-from torch_dataloader_utils.io.base import OpenFiles
-from torch_dataloader_utils.io.finish import BatchFinisher
+from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
 from torch_dataloader_utils.io.prefetch import ChunkSource, FetchStats, column_ranges
-from torch_dataloader_utils.plan.types import Chunk, FileInfo, RowGroup
-from torch_dataloader_utils.storage.fs import FileSystemSpec
-from torch_dataloader_utils.storage.partitions import Partitions
+from torch_dataloader_utils.plan.types import Chunk, RowGroup
+from torch_dataloader_utils.storage.identity import check_unchanged, schedule_checks
 
 __all__ = ["READ_BATCH_ROWS", "ParquetReader"]
 
@@ -41,26 +38,19 @@ class ParquetReader:
 
     def __init__(
         self,
-        fs: FileSystemSpec,
-        files: Mapping[str, FileInfo],
+        request: ReadRequest,
         *,
-        data_columns: Sequence[str],
-        output_columns: Sequence[str],
-        partitions: Partitions | None = None,
-        partition_columns: Sequence[str] = (),
-        filters: pc.Expression | None = None,
-        batch_size: int = 65536,
         use_threads: bool = True,
         source: ChunkSource | None = None,
         filtered_positions: bool = False,
     ) -> None:
-        self._fs = fs
-        self._files = files
-        self._data_columns = list(data_columns)
-        self._filters = filters
-        self._finisher = BatchFinisher(output_columns, partitions, partition_columns, filters)
-        self._batch_size = batch_size
-        self._read_rows = max(batch_size, READ_BATCH_ROWS)
+        self._fs = request.fs
+        self._files = request.files
+        self._data_columns = list(request.data_columns)
+        self._filters = request.filters
+        self._finisher = request.finisher()
+        self._batch_size = request.batch_size
+        self._read_rows = max(request.batch_size, READ_BATCH_ROWS)
         self._use_threads = use_threads
         self._open = OpenFiles(self._open_parquet)
         # Remote files: bytes come from the source (read-ahead, retries); see io/prefetch.py.
@@ -72,6 +62,7 @@ class ParquetReader:
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next, in order (remote read-ahead)."""
+        schedule_checks(self._fs, (self._files[c.path] for c in chunks), self._metadata_request)
         if self._source is not None:
             self._source.schedule(chunks)
 
@@ -84,7 +75,14 @@ class ParquetReader:
         stats = self._source.stats if self._source is not None else self._local_stats
         return stats.totals()
 
+    def _metadata_request(self) -> None:
+        """A remote file's size and time were asked (is it the planned file?): one request."""
+        stats = self._source.stats if self._source is not None else self._local_stats
+        stats.add(0)
+
     def _open_parquet(self, path: str) -> pq.ParquetFile:
+        info = self._files[path]
+        check_unchanged(self._fs, path, info.size, info.mtime)  # never read a rewritten file
         return pq.ParquetFile(path, filesystem=self._fs.arrow())
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
@@ -95,6 +93,7 @@ class ParquetReader:
             return
         try:
             if self._source is not None:
+                check_unchanged(self._fs, chunk.path, info.size, info.mtime, self._metadata_request)
                 pf = self._source.open(chunk)
             else:
                 pf = self._open.get(chunk.path)

@@ -1,4 +1,4 @@
-"""Reading a :class:`~torch_dataloader_utils.plan.resume.Piece`: a chunk, part of one, or a window.
+"""Reading a :class:`~torch_dataloader_utils.plan.pieces.Piece`: a chunk, part of one, or a window.
 
 A window's chunks are read into one table and its rows taken in the piece's seeded
 permutation (the row-level shuffle). Only the window is held in memory, and a window
@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import with_flag
-from torch_dataloader_utils.plan.resume import Piece
+from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.shuffle import permutation
 
 __all__ = ["read_piece"]

@@ -98,7 +98,7 @@ class FetchStats:
     """I/O counters of a reader in one process (cumulative; a worker reports differences).
 
     Attributes:
-        requests: Successful requests (ranged reads) to storage.
+        requests: Successful requests to storage (ranged reads, file checks).
         bytes_fetched: Bytes those requests returned (coalescing gaps included).
         bytes_needed: Bytes of the column chunks (or byte ranges) the chunks needed.
         misses: Reads outside the fetched ranges, fetched on demand.

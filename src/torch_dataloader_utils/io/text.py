@@ -15,7 +15,8 @@ every newline byte that is followed by a non-empty line. The reader
    field): :class:`RecordBoundaryError` is raised, naming the file, the byte offset
    and the option to set, instead of yielding split or duplicated records.
 
-Lines end with LF or CR LF. Multi-byte UTF-8 characters never contain the
+Lines end with LF or CR LF, or with a lone CR in files that use CR alone (the newline
+byte is found per file by discovery). Multi-byte UTF-8 characters never contain the
 newline byte, so cutting at a newline never splits a character.
 
 Compressed files (``.gz``, ``.bz2``, ``.zst``, ``.lz4``) are streamed whole; a CSV
@@ -29,17 +30,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 
 from torch_dataloader_utils.config import FileFormat
 from torch_dataloader_utils.errors import ReadError, RecordBoundaryError
-from torch_dataloader_utils.io.finish import BatchFinisher
+from torch_dataloader_utils.io.base import ReadRequest
 from torch_dataloader_utils.io.prefetch import FetchStats
-from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo
-from torch_dataloader_utils.storage.fs import FileSystemSpec
-from torch_dataloader_utils.storage.partitions import Partitions
+from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
+from torch_dataloader_utils.storage.identity import check_unchanged, schedule_checks
 from torch_dataloader_utils.storage.records import (
     PIECE_BYTES,
     TextFileMeta,
@@ -51,22 +50,20 @@ from torch_dataloader_utils.storage.records import (
 
 __all__ = ["TextReader"]
 
+_NOT_UTF8 = (
+    "is not valid UTF-8; text files must be UTF-8: convert the file (e.g. iconv -f latin1 -t "
+    "utf-8 in > out), or pass schema= with pyarrow.binary() for a column of raw bytes"
+)
+
 
 class TextReader:
     """A :class:`ChunkReader` for CSV and JSONL, by byte range (see the module docstring).
 
     Args:
-        fs: The filesystem.
-        files: File metadata by path.
+        request: What to read (files, columns, filter, batch size).
         meta: Text metadata (compression, header) by path.
         format: ``FileFormat.CSV`` or ``FileFormat.JSONL``.
         schema: The dataset's data schema: every chunk is parsed to these types.
-        data_columns: File columns to read.
-        output_columns: Columns of every output batch.
-        partitions: Partition values, or ``None``.
-        partition_columns: Partition keys to add as columns.
-        filters: The row filter, or ``None``.
-        batch_size: Rows per yielded batch (at most).
         quoted_newlines: CSV quoted fields may hold newlines (files are read whole).
         strict_fields: JSONL: a key missing from ``schema`` is an error (else ignored).
         piece_bytes: Bytes parsed at once.
@@ -74,32 +71,25 @@ class TextReader:
 
     def __init__(
         self,
-        fs: FileSystemSpec,
-        files: Mapping[str, FileInfo],
+        request: ReadRequest,
         meta: Mapping[str, TextFileMeta],
         *,
         format: FileFormat,
         schema: pa.Schema,
-        data_columns: Sequence[str],
-        output_columns: Sequence[str],
-        partitions: Partitions | None = None,
-        partition_columns: Sequence[str] = (),
-        filters: pc.Expression | None = None,
-        batch_size: int = 65536,
         quoted_newlines: bool = False,
         strict_fields: bool = True,
         piece_bytes: int = PIECE_BYTES,
     ) -> None:
         if format not in (FileFormat.CSV, FileFormat.JSONL):
             raise ValueError(f"TextReader reads CSV and JSONL, not {format.value!r}")
-        self._fs = fs
-        self._files = files
+        self._fs = request.fs
+        self._files = request.files
         self._meta = meta
         self._csv = format is FileFormat.CSV
         self._schema = schema
-        self._data_columns = list(data_columns)
-        self._finish = BatchFinisher(output_columns, partitions, partition_columns, filters)
-        self._batch_size = batch_size
+        self._data_columns = list(request.data_columns)
+        self._finish = request.finisher()
+        self._batch_size = request.batch_size
         self._quoted = quoted_newlines and self._csv
         self._strict = strict_fields
         self._piece = piece_bytes
@@ -112,6 +102,10 @@ class TextReader:
         (a compressed or quoted-newline file: its size). Requests are not counted.
         """
         return self._stats.totals()
+
+    def schedule(self, chunks: Sequence[Chunk]) -> None:
+        """Announce the chunks this process reads next: remote files are checked meanwhile."""
+        schedule_checks(self._fs, (self._files[c.path] for c in chunks))
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the records whose first byte lies in the chunk (filtered, projected)."""
@@ -126,6 +120,7 @@ class TextReader:
                 f"quoted_newlines=True), but the plan asks for bytes [{chunk.start}, {chunk.stop}); "
                 "use split_strategy='byte_range' or 'file'"
             )
+        check_unchanged(self._fs, chunk.path, info.size, info.mtime)  # never read a rewritten file
         try:
             if self._quoted or meta.compression is not None:
                 self._stats.read(info.size, info.size)
@@ -144,10 +139,17 @@ class TextReader:
             for batch in raw:
                 yield self._finish(batch, chunk.path)
         except (OSError, pa.ArrowException) as exc:
+            where = f"{self._fs.display(chunk.path)!r} bytes [{chunk.start}, {chunk.stop})"
+            if "utf8" in str(exc).lower():
+                raise ReadError(f"{where} {_NOT_UTF8} ({exc})") from exc
+            hint = (
+                "if quoted CSV fields hold newlines, pass quoted_newlines=True"
+                if self._csv
+                else "JSONL needs one JSON object per line"
+            )
             raise ReadError(
-                f"reading {self._fs.display(chunk.path)!r} bytes [{chunk.start}, {chunk.stop}) failed: "
-                f"{exc}. If a column's type is wrong for later rows, pass schema=; if quoted CSV "
-                "fields hold newlines, pass quoted_newlines=True"
+                f"reading {where} failed: {exc}. If a column's type is wrong for later rows, pass "
+                f"schema=; {hint}"
             ) from exc
 
     def _window(self, batches: Iterator[pa.RecordBatch], chunk: Chunk) -> Iterator[pa.RecordBatch]:
@@ -177,24 +179,24 @@ class TextReader:
         if meta.compression is not None:
             with fs.open_input_stream(chunk.path, compression=meta.compression) as stream:
                 stream.read(meta.data_start)
-                yield from iter_pieces(stream.read, meta.data_start, float("inf"), self._piece)
+                yield from iter_pieces(stream.read, meta.data_start, float("inf"), self._piece, meta.newline)
             return
         with fs.open_input_file(chunk.path) as f:
             if chunk.start <= meta.data_start:
                 first = meta.data_start
             else:
                 f.seek(chunk.start - 1)
-                first = next_line_start(f.read, chunk.start - 1)
+                first = next_line_start(f.read, chunk.start - 1, meta.newline)
             if first >= chunk.stop:
                 return
             f.seek(first)
-            for offset, piece in iter_pieces(f.read, first, chunk.stop, self._piece):
+            for offset, piece in iter_pieces(f.read, first, chunk.stop, self._piece, meta.newline):
                 self._stats.read(len(piece), len(piece))
                 yield offset, piece
 
     # -- parsing ---------------------------------------------------------------
     def _parse(self, piece: bytes, path: str, offset: int, meta: TextFileMeta) -> pa.Table:
-        expected = count_records(piece, self._csv)
+        expected = count_records(piece, self._csv, meta.newline)
         if expected == 0:
             return self._schema.empty_table().select(self._data_columns)
         source = buffer_source(piece)
@@ -217,14 +219,42 @@ class TextReader:
                 ),
             ).select(self._data_columns)
         if table.num_rows != expected:
+            where = f"{self._fs.display(path)!r}: the lines at bytes [{offset}, {offset + len(piece)})"
+            if not self._csv:
+                raise RecordBoundaryError(
+                    f"{where} parsed into {table.num_rows} JSON records but hold {expected} non-empty "
+                    "lines, so a record spans lines (a pretty-printed object?). JSONL needs one "
+                    "JSON object per line: rewrite the file with one object per line (e.g. "
+                    "jq -c . in.json > out.jsonl)"
+                )
             raise RecordBoundaryError(
-                f"{self._fs.display(path)!r}: the lines at bytes [{offset}, {offset + len(piece)}) "
-                f"parsed into {table.num_rows} records but hold {expected} non-empty lines, so a "
-                "record spans lines (a newline inside a quoted CSV field?). Splitting this file "
-                "by bytes would split or duplicate records: pass quoted_newlines=True to read "
+                f"{where} parsed into {table.num_rows} records but hold {expected} non-empty lines, "
+                "so a record spans lines (a newline inside a quoted CSV field?). Splitting this "
+                "file by bytes would split or duplicate records: pass quoted_newlines=True to read "
                 "such files whole"
             )
+        if not self._csv:
+            self._check_utf8(table, path, offset, piece)
         return table
+
+    def _check_utf8(self, table: pa.Table, path: str, offset: int, piece: bytes) -> None:
+        """Pyarrow's JSON reader does not check that strings are UTF-8: check them here.
+
+        Raises:
+            ReadError: naming the file and the byte offset of the first invalid byte.
+        """
+        for name, column in zip(table.column_names, table.columns, strict=True):
+            if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+                continue
+            try:
+                column.validate(full=True)
+            except pa.ArrowInvalid:
+                try:
+                    piece.decode("utf-8")
+                    at = ""
+                except UnicodeDecodeError as exc:
+                    at = f" at byte {offset + exc.start}"
+                raise ReadError(f"{self._fs.display(path)!r} column {name!r}{at} {_NOT_UTF8}") from None
 
     def _csv_convert(self, meta: TextFileMeta) -> pcsv.ConvertOptions:
         types = {n: self._schema.field(n).type for n in meta.column_names if n in self._schema.names}

@@ -55,7 +55,7 @@ class PlanSpec:
     @property
     def equalized(self) -> bool:
         """Whether ranks are given equal row counts (a policy is on and there are ranks)."""
-        return self.equal_batches is not EqualBatches.OFF and self.num_ranks > 1
+        return self.equal_batches.acts_on(self.num_ranks)
 
     def __post_init__(self) -> None:
         if self.num_ranks < 1:

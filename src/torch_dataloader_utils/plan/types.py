@@ -46,6 +46,10 @@ class EqualBatches(enum.Enum):
     PAD = "pad"
     OFF = "off"
 
+    def acts_on(self, num_ranks: int) -> bool:
+        """Whether the policy changes a plan of ``num_ranks`` ranks (it is on, and there are ranks)."""
+        return self is not EqualBatches.OFF and num_ranks > 1
+
 
 @dataclass(frozen=True, slots=True)
 class RowGroup:

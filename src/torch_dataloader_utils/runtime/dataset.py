@@ -21,8 +21,9 @@ from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.errors import IncompatibleOptionsError, UnknownLengthError
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
+from torch_dataloader_utils.plan.pieces import Piece, as_pieces
 from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
-from torch_dataloader_utils.plan.resume import Piece, as_pieces, segment_pieces
+from torch_dataloader_utils.plan.resume import segment_pieces
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.emit import Positions, grouped
@@ -30,7 +31,7 @@ from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics,
 from torch_dataloader_utils.runtime.options import Options
 from torch_dataloader_utils.runtime.progress import Progress
 from torch_dataloader_utils.runtime.report import report_plan
-from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged
+from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged, complete_state
 from torch_dataloader_utils.runtime.watchdog import watch_parent
 from torch_dataloader_utils.runtime.workstats import WorkStats
 from torch_dataloader_utils.transfer import pack
@@ -93,12 +94,8 @@ class PlannedDataset(IterableDataset[Any]):
         self._files = tuple(files)
         self._options = options
         self._reader = reader
-        self._output_schema = output_schema
-        self._converter = BatchConverter(
-            batch_schema(output_schema, batching.equal_batches),
-            options.output.output_format,
-            options.output.null_fill,
-        )
+        self._schema = output_schema
+        self._converter = BatchConverter(batch_schema(output_schema, batching.equal_batches), options.output)
         self._row_count_issue = row_count_issue
         # Shared memory: set_epoch in the main process reaches persistent workers.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
@@ -145,8 +142,8 @@ class PlannedDataset(IterableDataset[Any]):
 
     @property
     def schema(self) -> pa.Schema:
-        """The columns of every batch (before ``equal_batches='pad'`` adds its flag)."""
-        return self._output_schema
+        """The Arrow schema of the rows read (columns in output order, no padding flag)."""
+        return self._schema
 
     @property
     def reader(self) -> ChunkReader:
@@ -252,13 +249,20 @@ class PlannedDataset(IterableDataset[Any]):
         return self.metrics.rank_metrics(self.world.rank, self.world.num_ranks, dropped)
 
     # -- planning ---------------------------------------------------------------
-    def _spec(self, num_workers: int) -> PlanSpec:
+    def _readers(self, num_workers: int | None) -> int:
+        """Reading processes per rank in a plan: the DataLoader's workers, or 1 (the main process).
+
+        ``None`` means the dataset's own ``num_workers``.
+        """
+        return max(1, self._num_workers if num_workers is None else num_workers)
+
+    def _spec(self, num_workers: int | None) -> PlanSpec:
         opts = self._options
         return PlanSpec(
             files=self._files,
             strategy=opts.strategy,
             num_ranks=opts.world.num_ranks,
-            num_workers=max(1, num_workers),
+            num_workers=self._readers(num_workers),
             shuffle=opts.shuffle.shuffle,
             seed=opts.shuffle.shuffle_seed,
             equal_batches=opts.batching.equal_batches,
@@ -272,7 +276,7 @@ class PlannedDataset(IterableDataset[Any]):
         sizing and reading do not plan the same epoch twice in one process.
         """
         epoch = self.epoch if epoch is None else epoch
-        workers = max(1, self._num_workers if num_workers is None else num_workers)
+        workers = self._readers(num_workers)
         key = (epoch, workers)
         plan = self._plans.get(key)
         if plan is None:
@@ -317,7 +321,7 @@ class PlannedDataset(IterableDataset[Any]):
             epoch,
             segments,
             num_ranks=self.world.num_ranks,
-            num_workers=lambda rank: max(1, workers),
+            num_workers=lambda rank: self._readers(workers),
             window_rows=self.row_shuffle_window,
             exact=self._row_count_issue is None,
         )
@@ -345,7 +349,7 @@ class PlannedDataset(IterableDataset[Any]):
                 "Iterate to count, or drop the row filter to get len()"
             )
         epoch = self.epoch if epoch is None else epoch
-        workers = max(1, self._num_workers if num_workers is None else num_workers)
+        workers = self._readers(num_workers)
         segments = self._state.live_segments(epoch)
         if segments:
             rows: list[int | None] = [
@@ -373,6 +377,33 @@ class PlannedDataset(IterableDataset[Any]):
         return self.num_batches()
 
     # -- reading ----------------------------------------------------------------
+    def read_chunk(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
+        """The rows of one planned chunk as Arrow record batches, in file order.
+
+        ``chunk`` is one of this dataset's planned chunks (from :meth:`plan`), or a piece of
+        one cut at row granularity (``plan.ranks.cut_chunk``). The batches are what the
+        loader reads before batching and conversion: projected to ``columns``, filtered
+        by ``filters``, partition columns added, Iceberg deletes applied; their schema is
+        :attr:`schema`. Works in any process (tools such as ``reshard`` read chunks in
+        their own worker processes); it does not touch the epoch, resume state or metrics.
+
+        Raises:
+            ReadError: the chunk cannot be read (file and range named).
+        """
+        return self._reader.read(chunk)
+
+    def read_chunks(self, chunks: Sequence[Chunk]) -> Iterator[pa.RecordBatch]:
+        """The rows of several chunks, one after the other, as :meth:`read_chunk` gives them.
+
+        On remote storage the bytes of the next chunks are fetched while one is decoded
+        (``read_ahead_bytes``), as the loader does for a worker's chunks.
+        """
+        schedule = getattr(self._reader, "schedule", None)
+        if schedule is not None:
+            schedule(list(chunks))
+        for chunk in chunks:
+            yield from self._reader.read(chunk)
+
     def worker_chunks(self) -> tuple[Chunk, ...]:
         """The chunks the calling process (main or DataLoader worker) reads this epoch."""
         slot = env.worker_slot()
@@ -384,15 +415,15 @@ class PlannedDataset(IterableDataset[Any]):
             watch_parent()
         epoch = self.epoch
         pieces = self._worker_pieces(slot, epoch)
+        batching = self._options.batching
+        flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
+        work = WorkStats(self._reader, len(pieces), flag)  # before any request of this pass
         schedule = getattr(self._reader, "schedule", None)
         if schedule is not None:  # readers of remote files fetch the next chunks ahead
             schedule([c for piece in pieces for c in piece.chunks])
-        batching = self._options.batching
-        flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
         positions = Positions(self._state.token, slot.id, slot.count, rank=self.world.rank)
         read = positions.read(self._reader, pieces, flag, batching.batch_size)
         batches = rebatch(read, batching.batch_size, batching.drop_last)
-        work = WorkStats(self._reader, len(pieces), flag)
         tagging = self._state.tagging
         if slot.in_worker and tagging:
             # Under the loader of create_dataloader (which flattens groups): several
@@ -477,7 +508,10 @@ class PlannedDataset(IterableDataset[Any]):
         """Resume from a state: the next pass over its epoch reads only what was not consumed.
 
         The state must hold every rank (one rank's own state on a single-rank job, else
-        ``merge_states([...])`` or ``gather_state``). The rest of the epoch is
+        ``merge_states([...])`` or ``gather_state``), or, under an initialized
+        ``torch.distributed`` process group, be this rank's own state loaded by every
+        rank at the same call (the states are then gathered and merged, see
+        :func:`~torch_dataloader_utils.runtime.state.complete_state`). The rest of the epoch is
         re-planned over this dataset's world, which may have other ``num_ranks`` and
         ``num_workers`` than the saved one. Sets :attr:`epoch` to the state's epoch;
         the epoch after it is a normal full epoch. A state that fails a check changes
@@ -487,6 +521,7 @@ class PlannedDataset(IterableDataset[Any]):
             ResumeStateError: not a state, another version, or not every rank.
             StateMismatchError: saved for other files or options (says what changed).
         """
+        state = complete_state(state, self.world)
         epoch = self._state.load(
             state, lambda epoch, segments: self._pieces(epoch, self._num_workers, segments)
         )

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.pieces import read_piece
-from torch_dataloader_utils.plan.resume import Piece
+from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.runtime.workstats import WorkStats
 from torch_dataloader_utils.transfer import BatchGroup, pack_group

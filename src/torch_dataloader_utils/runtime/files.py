@@ -191,17 +191,7 @@ class StructuredDataset(PlannedDataset):
 
     def _setup(self, path: str | Sequence[str], source: FileSourceConfig, options: Options) -> None:
         text = text_options(source, options)
-        found = discover(
-            path,
-            format=source.format,
-            columns=source.columns,
-            filters=source.filters,
-            partitioning=source.partitioning,
-            storage_options=source.storage_options,
-            text=text,
-            fetch=options.fetch,
-            share=share.from_rank0,
-        )
+        found = discover(path, source, text=text, fetch=options.fetch, share=share.from_rank0)
         found, issue = count_filtered(found, options.counts_rows, options.counting.count_rows)
         where = found.fs.display(_first(path))
         log_files(

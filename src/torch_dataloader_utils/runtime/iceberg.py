@@ -66,15 +66,7 @@ class IcebergDataset(PlannedDataset):
 
     def _setup(self, source: IcebergSourceConfig, options: Options) -> None:
         tbl = load_table(source.table, source.catalog_config)
-        scan = discover_iceberg(
-            tbl,
-            snapshot_id=source.snapshot_id,
-            as_of=source.as_of,
-            columns=source.columns,
-            filters=source.filters,
-            scan_filter=source.scan_filter,
-            count_filtered=options.counts_rows,
-        )
+        scan = discover_iceberg(tbl, source, count_filtered=options.counts_rows)
         self.scan: IcebergScan = scan
         """What discovery planned: data files, deletes, schema."""
         deletes = scan.delete_files_read

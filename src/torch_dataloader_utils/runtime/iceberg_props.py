@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError
+from torch_dataloader_utils.storage.redact import HIDDEN, is_secret, redact
 
 __all__ = ["catalog_properties"]
 
@@ -68,8 +69,14 @@ def catalog_properties(
         text = str(value).lower() if isinstance(value, bool) else str(value)
         if prop in merged and str(merged[prop]) != text:
             raise IncompatibleOptionsError(
-                f"storage_options[{key!r}]={value!r} and catalog_config[{prop!r}]={merged[prop]!r} "
+                f"storage_options[{key!r}]={_shown(key, value)!r} and catalog_config[{prop!r}]="
+                f"{_shown(prop, merged[prop])!r} "
                 "disagree; set it in one place"
             )
         merged[prop] = text
     return merged
+
+
+def _shown(name: str, value: object) -> object:
+    """``value`` as an error may show it: hidden when ``name`` is a credential's."""
+    return HIDDEN if is_secret(name) else redact(value)

@@ -13,6 +13,7 @@ from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.metrics import LoaderMetrics, gather_metrics, stall_clock
 from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.transfer import BatchGroup
+from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
 
 __all__ = ["ResumableDataLoader", "make_loader"]
 
@@ -106,11 +107,19 @@ class ResumableDataLoader(DataLoader[Any]):
         self.dataset.load_state_dict(state)
 
 
+# Accelerate's prepare() returns this loader unchanged (see upstream/accelerate.py): the
+# dataset already shards itself by rank. Batches are not moved to accelerator.device.
+setattr(ResumableDataLoader, PREPARED_FLAG, True)
+
+
 def make_loader(dataset: PlannedDataset, loader: LoaderConfig) -> ResumableDataLoader:
     """The DataLoader over ``dataset`` (which yields whole batches).
 
     ``loader.num_workers=None`` (automatic) takes the count the dataset resolved.
     """
+    if loader.num_workers is None and dataset.num_workers == 0:
+        # Automatic sizing chose the main process: a start method has nothing to start.
+        loader = dataclasses.replace(loader, multiprocessing_context=None)
     config = dataclasses.replace(loader, num_workers=dataset.num_workers)  # re-checks the combination
     kwargs: dict[str, Any] = {}
     if config.prefetch_factor is not None:

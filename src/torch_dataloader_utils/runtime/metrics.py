@@ -69,7 +69,8 @@ class WorkerMetrics:
             returned (coalescing gaps included); local Parquet, the column chunks read;
             CSV / JSONL, the byte ranges read. Not counted for ORC.
         bytes_needed: Bytes of the column chunks (or ranges) the pieces needed.
-        requests: Requests to remote storage (ranged reads; retries not included).
+        requests: Requests to remote storage (ranged reads and the metadata requests that
+            check a file is the planned one; retries not included).
         retries: Requests the library retried after a transient error (a storage client
             may also retry some errors itself, e.g. a reset connection, unseen here).
         storage_wait_sec: Time the worker waited for bytes from remote storage (local

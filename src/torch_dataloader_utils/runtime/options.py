@@ -25,6 +25,7 @@ from torch_dataloader_utils.config import (
     BatchConfig,
     CountConfig,
     EqualBatches,
+    FeaturePack,
     FetchConfig,
     FileFormat,
     FileSourceConfig,
@@ -33,12 +34,15 @@ from torch_dataloader_utils.config import (
     OutputConfig,
     OutputFormat,
     ProgressConfig,
+    RaggedLayout,
     ShuffleConfig,
     SplitConfig,
     SplitKind,
+    StringLayout,
     coerce_enum,
     coerce_equal_batches,
     coerce_format,
+    coerce_packs,
     parse_read_ahead,
     parse_size,
 )
@@ -123,6 +127,26 @@ class ReadOptions(TypedDict, total=False):
     has no null; by default a null there is an error."""
     collate_fn: Callable[[Any], Any] | None
     """Applied to each converted batch inside the worker."""
+    ragged: str | RaggedLayout | None
+    """Variable-length list columns (``list``, ``large_list``, nested one level:
+    ``list<fixed_size_list>``): ``"jagged"`` (a jagged nested tensor ``[rows, j]``, no
+    copy), ``"padded"`` (a ``PaddedList(values [rows, width], lengths)``) or ``"offsets"``
+    (a ``FlatList(values, offsets)``, Arrow's layout). ``None`` (default): ``"jagged"``
+    for ``output_format="torch"``, an object array of arrays for ``"numpy"``.
+    Fixed-size lists are always a dense ``[rows, size]`` tensor."""
+    pad_value: int | float | None
+    """With ``ragged="padded"``: the value past each list's end (default 0)."""
+    max_length: int | None
+    """With ``ragged="padded"``: keep at most this many items per list (``None``: all);
+    the width is the longest list of the batch, at most ``max_length``."""
+    strings: str | StringLayout | None
+    """String and binary columns: ``"list"`` (default: ``list[str]``, or an object array
+    with numpy), ``"arrow"`` (the ``pyarrow`` array, nulls kept) or ``"bytes"`` (a
+    ``FlatList(values uint8, offsets int64)``; nulls need ``null_fill``)."""
+    pack_features: FeaturePack | Sequence[FeaturePack] | None
+    """Stack numeric columns into one ``[rows, F]`` tensor of a given dtype under a key,
+    e.g. ``FeaturePack(["f0", "f1", "f2"], key="features", dtype="float32")``; the packed
+    columns leave the batch (default: none)."""
     num_ranks: int | None
     """Number of ranks (world size); default from ``torch.distributed`` or ``WORLD_SIZE``."""
     rank: int | None
@@ -160,6 +184,10 @@ class FileReadOptions(ReadOptions, total=False):
     Without it, a record found spanning lines raises ``RecordBoundaryError``."""
     count_cache_dir: str | os.PathLike[str] | None
     """Also keep text counts in this directory across processes and runs."""
+    use_manifest: bool | None
+    """Parquet: plan a directory written by ``reshard`` from its ``_manifest.json`` (one
+    request: no listing, no footer reads). ``None`` (default) uses the manifest when
+    ``path`` is a directory holding one, ``True`` requires it, ``False`` lists the files."""
     read_ahead_bytes: int | str | None
     """Remote storage only: memory bound of the bytes of upcoming chunks fetched while one
     is decoded (default ``"256MiB"`` per worker; ``0`` disables read-ahead)."""
@@ -168,6 +196,11 @@ class FileReadOptions(ReadOptions, total=False):
     (HTTP 5xx, connection reset, timeout); ``0`` disables them (default 4)."""
     retry_backoff: float
     """Seconds before the first retry, doubled after each (max 10 s; default 0.2)."""
+    request_timeout: float
+    """Remote storage only: seconds one request (a listing, a footer, a byte range) may
+    take in all, retries included (default 30). Each attempt's connect and read timeouts
+    are ``request_timeout / (retries + 1)``, so an endpoint that accepts connections and
+    never answers fails within about this long, with an error naming it."""
 
 
 class IcebergReadOptions(ReadOptions, total=False):
@@ -243,7 +276,7 @@ class Options:
     @property
     def equalized(self) -> bool:
         """Whether ranks are given equal row counts (a policy is on and there are ranks)."""
-        return self.world.num_ranks > 1 and self.batching.equal_batches is not EqualBatches.OFF
+        return self.batching.equal_batches.acts_on(self.world.num_ranks)
 
     @property
     def counts_rows(self) -> bool:
@@ -259,6 +292,9 @@ def _fspath(value: object) -> object:
 _COERCE: dict[str, Callable[[Any], object]] = {
     "equal_batches": coerce_equal_batches,
     "output_format": lambda v: coerce_enum(v, OutputFormat, "output_format"),
+    "ragged": lambda v: None if v is None else coerce_enum(v, RaggedLayout, "ragged"),
+    "strings": lambda v: None if v is None else coerce_enum(v, StringLayout, "strings"),
+    "pack_features": coerce_packs,
     "split_bytes": lambda v: parse_size(v, "split_bytes"),
     "read_ahead_bytes": parse_read_ahead,
     "count_cache_dir": _fspath,

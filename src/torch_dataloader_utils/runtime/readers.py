@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pyarrow as pa
 
 from torch_dataloader_utils.config import FetchConfig, FileFormat
 from torch_dataloader_utils.discovery.dataset import Discovered
 from torch_dataloader_utils.errors import ConfigError
-from torch_dataloader_utils.io.base import ChunkReader
+from torch_dataloader_utils.io.base import ChunkReader, ReadRequest
 from torch_dataloader_utils.io.orc import OrcReader
 from torch_dataloader_utils.io.parquet import ParquetReader
 from torch_dataloader_utils.io.prefetch import ChunkSource
@@ -24,46 +22,41 @@ def make_reader(found: Discovered, batch_size: int, fetch: FetchConfig | None = 
     Files on remote storage are read through a :class:`ChunkSource` (ranged reads of the
     needed columns, read-ahead, retries); local files are opened directly.
     """
-    files = {f.path: f for f in found.files}
-    # What every reader needs: which columns to read and how to finish a batch.
-    common: dict[str, Any] = {
-        "data_columns": found.data_columns,
-        "output_columns": found.output_columns,
-        "partitions": found.partitions,
-        "partition_columns": found.partition_columns,
-        "filters": found.filters,
-        "batch_size": batch_size,
-    }
+    request = ReadRequest(
+        fs=found.fs,
+        files={f.path: f for f in found.files},
+        data_columns=found.data_columns,
+        output_columns=found.output_columns,
+        batch_size=batch_size,
+        partitions=found.partitions,
+        partition_columns=found.partition_columns,
+        filters=found.filters,
+        output_schema=found.output_schema,
+    )
     if found.format is FileFormat.PARQUET:
         source = None
         if not found.fs.is_local:
             source = ChunkSource(
                 found.fs,
-                files,
+                request.files,
                 columns=found.data_columns,
                 footers=found.extra.get("parquet_footers"),
                 config=fetch,
             )
         return ParquetReader(
-            found.fs,
-            files,
-            **common,
-            source=source,
-            filtered_positions=bool(found.extra.get("filtered_positions", False)),
+            request, source=source, filtered_positions=bool(found.extra.get("filtered_positions", False))
         )
     if found.format is FileFormat.ORC:
-        return OrcReader(found.fs, files, **common)
+        return OrcReader(request)
     if found.format in (FileFormat.CSV, FileFormat.JSONL):
         options = found.extra["text_options"]
         part_names = set(found.partitions.schema.names) if found.partitions is not None else set()
         data_schema = pa.schema([f for f in found.schema if f.name not in part_names])
         return TextReader(
-            found.fs,
-            files,
+            request,
             found.extra["text_meta"],
             format=found.format,
             schema=data_schema,
-            **common,
             quoted_newlines=options.quoted_newlines,
             strict_fields=options.schema is None,
         )

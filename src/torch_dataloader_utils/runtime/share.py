@@ -12,12 +12,18 @@ Every rank must build its dataset (the broadcast is a collective call).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-__all__ = ["all_gather", "from_rank0"]
+from torch_dataloader_utils.errors import DistributedConfigError, RankFailedError
+from torch_dataloader_utils.plan.types import World
+from torch_dataloader_utils.runtime import env
+
+__all__ = ["all_gather", "all_ok", "from_rank0", "job_world"]
 
 T = TypeVar("T")
 
@@ -61,6 +67,44 @@ def from_rank0(read: Callable[[], T]) -> T:
     return payload  # type: ignore[no-any-return]
 
 
+def _grouped() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+@contextmanager
+def job_world(timeout_s: float) -> Iterator[World]:
+    """The ranks of a job run by a tool (``reshard``): an initialized process group, or one made here.
+
+    With an initialized process group, its ranks. Launched by torchrun (``RANK`` and
+    ``WORLD_SIZE`` set, more than one rank) without one, a gloo group is started for the
+    duration of the block (timeout ``timeout_s``: how long a rank waits for the others at
+    a barrier) and destroyed after it. Otherwise a single process.
+
+    Raises:
+        DistributedConfigError: the launcher's variables are inconsistent, or the group
+            cannot start (``MASTER_ADDR`` / ``MASTER_PORT`` missing).
+    """
+    if dist.is_available() and dist.is_initialized():
+        yield World(dist.get_world_size(), dist.get_rank())
+        return
+    detected = env.detect()
+    if detected.num_ranks == 1:
+        yield World(1, 0)
+        return
+    try:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+    except (ValueError, RuntimeError) as exc:
+        raise DistributedConfigError(
+            f"RANK={detected.rank} and WORLD_SIZE={detected.num_ranks} are set but no process group "
+            f"could start ({exc}); launch with torchrun (it sets MASTER_ADDR / MASTER_PORT) or "
+            "initialize torch.distributed first"
+        ) from exc
+    try:
+        yield World(dist.get_world_size(), dist.get_rank())
+    finally:
+        dist.destroy_process_group()
+
+
 def all_gather(value: T, group: Any = None) -> list[T]:
     """Every rank's ``value`` (in rank order); ``[value]`` without a process group.
 
@@ -73,10 +117,30 @@ def all_gather(value: T, group: Any = None) -> list[T]:
         group: A process group, or ``None`` for the default one (over NCCL, a gloo
             group over all ranks is used instead).
     """
-    if not (dist.is_available() and dist.is_initialized()):
-        return [value]
     if group is None:
+        if not _grouped():
+            return [value]
         group = _gloo_group()
+    elif not (dist.is_available() and dist.is_initialized()):
+        return [value]
     out: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, value, group=group)
     return out
+
+
+def all_ok(error: BaseException | None) -> None:
+    """A barrier that also tells every rank whether any rank failed before it.
+
+    Every rank calls it once its part of a step is done, with the exception it hit or
+    ``None``. It returns on every rank when all succeeded; otherwise the failed rank
+    raises its own error and the others raise :class:`RankFailedError` naming it, so no
+    rank goes on (or waits) alone.
+    """
+    report = None if error is None else f"{type(error).__name__}: {error}"
+    reports = all_gather(report)
+    if error is not None:
+        raise error
+    failed = [(rank, r) for rank, r in enumerate(reports) if r is not None]
+    if failed:
+        rank, message = failed[0]
+        raise RankFailedError(f"rank {rank} failed, so this rank stops too: {message}")

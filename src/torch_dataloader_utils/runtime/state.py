@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from torch_dataloader_utils.errors import ResumeStateError
-from torch_dataloader_utils.plan.resume import (
+from torch_dataloader_utils.plan.state import (
     STATE_FORMAT,
     STATE_VERSION,
     check_state,
@@ -29,7 +29,7 @@ from torch_dataloader_utils.plan.resume import (
 )
 from torch_dataloader_utils.plan.types import FileInfo, World
 
-__all__ = ["EpochProgress", "ResumeTracker", "Stateful", "Tagged", "gather_state"]
+__all__ = ["EpochProgress", "ResumeTracker", "Stateful", "Tagged", "complete_state", "gather_state"]
 
 
 class Tagged(NamedTuple):
@@ -87,7 +87,7 @@ def gather_state(source: Stateful, group: Any = None) -> dict[str, Any]:
     """The state of every rank, merged: call it on all ranks at the same step.
 
     Uses ``torch.distributed.all_gather_object`` (any backend; with NCCL set the
-    current CUDA device first) and :func:`~torch_dataloader_utils.plan.resume.merge_states`.
+    current CUDA device first) and :func:`~torch_dataloader_utils.plan.state.merge_states`.
     Without an initialized process group it returns this process's state. Every rank
     gets the merged state; save it from rank 0.
 
@@ -100,6 +100,39 @@ def gather_state(source: Stateful, group: Any = None) -> dict[str, Any]:
         return state
     states: list[Mapping[str, Any] | None] = [None] * dist.get_world_size(group)
     dist.all_gather_object(states, state, group=group)
+    return merge_states([s for s in states if s is not None])
+
+
+def complete_state(state: Mapping[str, Any], world: World) -> Mapping[str, Any]:
+    """``state``, or, if it holds only some ranks of the running job, every rank's state merged.
+
+    Each rank loading its *own* state (as torch-dataloader-utils 0.2.0 checkpoints were
+    saved: ``all_gather_object`` then ``states[rank]``, or one file per rank) leaves
+    the rest of the epoch unknown to it, since the other ranks' cursors decide how it
+    is re-planned. When a ``torch.distributed`` process group of ``world``'s size is
+    initialized, such a state is completed with the states the other ranks load at
+    the same call (``all_gather_object``; every rank must call ``load_state_dict``
+    then, as a DDP job does). Any other value is returned unchanged, for the checks
+    of :func:`~torch_dataloader_utils.plan.resume.check_state`.
+    """
+    if not isinstance(state, Mapping):
+        return state
+    segments = state.get("segments")
+    if (
+        world.num_ranks < 2
+        or state.get("format") != STATE_FORMAT
+        or not isinstance(segments, list)
+        or not segments
+        or not isinstance(segments[-1], Mapping)
+        or segments[-1].get("num_ranks") != world.num_ranks
+        or not isinstance(segments[-1].get("ranks"), Mapping)
+        or len(segments[-1]["ranks"]) >= world.num_ranks
+        or not (dist.is_available() and dist.is_initialized())
+        or dist.get_world_size() != world.num_ranks
+    ):
+        return state
+    states: list[Mapping[str, Any] | None] = [None] * world.num_ranks
+    dist.all_gather_object(states, dict(state))
     return merge_states([s for s in states if s is not None])
 
 
@@ -196,7 +229,11 @@ class ResumeTracker:
         }
         if progress is None:
             return state
-        segment = {"num_ranks": self._world.num_ranks, "ranks": {str(self._world.rank): progress.entry()}}
+        segment = {
+            "num_ranks": self._world.num_ranks,
+            "ranks": {str(self._world.rank): progress.entry()},
+            "index": len(segments),
+        }
         state["segments"] = [*segments, segment]
         return normalize(state) if self._world.num_ranks == 1 else state
 
@@ -210,7 +247,14 @@ class ResumeTracker:
             ResumeStateError: not a state, another version, or not every rank.
             StateMismatchError: saved for other files or options (says what changed).
         """
-        checked = normalize(check_state(json.loads(json.dumps(state)), self.fingerprint()))
+        try:
+            plain = json.loads(json.dumps(state))
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ResumeStateError(
+                f"a resume state holds only JSON values (dicts, lists, strings, numbers, booleans); "
+                f"this one does not ({type(exc).__name__}: {exc}); pass what loader.state_dict() returned"
+            ) from exc
+        checked = normalize(check_state(plain, self.fingerprint()))
         epoch = int(checked["epoch"])
         segments = checked["segments"]
         if segments:

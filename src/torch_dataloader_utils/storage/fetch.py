@@ -1,21 +1,25 @@
 """Ranged reads with retries: every request for remote bytes goes through :func:`fetch_range`.
 
 Transient errors (HTTP 500/502/503/504/429, connection reset, timeouts) are retried with
-exponential backoff (``FetchConfig``); a permanent failure, or retries spent, raises
-:class:`ReadError` naming the file and the byte range.
+exponential backoff (``FetchConfig``) within the request's time budget
+(``request_timeout``, :func:`retry_call`); a permanent failure, or retries or time spent,
+raises :class:`ReadError` naming the file, the byte range and the endpoint.
 """
 
 from __future__ import annotations
 
+import errno
 import re
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from torch_dataloader_utils.config import FetchConfig
-from torch_dataloader_utils.errors import ReadError
+from torch_dataloader_utils.errors import DataLoaderUtilsError, ReadError
 from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.redact import redact
 
-__all__ = ["fetch_range", "is_transient"]
+__all__ = ["GaveUp", "fetch_range", "is_transient", "retry_call"]
 
 _TRANSIENT_STATUS = re.compile(r"\b(500|502|503|504|429)\b")
 _TRANSIENT_WORDS = (
@@ -42,15 +46,36 @@ _TRANSIENT_WORDS = (
 )
 
 
+_TRANSIENT_ERRNOS = frozenset(
+    {errno.EBUSY, errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE, 121}
+)
+"""``errno`` of ``OSError``s worth a retry (121 is EREMOTEIO: s3fs's HTTP 500; EBUSY its 503)."""
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether retrying the request that raised ``exc`` may succeed.
 
     Missing files and denied access are permanent; connection errors, timeouts and
-    server errors (HTTP 5xx, throttling) are transient, whichever client raised them.
+    server errors (HTTP 5xx, throttling) are transient, whichever client raised them:
+    the error itself or the one it was translated from (s3fs turns HTTP 503 into an
+    ``OSError`` of ``errno.EBUSY`` caused by botocore's error) decides.
     """
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return False
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            break
+        if _looks_transient(seen):
+            return True
+        seen = seen.__cause__
+    return False
+
+
+def _looks_transient(exc: BaseException) -> bool:
     if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return True
     name = type(exc).__name__.lower()
     if any(word in name for word in ("timeout", "connection", "disconnected")):
@@ -61,6 +86,68 @@ def is_transient(exc: BaseException) -> bool:
 
 class _ShortRead(ConnectionError):
     """A response ended before the requested range did (a cut connection)."""
+
+
+T = TypeVar("T")
+
+
+class GaveUp(Exception):
+    """A request failed for good: a permanent error, or its retries or time budget spent.
+
+    Attributes:
+        error: The last error.
+        attempts: Attempts made.
+        seconds: Seconds spent, waits included.
+        transient: Whether the last error was transient (so more time could help).
+    """
+
+    def __init__(self, error: BaseException, attempts: int, seconds: float, transient: bool) -> None:
+        super().__init__(str(error))
+        self.error, self.attempts, self.seconds, self.transient = error, attempts, seconds, transient
+
+    def how(self, config: FetchConfig) -> str:
+        """``"after 3 attempt(s) in 12.5 s (retries=4, request_timeout=30 s): ..."``."""
+        cause = f"{type(self.error).__name__}: {redact(str(self.error))}"
+        if not self.transient:
+            return f"with a permanent error: {cause}"
+        return (
+            f"after {self.attempts} attempt(s) in {self.seconds:.1f} s (retries={config.retries}, "
+            f"request_timeout={config.request_timeout:g} s): {cause}"
+        )
+
+
+def retry_call(call: Callable[[], T], config: FetchConfig, on_retry: Callable[[], None] | None = None) -> T:
+    """``call()``, retrying transient errors with backoff within the request's time budget.
+
+    A retry is made while retries are left and it could end within
+    ``config.request_timeout`` of the first attempt (its wait plus as long as the failed
+    attempt took): so an endpoint that never answers costs about ``request_timeout``,
+    not ``retries`` times the clients' own timeouts. ``on_retry`` is called before every
+    retry (the metrics count them).
+
+    Raises:
+        DataLoaderUtilsError: as raised by ``call`` (never retried).
+        GaveUp: the last error, when it was permanent or the retries or time are spent.
+    """
+    started = time.monotonic()
+    attempt = 0
+    while True:
+        began = time.monotonic()
+        try:
+            return call()
+        except DataLoaderUtilsError:
+            raise
+        except Exception as exc:
+            attempt += 1
+            now = time.monotonic()
+            transient = is_transient(exc)
+            wait = config.backoff(attempt)
+            late = (now - started) + wait + (now - began) > config.request_timeout
+            if not transient or attempt > config.retries or late:
+                raise GaveUp(exc, attempt, now - started, transient) from exc
+            if on_retry is not None:
+                on_retry()
+            time.sleep(wait)
 
 
 def fetch_range(
@@ -83,42 +170,35 @@ def fetch_range(
         start: First byte.
         stop: One past the last byte (clipped to ``size`` when it is known).
         size: The file's size, when known.
-        config: Retries and backoff.
+        config: Retries, backoff and the request's time budget.
         on_request: Called with the bytes received after every successful request.
         on_retry: Called before every retry of a request that failed transiently.
         metadata: A one-off metadata read (see :meth:`FileSystemSpec.read_range`).
 
     Raises:
-        ReadError: naming the file and the byte range, when the error is permanent or
-            the retries are spent.
+        ReadError: naming the file, the byte range and the endpoint, when the error is
+            permanent or the retries or time budget are spent.
     """
     if size is not None:
         stop = min(stop, size)
-    attempt = 0
-    while True:
-        try:
-            data = fs.read_range(path, start, stop, size, metadata=metadata)
-            if size is not None and len(data) != stop - start:
-                raise _ShortRead(f"got {len(data)} of {stop - start} bytes")
-            if on_request is not None:
-                on_request(len(data))
-            return data
-        except Exception as exc:
-            if isinstance(exc, ReadError):
-                raise
-            attempt += 1
-            transient = is_transient(exc)
-            if not transient or attempt > config.retries:
-                tries = f"{attempt} attempt(s)" if transient else "a permanent error"
-                hint = (
-                    "; raise retries= or check the store's health"
-                    if transient
-                    else "; check the path, the credentials and the endpoint in storage_options"
-                )
-                raise ReadError(
-                    f"reading {fs.display(path)!r} bytes [{start}, {stop}) failed after {tries}: "
-                    f"{type(exc).__name__}: {exc}{hint}"
-                ) from exc
-            if on_retry is not None:
-                on_retry()
-            time.sleep(config.backoff(attempt))
+
+    def attempt() -> bytes:
+        data = fs.read_range(path, start, stop, size, metadata=metadata)
+        if size is not None and len(data) != stop - start:
+            raise _ShortRead(f"got {len(data)} of {stop - start} bytes")
+        if on_request is not None:
+            on_request(len(data))
+        return data
+
+    try:
+        return retry_call(attempt, config, on_retry)
+    except GaveUp as failed:
+        endpoint = fs.endpoint or "its storage"
+        hint = (
+            f"; check that {endpoint} is up and reachable, or raise retries= / request_timeout="
+            if failed.transient
+            else f"; check the path, the credentials and the endpoint ({endpoint}) in storage_options"
+        )
+        raise ReadError(
+            f"reading {fs.display(path)!r} bytes [{start}, {stop}) failed {failed.how(config)}{hint}"
+        ) from failed.error

@@ -12,6 +12,7 @@ Options only s3fs understands keep the whole path on s3fs. Listing always uses f
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections import OrderedDict
@@ -23,9 +24,10 @@ from urllib.parse import urlsplit
 import fsspec
 import pyarrow.fs as pafs
 
-from torch_dataloader_utils.storage.redact import RedactedRepr
+from torch_dataloader_utils.errors import ConfigError
+from torch_dataloader_utils.storage.redact import RedactedRepr, redact
 
-__all__ = ["FileSystemSpec", "native_s3_options", "resolve"]
+__all__ = ["FileSystemSpec", "check_storage_options", "native_s3_options", "resolve"]
 
 _LOCAL = frozenset({"file", "local"})
 _S3 = frozenset({"s3", "s3a"})
@@ -50,6 +52,10 @@ _S3FS_ONLY_TUNING = frozenset(
         "max_concurrency",
         "fixed_upload_size",
     }
+)
+# Keywords fsspec itself takes from storage_options before the s3fs constructor sees them.
+_FSSPEC_KEYWORDS = frozenset(
+    {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"}
 )
 
 
@@ -127,23 +133,72 @@ class FileSystemSpec(RedactedRepr):
     protocol: str
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     data_path: str = "auto"
+    timeout: float | None = None
+    """Connect and read timeout of one request attempt (seconds) on object stores,
+    unless ``storage_options`` set their own; ``None`` keeps the clients' defaults."""
 
     @property
     def is_local(self) -> bool:
         """Whether paths are on the local disk."""
         return self.protocol in _LOCAL
 
+    # Derived once per instance (and so once per process: workers unpickle their own copy,
+    # without these caches), never on every ranged read.
+    @functools.cached_property
+    def _options_key(self) -> str:
+        return repr((self.protocol, sorted(self.storage_options.items()), self.timeout))
+
+    @functools.cached_property
+    def _native_options(self) -> dict[str, Any] | None:
+        if self.is_local or self.data_path == "fsspec" or self.protocol not in _S3:
+            return None
+        native = native_s3_options(self.storage_options)
+        if native is not None and self.timeout is not None:
+            native.setdefault("connect_timeout", self.timeout)
+            native.setdefault("request_timeout", self.timeout)
+        return native
+
+    def _client_options(self) -> dict[str, Any]:
+        """``storage_options`` for the fsspec client, with the request deadline applied.
+
+        On S3 each attempt gets ``timeout`` to connect and to read (botocore's default
+        is 60 s each, retried up to 5 times by botocore and 5 times by s3fs: about 7
+        minutes against an endpoint that never answers); the library's own retries
+        (``retries``, ``request_timeout``) replace botocore's and s3fs's.
+        """
+        options = dict(self.storage_options)
+        if self.protocol in _S3 and self.timeout is not None:
+            config = dict(options.get("config_kwargs") or {})
+            config.setdefault("connect_timeout", self.timeout)
+            config.setdefault("read_timeout", self.timeout)
+            config.setdefault("retries", {"total_max_attempts": 1})
+            options["config_kwargs"] = config
+        return options
+
+    @property
+    def endpoint(self) -> str | None:
+        """The storage endpoint requests go to, as a user would name it (secrets hidden)."""
+        if self.is_local:
+            return None
+        endpoint = self.storage_options.get("endpoint_url") or dict(
+            self.storage_options.get("client_kwargs") or {}
+        ).get("endpoint_url")
+        if endpoint:
+            return str(redact(str(endpoint)))
+        return (
+            "the default AWS S3 endpoint" if self.protocol in _S3 else f"the {self.protocol} default endpoint"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_options_key", "_native_options")}
+
     @property
     def native(self) -> bool:
         """Whether data bytes go through a native pyarrow filesystem (not through fsspec)."""
-        if self.is_local:
-            return True
-        if self.data_path == "fsspec" or self.protocol not in _S3:
-            return False
-        return native_s3_options(self.storage_options) is not None
+        return self.is_local or self._native_options is not None
 
     def _key(self, kind: str) -> tuple[int, str, str]:
-        return (os.getpid(), kind, repr((self.protocol, sorted(self.storage_options.items()))))
+        return (os.getpid(), kind, self._options_key)
 
     def fsspec(self) -> fsspec.AbstractFileSystem:
         """This process's fsspec filesystem (listing, ``open``)."""
@@ -152,7 +207,11 @@ class FileSystemSpec(RedactedRepr):
         if client is None:
             # skip_instance_cache: never reuse an instance that came over a fork (a user's
             # own skip_instance_cache is overridden, not passed twice).
-            client = fsspec.filesystem(self.protocol, **{**self.storage_options, "skip_instance_cache": True})
+            client = fsspec.filesystem(
+                self.protocol, **{**self._client_options(), "skip_instance_cache": True}
+            )
+            if self.protocol in _S3 and self.timeout is not None:
+                client.retries = 1  # s3fs's own retry loop: the library's retries replace it
             _CLIENTS[key] = client
         return client
 
@@ -163,10 +222,8 @@ class FileSystemSpec(RedactedRepr):
         if client is None:
             if self.is_local:
                 client = pafs.LocalFileSystem()
-            elif self.native:
-                options = native_s3_options(self.storage_options)
-                assert options is not None
-                client = pafs.S3FileSystem(**options)
+            elif self._native_options is not None:
+                client = pafs.S3FileSystem(**self._native_options)
             else:
                 client = pafs.PyFileSystem(pafs.FSSpecHandler(self.fsspec()))  # type: ignore[abstract]
             _CLIENTS[key] = client
@@ -195,7 +252,8 @@ class FileSystemSpec(RedactedRepr):
 
     def _handle(self, path: str) -> Any:
         """This process's open native input file of ``path`` (kept in a small LRU)."""
-        key = (*self._key("handle")[:2], f"{self._key('handle')[2]}|{path}")
+        pid, kind, options = self._key("handle")
+        key = (pid, kind, f"{options}|{path}")
         with _HANDLES_LOCK:
             handle = _HANDLES.pop(key, None)
             if handle is not None:
@@ -212,15 +270,94 @@ class FileSystemSpec(RedactedRepr):
         """``path`` as a URL a user recognizes (with its scheme when not local)."""
         if self.is_local:
             return path
-        return f"{self.protocol}://{path}"
+        return f"{self.protocol}://{path.lstrip('/')}"
 
 
-def resolve(path: str, storage_options: Mapping[str, Any] | None = None) -> tuple[FileSystemSpec, str]:
-    """Split a path or URL into its filesystem spec and the filesystem's own path."""
+def check_storage_options(protocol: str, options: Mapping[str, Any]) -> None:
+    """Refuse ``storage_options`` that the filesystem client would reject at its first request.
+
+    On S3: an option s3fs does not know (it would fail later inside botocore with a
+    ``TypeError`` naming no option of ours), and an ``endpoint_url`` that is not an
+    ``http(s)://host[:port]`` URL.
+
+    Raises:
+        ConfigError: naming the option, its value (secrets hidden) and the fix.
+    """
+    if protocol not in _S3:
+        return
+    endpoints = [("endpoint_url", options.get("endpoint_url"))]
+    client_kwargs = options.get("client_kwargs")
+    if isinstance(client_kwargs, Mapping):
+        endpoints.append(("client_kwargs['endpoint_url']", client_kwargs.get("endpoint_url")))
+    for name, value in endpoints:
+        if value is None:
+            continue
+        parts = urlsplit(value) if isinstance(value, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(
+                f"storage_options {name}={redact(value)!r} is not an endpoint URL; pass "
+                "'http://host:port' or 'https://host' (the scheme is required)"
+            )
+    known = _s3fs_keywords()
+    if known is None:
+        return
+    unknown = [k for k in options if k not in known]
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(str(unknown[0]), sorted(known), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(
+            f"storage_options has {unknown} that s3fs does not take; {hint}the options are the "
+            "arguments of s3fs.S3FileSystem (key, secret, token, endpoint_url, client_kwargs, "
+            "config_kwargs, ...); a region goes in client_kwargs={'region_name': ...}"
+        )
+
+
+@functools.cache
+def _s3fs_keywords() -> frozenset[str] | None:
+    """Every keyword an s3fs filesystem accepts (its own, its session's, fsspec's)."""
+    import inspect
+
+    try:
+        import s3fs
+        from aiobotocore.session import AioSession  # type: ignore[import-untyped]
+    except ImportError:  # pragma: no cover - s3fs is a dependency
+        return None
+    names = set(_FSSPEC_KEYWORDS)
+    for fn in (s3fs.S3FileSystem.__init__, AioSession.__init__):
+        names.update(
+            p.name
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"
+        )
+    return frozenset(names)
+
+
+def resolve(
+    path: str, storage_options: Mapping[str, Any] | None = None, *, timeout: float | None = None
+) -> tuple[FileSystemSpec, str]:
+    """Split a path or URL into its filesystem spec and the filesystem's own path.
+
+    No filesystem client is created here: clients are built lazily, per process, by
+    :meth:`FileSystemSpec.fsspec` / :meth:`FileSystemSpec.arrow`.
+
+    Args:
+        path: A local path or a URL.
+        storage_options: The filesystem's options.
+        timeout: Connect and read timeout of one request attempt on object stores.
+
+    Raises:
+        ConfigError: ``storage_options`` the client would reject (see
+            :func:`check_storage_options`).
+    """
     options = dict(storage_options or {})
-    fs, stripped = fsspec.core.url_to_fs(path, **options)
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    if protocol in _LOCAL:
-        stripped = os.path.abspath(stripped)
-        protocol = "file"
-    return FileSystemSpec(protocol, options), stripped
+    protocol, _ = fsspec.core.split_protocol(path)
+    cls = fsspec.get_filesystem_class(protocol or "file")
+    names = cls.protocol if isinstance(cls.protocol, (tuple, list)) else (cls.protocol,)
+    canonical = str(names[0])
+    stripped = fsspec.core.strip_protocol(path)
+    if canonical in _LOCAL or protocol is None:
+        return FileSystemSpec("file", options), os.path.abspath(stripped)
+    check_storage_options(canonical, options)
+    return FileSystemSpec(canonical, options, timeout=timeout), stripped

@@ -26,9 +26,15 @@ class IcebergFileInfo(FileInfo):
     Attributes:
         deleted: Sorted, unique file row positions removed by position and equality
             deletes (8 bytes per deleted row).
+        partition: The file's partition values by partition field name (``None`` when
+            the table is unpartitioned), for custom split strategies (0.2.0's
+            ``IcebergDataFileInfo.partition``).
+        snapshot_id: The snapshot the file was planned from.
     """
 
     deleted: Any = field(default=None, compare=False, repr=False)
+    partition: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    snapshot_id: int | None = field(default=None, compare=False, repr=False)
 
     @property
     def live_rows(self) -> int | None:

@@ -1,9 +1,11 @@
 """Record scanning of line-delimited text (CSV, JSONL), shared by discovery and io.
 
 A record starts at the file's first data byte (after the CSV header) and after every
-newline byte that is followed by a non-empty line. Lines end with LF or CR LF.
-Multi-byte UTF-8 characters never contain the newline byte, so cutting at a newline
-never splits a character. Compressed files are recognised by their suffix.
+newline byte that is followed by a non-empty line. Lines end with LF or CR LF; a file
+whose lines end with a lone CR (old Mac OS, some exports) uses CR as its newline byte
+(:func:`line_end_of`, detected once per file by discovery). Multi-byte UTF-8 characters
+never contain the newline byte, so cutting at a newline never splits a character.
+Compressed files are recognised by their suffix.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ __all__ = [
     "compression_of",
     "count_records",
     "iter_pieces",
+    "line_end_of",
     "next_line_start",
     "record_starts",
 ]
@@ -32,8 +35,9 @@ COMPRESSION_SUFFIXES = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "
 PIECE_BYTES = 4 * 1024**2
 """Bytes parsed at once (rounded to whole lines): bounds memory for large chunks."""
 _SCAN_BYTES = 64 * 1024
-_NL = 10
 _CR = 13
+LF = b"\n"
+CR = b"\r"
 
 
 def buffer_source(data: bytes) -> Any:
@@ -59,24 +63,43 @@ class TextFileMeta:
         data_start: Offset of the first data byte (after the CSV header line; 0 for JSONL),
             in the decompressed stream for compressed files.
         column_names: CSV: the header's column names; JSONL: empty.
+        newline: The byte that ends its lines: LF (lines ending with LF or CR LF) or CR
+            (lines ending with a lone CR).
     """
 
     compression: str | None
     data_start: int
     column_names: tuple[str, ...] = ()
+    newline: bytes = LF
 
 
-def record_starts(buf: bytes, offset: int, is_csv: bool) -> np.ndarray[Any, np.dtype[np.int64]]:
+def line_end_of(head: bytes) -> bytes:
+    """The newline byte of a file that starts with ``head``: CR for lone-CR lines, else LF.
+
+    The first line terminator decides: a CR not followed by LF (and before any LF) means
+    the file's lines end with CR alone, as pyarrow also reads them.
+    """
+    cr = head.find(CR)
+    lf = head.find(LF)
+    if cr < 0 or (0 <= lf < cr) or cr + 1 == lf or cr + 1 >= len(head):
+        return LF
+    return CR
+
+
+def record_starts(
+    buf: bytes, offset: int, is_csv: bool, newline: bytes = LF
+) -> np.ndarray[Any, np.dtype[np.int64]]:
     """File offsets of the records whose lines lie in ``buf`` (which starts a line).
 
     Empty lines hold no record: for CSV a line of zero bytes or of carriage returns
     only; for JSONL a line of spaces, tabs and carriage returns only (what pyarrow skips).
+    ``newline`` is the file's newline byte (see :func:`line_end_of`).
     """
     a = np.frombuffer(buf, dtype=np.uint8)
     n = len(a)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    nl = np.flatnonzero(a == _NL)
+    nl = np.flatnonzero(a == newline[0])
     starts = np.empty(len(nl) + 1, dtype=np.int64)
     starts[0] = 0
     starts[1:] = nl + 1
@@ -99,13 +122,17 @@ def record_starts(buf: bytes, offset: int, is_csv: bool) -> np.ndarray[Any, np.d
     return starts[nonempty] + offset
 
 
-def count_records(buf: bytes, is_csv: bool) -> int:
+def count_records(buf: bytes, is_csv: bool, newline: bytes = LF) -> int:
     """Records in ``buf`` (whole lines): its non-empty lines, see :func:`record_starts`."""
-    return len(record_starts(buf, 0, is_csv))
+    return len(record_starts(buf, 0, is_csv, newline))
 
 
 def iter_pieces(
-    read: Callable[[int], bytes], first: int, stop: float, piece_bytes: int = PIECE_BYTES
+    read: Callable[[int], bytes],
+    first: int,
+    stop: float,
+    piece_bytes: int = PIECE_BYTES,
+    newline: bytes = LF,
 ) -> Iterator[tuple[int, bytes]]:
     """Whole lines from ``first`` (a line start) up to the one holding byte ``stop - 1``.
 
@@ -115,6 +142,7 @@ def iter_pieces(
         first: Offset of the first line.
         stop: End of the range; the line crossing it is finished. ``math.inf`` for all.
         piece_bytes: About how many bytes each piece holds (a longer line is one piece).
+        newline: The file's newline byte.
 
     Yields:
         ``(offset, data)`` pieces of whole lines (the file's last line may lack its newline).
@@ -127,7 +155,7 @@ def iter_pieces(
         buf = buf + block if buf else block
         need = stop - 1 - pos
         if need < len(buf):
-            nl = buf.find(b"\n", max(int(need), 0))
+            nl = buf.find(newline, max(int(need), 0))
             if nl >= 0:
                 yield pos, buf[: nl + 1]
                 return
@@ -140,20 +168,20 @@ def iter_pieces(
             if buf:
                 yield pos, buf
             return
-        nl = buf.rfind(b"\n")
+        nl = buf.rfind(newline)
         if nl >= 0:
             yield pos, buf[: nl + 1]
             pos += nl + 1
             buf = buf[nl + 1 :]
 
 
-def next_line_start(read: Callable[[int], bytes], pos: int) -> int:
+def next_line_start(read: Callable[[int], bytes], pos: int, newline: bytes = LF) -> int:
     """Offset just after the first newline at or after ``pos`` (stream positioned there)."""
     while True:
         block = read(_SCAN_BYTES)
         if not block:
             return pos
-        nl = block.find(b"\n")
+        nl = block.find(newline)
         if nl >= 0:
             return pos + nl + 1
         pos += len(block)

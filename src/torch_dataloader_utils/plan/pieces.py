@@ -1,0 +1,202 @@
+"""Pieces: what a worker reads, in order, and where a cursor points in it.
+
+A worker reads a list of :class:`Piece` values in order. A piece is either one chunk in
+file order, or a *window*: a few consecutive chunks read together whose rows are
+emitted in a seeded permutation (the row-level shuffle). A piece may be restricted to
+the rows ``[lo, hi)`` of its emission order. So every row a worker yields sits at a
+position ``(piece index, row offset)`` of its list, and what the training loop has
+consumed is a *cursor* per worker: the pieces before ``piece`` are done, and the first
+``offset`` rows of ``piece`` are done (:func:`remaining` cuts a list at a cursor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from torch_dataloader_utils.errors import ResumeStateError
+from torch_dataloader_utils.plan.ranks import cut_chunk
+from torch_dataloader_utils.plan.shuffle import permutation
+from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo
+
+__all__ = [
+    "Cursor",
+    "Piece",
+    "advance",
+    "as_pieces",
+    "cut_piece",
+    "piece_rows",
+    "remaining",
+    "window_pieces",
+]
+
+Cursor = tuple[int, int]
+"""``(piece index, rows consumed of that piece)`` for one worker."""
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Rows a worker emits: one chunk in file order, or a shuffled window of chunks.
+
+    Attributes:
+        chunks: The chunks read; exactly one when ``key`` is ``None``.
+        key: Seed of the row permutation of a window (``(seed, epoch, segment, rank,
+            worker, window)``), or ``None`` for file order.
+        lo: First emitted row (in emission order) that belongs to the piece.
+        hi: One past the last emitted row, or ``None`` for "to the end".
+    """
+
+    chunks: tuple[Chunk, ...]
+    key: tuple[int, ...] | None = None
+    lo: int = 0
+    hi: int | None = None
+
+    @property
+    def total_rows(self) -> int | None:
+        """Rows of all its chunks, before ``lo`` / ``hi``, or ``None`` if unknown."""
+        total = 0
+        for chunk in self.chunks:
+            if chunk.num_rows is None:
+                return None
+            total += chunk.num_rows
+        return total
+
+    @property
+    def num_rows(self) -> int | None:
+        """Rows the piece emits, or ``None`` if unknown."""
+        total = self.total_rows
+        if total is None:
+            return None if self.hi is None else self.hi - self.lo
+        return min(total, total if self.hi is None else self.hi) - self.lo
+
+    @property
+    def weight(self) -> int:
+        """Balancing weight: rows when known, else bytes."""
+        rows = self.num_rows
+        return rows if rows is not None else sum(c.num_bytes for c in self.chunks)
+
+    @property
+    def whole(self) -> bool:
+        """One whole chunk in file order (it can join a window)."""
+        return self.key is None and self.lo == 0 and self.hi is None
+
+    @property
+    def padding(self) -> bool:
+        """All its chunks repeat rows read elsewhere (``equal_batches='pad'``)."""
+        return all(c.padding for c in self.chunks)
+
+
+def as_pieces(chunks: Sequence[Chunk]) -> list[Piece]:
+    """Every chunk as a piece read in file order."""
+    return [Piece((c,)) for c in chunks]
+
+
+def _exact(chunk: Chunk) -> bool:
+    return chunk.unit is ChunkUnit.ROWS and chunk.num_rows is not None
+
+
+def window_pieces(pieces: Sequence[Piece], window_rows: int | None, key: tuple[int, ...]) -> list[Piece]:
+    """Group runs of consecutive whole chunks into windows of at most ``window_rows`` rows.
+
+    A window closes before the chunk that would take it over ``window_rows`` (a chunk
+    larger than that forms a window alone), so the rows held at once are at most
+    ``max(window_rows, largest chunk)``. Pieces that are not whole chunks (continued
+    windows, partly read chunks) stay as they are. Window ``j`` gets the key
+    ``(*key, j)``. ``window_rows=None`` returns ``pieces`` unchanged.
+    """
+    if window_rows is None:
+        return list(pieces)
+    out: list[Piece] = []
+    group: list[Chunk] = []
+    rows = 0
+
+    def close() -> None:
+        nonlocal group, rows
+        if group:
+            out.append(Piece(tuple(group), (*key, len(out))))
+        group, rows = [], 0
+
+    for piece in pieces:
+        if not piece.whole:
+            close()
+            out.append(piece)
+            continue
+        chunk = piece.chunks[0]
+        n = chunk.weight
+        if group and rows + n > window_rows:
+            close()
+        group.append(chunk)
+        rows += n
+    close()
+    return out
+
+
+def cut_piece(piece: Piece, rows: int, files: Mapping[str, FileInfo], exact: bool) -> tuple[Piece, Piece]:
+    """``(head, tail)``: the piece's first ``rows`` emitted rows and the rest.
+
+    A whole chunk with exact row counts is cut into two chunks (each reads only its
+    own rows); anything else becomes two row ranges of the same emission order.
+    """
+    if piece.whole and exact and _exact(piece.chunks[0]):
+        head, tail = cut_chunk(piece.chunks[0], files[piece.chunks[0].path], rows)
+        return Piece((head,)), Piece((tail,))
+    stop = piece.lo + rows
+    return replace(piece, hi=stop), replace(piece, lo=stop)
+
+
+def advance(piece: Piece, rows: int, files: Mapping[str, FileInfo], exact: bool) -> Piece | None:
+    """What is left of ``piece`` after its first ``rows`` rows were consumed."""
+    n = piece.num_rows
+    if rows <= 0:
+        return piece if n != 0 else None
+    if n is not None and rows >= n:
+        return None
+    return cut_piece(piece, rows, files, exact)[1]
+
+
+def remaining(
+    pieces: Sequence[Piece], cursor: Cursor, files: Mapping[str, FileInfo], exact: bool
+) -> list[Piece]:
+    """A worker's pieces not yet consumed, given its cursor ``(piece, offset)``.
+
+    Raises:
+        ResumeStateError: the cursor points past the worker's pieces.
+    """
+    index, offset = cursor
+    if index < 0 or offset < 0 or index > len(pieces) or (index == len(pieces) and offset):
+        raise ResumeStateError(
+            f"cursor {list(cursor)} is outside the worker's {len(pieces)} pieces; the state does not "
+            "belong to this plan (was it saved by another version, or edited?)"
+        )
+    if index == len(pieces):
+        return []
+    n = pieces[index].num_rows
+    if n is not None and offset > n:
+        raise ResumeStateError(
+            f"cursor {list(cursor)} is past the {n} rows of piece {index}; the state does not "
+            "belong to this plan"
+        )
+    rest = advance(pieces[index], offset, files, exact)
+    return ([rest] if rest is not None else []) + [p for p in pieces[index + 1 :] if p.num_rows != 0]
+
+
+def piece_rows(piece: Piece, files: Mapping[str, FileInfo]) -> list[tuple[str, int, bool]]:
+    """Every row a piece emits, in order, as ``(path, file row, padding)`` (for checks).
+
+    Only for chunks counted in rows; a window is its chunks' rows in a permutation by
+    its key, restricted to ``[lo, hi)``.
+    """
+    rows: list[tuple[str, int, bool]] = []
+    for chunk in piece.chunks:
+        info = files[chunk.path]
+        if info.row_groups is None:
+            stop = min(chunk.stop, info.num_rows or 0)
+            rows.extend((chunk.path, i, chunk.padding) for i in range(chunk.start, stop))
+        else:
+            for g in info.groups_in(chunk.start, chunk.stop):
+                lo, hi = max(chunk.start, g.first_row), min(chunk.stop, g.stop_row)
+                rows.extend((chunk.path, i, chunk.padding) for i in range(lo, hi))
+    if piece.key is not None:
+        order = permutation(len(rows), piece.key[0], piece.key[1], *piece.key[2:])
+        rows = [rows[i] for i in order]
+    return rows[piece.lo : piece.hi]
