@@ -1,28 +1,41 @@
-"""Cost and mixing of the row-level window shuffle vs an unshuffled read, same run.
+"""Cost and mixing of the shuffles vs an unshuffled read, same run.
 
-    python benchmarks/bench_shuffle.py [--rows 2000000] [--window 262144] [--repeats 3]
+    python benchmarks/bench_shuffle.py [--rows 2000000] [--window 262144] [--repeats 5]
+                                       [--split-rows 65536 | --split-rows 0] [--workers 0]
 
-Times (medians of ``--repeats``) of one epoch read in the main process with
+Times (medians of ``--repeats`` interleaved runs) of one epoch read with
 ``batch_size=1024``, torch output:
 
 * ``pyarrow``: a raw ``ParquetFile.iter_batches`` loop over the files (reference);
-* ``chunk shuffle``: ``shuffle=True, split_rows=65536`` (chunk = row group; order only),
-  the unshuffled-rows baseline;
-* ``row shuffle``: ``shuffle=True, row_shuffle_window=W``.
+* ``chunk shuffle``: ``shuffle=True, row_mixing=None`` (chunk order only: rows of a
+  chunk in file order), the unshuffled-rows baseline;
+* ``row mixing (default)``: ``shuffle=True`` (``row_mixing=32768``);
+* ``row mixing 131072``: ``shuffle=True, row_mixing=131072`` (larger rounds);
+* ``row shuffle window``: ``shuffle=True, row_shuffle_window=W``.
 
-Mixing, from the ``id`` column (ids are file order): how far rows move from their
-position in file order (mean, median, p90, as a fraction of the dataset), the share of
-consecutive output rows that were consecutive in the file, and the mean share of row
-pairs inside a batch that come from different files.
+Chunks are single row groups (``split_rows=65536``) or, with ``--split-rows 0``, the
+default split (64 MiB of row groups: one chunk per file here).
+
+Mixing, from the ``id`` column (ids are file order), against a uniform permutation of
+the same rows cut into the same batches:
+
+* ``same-file pairs``: the mean share of row pairs inside a batch that come from the
+  same file (uniform: about 1 / files);
+* ``neighbour corr``: the correlation of the source positions (ids) of consecutive
+  output rows (uniform: about 0; file order: 1);
+* ``consecutive``: the share of consecutive output rows that are consecutive in the file.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +44,7 @@ import pyarrow.parquet as pq
 from torch_dataloader_utils import create_dataloader
 
 FILES = 8
+BATCH = 1024
 
 
 def write(root: Path, rows: int) -> None:
@@ -51,48 +65,34 @@ def write(root: Path, rows: int) -> None:
 def raw(root: Path) -> list[np.ndarray]:
     out = []
     for path in sorted(root.glob("*.parquet")):
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH):
             out.append(batch.column("id").to_numpy())
     return out
 
 
-def ours(root: Path, window: int | None) -> list[np.ndarray]:
+def ours(root: Path, split_rows: int, workers: int, **options: Any) -> list[np.ndarray]:
+    split = {"split_rows": split_rows} if split_rows else {}
     loader, _ = create_dataloader(
-        str(root),
-        batch_size=1024,
-        num_workers=0,
-        shuffle=True,
-        shuffle_seed=1,
-        split_rows=65536,
-        row_shuffle_window=window,
+        str(root), batch_size=BATCH, num_workers=workers, shuffle=True, shuffle_seed=1, **split, **options
     )
     return [batch["id"].numpy() for batch in loader]
-
-
-def timed(fn, repeats: int) -> tuple[float, list[np.ndarray]]:
-    times, result = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
 
 
 def mixing(batches: list[np.ndarray], rows: int) -> dict[str, float]:
     ids = np.concatenate(batches)
     assert np.array_equal(np.sort(ids), np.arange(rows)), "every row exactly once"
-    moved = np.abs(ids - np.arange(rows)) / rows
-    file_of = lambda a: a // (rows // FILES)  # noqa: E731
-    cross = []
+    per = rows // FILES
+    same = []
     for b in batches:
-        counts = np.bincount(file_of(b), minlength=FILES) / len(b)
-        cross.append(1.0 - float(np.sum(counts**2)))
+        n = len(b)
+        if n < 2:
+            continue
+        counts = np.bincount(b // per, minlength=FILES).astype(np.float64)
+        same.append(float((np.sum(counts * counts) - n) / (n * (n - 1))))
     return {
-        "mean move": float(moved.mean()),
-        "median move": float(np.median(moved)),
-        "p90 move": float(np.quantile(moved, 0.9)),
+        "same-file pairs": float(np.mean(same)),
+        "neighbour corr": float(np.corrcoef(ids[:-1], ids[1:])[0, 1]),
         "consecutive": float(np.mean(np.diff(ids) == 1)),
-        "cross-file pairs": float(np.mean(cross)),
     }
 
 
@@ -100,29 +100,59 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--window", type=int, default=262_144)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--split-rows", type=int, default=65536, help="0: the default split")
+    parser.add_argument("--workers", type=int, default=0)
     args = parser.parse_args()
     rows = args.rows // FILES * FILES
+    s, w = args.split_rows, args.workers
+    configs: dict[str, Callable[[Path], list[np.ndarray]]] = {
+        "pyarrow iter_batches": raw,
+        "chunk shuffle": lambda r: ours(r, s, w, row_mixing=None),
+        "row mixing (default)": lambda r: ours(r, s, w),
+        "row mixing 131072": lambda r: ours(r, s, w, row_mixing=131072),
+        f"row shuffle window {args.window}": lambda r: ours(r, s, w, row_shuffle_window=args.window),
+    }
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    results: dict[str, list[np.ndarray]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         write(root, rows)
-        t_raw, _ = timed(lambda: raw(root), args.repeats)
-        t_chunk, chunk = timed(lambda: ours(root, None), args.repeats)
-        t_row, row = timed(lambda: ours(root, args.window), args.repeats)
-    print(f"rows={rows} files={FILES} row_group=65536 batch=1024 window={args.window} repeats={args.repeats}")
-    print("| read | median s | vs pyarrow | vs chunk shuffle |")
-    print("|---|---|---|---|")
-    for name, t in (("pyarrow iter_batches", t_raw), ("chunk shuffle", t_chunk), ("row shuffle", t_row)):
-        print(f"| {name} | {t:.3f} | {t / t_raw:.2f}x | {t / t_chunk:.2f}x |")
-    print()
-    print("| read | mean move | median move | p90 move | consecutive ids | cross-file pairs in a batch |")
-    print("|---|---|---|---|---|---|")
-    for name, batches in (("chunk shuffle", chunk), ("row shuffle", row)):
-        m = mixing(batches, rows)
-        print(
-            f"| {name} | {m['mean move']:.3f} | {m['median move']:.3f} | {m['p90 move']:.3f} | "
-            f"{m['consecutive']:.3f} | {m['cross-file pairs']:.3f} |"
+        for name, fn in configs.items():  # warm-up
+            results[name] = fn(root)
+        for _ in range(args.repeats):
+            for name, fn in configs.items():
+                start = time.perf_counter()
+                fn(root)
+                times[name].append(time.perf_counter() - start)
+    load = os.getloadavg()
+    split = f"split_rows={s}" if s else "default split"
+    print(
+        f"rows={rows} files={FILES} row_group=65536 {split} batch={BATCH} num_workers={w} "
+        f"repeats={args.repeats} loadavg={load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+    base = statistics.median(times["chunk shuffle"])
+    t_raw = statistics.median(times["pyarrow iter_batches"])
+    perm = np.random.default_rng(0).permutation(rows)
+    uniform = mixing([perm[i : i + BATCH] for i in range(0, rows, BATCH)], rows)
+    cols = ["read", "median s", "vs pyarrow", "vs chunk shuffle"]
+    cols += ["same-file pairs", "neighbour corr", "consecutive"]
+    print("| " + " | ".join(cols) + " |")
+    print("|---|---|---|---|---|---|---|")
+    for name in configs:
+        t = statistics.median(times[name])
+        m = mixing(results[name], rows) if name != "pyarrow iter_batches" else None
+        cells = (
+            "| - | - | -"
+            if m is None
+            else (f"| {m['same-file pairs']:.3f} | {m['neighbour corr']:.3f} | {m['consecutive']:.3f}")
         )
+        print(f"| {name} | {t:.3f} | {t / t_raw:.2f}x | {t / base:.2f}x {cells} |")
+    u = uniform
+    print(
+        f"| uniform permutation (reference) | - | - | - | {u['same-file pairs']:.3f} | "
+        f"{u['neighbour corr']:.3f} | {u['consecutive']:.3f} |"
+    )
 
 
 if __name__ == "__main__":

@@ -20,12 +20,14 @@ if TYPE_CHECKING:
     import torch
 
 from torch_dataloader_utils.errors import ConfigError, DistributedConfigError, IncompatibleOptionsError
+from torch_dataloader_utils.plan.mixing import DEFAULT_MIX_ROWS, RowMixing
 from torch_dataloader_utils.plan.types import EqualBatches  # defined in pure plan/, coerced here
 from torch_dataloader_utils.storage.redact import RedactedRepr, redact
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_EQUAL_BATCHES",
+    "DEFAULT_MIX_ROWS",
     "DEFAULT_READ_AHEAD_BYTES",
     "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_RETRIES",
@@ -369,13 +371,18 @@ class SplitConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ShuffleConfig:
-    """Shuffling: chunk order by ``(shuffle_seed, epoch)``, optionally rows across chunks.
+    """Shuffling: chunk order by ``(shuffle_seed, epoch)``, and rows mixed across chunks.
 
     Attributes:
-        shuffle: Whether the order changes every epoch.
+        shuffle: Whether the order changes every epoch (chunk order, and rows mixed by
+            ``row_mixing``).
         shuffle_seed: Seed of the permutation (the same on every rank).
-        row_shuffle_window: Rows mixed together across chunks, or ``None`` (chunk order
-            only). Needs ``shuffle=True``.
+        row_mixing: With ``shuffle=True``, rows per round of the row mixing (every
+            worker reads several chunks side by side and yields each round's rows in a
+            seeded order), or ``None`` for chunk order only. Ignored when
+            ``row_shuffle_window`` or ``shuffle_buffer_size`` is set.
+        row_shuffle_window: Rows of whole consecutive chunks shuffled together, or
+            ``None``. Needs ``shuffle=True``.
         shuffle_buffer_size: torch-dataloader-utils 0.2.0's row-level shuffle, mapped onto
             the same mechanism: rows mixed in windows of this many rows, independent of
             ``shuffle`` (which then only decides whether the chunk order changes).
@@ -383,12 +390,15 @@ class ShuffleConfig:
 
     shuffle: bool = False
     shuffle_seed: int = DEFAULT_SHUFFLE_SEED
+    row_mixing: int | None = DEFAULT_MIX_ROWS
     row_shuffle_window: int | None = None
     shuffle_buffer_size: int | None = None
 
     def __post_init__(self) -> None:
         check_bool(self.shuffle, "shuffle")
         check_int(self.shuffle_seed, "shuffle_seed", 0)
+        hint = " (rows mixed per round, or None for chunk order only)"
+        check_int(self.row_mixing, "row_mixing", 1, optional=True, hint=hint)
         window = self.row_shuffle_window
         check_int(window, "row_shuffle_window", 1, optional=True, hint=" (rows shuffled together)")
         if window is not None and not self.shuffle:
@@ -408,6 +418,13 @@ class ShuffleConfig:
     def row_window(self) -> int | None:
         """Rows shuffled together across chunks (either option), or ``None``."""
         return self.row_shuffle_window if self.row_shuffle_window is not None else self.shuffle_buffer_size
+
+    @property
+    def mixing(self) -> RowMixing | None:
+        """The row mixing in effect: with ``shuffle=True``, ``row_mixing`` set and no window."""
+        if not self.shuffle or self.row_mixing is None or self.row_window is not None:
+            return None
+        return RowMixing(rows=self.row_mixing)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -113,10 +113,10 @@ def test_transient_faults_are_retried_and_no_row_is_lost(
         ids = _ids(loader)
         assert s3_proxy.failures > 0, status
         assert np.array_equal(np.sort(ids), np.arange(TOTAL)), status
-        # The metrics count the library's retries; a reset connection is also retried
-        # inside the S3 client, unseen, so only HTTP errors are counted one for one.
+        # The metrics count the library's retries; a reset connection may also be retried
+        # inside the S3 client (pyarrow's), unseen, so only HTTP errors are counted one for one.
         retries = loader.metrics().total.retries
-        assert 1 <= retries <= s3_proxy.failures, status
+        assert retries <= s3_proxy.failures, status
         if status:
             assert retries == s3_proxy.failures, status
 

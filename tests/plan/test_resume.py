@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from tests.strategies import layouts, live_row_ids
 from torch_dataloader_utils.config import EqualBatches
 from torch_dataloader_utils.errors import ResumeStateError, StateMismatchError
+from torch_dataloader_utils.plan.mixing import RowMixing
 from torch_dataloader_utils.plan.pieces import Piece, piece_rows, remaining, window_pieces
 from torch_dataloader_utils.plan.planner import PlanSpec
 from torch_dataloader_utils.plan.resume import ResumeResult, segment_pieces
@@ -99,12 +100,13 @@ def check_equal(result: ResumeResult, files, world: World, batch_size: int, poli
     batch_size=st.integers(1, 20),
     epoch=st.integers(0, 2),
     shuffle=st.booleans(),
-    window=st.one_of(st.none(), st.integers(1, 120)),
+    window=st.one_of(st.none(), st.none(), st.integers(1, 120)),
+    mixing=st.one_of(st.none(), st.builds(RowMixing, rows=st.integers(1, 120), streams=st.integers(1, 4))),
     policy=st.sampled_from(list(EqualBatches)),
     data=st.data(),
 )
 def test_resume_reads_every_row_exactly_once(
-    files, strategy, before, middle, after, batch_size, epoch, shuffle, window, policy, data
+    files, strategy, before, middle, after, batch_size, epoch, shuffle, window, mixing, policy, data
 ):
     spec = PlanSpec(
         files=files, strategy=strategy, shuffle=shuffle, seed=7, equal_batches=policy, batch_size=batch_size
@@ -120,6 +122,7 @@ def test_resume_reads_every_row_exactly_once(
             num_workers=world.of,
             window_rows=window,
             exact=True,
+            mixing=mixing,
         )
 
     first = plan([], before)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
@@ -59,6 +60,16 @@ class ParquetReader:
         # Files counted by discovery.counts: row positions count only rows that pass the
         # filter, so a row group is filtered first and sliced after.
         self._filtered_positions = filtered_positions
+
+    def with_read_rows(self, rows: int) -> ParquetReader:
+        """This reader decoding batches of ``rows`` rows (``batch_size`` when larger).
+
+        Used for row mixing, where several chunks are read side by side: smaller decoded
+        batches keep the rows held at once (and fresh allocations) small.
+        """
+        narrow = copy.copy(self)
+        narrow._read_rows = max(self._batch_size, rows)
+        return narrow
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next, in order (remote read-ahead)."""

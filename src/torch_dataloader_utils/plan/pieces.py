@@ -1,8 +1,9 @@
 """Pieces: what a worker reads, in order, and where a cursor points in it.
 
-A worker reads a list of :class:`Piece` values in order. A piece is either one chunk in
-file order, or a *window*: a few consecutive chunks read together whose rows are
-emitted in a seeded permutation (the row-level shuffle). A piece may be restricted to
+A worker reads a list of :class:`Piece` values in order. A piece is one chunk in file
+order, a *window*: a few consecutive chunks read together whose rows are emitted in a
+seeded permutation (``row_shuffle_window``), or a *mix*: a few chunks read side by side
+whose rows are emitted in seeded rounds (row mixing, :mod:`.mixing`). A piece may be restricted to
 the rows ``[lo, hi)`` of its emission order. So every row a worker yields sits at a
 position ``(piece index, row offset)`` of its list, and what the training loop has
 consumed is a *cursor* per worker: the pieces before ``piece`` are done, and the first
@@ -15,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from torch_dataloader_utils.errors import ResumeStateError
+from torch_dataloader_utils.plan.mixing import MixSchedule, RowMixing, split_streams
 from torch_dataloader_utils.plan.ranks import cut_chunk
 from torch_dataloader_utils.plan.shuffle import permutation
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo
@@ -25,6 +27,7 @@ __all__ = [
     "advance",
     "as_pieces",
     "cut_piece",
+    "mix_pieces",
     "piece_rows",
     "remaining",
     "window_pieces",
@@ -36,20 +39,23 @@ Cursor = tuple[int, int]
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    """Rows a worker emits: one chunk in file order, or a shuffled window of chunks.
+    """Rows a worker emits: one chunk in file order, a shuffled window, or a mix of chunks.
 
     Attributes:
-        chunks: The chunks read; exactly one when ``key`` is ``None``.
-        key: Seed of the row permutation of a window (``(seed, epoch, segment, rank,
-            worker, window)``), or ``None`` for file order.
+        chunks: The chunks read (a mix's streams); exactly one when ``key`` is ``None``.
+        key: Seed of the row permutation of a window or a mix (``(seed, epoch, segment,
+            rank, worker, index)``), or ``None`` for file order.
         lo: First emitted row (in emission order) that belongs to the piece.
         hi: One past the last emitted row, or ``None`` for "to the end".
+        mix: How a mix's rows are emitted (:class:`~.mixing.MixSchedule`), or ``None``
+            for a window (one permutation of all its rows) or a chunk.
     """
 
     chunks: tuple[Chunk, ...]
     key: tuple[int, ...] | None = None
     lo: int = 0
     hi: int | None = None
+    mix: RowMixing | None = None
 
     @property
     def total_rows(self) -> int | None:
@@ -131,6 +137,40 @@ def window_pieces(pieces: Sequence[Piece], window_rows: int | None, key: tuple[i
     return out
 
 
+def mix_pieces(
+    pieces: Sequence[Piece], mixing: RowMixing | None, key: tuple[int, ...], files: Mapping[str, FileInfo]
+) -> list[Piece]:
+    """Group runs of consecutive whole chunks into mixes of ``mixing.streams`` chunks.
+
+    A run shorter than that (the worker's last chunks, or a worker with few chunks) has
+    its largest chunks cut at row-group edges into more streams (:func:`~.mixing.split_streams`).
+    Pieces that are not whole chunks (continued mixes, partly read chunks) stay as they
+    are. Mix ``j`` gets the key ``(*key, j)``. ``mixing=None`` returns ``pieces`` unchanged.
+    """
+    if mixing is None:
+        return list(pieces)
+    out: list[Piece] = []
+    group: list[Chunk] = []
+
+    def close() -> None:
+        nonlocal group
+        if group:
+            streams = split_streams(group, mixing.streams, files)
+            out.append(Piece(tuple(streams), (*key, len(out)), mix=mixing))
+        group = []
+
+    for piece in pieces:
+        if not piece.whole:
+            close()
+            out.append(piece)
+            continue
+        group.append(piece.chunks[0])
+        if len(group) >= mixing.streams:
+            close()
+    close()
+    return out
+
+
 def cut_piece(piece: Piece, rows: int, files: Mapping[str, FileInfo], exact: bool) -> tuple[Piece, Piece]:
     """``(head, tail)``: the piece's first ``rows`` emitted rows and the rest.
 
@@ -184,19 +224,36 @@ def piece_rows(piece: Piece, files: Mapping[str, FileInfo]) -> list[tuple[str, i
     """Every row a piece emits, in order, as ``(path, file row, padding)`` (for checks).
 
     Only for chunks counted in rows; a window is its chunks' rows in a permutation by
-    its key, restricted to ``[lo, hi)``.
+    its key, a mix its streams' rows in the rounds of its schedule, restricted to
+    ``[lo, hi)``.
     """
-    rows: list[tuple[str, int, bool]] = []
-    for chunk in piece.chunks:
-        info = files[chunk.path]
-        if info.row_groups is None:
-            stop = min(chunk.stop, info.num_rows or 0)
-            rows.extend((chunk.path, i, chunk.padding) for i in range(chunk.start, stop))
-        else:
-            for g in info.groups_in(chunk.start, chunk.stop):
-                lo, hi = max(chunk.start, g.first_row), min(chunk.stop, g.stop_row)
-                rows.extend((chunk.path, i, chunk.padding) for i in range(lo, hi))
+    if piece.mix is not None and piece.key is not None:
+        streams = [_chunk_rows(c, files) for c in piece.chunks]
+        schedule = MixSchedule([c.weight for c in piece.chunks], piece.mix.rows, piece.key)
+        counts = [len(s) for s in streams]
+        mixed: list[tuple[str, int, bool]] = []
+        taken = [0] * len(streams)
+        for index in range(schedule.num_rounds(counts)):
+            lengths = schedule.round_lengths(index, counts)
+            pool = [row for c, n in enumerate(lengths) for row in streams[c][taken[c] : taken[c] + int(n)]]
+            taken = [t + int(n) for t, n in zip(taken, lengths, strict=True)]
+            mixed.extend(pool[i] for i in schedule.order(index, lengths))
+        return mixed[piece.lo : piece.hi]
+    rows = [row for chunk in piece.chunks for row in _chunk_rows(chunk, files)]
     if piece.key is not None:
         order = permutation(len(rows), piece.key[0], piece.key[1], *piece.key[2:])
         rows = [rows[i] for i in order]
     return rows[piece.lo : piece.hi]
+
+
+def _chunk_rows(chunk: Chunk, files: Mapping[str, FileInfo]) -> list[tuple[str, int, bool]]:
+    rows: list[tuple[str, int, bool]] = []
+    info = files[chunk.path]
+    if info.row_groups is None:
+        stop = min(chunk.stop, info.num_rows or 0)
+        rows.extend((chunk.path, i, chunk.padding) for i in range(chunk.start, stop))
+    else:
+        for g in info.groups_in(chunk.start, chunk.stop):
+            lo, hi = max(chunk.start, g.first_row), min(chunk.stop, g.stop_row)
+            rows.extend((chunk.path, i, chunk.padding) for i in range(lo, hi))
+    return rows

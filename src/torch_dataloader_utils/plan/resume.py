@@ -27,7 +27,15 @@ from typing import Any
 
 from torch_dataloader_utils.errors import ResumeStateError
 from torch_dataloader_utils.plan.assign import assign
-from torch_dataloader_utils.plan.pieces import Piece, as_pieces, cut_piece, remaining, window_pieces
+from torch_dataloader_utils.plan.mixing import RowMixing
+from torch_dataloader_utils.plan.pieces import (
+    Piece,
+    as_pieces,
+    cut_piece,
+    mix_pieces,
+    remaining,
+    window_pieces,
+)
 from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
 from torch_dataloader_utils.plan.ranks import fill_quotas_by, rank_quota, worker_quotas
 from torch_dataloader_utils.plan.types import EqualBatches, FileInfo
@@ -50,6 +58,19 @@ def _rows(piece: Piece) -> int:
             f"{piece.chunks[0].path!r} has an unknown row count; pass equal_batches='off'"
         )
     return n
+
+
+def _group(
+    pieces: Sequence[Piece],
+    window_rows: int | None,
+    mixing: RowMixing | None,
+    key: tuple[int, ...],
+    files: Mapping[str, FileInfo],
+) -> list[Piece]:
+    """A worker's pieces as windows (``window_rows``), mixes (``mixing``) or as they are."""
+    if window_rows is not None:
+        return window_pieces(pieces, window_rows, key)
+    return mix_pieces(pieces, mixing, key, files)
 
 
 def _padded(piece: Piece) -> Piece:
@@ -80,6 +101,7 @@ def replan(
     batch_size: int,
     window_rows: int | None = None,
     key: tuple[int, ...] = (),
+    mixing: RowMixing | None = None,
 ) -> ResumeResult:
     """Deal the remaining pieces of an epoch over a (new) world.
 
@@ -87,7 +109,8 @@ def replan(
     rank) every rank then gets exactly :func:`~.ranks.rank_quota` rows, surplus rows
     moving to short ranks at row granularity, and every worker a multiple of
     ``batch_size`` (:func:`~.ranks.worker_quotas`), as in a full epoch. Whole chunks are
-    regrouped into windows when ``window_rows`` is set (keys ``(*key, rank, worker, j)``).
+    regrouped into windows when ``window_rows`` is set, else into mixes when ``mixing``
+    is (keys ``(*key, rank, worker, j)``).
 
     Args:
         pool: The remaining pieces, in a canonical order (rank, worker, piece).
@@ -98,6 +121,7 @@ def replan(
         batch_size: Rows per batch.
         window_rows: Row-shuffle window, or ``None``.
         key: Prefix of the windows' permutation keys.
+        mixing: Row mixing (when ``window_rows`` is ``None``), or ``None``.
     """
     shares = [list(pool[r::num_ranks]) for r in range(num_ranks)]
     equal = equal_batches.acts_on(num_ranks)
@@ -127,7 +151,7 @@ def replan(
             bins, rest = _fill(bins, worker_quotas(rows, workers, batch_size), files)
             assert not rest, "worker quotas add up to the rank's rows"
         per_rank.append(
-            tuple(tuple(window_pieces(b, window_rows, (*key, rank, w))) for w, b in enumerate(bins))
+            tuple(tuple(_group(b, window_rows, mixing, (*key, rank, w), files)) for w, b in enumerate(bins))
         )
     return ResumeResult(tuple(per_rank), tuple(dropped))
 
@@ -149,6 +173,7 @@ def segment_pieces(
     num_workers: Callable[[int], int],
     window_rows: int | None,
     exact: bool,
+    mixing: RowMixing | None = None,
 ) -> ResumeResult:
     """Pieces of every (rank, worker) after the interrupted ``segments`` of ``epoch``.
 
@@ -166,6 +191,7 @@ def segment_pieces(
         num_workers: Workers of a rank in that world.
         window_rows: Row-shuffle window, or ``None``.
         exact: Row counts are exact (no row filter), so chunks can be cut at a row.
+        mixing: Row mixing (when ``window_rows`` is ``None``), or ``None``.
     """
     files = {f.path: f for f in spec.files}
     seed = spec.seed if spec.shuffle else 0
@@ -179,7 +205,7 @@ def segment_pieces(
         plan = plans[max(1, workers0(r))]
         assignments.append(
             tuple(
-                tuple(window_pieces(as_pieces(chunks), window_rows, (seed, epoch, 0, r, w)))
+                tuple(_group(as_pieces(chunks), window_rows, mixing, (seed, epoch, 0, r, w), files))
                 for w, chunks in enumerate(plan.assignments[r])
             )
         )
@@ -209,6 +235,7 @@ def segment_pieces(
             batch_size=spec.batch_size,
             window_rows=window_rows,
             key=(seed, epoch, index),
+            mixing=mixing,
         )
     return result
 

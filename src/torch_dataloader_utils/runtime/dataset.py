@@ -21,7 +21,9 @@ from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.errors import IncompatibleOptionsError, UnknownLengthError
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
-from torch_dataloader_utils.plan.pieces import Piece, as_pieces
+from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
+from torch_dataloader_utils.plan.mixing import RowMixing
+from torch_dataloader_utils.plan.pieces import Piece, as_pieces, mix_pieces, window_pieces
 from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
 from torch_dataloader_utils.plan.resume import segment_pieces
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
@@ -92,6 +94,7 @@ class PlannedDataset(IterableDataset[Any]):
                 "(torch.distributed.algorithms.Join)"
             )
         self._files = tuple(files)
+        self._by_path = {f.path: f for f in self._files}
         self._options = options
         self._reader = reader
         self._schema = output_schema
@@ -112,6 +115,8 @@ class PlannedDataset(IterableDataset[Any]):
                 "drop_last": batching.drop_last,
                 "equal_batches": batching.equal_batches.value,
                 "row_shuffle_window": shuffle.row_window,
+                # Only when in effect: states of unshuffled (or chunk-only) reads stay valid.
+                **({} if shuffle.mixing is None else {"row_mixing": shuffle.mixing.rows}),
                 **identity,
             },
             options.world,
@@ -168,6 +173,11 @@ class PlannedDataset(IterableDataset[Any]):
     def row_shuffle_window(self) -> int | None:
         """Rows shuffled together (the row-level shuffle's window), or ``None``."""
         return self._options.shuffle.row_window
+
+    @property
+    def row_mixing(self) -> RowMixing | None:
+        """The row mixing in effect (``shuffle=True`` with ``row_mixing``), or ``None``."""
+        return self._options.shuffle.mixing
 
     @property
     def epoch(self) -> int:
@@ -324,14 +334,22 @@ class PlannedDataset(IterableDataset[Any]):
             num_workers=lambda rank: self._readers(workers),
             window_rows=self.row_shuffle_window,
             exact=self._row_count_issue is None,
+            mixing=self.row_mixing,
         )
         return result.assignments[self.world.rank]
 
     def _worker_pieces(self, slot: env.WorkerSlot, epoch: int) -> tuple[Piece, ...]:
         segments = self._state.live_segments(epoch)
-        if not segments and self.row_shuffle_window is None:
-            return tuple(as_pieces(self.plan(epoch, slot.count).chunks_for(self.world.rank, slot.id)))
-        return self._pieces(epoch, slot.count, segments or [])[slot.id]
+        if segments:
+            return self._pieces(epoch, slot.count, segments)[slot.id]
+        rank = self.world.rank
+        pieces = as_pieces(self.plan(epoch, slot.count).chunks_for(rank, slot.id))
+        # Only this worker's windows / mixes, keyed as segment_pieces keys segment 0.
+        shuffle = self._options.shuffle
+        key = (shuffle.shuffle_seed if shuffle.shuffle else 0, epoch, 0, rank, slot.id)
+        if self.row_shuffle_window is not None:
+            return tuple(window_pieces(pieces, self.row_shuffle_window, key))
+        return tuple(mix_pieces(pieces, self.row_mixing, key, self._by_path))
 
     def num_batches(self, epoch: int | None = None, num_workers: int | None = None) -> int:
         """Batches this rank yields in ``epoch`` with ``num_workers`` DataLoader workers.
@@ -415,14 +433,16 @@ class PlannedDataset(IterableDataset[Any]):
             watch_parent()
         epoch = self.epoch
         pieces = self._worker_pieces(slot, epoch)
+        files = None if self._row_count_issue else self._by_path
         batching = self._options.batching
         flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
         work = WorkStats(self._reader, len(pieces), flag)  # before any request of this pass
         schedule = getattr(self._reader, "schedule", None)
         if schedule is not None:  # readers of remote files fetch the next chunks ahead
-            schedule([c for piece in pieces for c in piece.chunks])
+            schedule([c for piece in pieces for c in piece_reads(piece, files)])
         positions = Positions(self._state.token, slot.id, slot.count, rank=self.world.rank)
-        read = positions.read(self._reader, pieces, flag, batching.batch_size)
+        mix_rows = MIX_WORKER_READ_ROWS if slot.in_worker else None
+        read = positions.read(self._reader, pieces, flag, batching.batch_size, files, mix_rows)
         batches = rebatch(read, batching.batch_size, batching.drop_last)
         tagging = self._state.tagging
         if slot.in_worker and tagging:

@@ -19,7 +19,7 @@ import bisect
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -27,11 +27,12 @@ import pyarrow as pa
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.pieces import read_piece
 from torch_dataloader_utils.plan.pieces import Piece
+from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.runtime.workstats import WorkStats
 from torch_dataloader_utils.transfer import BatchGroup, pack_group
 
-__all__ = ["GROUP_BYTES", "GROUP_MAX_BATCHES", "Positions", "grouped"]
+__all__ = ["FIRST_GROUP_BATCHES", "GROUP_BYTES", "GROUP_MAX_BATCHES", "Positions", "grouped"]
 
 GROUP_BYTES = 8 << 20
 """A worker under ``create_dataloader``'s loader sends batches in groups of about this size.
@@ -44,6 +45,11 @@ num_workers`` groups. Measured in ``docs/benchmarks.md``.
 
 GROUP_MAX_BATCHES = 1024
 """At most this many batches per group."""
+
+FIRST_GROUP_BATCHES = 1
+"""A worker's first group holds this many batches; each next one twice as many, until
+groups reach ``GROUP_BYTES``. So the first batch of an epoch leaves a worker as soon as
+it is read (the loop can start), and later groups are large (few hand-offs)."""
 
 Tag = tuple[int, int, int, int, int, int, int]
 
@@ -71,15 +77,33 @@ class Positions:
         self._emitted = 0
 
     def read(
-        self, reader: ChunkReader, pieces: Sequence[Piece], flag_column: str | None, batch_size: int
+        self,
+        reader: ChunkReader,
+        pieces: Sequence[Piece],
+        flag_column: str | None,
+        batch_size: int,
+        files: Mapping[str, FileInfo] | None = None,
+        mix_read_rows: int | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """The pieces' batches, in order, counting the rows read before each piece."""
+        """The pieces' batches, in order, counting the rows read before each piece.
+
+        ``files`` (given when row counts are exact) and ``mix_read_rows``: see
+        :func:`~torch_dataloader_utils.io.pieces.read_piece`.
+        """
         debug = log.isEnabledFor(logging.DEBUG)
 
         def counted(piece: Piece) -> Iterator[pa.RecordBatch]:
             self._starts.append(self._read)
             began = time.perf_counter() if debug else 0.0
-            for batch in read_piece(reader, piece, flag_column=flag_column, batch_size=batch_size):
+            batches = read_piece(
+                reader,
+                piece,
+                flag_column=flag_column,
+                batch_size=batch_size,
+                files=files,
+                mix_read_rows=mix_read_rows,
+            )
+            for batch in batches:
                 self._read += batch.num_rows
                 yield batch
             if debug:
@@ -123,15 +147,17 @@ def grouped(
 
     A group is one :class:`Tagged` whose batch is a packed ``BatchGroup``, whose tag
     is the tuple of the batches' tags and whose ``work`` is what ``work`` counted since
-    the previous group; the loader yields the batches one by one. After the last group
-    an item with an empty group carries the rest of ``work``. Batches made before an
-    error still arrive before the error.
+    the previous group; the loader yields the batches one by one. The first groups are
+    small (``FIRST_GROUP_BATCHES``, doubling), so the loop gets its first batch without
+    waiting for a full group. After the last group an item with an empty group carries
+    the rest of ``work``. Batches made before an error still arrive before the error.
     """
     pending: list[Any] = []
     tags: list[Tag] = []
     size = 0
     clock = time.perf_counter
     worker = positions.worker
+    most = FIRST_GROUP_BATCHES
 
     def send() -> Tagged:
         began = clock()
@@ -150,9 +176,10 @@ def grouped(
             size += batch.nbytes
             asked = clock()
             work.convert_sec += asked - got
-            if size >= GROUP_BYTES or len(pending) >= GROUP_MAX_BATCHES:
+            if size >= GROUP_BYTES or len(pending) >= most:
                 yield send()
                 pending, tags, size = [], [], 0
+                most = min(2 * most, GROUP_MAX_BATCHES)
                 asked = clock()
     except Exception:
         if pending:

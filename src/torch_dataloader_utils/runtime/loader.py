@@ -1,8 +1,15 @@
-"""The library's DataLoader: it hands batches to the loop and knows what the loop consumed."""
+"""The library's DataLoader: it hands batches to the loop and knows what the loop consumed.
+
+With workers, a thread of the main process receives their batches while the training
+step runs (:func:`received`): unpickling a group, the shared-memory handshake and
+building the tensors happen behind the step, and the loop takes a batch that is ready.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -15,7 +22,73 @@ from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.transfer import BatchGroup
 from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
 
-__all__ = ["ResumableDataLoader", "make_loader"]
+__all__ = ["RECEIVE_AHEAD", "ResumableDataLoader", "make_loader", "received"]
+
+RECEIVE_AHEAD = 2
+"""Items (groups of batches) the receiving thread holds ready beyond the one in use."""
+
+_POLL = 0.05
+
+
+class _Receiver:
+    """A thread that takes items from a DataLoader iterator into a small queue."""
+
+    def __init__(self, source: Iterator[Any], ahead: int) -> None:
+        self.queue: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=max(1, ahead))
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, args=(source,), name="torch_dataloader_utils-receive", daemon=True
+        )
+        self.thread.start()
+
+    def _put(self, kind: int, value: Any) -> bool:
+        while not self.stopped.is_set():
+            try:
+                self.queue.put((kind, value), timeout=_POLL)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, source: Iterator[Any]) -> None:
+        try:
+            for item in source:
+                if not self._put(0, item):
+                    return
+            self._put(1, None)
+        except BaseException as exc:  # handed to the loop, raised there
+            self._put(2, exc)
+
+    def stop(self) -> None:
+        """Stop receiving; returns at once (the thread ends after its current item)."""
+        self.stopped.set()
+
+    def join(self) -> None:
+        """Stop and wait for the thread (its current item arrives or fails first)."""
+        self.stopped.set()
+        self.thread.join()
+
+
+def received(receiver: _Receiver) -> Iterator[Any]:
+    """The items of ``receiver``, in order; its error, raised here; never a silent hang."""
+    try:
+        while True:
+            try:
+                kind, value = receiver.queue.get(timeout=1.0)
+            except queue.Empty:
+                if not receiver.thread.is_alive() and receiver.queue.empty():
+                    raise RuntimeError(
+                        "the thread receiving batches from the workers ended unexpectedly"
+                    ) from None
+                continue
+            if kind == 0:
+                yield value
+            elif kind == 1:
+                return
+            else:
+                raise value
+    finally:
+        receiver.stop()
 
 
 def _passthrough(batch: Any) -> Any:
@@ -41,8 +114,13 @@ class ResumableDataLoader(DataLoader[Any]):
     """
 
     dataset: PlannedDataset
+    _receiver: _Receiver | None = None
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        if self._receiver is not None:
+            # A pass left early: its thread must be out of the (persistent) iterator first.
+            self._receiver.join()
+            self._receiver = None
         # len() may differ between a resumed pass and a full one; drop torch's cached value.
         self._IterableDataset_len_called = None
         metrics = self.dataset.metrics
@@ -60,7 +138,11 @@ class ResumableDataLoader(DataLoader[Any]):
         self.dataset.begin_metrics(self.num_workers)
         state.tagging = True  # set before workers start: they pickle the dataset
         try:
-            for item in super().__iter__():
+            source: Iterator[Any] = super().__iter__()  # starts (or resets) the workers, here
+            if self.num_workers > 0:
+                self._receiver = _Receiver(source, RECEIVE_AHEAD)
+                source = received(self._receiver)
+            for item in source:
                 if isinstance(item, Tagged) and isinstance(item.batch, BatchGroup):
                     # Several batches of one worker that travelled together, and the
                     # worker's timers and counters since its previous group.
@@ -77,6 +159,8 @@ class ResumableDataLoader(DataLoader[Any]):
             completed.append(True)
         finally:
             state.tagging = False
+            if self._receiver is not None:
+                self._receiver.stop()
 
     def metrics(self, gather: bool = False, group: Any = None) -> LoaderMetrics:
         """What the loader did since the last ``set_epoch``, ``reset_metrics`` or ``get_metrics``.

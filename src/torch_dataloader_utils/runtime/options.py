@@ -87,9 +87,18 @@ class ReadOptions(TypedDict, total=False):
     drop_last: bool
     """Drop each worker's last, short batch (default ``False``)."""
     shuffle: bool
-    """Shuffle chunk order every epoch, by ``(shuffle_seed, epoch)`` (default ``False``)."""
+    """Shuffle every epoch, by ``(shuffle_seed, epoch)``: the order of chunks, and rows
+    mixed across chunks (``row_mixing``) (default ``False``)."""
     shuffle_seed: int
     """Seed of the shuffle, an int >= 0, the same on every rank (default 0)."""
+    row_mixing: int | None
+    """With ``shuffle=True``, how rows are mixed across chunks: each worker reads 8 of
+    its chunks (or parts of chunks) side by side and yields them in rounds of about this
+    many rows, each round in an order seeded by ``(shuffle_seed, epoch, ...)``, so every
+    batch draws rows from several files. More rows per round mix more widely and hold
+    more memory (one round, plus a decoded batch per chunk read). ``None`` shuffles chunk
+    order only (rows of a chunk stay in file order). Default 32768. Exactly once and
+    resumable; ignored when ``row_shuffle_window`` or ``shuffle_buffer_size`` is set."""
     row_shuffle_window: int | None
     """With ``shuffle=True``, also mix rows across chunks: each worker reads runs of
     consecutive chunks of up to this many rows together and yields their rows in a
