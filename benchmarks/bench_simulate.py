@@ -14,6 +14,7 @@ Run: ``python benchmarks/bench_simulate.py`` (``--quick`` for a smoke run).
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import statistics
 import sys
@@ -33,6 +34,8 @@ import testsupport.latency_fs  # noqa: F401  (registers latency://)
 
 import common
 from torch_dataloader_utils import create_dataloader
+from torch_dataloader_utils.config import DEFAULT_READ_AHEAD_BYTES
+from torch_dataloader_utils.io.prefetch import MAX_PART_BYTES
 from torch_dataloader_utils.tools.simulate import SimulateRequest, StorageModel, run_simulation
 from torch_dataloader_utils.tools.source import Source
 
@@ -54,20 +57,48 @@ def measure(url: str, options: dict[str, Any], workers: int) -> tuple[float, flo
     return first or 0.0, time.perf_counter() - t0, rows
 
 
-def request_bandwidth(files: Sequence[Path], part: int = 8 << 20) -> float:
-    """Bytes per second of one ranged request of ``part`` bytes through ``latency://`` (no delay).
+def request_bandwidth(files: Sequence[Path], part: int = MAX_PART_BYTES) -> float:
+    """Bytes per second of ranged requests of ``part`` bytes through ``latency://`` (no delay).
 
     Part of the storage model given to ``simulate``, measured on the store alone (as a
-    user would measure an object store), not on the loader.
+    user would measure an object store), not on the loader: every file read in parts,
+    the parts kept in fresh buffers up to the read-ahead bound, as the fetcher keeps them
+    (so the cost of new memory is in the figure, as it is in a real pass).
     """
     fs = fsspec.filesystem("latency", delay=0.0)
     total = 0
+    kept: list[bytes] = []
+    held = 0
     began = time.perf_counter()
-    for f in files[:3]:
+    for f in files:
         size = f.stat().st_size
         for lo in range(0, size, part):
-            total += len(fs.cat_file(str(f), start=lo, end=min(size, lo + part)))
+            data = fs.cat_file(str(f), start=lo, end=min(size, lo + part))
+            total += len(data)
+            kept.append(data)
+            held += len(data)
+            if held > DEFAULT_READ_AHEAD_BYTES:
+                kept, held = [], 0
     return total / (time.perf_counter() - began)
+
+
+def _spin(seconds: float) -> float:
+    end = time.perf_counter() + seconds
+    c0 = time.process_time()
+    while time.perf_counter() < end:
+        pass
+    return time.process_time() - c0
+
+
+def available_cores(cpus: int, seconds: float = 0.5) -> float:
+    """Cores this job gets now: ``cpus`` processes spin for ``seconds``; their CPU time / wall.
+
+    On a shared machine other jobs take part of the cores; ``simulate`` is told what is
+    left (``--cores-per-rank``), as a user tells it what a rank gets.
+    """
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(cpus) as pool:
+        return float(sum(pool.map(_spin, [seconds] * cpus)) / seconds)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -77,6 +108,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     p.add_argument("--split-rows", type=int, default=200_000, help="rows per chunk")
     p.add_argument("--batch-size", type=int, default=8192)
+    p.add_argument(
+        "--cores-per-rank",
+        type=float,
+        default=None,
+        help="cores given to simulate (default: measured around each latency's runs, as the "
+        "cores this job gets on a shared machine)",
+    )
     args = p.parse_args(argv)
     spec = common.spec_from_args(args)
     if args.quick:
@@ -99,12 +137,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         measured: dict[int, list[tuple[float, float]]] = {w: [] for w in args.workers}
         for w in args.workers:  # warm-up: page cache, imports
             measure(url, options, w)
+        cores_seen = [available_cores(cpus)]
         for _ in range(args.repeats):
             for w in args.workers:
                 first, epoch, rows = measure(url, options, w)
                 if rows != spec.rows:
                     raise AssertionError(f"read {rows} rows, expected {spec.rows}")
                 measured[w].append((first, epoch))
+            cores_seen.append(available_cores(cpus))
+        cores = args.cores_per_rank or min(float(cpus), statistics.median(cores_seen))
         for w in args.workers:
             request = SimulateRequest(
                 source=Source(path=url, options=options),
@@ -113,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 storage=StorageModel(
                     latency_sec=latency_ms / 1000, bandwidth=bandwidth, receive_rate=bandwidth
                 ),
-                cores_per_rank=cpus,
+                cores_per_rank=cores,
             )
             _, sim = run_simulation(request)
             first = statistics.median(m[0] for m in measured[w])
@@ -133,12 +174,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 "decode_cores_used": sim.decode.cores_used,
                 "batch_sec": sim.decode.batch_sec,
                 "worker_start_sec": sim.worker_start_sec,
+                "footer_sec": sim.decode.footer_sec,
+                "cores_per_rank": cores,
+                "cores_seen": cores_seen,
             }
             results.append(entry)
             rows_md.append(
                 [
                     f"{latency_ms:g}",
                     w,
+                    f"{cores:.2f}",
                     f"{first:.3f}",
                     f"{sim.first_batch_sec:.3f}",
                     f"{epoch:.2f}",
@@ -154,13 +199,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"chunks of {args.split_rows:,} rows, numeric columns, batch_size {args.batch_size}; every "
         f"request through `latency://`. Measured: median of {args.repeats} interleaved epochs. "
         f"Predicted: `simulate` with the same latency, the store's bandwidth per request "
-        f"({bandwidth / 2**20:,.0f} MiB/s, measured on the store alone) and {cpus} cores per rank; "
+        f"({bandwidth / 2**20:,.0f} MiB/s, measured on the store alone) and the cores this job got "
+        f"(of {cpus}: other jobs share the machine; measured by spinning {cpus} processes around the runs); "
         "it measures its own decode rate (on one chunk), per-batch cost and worker start-up. "
         f"Machine: {info['cpus']} CPUs, load average {tuple(round(x, 2) for x in load)} at start.\n\n"
         + common.table(
             [
                 "latency ms",
                 "num_workers",
+                "cores available",
                 "first batch s (measured)",
                 "first batch s (predicted)",
                 "epoch s (measured)",

@@ -77,6 +77,11 @@ class ParquetReader:
         if self._source is not None:
             self._source.schedule(chunks)
 
+    @property
+    def fetches_ahead(self) -> bool:
+        """Whether bytes come from remote storage through a read-ahead fetcher (thread pool)."""
+        return self._source is not None
+
     def io_totals(self) -> tuple[int, int, int, int, float]:
         """``(bytes_fetched, bytes_needed, requests, retries, wait_sec)`` of this process so far.
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-__all__ = ["measure_batch_overhead", "measure_worker_start"]
+__all__ = ["measure_batch_overhead", "measure_thread_start", "measure_worker_start"]
 
 
 class _Items(IterableDataset[Any]):
@@ -76,6 +76,26 @@ def measure_batch_overhead(batches: int = 3000, batch_size: int = 8) -> float:
             return max(0.0, best(through_loader) - best(bare)) / batches
     finally:
         quiet.disabled = disabled
+
+
+def measure_thread_start(threads: int, repeats: int = 3) -> float:
+    """Seconds to start ``threads`` threads of a pool, as a reading process does for each pass.
+
+    A pool starts a thread per task submitted until it has ``threads``; each start waits
+    until the new thread runs, which on a busy machine takes a scheduler slot (median
+    of ``repeats``).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        pool = ThreadPoolExecutor(threads)
+        for _ in range(threads):
+            pool.submit(time.sleep, 0.001)
+        times.append(time.perf_counter() - began)
+        pool.shutdown(wait=True)
+    return float(np.median(times))
 
 
 def _passthrough(batch: Any) -> Any:

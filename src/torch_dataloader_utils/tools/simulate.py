@@ -10,6 +10,11 @@ The model, from the plan (the library's own) and a few numbers:
 * **Decoding**: rows per second of one reading process (read, cut into batches,
   convert, and pack for the transfer when there are workers), measured on one chunk of
   the plan or given; workers and the main process share ``cores_per_rank`` cores.
+* **The reading process's own fetching**: receiving bytes into fresh buffers costs CPU
+  (``receive_rate``) in the process that reads, beside its decoding (its fetch threads
+  share its interpreter); parsing a file's footer when its first chunk is fetched
+  (``footer_sec``); one metadata request per remote file and pass (is it the planned
+  file?), 8 at once, each open waiting for its file's answer.
 * **The main process**: its own time per batch (the DataLoader's machinery, tags,
   metrics), and the start-up of the DataLoader workers, both measured on this machine
   (:mod:`torch_dataloader_utils.runtime.calibrate`).
@@ -46,10 +51,15 @@ from torch_dataloader_utils.io.parquet import READ_BATCH_ROWS
 from torch_dataloader_utils.io.prefetch import FETCH_THREADS, MAX_PART_BYTES, coalesce, column_ranges
 from torch_dataloader_utils.plan.summary import Spread
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
-from torch_dataloader_utils.runtime.calibrate import measure_batch_overhead, measure_worker_start
+from torch_dataloader_utils.runtime.calibrate import (
+    measure_batch_overhead,
+    measure_thread_start,
+    measure_worker_start,
+)
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
-from torch_dataloader_utils.runtime.emit import GROUP_BYTES
+from torch_dataloader_utils.runtime.emit import FIRST_GROUP_BATCHES, GROUP_BYTES
 from torch_dataloader_utils.runtime.report import size
+from torch_dataloader_utils.storage.identity import CHECK_THREADS
 from torch_dataloader_utils.tools.plan import PlanView, plan_of
 from torch_dataloader_utils.tools.source import Source, open_dataset
 from torch_dataloader_utils.transfer import pack_group
@@ -62,6 +72,8 @@ __all__ = [
     "WorkerTime",
     "chunk_requests",
     "measure_decode",
+    "measure_footer",
+    "measure_pass_start",
     "run_simulate",
     "simulate",
     "simulate_worker",
@@ -106,6 +118,9 @@ class DecodeModel:
         arrow_bytes_per_row: Decoded bytes per row (sizes the first group of batches).
         batch_sec: The main process's own time per batch (the DataLoader's machinery,
             tags, metrics), beside reading.
+        footer_sec: Seconds to parse one file's footer (once per file and process).
+        pass_sec: Seconds a reading process spends starting a pass before its first
+            request (its fetch and check threads, on remote storage).
         measured_on: The chunk measured, or ``None`` when the rate was given.
     """
 
@@ -113,6 +128,8 @@ class DecodeModel:
     cores_used: float = 1.0
     arrow_bytes_per_row: float = 64.0
     batch_sec: float = 0.0
+    footer_sec: float = 0.0
+    pass_sec: float = 0.0
     measured_on: str | None = None
 
     def worker_rate(self, workers: int, cores: float) -> float:
@@ -229,6 +246,8 @@ class Simulation:
                 "cores_used": self.decode.cores_used,
                 "arrow_bytes_per_row": self.decode.arrow_bytes_per_row,
                 "batch_sec": self.decode.batch_sec,
+                "footer_sec": self.decode.footer_sec,
+                "pass_sec": self.decode.pass_sec,
                 "measured_on": self.decode.measured_on,
             },
             "worker_start_sec": self.worker_start_sec,
@@ -274,6 +293,25 @@ def chunk_requests(
         return [hi - lo for lo, hi in ranges]
     nbytes = max(1, chunk.num_bytes)
     return [min(MAX_PART_BYTES, nbytes - lo) for lo in range(0, nbytes, MAX_PART_BYTES)]
+
+
+def measure_footer(dataset: PlannedDataset, files: int = 8) -> float:
+    """Median seconds to parse one Parquet footer of the dataset (0 when it has none in hand)."""
+    found = getattr(dataset, "discovered", None)
+    footers = list((getattr(found, "extra", {}).get("parquet_footers") or {}).values())[:files]
+    times = []
+    for footer in footers:
+        began = time.perf_counter()
+        pq.read_metadata(pa.BufferReader(footer))
+        times.append(time.perf_counter() - began)
+    return float(np.median(times)) if times else 0.0
+
+
+def measure_pass_start(dataset: PlannedDataset) -> float:
+    """Seconds a reading process spends starting a pass: its fetch and check threads (remote files)."""
+    if not getattr(dataset.reader, "fetches_ahead", False):
+        return 0.0
+    return measure_thread_start(FETCH_THREADS + CHECK_THREADS)
 
 
 def measure_decode(dataset: PlannedDataset, chunk: Chunk, workers: int) -> DecodeModel:
@@ -337,6 +375,8 @@ def measure_decode(dataset: PlannedDataset, chunk: Chunk, workers: int) -> Decod
         cores_used=max(1.0, (cpu - received[0]) / busy),
         arrow_bytes_per_row=nbytes / rows if rows else 64.0,
         batch_sec=measure_batch_overhead() + unpack_sec,
+        footer_sec=measure_footer(dataset),
+        pass_sec=measure_pass_start(dataset),
         measured_on=name,
     )
 
@@ -348,18 +388,33 @@ def simulate_worker(
     rate: float,
     first_rows: int,
     start: float = 0.0,
+    footer_sec: float = 0.0,
 ) -> tuple[float, float, float, float]:
     """One worker reading ``chunks`` in order: ``(first_batch, finish, storage_wait, decode)`` seconds.
 
     ``requests[i]`` are the request sizes of chunk ``i``; its first batches reach the
-    loop once ``first_rows`` rows are decoded (or its chunks end).
+    loop once ``first_rows`` rows are decoded (or its chunks end). Receiving a chunk's
+    bytes costs the worker ``bytes / storage.receive_rate`` beside decoding; the first
+    chunk fetched of a file costs ``footer_sec`` when it is fetched. Remote files
+    (``latency_sec > 0``) are checked once per pass, :data:`CHECK_THREADS` at once from
+    the start; a chunk is opened once its file's check answered.
     """
     threads = [start] * max(1, storage.concurrency)
     heapq.heapify(threads)
     ready: dict[int, float] = {}
     fetched = [sum(r) for r in requests]
+    receive = math.isfinite(storage.receive_rate) and storage.receive_rate > 0
+    checked: dict[str, float] = {}
+    if storage.latency_sec > 0:
+        for path in dict.fromkeys(c.path for c in chunks):
+            checked[path] = start + (len(checked) // CHECK_THREADS + 1) * storage.request_sec(0)
+    parsed: set[str] = set()
 
-    def submit(i: int, at: float) -> None:
+    def submit(i: int, at: float) -> float:
+        """Send chunk ``i``'s requests at ``at`` (after parsing its file's footer): the time after."""
+        if chunks[i].path not in parsed:
+            parsed.add(chunks[i].path)
+            at += footer_sec
         end = at
         for nbytes in requests[i]:
             free = heapq.heappop(threads)
@@ -367,6 +422,7 @@ def simulate_worker(
             heapq.heappush(threads, done)
             end = max(end, done)
         ready[i] = end
+        return at
 
     t = start
     wait = decode = 0.0
@@ -375,19 +431,21 @@ def simulate_worker(
     for i, chunk in enumerate(chunks):
         opened = t
         if i not in ready:
-            submit(i, opened)
+            opened = submit(i, opened)
         pending = sum(fetched[j] for j in ready if j > i)
         j = max(ready) + 1
         while j < len(chunks) and pending + fetched[j] <= storage.read_ahead_bytes:
-            submit(j, opened)
+            opened = submit(j, opened)
             pending += fetched[j]
             j += 1
-        t = max(opened, ready[i])
+        t = max(opened, ready[i], checked.get(chunk.path, 0.0))
         wait += t - opened
         rows = chunk.num_rows or 0
         spent = rows / rate if rate > 0 else 0.0
+        if receive:
+            spent += fetched[i] / storage.receive_rate
         if first is None and produced + rows >= first_rows:
-            first = t + (first_rows - produced) / rate if rate > 0 else t
+            first = t + spent * (first_rows - produced) / max(rows, 1)
         produced += rows
         decode += spent
         t += spent
@@ -414,11 +472,17 @@ def simulate(
     batching = dataset.options.batching
     rate = decode.worker_rate(num_workers, cores_per_rank)
     read_rows = max(batching.batch_size, READ_BATCH_ROWS)
-    if num_workers > 0:
-        group_rows = max(batching.batch_size, math.ceil(GROUP_BYTES / max(decode.arrow_bytes_per_row, 1e-9)))
+    if num_workers > 0:  # a worker's first group: FIRST_GROUP_BATCHES batches (or GROUP_BYTES)
+        group_rows = max(
+            batching.batch_size,
+            min(
+                FIRST_GROUP_BATCHES * batching.batch_size,
+                math.ceil(GROUP_BYTES / max(decode.arrow_bytes_per_row, 1e-9)),
+            ),
+        )
     else:
         group_rows = batching.batch_size
-    start = worker_start_sec if num_workers > 0 else 0.0
+    start = (worker_start_sec if num_workers > 0 else 0.0) + decode.pass_sec
     if num_workers == 0 and decode.batch_sec > 0:
         # One process reads and hands out batches: its per-batch cost slows its rows.
         rate = 1.0 / (1.0 / rate + decode.batch_sec / batching.batch_size)
@@ -433,7 +497,9 @@ def simulate(
             requests = [chunk_requests(dataset, c, cache) for c in chunks]
             rows = sum(c.num_rows or 0 for c in chunks)
             first_rows = min(rows, max(group_rows, min(read_rows, chunks[0].num_rows or 0) if chunks else 0))
-            first, finish, wait, dec = simulate_worker(chunks, requests, storage, rate, first_rows, start)
+            first, finish, wait, dec = simulate_worker(
+                chunks, requests, storage, rate, first_rows, start, decode.footer_sec
+            )
             mine.append(
                 WorkerTime(r, w, rows, len(chunks), sum(len(q) for q in requests), first, finish, wait, dec)
             )
@@ -461,7 +527,7 @@ def simulate(
         startup_sec=startup_sec(len(dataset.files), storage),
         ranks=ranks,
         workers=workers,
-        worker_start_sec=start,
+        worker_start_sec=worker_start_sec if num_workers > 0 else 0.0,
         step_sec=step_sec,
     )
 
@@ -511,7 +577,12 @@ def run_simulation(request: SimulateRequest) -> tuple[PlannedDataset, Simulation
     dataset = open_dataset(request.source, num_ranks=request.num_ranks, num_workers=request.num_workers)
     view = plan_of(dataset, request.epoch, workers)
     if request.decode_rate is not None:
-        decode = DecodeModel(rows_per_sec=request.decode_rate, batch_sec=measure_batch_overhead())
+        decode = DecodeModel(
+            rows_per_sec=request.decode_rate,
+            batch_sec=measure_batch_overhead(),
+            footer_sec=measure_footer(dataset),
+            pass_sec=measure_pass_start(dataset),
+        )
     else:
         chunk = _median_chunk(view)
         if chunk is None:
@@ -548,7 +619,8 @@ def render_text(request: SimulateRequest, sim: Simulation) -> str:
         + ("" if math.isinf(s.receive_rate) else f", receiving {size(s.receive_rate)}/s per core"),
         f"decode: {d.rows_per_sec:,.0f} rows/s per process ({how}; {d.cores_used:.1f} cores busy), "
         f"{request.cores_per_rank:g} cores per rank",
-        f"main process: {d.batch_sec * 1e6:,.0f} us per batch; worker start-up {sim.worker_start_sec:.2f} s",
+        f"main process: {d.batch_sec * 1e6:,.0f} us per batch; worker start-up {sim.worker_start_sec:.2f} s; "
+        f"pass start-up {d.pass_sec * 1000:.1f} ms; footer {d.footer_sec * 1000:.2f} ms per file",
         "",
         f"dataset start-up (listing, footers): {sim.startup_sec:.2f} s",
         f"time to first batch: {sim.first_batch_sec:.2f} s",
