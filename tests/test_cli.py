@@ -52,6 +52,22 @@ def test_help_shows_every_default(command: str, capsys: pytest.CaptureFixture[st
         assert "(default" in (formatter._get_help_string(action) or ""), action.option_strings
 
 
+def test_reshard_help_shows_every_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["reshard", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "bytes per shard, e.g. 256MiB (default: 256MiB)" in out
+    from torch_dataloader_utils.cli import _Help, build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    formatter = _Help("reshard")
+    options = [a for a in sub.choices["reshard"]._actions if a.option_strings and a.nargs != 0]
+    assert len(options) > 15
+    for action in options:
+        assert "(default" in (formatter._get_help_string(action) or ""), action.option_strings
+
+
 def test_user_errors_are_one_line_with_status_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_parquet_files(tmp_path / "d", [100])
     cases = [
@@ -69,6 +85,9 @@ def test_user_errors_are_one_line_with_status_2(tmp_path: Path, capsys: pytest.C
         (["simulate", str(tmp_path / "d"), "--latency-ms", "-1"], "'-1' must be a number >= 0"),
         (["plan", str(tmp_path / "d"), "--picture", str(tmp_path / "p.gif")], "must end in .png, .svg, .pdf"),
         (["nope"], "invalid choice: 'nope'"),
+        (["reshard", str(tmp_path / "d"), str(tmp_path / "o"), "--row-group-size", "xrows"], "give bytes"),
+        (["reshard", str(tmp_path / "d"), str(tmp_path / "o"), "--storage-options", "[1]"], "a JSON object"),
+        (["reshard", str(tmp_path / "missing"), str(tmp_path / "o")], "PathNotFoundError: "),
     ]
     for argv, words in cases:
         try:
