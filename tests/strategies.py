@@ -21,11 +21,13 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from torch_dataloader_utils.plan.splits import FileSplit, RowGroupSplit, resolve_strategy
-from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo, RowGroup
+from torch_dataloader_utils.plan.splits import ByteRangeSplit, FileSplit, RowGroupSplit, resolve_strategy
+from torch_dataloader_utils.plan.table import FileWithDeletes
+from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo, RecordIndex, RowGroup
 
 __all__ = [
     "file_infos",
@@ -47,6 +49,8 @@ __all__ = [
     "num_ranks",
     "num_workers",
     "quiet_resolve",
+    "rich_layouts",
+    "rich_splits",
     "seeds",
     "split_strategies",
 ]
@@ -110,6 +114,58 @@ def row_group_files(draw: st.DrawFn, max_files: int = 6) -> list[FileInfo]:
     """Files that all carry row-group metadata (for packing properties)."""
     n = draw(st.integers(1, max_files))
     return [draw(_row_group_file(f"rg/part-{i:03d}.parquet")) for i in range(n)]
+
+
+@st.composite
+def _text_file(draw: st.DrawFn, path: str) -> FileInfo:
+    """A text file: counted in blocks (a ``RecordIndex``) or not, splittable or not."""
+    size = draw(st.integers(0, 400))
+    records = None
+    if draw(st.booleans()):
+        block = draw(st.integers(1, 90))
+        n = -(-size // block)
+        records = RecordIndex(block, tuple(draw(st.lists(st.integers(0, 6), min_size=n, max_size=n))))
+    return FileInfo(path, size=size, records=records, splittable=draw(st.booleans()))
+
+
+@st.composite
+def _deleted_rows_file(draw: st.DrawFn, path: str) -> FileInfo:
+    """A columnar file with deleted positions (Iceberg position / equality deletes)."""
+    base = draw(_row_group_file(path))
+    assert base.num_rows is not None
+    live = [r for g in base.row_groups or () for r in range(g.first_row, g.stop_row)]
+    deleted = sorted(set(draw(st.lists(st.sampled_from(live), max_size=12)))) if live else []
+    if not deleted:
+        return base
+    return FileWithDeletes(
+        path, base.size, base.num_rows, base.row_groups, deleted=np.array(deleted, dtype=np.int64)
+    )
+
+
+@st.composite
+def rich_layouts(draw: st.DrawFn, min_files: int = 0, max_files: int = 6) -> list[FileInfo]:
+    """:func:`file_layouts` plus counted text files and files with deleted positions."""
+    n = draw(st.integers(min_files, max_files))
+    files = []
+    for i in range(n):
+        path = f"data/part-{i:03d}"
+        kind = draw(st.sampled_from(["row_groups", "rows_only", "bytes_only", "text", "deletes"]))
+        if kind == "row_groups":
+            files.append(draw(_row_group_file(path)))
+        elif kind == "rows_only":
+            files.append(draw(_rows_only_file(path)))
+        elif kind == "bytes_only":
+            files.append(draw(_bytes_only_file(path)))
+        elif kind == "text":
+            files.append(draw(_text_file(path)))
+        else:
+            files.append(draw(_deleted_rows_file(path)))
+    return files
+
+
+def rich_splits() -> st.SearchStrategy[FileSplit | RowGroupSplit | ByteRangeSplit]:
+    """Every built-in strategy, with and without size targets."""
+    return st.one_of(builtin_splits(), st.builds(ByteRangeSplit, split_bytes=st.integers(1, 300)))
 
 
 def clone_files(files: Iterable[FileInfo]) -> list[FileInfo]:

@@ -61,3 +61,16 @@ def test_the_installed_cli_has_no_iceberg_demo(capsys):
     with pytest.raises(SystemExit):
         main(["demo-iceberg"])
     assert "invalid choice: 'demo-iceberg'" in capsys.readouterr().err
+
+
+def test_plan_command_verifies_every_rank(tmp_path, capsys):
+    from tests.fixtures.data import write_parquet_files
+    from torch_dataloader_utils.cli import main
+
+    write_parquet_files(tmp_path / "data", [100, 60, 80], row_group_size=20, with_strings=False)
+    args = ["plan", str(tmp_path / "data"), "--num-ranks", "20", "--num-workers", "2", "--shuffle"]
+    assert main([*args, "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "verified: no row is planned for two ranks in epoch 0" in out
+    assert main(args) == 0
+    assert "verified" not in capsys.readouterr().out

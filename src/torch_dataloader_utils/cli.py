@@ -236,6 +236,7 @@ def _plan(args: argparse.Namespace) -> int:
         as_json=args.json,
         picture=Path(args.picture) if args.picture else None,
         picture_ranks=args.picture_ranks,
+        verify=args.verify,
     )
     print(run_plan(request))
     return 0
@@ -466,6 +467,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--picture-ranks", type=_typed(_positive, "int"), default=16, help="ranks drawn at most"
+    )
+    plan.add_argument(
+        "--verify",
+        action="store_true",
+        help="check that no row is planned for two ranks (calls a custom strategy for every rank)",
     )
     plan.set_defaults(fn=_plan)
 

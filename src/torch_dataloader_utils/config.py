@@ -357,16 +357,21 @@ class SplitConfig:
         split_bytes: Target chunk size on disk in bytes, or ``None`` (64 MiB for the
             built-in strategies that take a size).
         split_rows: Target rows per chunk, or ``None``.
+        verify_plan: Check a custom rank-aware strategy's chunks across ranks in worlds
+            of more than 16 ranks too (smaller worlds are always checked); it calls the
+            strategy for every rank once per epoch in each process that plans.
     """
 
     split_strategy: SplitKind | object | None = None
     split_bytes: int | None = None
     split_rows: int | None = None
+    verify_plan: bool = False
 
     def __post_init__(self) -> None:
         if self.split_bytes is not None:
             check_int(self.split_bytes, "split_bytes", 1, hint=" (bytes, or a string like '128MiB')")
         check_int(self.split_rows, "split_rows", 1, optional=True)
+        check_bool(self.verify_plan, "verify_plan")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -155,6 +155,26 @@ CASE_9 = {
     "fingerprint_rows_true": (lambda s: s["fingerprint"].__setitem__("rows", True), r"fingerprint\.rows"),
     "negative_offset": (lambda s: _cursor(s, [0, -1]), r"must be an int in \[0, "),
     "offset_past_the_data": (lambda s: _cursor(s, [0, 10**6]), r"more than the dataset holds \(\d+\)"),
+    "left_of_two_counts": (
+        lambda s: s["segments"][0]["ranks"]["0"].__setitem__("left", [0, 0]),
+        r"num_workers=1 but 2 counts of rows left \(one per worker",
+    ),
+    "left_past_the_data": (
+        lambda s: s["segments"][0]["ranks"]["0"].__setitem__("left", [10**6]),
+        r"has 1000000 rows left, more than the dataset holds",
+    ),
+    "left_of_booleans": (
+        lambda s: s["segments"][0]["ranks"]["0"].__setitem__("left", [True]),
+        r"\.left\[0\] must be an int",
+    ),
+    "left_zero_claim": (
+        lambda s: s["segments"][0]["ranks"]["0"].__setitem__("left", [0]),
+        r"rank 0 worker 0 had 0 rows left in segment 0, but its cursor leaves \d+",
+    ),
+    "two_file_digests": (
+        lambda s: s["fingerprint"].__setitem__("files_sha256", s["fingerprint"]["files_digest"]),
+        r"must hold one digest of the files",
+    ),
 }
 
 

@@ -146,3 +146,49 @@ def test_one_rank_is_never_cut_dropped_or_padded():
         plan = plan_epoch(PlanSpec(files, FileSplit(), 1, 2, equal_batches=policy, batch_size=4), 0)
         assert sorted((c.path, c.start, c.stop) for c in plan.all_chunks()) == [("a", 0, 10), ("b", 0, 7)]
         assert plan.dropped == ()
+
+
+def _left_out_rows(plan: EpochPlan, by_path: dict[str, FileInfo]) -> set[tuple[str, int]]:
+    return {r for c in plan.dropped for r in rows_of(c, by_path)}
+
+
+def test_case_8_rows_left_out_change_with_the_epoch_when_shuffling():
+    """Issue 16, case 8: 16,033 rows on 3 ranks left out the same row in epochs 0, 1 and 2."""
+    files = tuple(
+        FileInfo(f"f{i}", n * 8, n, (RowGroup(0, 0, n, n * 8),)) for i, n in enumerate([5000, 4000, 7033])
+    )
+    by_path = {f.path: f for f in files}
+    everything = set(live_row_ids(files))
+    epochs = range(12)
+    spec = PlanSpec(files, RowGroupSplit(), 3, 2, True, 0, EqualBatches.DROP, 32)
+    left_out = [_left_out_rows(plan_epoch(spec, e), by_path) for e in epochs]
+    assert all(len(rows) == 16_033 % 3 == 1 for rows in left_out)
+    assert len(set().union(*left_out)) == len(left_out)  # another row every epoch
+    for e, rows in zip(epochs, left_out, strict=True):
+        plan = plan_epoch(spec, e)
+        read = [r for rank in range(3) for c in plan.rank_chunks(rank) for r in rows_of(c, by_path)]
+        assert sorted(read + sorted(rows)) == sorted(everything)  # every other row exactly once
+    # Without shuffle the rows left out are the last rows in file order, every epoch.
+    still = PlanSpec(files, RowGroupSplit(), 3, 2, False, 0, EqualBatches.DROP, 32)
+    assert {frozenset(_left_out_rows(plan_epoch(still, e), by_path)) for e in epochs} == {
+        frozenset({("f2", 7032)})
+    }
+
+
+def test_case_8_padding_rows_change_with_the_epoch_when_shuffling():
+    files = tuple(FileInfo(f"f{i}", n * 8, n) for i, n in enumerate([50, 41, 30]))  # 121 rows on 4 ranks
+    by_path = {f.path: f for f in files}
+    spec = PlanSpec(files, FileSplit(), 4, 1, True, 9, EqualBatches.PAD, 8)
+    repeated = []
+    for e in range(8):
+        plan = plan_epoch(spec, e)
+        pads = [
+            r for rank in range(4) for c in plan.rank_chunks(rank) if c.padding for r in rows_of(c, by_path)
+        ]
+        assert len(pads) == len(set(pads)) == (-121) % 4
+        repeated.append(frozenset(pads))
+    assert len(set(repeated)) > 4
+    still = PlanSpec(files, FileSplit(), 4, 1, False, 9, EqualBatches.PAD, 8)
+    plan = plan_epoch(still, 3)
+    pads = [r for rank in range(4) for c in plan.rank_chunks(rank) if c.padding for r in rows_of(c, by_path)]
+    assert sorted(pads) == [("f0", 0), ("f0", 1), ("f0", 2)]  # the first rows in file order

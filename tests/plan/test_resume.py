@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tests.strategies import layouts, live_row_ids
+from tests.strategies import file_layouts, layouts, live_row_ids
 from torch_dataloader_utils.config import EqualBatches
 from torch_dataloader_utils.errors import ResumeStateError, StateMismatchError
 from torch_dataloader_utils.plan.mixing import RowMixing
 from torch_dataloader_utils.plan.pieces import Piece, piece_rows, remaining, window_pieces
-from torch_dataloader_utils.plan.planner import PlanSpec
-from torch_dataloader_utils.plan.resume import ResumeResult, segment_pieces
+from torch_dataloader_utils.plan.planner import Planner, PlanSpec
+from torch_dataloader_utils.plan.resume import Resumer, ResumeResult, segment_pieces
 from torch_dataloader_utils.plan.splits import FileSplit, RowGroupSplit
 from torch_dataloader_utils.plan.state import (
     STATE_FORMAT,
@@ -225,3 +226,180 @@ def test_merge_states_needs_every_rank_once():
         merge_states([_state(fp, 1, [seg(0, [0, 0])]), _state(fp, 1, [seg(0, [0, 1])])])
     done = {"num_ranks": 1, "ranks": {"0": {"num_workers": 1, "cursors": [[1, 0]], "done": True}}}
     assert merge_states([_state(fp, 4, [done])]) == _state(fp, 5, [])
+
+
+def with_left(segment: dict, result: ResumeResult, files: dict[str, FileInfo]) -> dict:
+    """The segment as the runtime saves it: with every worker's count of rows left."""
+    out = {"num_ranks": segment["num_ranks"], "ranks": {}}
+    for r, workers in enumerate(result.assignments):
+        entry = dict(segment["ranks"][str(r)])
+        if not entry["done"]:
+            entry["left"] = [
+                sum(p.num_rows for p in remaining(pieces, tuple(c), files, True))
+                for pieces, c in zip(workers, entry["cursors"], strict=True)
+            ]
+        out["ranks"][str(r)] = entry
+    return out
+
+
+@given(
+    files=layouts(),
+    strategy=STRATEGIES,
+    before=worlds,
+    middle=worlds,
+    after=worlds,
+    batch_size=st.integers(1, 20),
+    shuffle=st.booleans(),
+    window=st.one_of(st.none(), st.integers(1, 120)),
+    mixing=st.one_of(st.none(), st.builds(RowMixing, rows=st.integers(1, 120), streams=st.integers(1, 4))),
+    policy=st.sampled_from(list(EqualBatches)),
+    data=st.data(),
+)
+def test_rows_left_in_the_state_give_the_same_plan_without_planning_other_ranks(
+    files, strategy, before, middle, after, batch_size, shuffle, window, mixing, policy, data
+):
+    """The ``left`` counts a state records replace planning every previous rank."""
+    spec = PlanSpec(files, strategy, shuffle=shuffle, seed=3, equal_batches=policy, batch_size=batch_size)
+    by_path = {f.path: f for f in files}
+
+    def plan(segments, world):
+        return segment_pieces(
+            spec,
+            1,
+            segments,
+            num_ranks=world.num_ranks,
+            num_workers=world.of,
+            window_rows=window,
+            exact=True,
+            mixing=mixing,
+        )
+
+    first = plan([], before)
+    seg0 = data.draw(cursors_for(first))
+    second = plan([seg0], middle)
+    assert plan([with_left(seg0, first, by_path)], middle) == second
+    seg1 = data.draw(cursors_for(second))
+    third = plan([seg0, seg1], after)
+    assert plan([with_left(seg0, first, by_path), with_left(seg1, second, by_path)], after) == third
+
+
+def test_rows_left_that_disagree_with_the_cursor_are_refused():
+    files = (FileInfo("a", 80, 10), FileInfo("b", 80, 10))
+    spec = PlanSpec(files, FileSplit(), equal_batches=EqualBatches.DROP, batch_size=2)
+    seg = {
+        "num_ranks": 1,
+        "ranks": {"0": {"num_workers": 1, "cursors": [[0, 3]], "done": False, "left": [5]}},
+    }
+    with pytest.raises(
+        ResumeStateError, match="rank 0 worker 0 had 5 rows left in segment 0, but its cursor leaves 17"
+    ):
+        segment_pieces(spec, 0, [seg], num_ranks=2, num_workers=lambda r: 1, window_rows=None, exact=True)
+    seg["ranks"]["0"]["left"] = [17, 0]
+    with pytest.raises(ResumeStateError, match="2 counts of rows left but 1 workers"):
+        segment_pieces(spec, 0, [seg], num_ranks=2, num_workers=lambda r: 1, window_rows=None, exact=True)
+
+
+@given(
+    files=file_layouts(),
+    before=worlds,
+    after=worlds,
+    exact=st.booleans(),
+    shuffle=st.booleans(),
+    data=st.data(),
+)
+def test_pieces_dealt_whole_when_row_counts_are_unknown(files, before, after, exact, shuffle, data):
+    """Text files without counts (or an uncounted filter): pieces are dealt whole."""
+    spec = PlanSpec(tuple(files), FileSplit(), shuffle=shuffle, seed=1)
+
+    def plan(segments, world):
+        return segment_pieces(
+            spec, 0, segments, num_ranks=world.num_ranks, num_workers=world.of, window_rows=None, exact=exact
+        )
+
+    first = plan([], before)
+    seg0 = data.draw(cursors_for(first))
+    second = plan([seg0], after)
+    resumer = Resumer(
+        Planner(spec), 0, [seg0], num_ranks=1, num_workers=lambda r: 1, window_rows=None, exact=exact
+    )
+    known = all(f.num_rows is not None or f.size == 0 for f in files)
+    assert resumer.ranged == (exact and known)
+    if resumer.ranged:
+        return
+    before_chunks = {c for ws in first.assignments for ps in ws for p in ps for c in p.chunks}
+    new = [
+        p
+        for ws in second.assignments
+        for ps in ws
+        for p in ps
+        if not set(p.chunks) <= before_chunks or not p.whole
+    ]
+    # Only pieces a cursor stopped inside are cut (once each); the others are dealt whole.
+    assert len(new) <= sum(1 for c in seg0["ranks"].values() for cur in c["cursors"] if cur[1])
+
+
+@settings(max_examples=60)
+@given(
+    files=layouts(),
+    strategy=STRATEGIES,
+    before=worlds,
+    middle=worlds,
+    after=worlds,
+    batch_size=st.integers(1, 20),
+    shuffle=st.booleans(),
+    policy=st.sampled_from(list(EqualBatches)),
+    data=st.data(),
+)
+def test_any_edited_count_of_rows_left_is_refused(
+    files, strategy, before, middle, after, batch_size, shuffle, policy, data
+):
+    """Every ``left`` count is checked by some rank: zero claims, finished ranks, dropped rows."""
+    spec = PlanSpec(files, strategy, shuffle=shuffle, seed=5, equal_batches=policy, batch_size=batch_size)
+    by_path = {f.path: f for f in files}
+
+    def plan(segments, world):
+        return segment_pieces(
+            spec, 1, segments, num_ranks=world.num_ranks, num_workers=world.of, window_rows=None, exact=True
+        )
+
+    first = plan([], before)
+    seg0 = with_left(data.draw(cursors_for(first)), first, by_path)
+    second = plan([seg0], middle)
+    seg1 = with_left(data.draw(cursors_for(second)), second, by_path)
+    segments = [seg0, seg1]
+    counts = [
+        (s, r, w)
+        for s, seg in enumerate(segments)
+        for r, entry in seg["ranks"].items()
+        for w in range(len(entry.get("left", ())))
+    ]
+    assume(counts)
+    s, r, w = data.draw(st.sampled_from(counts))
+    edited = copy.deepcopy(segments)
+    true = edited[s]["ranks"][r]["left"][w]
+    edited[s]["ranks"][r]["left"][w] = data.draw(st.integers(0, true + 40).filter(lambda n: n != true))
+    with pytest.raises(ResumeStateError):  # the count itself, or a cursor it moved out of its pieces
+        plan(edited, after)
+
+
+def test_a_rank_claiming_no_rows_left_is_checked_by_one_rank():
+    files = (FileInfo("a", 80, 10), FileInfo("b", 80, 10))
+    spec = PlanSpec(files, FileSplit(), equal_batches=EqualBatches.OFF, batch_size=2)
+    seg = {
+        "num_ranks": 2,
+        "ranks": {
+            "0": {"num_workers": 1, "cursors": [[0, 3]], "done": False, "left": [7]},
+            "1": {"num_workers": 1, "cursors": [[0, 0]], "done": False, "left": [0]},  # really 10
+        },
+    }
+
+    def resumer():
+        return Resumer(
+            Planner(spec), 0, [seg], num_ranks=2, num_workers=lambda r: 1, window_rows=None, exact=True
+        )
+
+    resumer().rank(0)  # rank 0 of the new world reads rank 0's 7 rows; rank 1 checks rank 1
+    with pytest.raises(
+        ResumeStateError, match="rank 1 worker 0 had 0 rows left in segment 0, but its cursor leaves 10"
+    ):
+        resumer().rank(1)

@@ -110,3 +110,27 @@ def test_window_options_take_precedence(root):
     assert (ds.row_shuffle_window, ds.row_mixing) == (100, None)
     assert StructuredDataset(root, shuffle=False).row_mixing is None
     assert StructuredDataset(root, shuffle=True).row_mixing is not None
+
+
+@pytest.mark.parametrize(("before", "after", "ranks"), [(2, 1, 1), (0, 2, 1), (1, 0, 2)])
+def test_resume_with_mixing_and_exact_counts_in_another_world(root, before, after, ranks):
+    """Rows left per worker are counted over mixes (the pieces the cursors point into)."""
+    opts = {"batch_size": 16, "shuffle": True, "shuffle_seed": 4, "split_rows": 60, "row_mixing": 40}
+    opts["equal_batches"] = "off"  # every row is read by some rank (none dropped)
+    loader, _ = StructuredDataset.create_dataloader(root, num_workers=before, **opts)
+    first: list[int] = []
+    for n, batch in enumerate(loader, start=1):
+        first.extend(batch["id"].tolist())
+        if n == 60:  # past every worker's first mix
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert all(c[0] >= 1 for s in state["segments"] for e in s["ranks"].values() for c in e["cursors"])
+    assert all("left" in e for s in state["segments"] for e in s["ranks"].values())
+    rest: list[int] = []
+    for rank in range(ranks):
+        again, _ = StructuredDataset.create_dataloader(
+            root, num_workers=after, num_ranks=ranks, rank=rank, **opts
+        )
+        again.load_state_dict(state)
+        rest += [i for b in again for i in b["id"].tolist()]
+    assert Counter(first + rest) == Counter(range(TOTAL))

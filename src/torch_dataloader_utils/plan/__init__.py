@@ -2,10 +2,12 @@
 
 Nothing in this package imports pyarrow, fsspec, pyiceberg or torch (a test enforces
 it), and nothing reads the environment: a plan is a function of values alone.
+Metadata is kept as numpy columns (:class:`FileTable`); a process plans its own rank
+(:class:`Planner`), and :func:`plan_epoch` gives every rank's plan.
 """
 
 from torch_dataloader_utils.plan.assign import assign
-from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
+from torch_dataloader_utils.plan.planner import Planner, PlanSpec, RankPlan, plan_epoch, verify_plan
 from torch_dataloader_utils.plan.shuffle import permutation, shuffled
 from torch_dataloader_utils.plan.splits import (
     ByteRangeSplit,
@@ -15,6 +17,7 @@ from torch_dataloader_utils.plan.splits import (
     SplitStrategy,
     resolve_strategy,
 )
+from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import (
     Chunk,
     ChunkUnit,
@@ -32,8 +35,11 @@ __all__ = [
     "EpochPlan",
     "FileInfo",
     "FileSplit",
+    "FileTable",
     "LegacySplitStrategy",
     "PlanSpec",
+    "Planner",
+    "RankPlan",
     "RecordIndex",
     "RowGroup",
     "RowGroupSplit",
@@ -44,4 +50,5 @@ __all__ = [
     "plan_epoch",
     "resolve_strategy",
     "shuffled",
+    "verify_plan",
 ]

@@ -1,39 +1,80 @@
-"""``plan_epoch``: the one composition of split, shuffle, rank slicing and LPT.
+"""Planning an epoch for one rank: numpy over the chunk table, objects for this rank only.
 
-    files ──split──▶ chunks ──shuffle(seed, epoch)──▶ ──[rank::num_ranks] + equalize──▶
-        ──LPT + quotas──▶ workers
+    files ──split (once)──▶ chunk table ──shuffle(seed, epoch)──▶ [rank::num_ranks]
+        ──equalize (prefix sums)──▶ this rank's parts ──LPT + quotas──▶ workers
 
-With ``equal_batches`` on (and more than one rank), every rank gets the same number
-of rows and every worker a multiple of ``batch_size`` (see :mod:`.ranks`).
+The only work over the whole dataset is numpy over integer columns: the permutation of
+the chunk table, each rank's row total (a reshape and a sum) and prefix sums for the
+rows a short rank receives. Only this rank's chunks become objects, and in a
+DataLoader worker only that worker's (:meth:`RankPlan.chunks_for`).
 
-Every rank and every DataLoader worker calls :func:`plan_epoch` with the same values
-and so computes the same plan, with no communication.
+Equal batches (``equal_batches`` on, more than one rank): the epoch's *row stream* is
+every rank's share of chunks, rank after rank. With ``'drop'``, the ``total %
+num_ranks`` rows left out are a span of that stream at an offset drawn from ``(seed,
+epoch)`` when shuffling (so they change every epoch, as a shuffled sampler's dropped
+tail does), else its last rows. Then every rank keeps its share up to the quota, and
+ranks over it hand their surplus, in rank order, to ranks under it, in rank order,
+cutting chunks at row granularity (:mod:`.ranks`). With ``'pad'``, the pool of surplus
+rows ends with the ``-total % num_ranks`` padding rows: a span of the stream (cyclic)
+at an offset drawn from ``(seed, epoch)`` when shuffling, else its first rows.
+
+Every rank and every DataLoader worker computes the same decisions from values alone,
+with no communication. :func:`plan_epoch` gives the plan of every rank (for the command
+line and the tests) by calling the per-rank planner for each rank.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple, overload
 
+import numpy as np
+
+from torch_dataloader_utils.errors import PlanError
 from torch_dataloader_utils.plan.assign import assign
-from torch_dataloader_utils.plan.ranks import equalize_ranks, fill_quotas, slice_for_rank, worker_quotas
-from torch_dataloader_utils.plan.shuffle import shuffled
-from torch_dataloader_utils.plan.splits import (
-    RankAwareStrategy,
-    Splitter,
-    check_no_overlap,
-    normalize_chunks,
+from torch_dataloader_utils.plan.chunks import (
+    ChunkTable,
+    build_chunks,
+    check_table_overlap,
+    from_chunks,
+    is_builtin,
 )
-from torch_dataloader_utils.plan.types import Chunk, EpochPlan, EqualBatches, FileInfo
+from torch_dataloader_utils.plan.ranks import fill_quotas_by, worker_quotas
+from torch_dataloader_utils.plan.shuffle import permutation, random_offset
+from torch_dataloader_utils.plan.splits import RankAwareStrategy, Splitter
+from torch_dataloader_utils.plan.table import FileTable
+from torch_dataloader_utils.plan.types import Chunk, EpochPlan, EqualBatches, FileInfo, WorkerChunks
 
-__all__ = ["PlanSpec", "plan_epoch"]
+__all__ = [
+    "AUTO_VERIFY_RANKS",
+    "Part",
+    "PlanSpec",
+    "Planner",
+    "RankPlan",
+    "plan_epoch",
+    "rank_shares",
+    "verify_plan",
+]
+
+Array = np.ndarray[Any, Any]
+
+AUTO_VERIFY_RANKS = 16
+"""Worlds of at most this many ranks check a rank-aware strategy's chunks across ranks."""
+
+_DROP_SALT = 0x64726F70
+"""Salt of the offset of the rows ``equal_batches='drop'`` leaves out."""
+_PAD_SALT = 0x70616400
+"""Salt of the offset of the rows ``equal_batches='pad'`` repeats."""
 
 
 @dataclass(frozen=True)
 class PlanSpec:
-    """Everything a plan depends on, apart from the epoch.
+    """Everything a plan depends on, apart from the epoch (and, per rank, the rank).
 
     Attributes:
-        files: The dataset's files, in a deterministic (sorted) order.
+        files: The dataset's files, in a deterministic (sorted) order: ``FileInfo``
+            objects or a :class:`~.table.FileTable`.
         strategy: A built-in or adapted split strategy (see ``resolve_strategy``).
         num_ranks: Number of ranks in the job.
         num_workers: Reading workers per rank (>= 1).
@@ -41,9 +82,11 @@ class PlanSpec:
         seed: The shuffle seed.
         equal_batches: The equal-batches policy (applies when ``num_ranks > 1``).
         batch_size: Rows per batch (worker quotas are multiples of it).
+        verify: Check a rank-aware strategy's chunks across ranks in worlds of more than
+            :data:`AUTO_VERIFY_RANKS` ranks too (it calls the strategy for every rank).
     """
 
-    files: tuple[FileInfo, ...]
+    files: tuple[FileInfo, ...] | FileTable
     strategy: Splitter | RankAwareStrategy
     num_ranks: int = 1
     num_workers: int = 1
@@ -51,6 +94,7 @@ class PlanSpec:
     seed: int = 0
     equal_batches: EqualBatches = EqualBatches.OFF
     batch_size: int = 1
+    verify: bool = False
 
     @property
     def equalized(self) -> bool:
@@ -68,41 +112,799 @@ class PlanSpec:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
 
-def rank_shares(spec: PlanSpec, epoch: int) -> list[list[Chunk]]:
-    """Each rank's chunks for ``epoch``, shuffled, before assignment to workers."""
-    if epoch < 0:
-        raise ValueError(f"epoch must be >= 0, got {epoch}")
-    by_path = {f.path: f for f in spec.files}
-    strategy = spec.strategy
-    if isinstance(strategy, RankAwareStrategy):
-        shares = []
-        for rank in range(spec.num_ranks):
-            chunks = strategy.split_rank(
-                spec.files,
-                num_workers=spec.num_workers,
-                epoch=epoch,
-                num_ranks=spec.num_ranks,
-                rank=rank,
-            )
-            chunks = normalize_chunks(chunks, by_path, strategy.name)
-            if spec.shuffle:
-                chunks = shuffled(chunks, spec.seed, epoch, rank)
-            shares.append(chunks)
-        check_no_overlap(
-            (c for share in shares for c in share),
-            f"split strategy {strategy.name!r} across {spec.num_ranks} ranks",
+class Part(NamedTuple):
+    """Rows ``[lo, hi)`` of chunk ``item`` of ``table`` (``hi = -1``: all, count unknown)."""
+
+    table: ChunkTable
+    item: int
+    lo: int
+    hi: int
+    padding: bool = False
+
+    @property
+    def rows(self) -> int | None:
+        """Rows of the part, or ``None`` when unknown."""
+        return None if self.hi < 0 else self.hi - self.lo
+
+    def chunk(self) -> Chunk:
+        """The part as a :class:`Chunk`."""
+        if self.hi < 0:
+            return self.table.chunk(self.item)
+        return self.table.part(self.item, self.lo, self.hi, self.padding)
+
+
+def _part_rows(part: Part) -> int:
+    return part.hi - part.lo
+
+
+def _part_weight(part: Part) -> int:
+    return part.hi - part.lo if part.hi >= 0 else int(part.table.bytes[part.item])
+
+
+def _cut(part: Part, rows: int) -> tuple[Part, Part]:
+    mid = part.lo + rows
+    return part._replace(hi=mid), part._replace(lo=mid)
+
+
+@dataclass(frozen=True, eq=False)
+class RankPlan:
+    """One rank's plan of one epoch: its parts per worker, made into chunks on demand.
+
+    Attributes:
+        epoch: The epoch.
+        rank: The rank.
+        num_ranks: Ranks in the job.
+        num_workers: Reading workers of the rank.
+        workers: Each worker's parts, in reading order.
+        share_size: Parts of the rank before they were dealt to workers (its chunk
+            count; the same for any ``num_workers``).
+        digest: For a custom strategy, a digest of the chunks it returned for this plan
+            (``None`` for built-in strategies), so processes can check they agree.
+    """
+
+    epoch: int
+    rank: int
+    num_ranks: int
+    num_workers: int
+    workers: tuple[tuple[Part, ...], ...]
+    share_size: int
+    digest: int | None = None
+
+    def chunks_for(self, worker: int) -> WorkerChunks:
+        """The chunks of one worker, in reading order (built now)."""
+        return tuple(p.chunk() for p in self.workers[worker])
+
+    def assignments(self) -> tuple[WorkerChunks, ...]:
+        """Every worker's chunks (built now)."""
+        return tuple(self.chunks_for(w) for w in range(self.num_workers))
+
+    def rows_for(self, worker: int) -> int | None:
+        """Rows of one worker, or ``None`` when a chunk's count is unknown."""
+        total = 0
+        for part in self.workers[worker]:
+            if part.hi < 0:
+                return None
+            total += part.hi - part.lo
+        return total
+
+    def rows(self) -> int | None:
+        """Rows of the rank (padding included), or ``None`` when unknown."""
+        counts = [self.rows_for(w) for w in range(self.num_workers)]
+        return None if any(c is None for c in counts) else sum(c or 0 for c in counts)
+
+
+# ---------------------------------------------------------------------------------------
+# Shares: each rank's chunks in reading order, before equalizing
+# ---------------------------------------------------------------------------------------
+
+
+class _Shares:
+    """Each rank's items ``(table, indices)``, row totals, and the epoch's row stream.
+
+    The row stream orders every item of every share: the shuffled chunk order for
+    strategies that return every chunk (share ``r`` holds positions ``r, r + R, ...``),
+    the shares one after another for rank-aware strategies.
+    """
+
+    num_ranks: int
+    stream: _Stream | None = None
+    """The equal-batches arithmetic over the stream, once computed."""
+
+    def share(self, rank: int) -> tuple[ChunkTable, Array]:
+        raise NotImplementedError
+
+    def totals(self) -> Array:
+        raise NotImplementedError
+
+    def digest(self, rank: int) -> int | None:
+        return None
+
+    def stream_starts(self, rank: int) -> Array:
+        """Stream row of each item of the share's first row."""
+        raise NotImplementedError
+
+    def items_in(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
+        """``(rank, k, start)`` of the items with rows in stream rows ``[lo, hi)``, in stream order."""
+        raise NotImplementedError
+
+    def overlap(self, lo: int, hi: int) -> Array:
+        """Rows of each share in stream rows ``[lo, hi)``."""
+        out = np.zeros(self.num_ranks, dtype=np.int64)
+        for rank, k, start in self.items_in(lo, hi):
+            table, index = self.share(rank)
+            n = int(table.rows[index[k]])
+            out[rank] += min(hi, start + n) - max(lo, start)
+        return out
+
+
+def _unknown_rows(table: ChunkTable, index: int) -> PlanError:
+    c = table.chunk(index)
+    return PlanError(
+        f"equal_batches needs exact row counts, but chunk {c.path!r} [{c.start}, {c.stop}) "
+        f"{c.unit.value} has an unknown row count; use a format whose row counts are "
+        "known (Parquet, ORC, Iceberg) or pass equal_batches='off'"
+    )
+
+
+class _Dealt(_Shares):
+    """One chunk table in shuffled order, dealt ``[rank::num_ranks]``."""
+
+    def __init__(self, table: ChunkTable, order: Array, num_ranks: int, digest: int | None) -> None:
+        self.table = table
+        self.order = order
+        self.num_ranks = num_ranks
+        self._digest = digest
+        self._totals: Array | None = None
+        self._prefix: Array = np.zeros(1, dtype=np.int64)
+
+    def share(self, rank: int) -> tuple[ChunkTable, Array]:
+        return self.table, self.order[rank :: self.num_ranks]
+
+    def totals(self) -> Array:
+        if self._totals is None:
+            rows = self.table.rows[self.order]
+            if np.any(rows < 0):
+                raise _unknown_rows(self.table, int(self.order[int(np.argmax(rows < 0))]))
+            r = self.num_ranks
+            whole = len(rows) // r * r
+            totals = rows[:whole].reshape(-1, r).sum(axis=0) if whole else np.zeros(r, dtype=np.int64)
+            totals[: len(rows) - whole] += rows[whole:]
+            self._totals = totals
+            self._prefix = np.zeros(len(rows) + 1, dtype=np.int64)
+            np.cumsum(rows, out=self._prefix[1:])
+            del rows
+        return self._totals
+
+    def stream_starts(self, rank: int) -> Array:
+        self.totals()
+        return self._prefix[:-1][rank :: self.num_ranks]
+
+    def items_in(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
+        self.totals()
+        prefix = self._prefix
+        j = max(0, int(np.searchsorted(prefix, lo, side="right")) - 1)
+        while j < len(prefix) - 1 and prefix[j] < hi:
+            if prefix[j + 1] > lo and prefix[j + 1] > prefix[j]:
+                yield j % self.num_ranks, j // self.num_ranks, int(prefix[j])
+            j += 1
+
+    def digest(self, rank: int) -> int | None:
+        return self._digest
+
+
+class _PerRank(_Shares):
+    """A rank-aware strategy's chunks, asked of the strategy one rank at a time."""
+
+    def __init__(self, planner: Planner, epoch: int, num_workers: int, totals: Sequence[int] | None) -> None:
+        self.planner = planner
+        self.epoch = epoch
+        self.num_workers = num_workers
+        self.num_ranks = planner.spec.num_ranks
+        self._tables: dict[int, tuple[ChunkTable, Array]] = {}
+        self._given = None if totals is None else np.asarray(totals, dtype=np.int64)
+        self._totals: Array | None = None
+
+    def call(self, rank: int) -> ChunkTable:
+        spec = self.planner.spec
+        strategy = spec.strategy
+        assert isinstance(strategy, RankAwareStrategy)
+        chunks = strategy.split_rank(
+            self.planner.files.infos,
+            num_workers=self.num_workers,
+            epoch=self.epoch,
+            num_ranks=spec.num_ranks,
+            rank=rank,
         )
-        return shares
-    chunks = strategy.split(spec.files, num_workers=spec.num_workers, epoch=epoch)
-    chunks = normalize_chunks(chunks, by_path, strategy.name)
-    check_no_overlap(chunks, f"split strategy {strategy.name!r}")
-    if spec.shuffle:
-        chunks = shuffled(chunks, spec.seed, epoch)
-    return [slice_for_rank(chunks, spec.num_ranks, r) for r in range(spec.num_ranks)]
+        return from_chunks(chunks, self.planner.files, strategy.name)
+
+    def share(self, rank: int) -> tuple[ChunkTable, Array]:
+        found = self._tables.get(rank)
+        if found is None:
+            spec = self.planner.spec
+            table = self.call(rank)
+            n = len(table)
+            order = permutation(n, spec.seed, self.epoch, rank) if spec.shuffle else np.arange(n)
+            found = (table, order)
+            self._tables[rank] = found
+        return found
+
+    def totals(self) -> Array:
+        if self._given is not None:
+            if self._given.shape != (self.num_ranks,):
+                raise ValueError(f"totals must hold {self.num_ranks} row counts, got {self._given.shape}")
+            return self._given
+        if self._totals is None:
+            out = np.zeros(self.num_ranks, dtype=np.int64)
+            for rank in range(self.num_ranks):
+                table, order = self.share(rank)
+                rows = table.rows[order]
+                if np.any(rows < 0):
+                    raise _unknown_rows(table, int(order[int(np.argmax(rows < 0))]))
+                out[rank] = int(rows.sum())
+            self._totals = out
+        return self._totals
+
+    def digest(self, rank: int) -> int | None:
+        return self.share(rank)[0].digest()
+
+    def _starts(self) -> Array:
+        starts = np.zeros(self.num_ranks + 1, dtype=np.int64)
+        np.cumsum(self.totals(), out=starts[1:])
+        return starts
+
+    def stream_starts(self, rank: int) -> Array:
+        table, index = self.share(rank)
+        rows = table.rows[index]
+        first = np.zeros(len(rows), dtype=np.int64)
+        if len(rows) > 1:
+            np.cumsum(rows[:-1], out=first[1:])
+        first += int(self._starts()[rank])
+        return first
+
+    def items_in(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
+        starts = self._starts()
+        rank = max(0, int(np.searchsorted(starts, lo, side="right")) - 1)
+        while rank < self.num_ranks and starts[rank] < hi:
+            if starts[rank + 1] > lo:
+                table, index = self.share(rank)
+                first = self.stream_starts(rank)
+                end = first + table.rows[index]
+                for k in np.flatnonzero((first < hi) & (end > lo) & (end > first)).tolist():
+                    yield rank, k, int(first[k])
+            rank += 1
+
+    def verify(self, fresh: bool) -> None:
+        """Check that no two ranks share a row (calling the strategy for every rank).
+
+        ``fresh`` calls the strategy again for every rank instead of reusing what it
+        returned, and checks this process's earlier answers are the same.
+        """
+        strategy = self.planner.spec.strategy
+        tables = []
+        for rank in range(self.num_ranks):
+            if fresh:
+                table = self.call(rank)
+                known = self._tables.get(rank)
+                if known is not None and known[0].digest() != table.digest():
+                    raise nondeterministic(strategy.name, f"two calls for rank {rank} of epoch {self.epoch}")
+            else:
+                table = self.share(rank)[0]
+            tables.append(table)
+        check_table_overlap(
+            ChunkTable.concat(self.planner.files, tables),
+            f"split strategy {strategy.name!r} across {self.num_ranks} ranks",
+        )
+
+
+def nondeterministic(name: str, where: str) -> PlanError:
+    """The error for a custom strategy that returned different chunks for the same arguments."""
+    return PlanError(
+        f"split strategy {name!r} returned different chunks for the same arguments ({where}), "
+        "so ranks and DataLoader workers would read some rows twice and never read others. "
+        "generate() must be a pure function of its arguments (files, num_workers, epoch, "
+        "num_ranks, rank): derive any randomness from them, e.g. numpy.random.default_rng((my_seed, epoch))"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Equalizing: this rank's parts from prefix sums
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Stream:
+    """The epoch's row stream and the equal-batches arithmetic over it."""
+
+    total: int
+    quota: int
+    span: tuple[int, int]  # stream rows left out (drop)
+    pad_offset: int  # stream row the padding starts at (pad)
+    pad_rows: int
+    kept: Array  # rows of each share after the span is left out
+    surplus_starts: Array  # pool offset of each share's surplus (len num_ranks + 1)
+    deficit_starts: Array  # pool offset of each rank's deficit (len num_ranks + 1)
+
+
+def _stream(shares: _Shares, *, pad: bool, shuffle: bool, seed: int, salt: Sequence[int]) -> _Stream:
+    totals = shares.totals()
+    num_ranks = len(totals)
+    total = int(totals.sum())
+    span = (total, total)
+    pad_offset = pad_rows = 0
+    if pad:
+        pad_rows = -total % num_ranks
+        quota = (total + pad_rows) // num_ranks
+        if shuffle and total > 0 and pad_rows:
+            pad_offset = random_offset(total, seed, *salt[:1], _PAD_SALT, *salt[1:])
+    else:
+        left_out = total % num_ranks
+        quota = (total - left_out) // num_ranks
+        offset = total - left_out
+        if shuffle and left_out:
+            offset = random_offset(total - left_out + 1, seed, *salt[:1], _DROP_SALT, *salt[1:])
+        span = (offset, offset + left_out)
+    kept = totals - shares.overlap(*span) if span[1] > span[0] else totals
+    surplus = np.maximum(0, kept - quota)
+    deficit = np.maximum(0, quota - kept)
+    surplus_starts = np.zeros(num_ranks + 1, dtype=np.int64)
+    np.cumsum(surplus, out=surplus_starts[1:])
+    deficit_starts = np.zeros(num_ranks + 1, dtype=np.int64)
+    np.cumsum(deficit, out=deficit_starts[1:])
+    return _Stream(total, quota, span, pad_offset, pad_rows, kept, surplus_starts, deficit_starts)
+
+
+@dataclass(frozen=True)
+class _ShareRows:
+    """One share's items with their rows, the span's cut of them, and kept prefix sums."""
+
+    table: ChunkTable
+    index: Array
+    rows: Array
+    cut_lo: Array  # removed rows [cut_lo, cut_hi) of each item (item coordinates)
+    cut_hi: Array
+    kept: Array
+    before: Array  # kept rows of the share before each item
+
+
+def _share_rows(shares: _Shares, stream: _Stream, rank: int) -> _ShareRows:
+    table, index = shares.share(rank)
+    rows = table.rows[index]
+    first = shares.stream_starts(rank)
+    lo, hi = stream.span
+    cut_lo = np.minimum(np.maximum(lo - first, 0), rows)
+    cut_hi = np.minimum(np.maximum(hi - first, 0), rows)
+    kept = rows - (cut_hi - cut_lo)
+    before = np.zeros(len(rows), dtype=np.int64)
+    if len(rows) > 1:
+        np.cumsum(kept[:-1], out=before[1:])
+    return _ShareRows(table, index, rows, cut_lo, cut_hi, kept, before)
+
+
+def _live(share: _ShareRows, k: int, x: int, y: int, padding: bool = False) -> list[Part]:
+    """Parts for kept rows ``[x, y)`` of item ``k`` (rows the span left out are skipped)."""
+    a, b = int(share.cut_lo[k]), int(share.cut_hi[k])
+    w = b - a
+    i = int(share.index[k])
+    if w == 0 or y <= a:
+        spans = [(x, y)]
+    elif x >= a:
+        spans = [(x + w, y + w)]
+    else:
+        spans = [(x, a), (b, y + w)]
+    return [Part(share.table, i, lo, hi, padding) for lo, hi in spans if hi > lo]
+
+
+def _kept_range(share: _ShareRows, x: int, y: int, padding: bool = False) -> list[Part]:
+    """Parts for the share's kept rows ``[x, y)``, in order."""
+    if y <= x:
+        return []
+    end = share.before + share.kept
+    live = np.flatnonzero((share.kept > 0) & (share.before < y) & (end > x))
+    out: list[Part] = []
+    for k in live.tolist():
+        b = int(share.before[k])
+        out.extend(_live(share, k, max(x, b) - b, min(y, int(end[k])) - b, padding))
+    return out
+
+
+def _own(share: _ShareRows, quota: int) -> list[Part]:
+    """The share's parts a rank keeps: items up to the quota (and items of no rows)."""
+    take = np.minimum(np.maximum(quota - share.before, 0), share.kept)
+    zero = share.rows == 0
+    out: list[Part] = []
+    for k in np.flatnonzero(zero | (take > 0)).tolist():
+        if zero[k]:
+            out.append(Part(share.table, int(share.index[k]), 0, 0))
+        else:
+            out.extend(_live(share, k, 0, int(take[k])))
+    return out
+
+
+class _ShareCache:
+    """Share rows computed at most once per rank while planning a rank."""
+
+    def __init__(self, shares: _Shares, stream: _Stream) -> None:
+        self.shares = shares
+        self.stream = stream
+        self._rows: dict[int, _ShareRows] = {}
+
+    def __call__(self, rank: int) -> _ShareRows:
+        found = self._rows.get(rank)
+        if found is None:
+            found = _share_rows(self.shares, self.stream, rank)
+            self._rows[rank] = found
+        return found
+
+
+def _stream_range(rows: _ShareCache, x: int, y: int, padding: bool) -> list[Part]:
+    """Parts for stream rows ``[x, y)``, in stream order (no span left out: ``'pad'``)."""
+    out: list[Part] = []
+    for rank, k, start in rows.shares.items_in(x, y):
+        share = rows(rank)
+        n = int(share.rows[k])
+        out.extend(_live(share, k, max(x, start) - start, min(y, start + n) - start, padding))
+    return out
+
+
+def _pool_range(rows: _ShareCache, x: int, y: int) -> list[Part]:
+    """Parts for rows ``[x, y)`` of the pool: the shares' surplus, rank after rank, then padding."""
+    stream = rows.stream
+    ps = stream.surplus_starts
+    out: list[Part] = []
+    first = int(np.searchsorted(ps, x, side="right")) - 1
+    for rank in range(max(first, 0), len(ps) - 1):
+        lo, hi = int(ps[rank]), int(ps[rank + 1])
+        if lo >= y:
+            break
+        if hi <= x or hi == lo:
+            continue
+        q = stream.quota
+        out.extend(_kept_range(rows(rank), q + max(x, lo) - lo, q + min(y, hi) - lo))
+    pad_lo = int(ps[-1])
+    a, b = max(x, pad_lo) - pad_lo, min(y, pad_lo + stream.pad_rows) - pad_lo
+    total = stream.total
+    while a < b and total > 0:  # padding: the stream read cyclically from pad_offset
+        s = (stream.pad_offset + a) % total
+        n = min(b - a, total - s)
+        out.extend(_stream_range(rows, s, s + n, True))
+        a += n
+    return out
+
+
+def _dropped(rows: _ShareCache) -> list[Part]:
+    """Parts for the stream rows ``'drop'`` leaves out, in stream order."""
+    lo, hi = rows.stream.span
+    out: list[Part] = []
+    for rank, k, _ in rows.shares.items_in(lo, hi):
+        share = rows(rank)
+        out.append(Part(share.table, int(share.index[k]), int(share.cut_lo[k]), int(share.cut_hi[k])))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The planner
+# ---------------------------------------------------------------------------------------
+
+
+class Planner:
+    """Plans of one dataset, one rank at a time, with what does not change kept.
+
+    The chunk table of a built-in strategy is built once (epochs do not change it); the
+    shuffled order and the ranks' row totals once per epoch; a rank's parts once per
+    ``(epoch, rank)`` and its workers' once per ``(epoch, rank, num_workers)``. The
+    cached values are dropped when the planner is pickled (to DataLoader workers),
+    except the chunk table.
+
+    Args:
+        spec: What the plans depend on (its ``num_workers`` is the default of
+            :meth:`rank_plan`).
+    """
+
+    def __init__(self, spec: PlanSpec) -> None:
+        self.spec = spec
+        self.files = spec.files if isinstance(spec.files, FileTable) else FileTable.from_infos(spec.files)
+        self._chunks: ChunkTable | None = None
+        self._shares: dict[tuple[int, int], _Shares] = {}
+        self._parts: dict[tuple[int, int, int], tuple[list[Part], _Shares]] = {}
+        self._plans: dict[tuple[int, int, int], RankPlan] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"spec": self.spec, "files": self.files, "_chunks": self._chunks}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._shares, self._parts, self._plans = {}, {}, {}
+
+    def for_world(self, num_ranks: int) -> Planner:
+        """This planner for a world of ``num_ranks`` ranks (sharing the chunk table)."""
+        if num_ranks == self.spec.num_ranks:
+            return self
+        other = Planner.__new__(Planner)
+        other.__setstate__(
+            {
+                "spec": replace(self.spec, num_ranks=num_ranks),
+                "files": self.files,
+                "_chunks": self.chunk_table(),
+            }
+        )
+        return other
+
+    def rows_known(self, epoch: int, num_workers: int) -> bool:
+        """Whether every chunk of ``epoch`` has a known row count.
+
+        A rank-aware strategy is not asked for every rank: with equal batches its counts
+        are known (planning needs them), without they count as unknown.
+        """
+        shares = self.shares(epoch, num_workers)
+        if isinstance(shares, _Dealt):
+            return shares.table.known
+        return self.spec.equalized
+
+    @property
+    def rank_aware(self) -> bool:
+        """The strategy returns one rank's chunks (called per rank)."""
+        return isinstance(self.spec.strategy, RankAwareStrategy)
+
+    def chunk_table(self) -> ChunkTable | None:
+        """The built-in strategy's chunk table (built on the first call), else ``None``."""
+        if self._chunks is None and is_builtin(self.spec.strategy):
+            self._chunks = build_chunks(self.spec.strategy, self.files)  # type: ignore[arg-type]
+        return self._chunks
+
+    def _key(self, num_workers: int) -> int:
+        """Part of the cache keys: custom strategies are told ``num_workers``, built-ins not."""
+        return 0 if is_builtin(self.spec.strategy) else num_workers
+
+    def shares(self, epoch: int, num_workers: int, totals: Sequence[int] | None = None) -> _Shares:
+        """Each rank's chunks of ``epoch``, in reading order (cached per epoch)."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        key = (epoch, self._key(num_workers))
+        found = self._shares.get(key)
+        if found is not None:
+            return found
+        spec = self.spec
+        strategy = spec.strategy
+        if self._shares:  # one epoch's arrays at a time: they hold 16 bytes per chunk
+            self._shares.clear()
+            self._parts.clear()
+        if isinstance(strategy, RankAwareStrategy):
+            found = _PerRank(self, epoch, num_workers, totals)
+        else:
+            table = self.chunk_table()
+            digest = None
+            if table is None:
+                chunks = strategy.split(self.files.infos, num_workers=num_workers, epoch=epoch)
+                table = from_chunks(chunks, self.files, strategy.name)
+                check_table_overlap(table, f"split strategy {strategy.name!r}")
+                digest = table.digest()
+            n = len(table)
+            order = permutation(n, spec.seed, epoch) if spec.shuffle else np.arange(n, dtype=np.int64)
+            found = _Dealt(table, order, spec.num_ranks, digest)
+        self._shares[key] = found
+        return found
+
+    def _stream(self, shares: _Shares, epoch: int) -> _Stream:
+        if shares.stream is None:
+            spec = self.spec
+            shares.stream = _stream(
+                shares,
+                pad=spec.equal_batches is EqualBatches.PAD,
+                shuffle=spec.shuffle,
+                seed=spec.seed,
+                salt=(epoch,),
+            )
+        return shares.stream
+
+    def parts(
+        self, epoch: int, rank: int, num_workers: int, totals: Sequence[int] | None = None
+    ) -> tuple[list[Part], _Shares]:
+        """This rank's parts of ``epoch`` before they are dealt to workers."""
+        spec = self.spec
+        if not 0 <= rank < spec.num_ranks:
+            raise ValueError(f"rank must be in [0, {spec.num_ranks}), got {rank}")
+        key = (epoch, self._key(num_workers), rank)
+        found = self._parts.get(key)
+        if found is not None:
+            return found
+        shares = self.shares(epoch, num_workers, totals)
+        if spec.equalized:
+            stream = self._stream(shares, epoch)
+            rows = _ShareCache(shares, stream)
+            out = _own(rows(rank), stream.quota)
+            d0, d1 = int(stream.deficit_starts[rank]), int(stream.deficit_starts[rank + 1])
+            out += _pool_range(rows, d0, d1)
+        else:
+            table, index = shares.share(rank)
+            rows_of = table.rows[index]
+            out = [Part(table, i, 0, n) for i, n in zip(index.tolist(), rows_of.tolist(), strict=True)]
+        if len(self._parts) >= 64:
+            self._parts.pop(next(iter(self._parts)))
+        self._parts[key] = (out, shares)
+        return out, shares
+
+    def rank_plan(
+        self,
+        epoch: int,
+        rank: int,
+        num_workers: int | None = None,
+        *,
+        totals: Sequence[int] | None = None,
+        verify: bool = False,
+    ) -> RankPlan:
+        """The plan of one rank for ``epoch`` (cached per ``(epoch, rank, num_workers)``).
+
+        Args:
+            epoch: The epoch (>= 0).
+            rank: The rank.
+            num_workers: Reading workers of the rank (default ``spec.num_workers``).
+            totals: Rank-aware strategy with equal batches: every rank's row total for
+                this epoch when the caller knows them (e.g. gathered from the ranks);
+                otherwise the strategy is called for every rank to count them.
+            verify: Rank-aware strategy: check that no two ranks share a row (calling
+                the strategy for every rank again) when the world has at most
+                :data:`AUTO_VERIFY_RANKS` ranks or ``spec.verify`` is set.
+
+        Raises:
+            PlanError: a strategy returned invalid or overlapping chunks, or equal
+                batches meet unknown row counts.
+        """
+        spec = self.spec
+        workers = spec.num_workers if num_workers is None else num_workers
+        if workers < 1:
+            raise ValueError(f"num_workers must be >= 1 in a plan, got {workers}")
+        key = (epoch, rank, workers)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        parts, shares = self.parts(epoch, rank, workers, totals)
+        if verify and isinstance(shares, _PerRank) and (spec.verify or spec.num_ranks <= AUTO_VERIFY_RANKS):
+            shares.verify(fresh=True)
+        bins = assign(parts, workers, _part_weight)
+        if spec.equalized:
+            rows = sum(_part_rows(p) for p in parts)
+            bins, rest = fill_quotas_by(
+                bins, worker_quotas(rows, workers, spec.batch_size), rows=_part_rows, cut=_cut
+            )
+            assert not rest, "worker quotas add up to the rank's rows"
+        plan = RankPlan(
+            epoch=epoch,
+            rank=rank,
+            num_ranks=spec.num_ranks,
+            num_workers=workers,
+            workers=tuple(tuple(b) for b in bins),
+            share_size=len(parts),
+            digest=shares.digest(rank),
+        )
+        if len(self._plans) >= 16:
+            self._plans.pop(next(iter(self._plans)))
+        self._plans[key] = plan
+        return plan
+
+    def dropped(self, epoch: int, num_workers: int | None = None) -> tuple[Chunk, ...]:
+        """Rows ``equal_batches='drop'`` leaves out of ``epoch`` (fewer than ``num_ranks``)."""
+        spec = self.spec
+        if not spec.equalized or spec.equal_batches is not EqualBatches.DROP:
+            return ()
+        shares = self.shares(epoch, spec.num_workers if num_workers is None else num_workers)
+        rows = _ShareCache(shares, self._stream(shares, epoch))
+        return tuple(p.chunk() for p in _dropped(rows))
+
+    def padding(self, epoch: int, num_workers: int | None = None) -> tuple[Chunk, ...]:
+        """Rows ``equal_batches='pad'`` repeats in ``epoch`` (fewer than ``num_ranks``)."""
+        spec = self.spec
+        if not spec.equalized or spec.equal_batches is not EqualBatches.PAD:
+            return ()
+        shares = self.shares(epoch, spec.num_workers if num_workers is None else num_workers)
+        stream = self._stream(shares, epoch)
+        rows = _ShareCache(shares, stream)
+        start = int(stream.surplus_starts[-1])
+        return tuple(p.chunk() for p in _pool_range(rows, start, start + stream.pad_rows))
+
+    def verify(self, epoch: int, num_workers: int | None = None) -> None:
+        """Check the epoch's chunks: no two chunks (of any ranks) share a row.
+
+        For a rank-aware strategy it calls the strategy for every rank; for other
+        strategies it checks the chunk table (vectorized).
+
+        Raises:
+            OverlappingChunksError: two chunks share rows.
+            PlanError: a strategy returned invalid chunks.
+        """
+        workers = self.spec.num_workers if num_workers is None else num_workers
+        shares = self.shares(epoch, workers)
+        if isinstance(shares, _PerRank):
+            shares.verify(fresh=False)
+        elif isinstance(shares, _Dealt):
+            check_table_overlap(shares.table, f"split strategy {self.spec.strategy.name!r}")
+
+    def epoch_plan(self, epoch: int, num_workers: int | None = None) -> EpochPlan:
+        """Every rank's plan of ``epoch``; each rank is planned when it is first read."""
+        spec = self.spec
+        workers = spec.num_workers if num_workers is None else num_workers
+        self.shares(epoch, workers)  # errors in the strategy surface here
+        return EpochPlan(
+            epoch=epoch,
+            seed=spec.seed if spec.shuffle else None,
+            num_ranks=spec.num_ranks,
+            num_workers=workers,
+            assignments=LazyRanks(spec.num_ranks, lambda r: self.rank_plan(epoch, r, workers).assignments()),
+            dropped=self.dropped(epoch, workers),
+        )
+
+
+class LazyRanks(Sequence[tuple[WorkerChunks, ...]]):
+    """Every rank's chunks per worker, each rank planned when first read (and kept)."""
+
+    def __init__(self, num_ranks: int, plan: Callable[[int], tuple[WorkerChunks, ...]]) -> None:
+        self._n = num_ranks
+        self._plan = plan
+        self._done: dict[int, tuple[WorkerChunks, ...]] = {}
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, rank: int) -> tuple[WorkerChunks, ...]: ...
+
+    @overload
+    def __getitem__(self, rank: slice) -> Sequence[tuple[WorkerChunks, ...]]: ...
+
+    def __getitem__(self, rank: int | slice) -> tuple[WorkerChunks, ...] | Sequence[tuple[WorkerChunks, ...]]:
+        if isinstance(rank, slice):
+            return [self[r] for r in range(self._n)[rank]]
+        if rank < 0:
+            rank += self._n
+        if not 0 <= rank < self._n:
+            raise IndexError(rank)
+        found = self._done.get(rank)
+        if found is None:
+            found = self._plan(rank)
+            self._done[rank] = found
+        return found
+
+    def __iter__(self) -> Iterator[tuple[WorkerChunks, ...]]:
+        return (self[r] for r in range(self._n))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (tuple, (tuple(self),))  # pickles as the plain tuple of every rank
+
+    def __repr__(self) -> str:
+        return f"LazyRanks({self._n} ranks, {len(self._done)} planned)"
+
+
+# ---------------------------------------------------------------------------------------
+# Functions over every rank (command line, tests)
+# ---------------------------------------------------------------------------------------
+
+
+def rank_shares(spec: PlanSpec, epoch: int) -> list[list[Chunk]]:
+    """Each rank's chunks for ``epoch``, shuffled, before equalizing and assignment to workers."""
+    planner = Planner(spec)
+    shares = planner.shares(epoch, spec.num_workers)
+    if isinstance(shares, _PerRank):
+        shares.verify(fresh=False)
+    out = []
+    for rank in range(spec.num_ranks):
+        table, index = shares.share(rank)
+        out.append([table.chunk(i) for i in index.tolist()])
+    return out
 
 
 def plan_epoch(spec: PlanSpec, epoch: int) -> EpochPlan:
-    """The plan of one epoch: which chunks each (rank, worker) reads, in order.
+    """The plan of one epoch for every rank: which chunks each (rank, worker) reads, in order.
+
+    Calls the per-rank planner for every rank (a rank-aware strategy once per rank, its
+    chunks checked across ranks). A job's processes call :meth:`Planner.rank_plan`
+    for their own rank instead.
 
     Args:
         spec: What the plan depends on besides the epoch.
@@ -111,28 +913,27 @@ def plan_epoch(spec: PlanSpec, epoch: int) -> EpochPlan:
     Returns:
         The :class:`EpochPlan` for every rank and worker.
     """
-    shares = rank_shares(spec, epoch)
-    dropped: list[Chunk] = []
-    files = {f.path: f for f in spec.files}
-    if spec.equalized:
-        shares, dropped = equalize_ranks(shares, files, pad=spec.equal_batches is EqualBatches.PAD)
-    per_rank = []
-    for share in shares:
-        bins = assign(share, spec.num_workers, _weight)
-        if spec.equalized:
-            rows = sum(c.num_rows or 0 for c in share)
-            bins, rest = fill_quotas(bins, worker_quotas(rows, spec.num_workers, spec.batch_size), files)
-            assert not rest, "worker quotas add up to the rank's rows"
-        per_rank.append(tuple(tuple(b) for b in bins))
-    return EpochPlan(
-        epoch=epoch,
-        seed=spec.seed if spec.shuffle else None,
-        num_ranks=spec.num_ranks,
-        num_workers=spec.num_workers,
-        assignments=tuple(per_rank),
-        dropped=tuple(dropped),
+    planner = Planner(spec)
+    shares = planner.shares(epoch, spec.num_workers)
+    if isinstance(shares, _PerRank):
+        shares.verify(fresh=False)
+    return replace(
+        planner.epoch_plan(epoch),
+        assignments=tuple(planner.rank_plan(epoch, r).assignments() for r in range(spec.num_ranks)),
     )
 
 
-def _weight(chunk: Chunk) -> int:
-    return chunk.weight
+def verify_plan(spec: PlanSpec, epochs: Sequence[int] = (0,)) -> None:
+    """Check that no two chunks of any ranks share a row, in each of ``epochs``.
+
+    What ``plan --verify`` runs: for a rank-aware strategy it calls the strategy for
+    every rank (``num_ranks`` calls per epoch), which worlds of more than
+    :data:`AUTO_VERIFY_RANKS` ranks skip while planning (see ``verify_plan=True``).
+
+    Raises:
+        OverlappingChunksError: two chunks share rows (naming both).
+        PlanError: the strategy returned invalid chunks.
+    """
+    planner = Planner(spec)
+    for epoch in epochs:
+        planner.verify(epoch)

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import numpy as np
 
-__all__ = ["permutation", "shuffled"]
+__all__ = ["permutation", "random_offset", "shuffled"]
 
 T = TypeVar("T")
 
@@ -35,6 +35,17 @@ def permutation(n: int, seed: int, epoch: int, *salt: int) -> np.ndarray:
     Returns:
         An int64 array holding each of ``0..n-1`` once.
     """
+    return _rng(seed, epoch, *salt).permutation(n)
+
+
+def random_offset(n: int, seed: int, epoch: int, *salt: int) -> int:
+    """An int in ``[0, n)`` (``n >= 1``) that depends only on ``(seed, epoch, *salt)``."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    return int(_rng(seed, epoch, *salt).integers(0, n))
+
+
+def _rng(seed: int, epoch: int, *salt: int) -> np.random.Generator:
     values = (seed, epoch, *salt)
     if any(v < 0 for v in values):
         raise ValueError(f"seed, epoch and salt must be >= 0, got {values}")
@@ -42,8 +53,7 @@ def permutation(n: int, seed: int, epoch: int, *salt: int) -> np.ndarray:
     for v in values:
         words = _words(int(v))
         entropy += [len(words), *words]
-    rng = np.random.default_rng([*entropy, len(values)])
-    return rng.permutation(n)
+    return np.random.default_rng([*entropy, len(values)])
 
 
 def _words(value: int) -> list[int]:

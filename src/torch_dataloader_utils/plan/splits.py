@@ -324,7 +324,7 @@ def resolve_strategy(strategy: object) -> Splitter | RankAwareStrategy:
 
 
 def normalize_chunks(
-    chunks: Sequence[Chunk], files_by_path: dict[str, FileInfo], strategy_name: str
+    chunks: Sequence[Chunk], files_by_path: Mapping[str, FileInfo], strategy_name: str
 ) -> list[Chunk]:
     """Validate chunks from a strategy and fill in row counts it left out.
 

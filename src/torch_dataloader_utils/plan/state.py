@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from torch_dataloader_utils.errors import CheckpointMismatchError, ResumeStateError, StateMismatchError
+from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import FileInfo
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "check_shape",
     "check_state",
     "fingerprint",
+    "legacy_files_sha256",
     "merge_states",
     "normalize",
 ]
@@ -38,25 +40,35 @@ STATE_VERSION = 1
 """Value of ``state["version"]``; loading another version is an error."""
 
 
-def fingerprint(files: Sequence[FileInfo], options: Mapping[str, Any]) -> dict[str, Any]:
+def fingerprint(files: Sequence[FileInfo] | FileTable, options: Mapping[str, Any]) -> dict[str, Any]:
     """What a state is tied to: a digest of the files plus the options that shape the plan.
 
     The files enter as a SHA-256 of their paths, sizes, modification times and row
-    counts (so the state stays small), with their number, rows and bytes in clear for
-    messages; ``options`` must be JSON values.
+    counts, computed over the columns of a :class:`~.table.FileTable` (``files_digest``;
+    a fraction of a second for a million files), with their number, rows and bytes in
+    clear for messages; ``options`` must be JSON values.
     """
-    digest = hashlib.sha256()
-    rows = 0
-    for f in files:
-        digest.update(json.dumps([f.path, f.size, f.mtime, f.num_rows, f.live_rows]).encode())
-        rows += f.live_rows or 0
+    table = files if isinstance(files, FileTable) else FileTable.from_infos(files)
+    live = table.live
     return {
-        "files_sha256": digest.hexdigest(),
-        "num_files": len(files),
-        "rows": rows,
-        "bytes": sum(f.size for f in files),
+        "files_digest": table.digest(),
+        "num_files": len(table),
+        "rows": int(live[live > 0].sum()),
+        "bytes": int(table.size.sum()),
         "options": dict(options),
     }
+
+
+def legacy_files_sha256(files: Sequence[FileInfo] | FileTable) -> str:
+    """The files' digest as states of earlier versions recorded it (``files_sha256``).
+
+    One JSON record per file: computed only to check such a state.
+    """
+    infos = files.infos if isinstance(files, FileTable) else files
+    digest = hashlib.sha256()
+    for f in infos:
+        digest.update(json.dumps([f.path, f.size, f.mtime, f.num_rows, f.live_rows]).encode())
+    return digest.hexdigest()
 
 
 # -- the schema ---------------------------------------------------------------------------
@@ -188,7 +200,7 @@ class _Ranks(_Check):
 _CURSOR = _List(_Int(), 2, length=2)
 _ENTRY = _Object(
     {"num_workers": _Int(1, MAX_WORKERS), "cursors": _List(_CURSOR, MAX_WORKERS)},
-    {"done": _Bool()},
+    {"done": _Bool(), "left": _List(_Int(), MAX_WORKERS)},
 )
 _SEGMENT = _Object(
     {"num_ranks": _Int(1, MAX_RANKS), "ranks": _Ranks(_ENTRY)},
@@ -199,7 +211,8 @@ STATE_SCHEMA = _Object(
         "format": _Const(STATE_FORMAT),
         "version": _Const(STATE_VERSION),
         "fingerprint": _Object(
-            {"files_sha256": _Str(), "num_files": _Int(), "rows": _Int(), "bytes": _Int(), "options": _Any()}
+            {"num_files": _Int(), "rows": _Int(), "bytes": _Int(), "options": _Any()},
+            {"files_digest": _Str(), "files_sha256": _Str()},  # exactly one (files_sha256: older states)
         ),
         "epoch": _Int(0, MAX_INT - 1),
         "segments": _List(_SEGMENT, MAX_SEGMENTS),
@@ -270,6 +283,13 @@ def check_shape(state: object, *, complete: bool = True) -> dict[str, Any]:
             f"version {STATE_VERSION}); resume with the library version that saved it"
         )
     STATE_SCHEMA.check(state, "state")
+    digests = [k for k in ("files_digest", "files_sha256") if k in state["fingerprint"]]
+    if len(digests) != 1:
+        raise ResumeStateError(
+            "resume state field state.fingerprint must hold one digest of the files ('files_digest'), "
+            f"got {digests}; the state was edited or damaged: pass what loader.state_dict() returned, "
+            "unchanged"
+        )
     for position, segment in enumerate(state["segments"]):
         _check_segment(segment, position, complete)
     return state
@@ -297,7 +317,8 @@ def check_state(state: object, expected: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("num_files", "rows", "bytes"):
         if not _same(saved[key], expected[key]):
             changes.append(f"{key}: {_shown(saved[key])} in the state, {expected[key]!r} now")
-    if not changes and saved["files_sha256"] != expected["files_sha256"]:
+    digest_key = "files_digest" if "files_digest" in saved else "files_sha256"
+    if not changes and saved[digest_key] != expected.get(digest_key):
         changes.append(
             "the files' paths, sizes or modification times differ (same number of files, rows and bytes)"
         )
@@ -327,6 +348,13 @@ def check_state(state: object, expected: Mapping[str, Any]) -> dict[str, Any]:
                         f"resume state segment {i} rank {rank} worker {w} has consumed {offset} rows of "
                         f"one piece, more than the dataset holds ({most}); the state was edited or "
                         "damaged: pass what loader.state_dict() returned, unchanged"
+                    )
+            for w, left in enumerate(entry.get("left", ())):
+                if left > most:
+                    raise ResumeStateError(
+                        f"resume state segment {i} rank {rank} worker {w} has {left} rows left, more "
+                        f"than the dataset holds ({most}); the state was edited or damaged: pass what "
+                        "loader.state_dict() returned, unchanged"
                     )
     return state
 
@@ -360,6 +388,12 @@ def _check_segment(segment: dict[str, Any], position: int, complete: bool) -> No
                 f"resume state segment {position} rank {rank} has num_workers={entry['num_workers']} "
                 f"but {len(entry['cursors'])} cursors (one per worker is needed); the state was "
                 "edited or damaged: pass what loader.state_dict() returned, unchanged"
+            )
+        if "left" in entry and len(entry["left"]) != entry["num_workers"]:
+            raise ResumeStateError(
+                f"resume state segment {position} rank {rank} has num_workers={entry['num_workers']} "
+                f"but {len(entry['left'])} counts of rows left (one per worker is needed); the state "
+                "was edited or damaged: pass what loader.state_dict() returned, unchanged"
             )
         workers.add(entry["num_workers"])
     slots = num_ranks * sum(workers)

@@ -313,7 +313,8 @@ class EpochPlan:
         num_ranks: Number of ranks planned for.
         num_workers: Number of reading workers per rank (at least 1; a DataLoader with
             ``num_workers=0`` reads in one "worker", the main process).
-        assignments: ``assignments[rank][worker]`` is that worker's chunks.
+        assignments: ``assignments[rank][worker]`` is that worker's chunks (a tuple, or
+            a sequence that plans each rank when it is first read).
         dropped: Row ranges left out of the epoch to give every rank the same number of
             rows (``equal_batches='drop'``); fewer than ``num_ranks`` rows in all.
     """
@@ -322,7 +323,7 @@ class EpochPlan:
     seed: int | None
     num_ranks: int
     num_workers: int
-    assignments: tuple[tuple[WorkerChunks, ...], ...]
+    assignments: Sequence[tuple[WorkerChunks, ...]]
     dropped: tuple[Chunk, ...] = ()
 
     def chunks_for(self, rank: int, worker: int) -> WorkerChunks:

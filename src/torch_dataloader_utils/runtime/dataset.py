@@ -8,7 +8,10 @@ data and hand the core its files, a reader and the output schema.
 
 from __future__ import annotations
 
+import json
+import logging
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -24,8 +27,9 @@ from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
 from torch_dataloader_utils.plan.mixing import RowMixing
 from torch_dataloader_utils.plan.pieces import Piece, as_pieces, mix_pieces, window_pieces
-from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
-from torch_dataloader_utils.plan.resume import segment_pieces
+from torch_dataloader_utils.plan.planner import Planner, PlanSpec, RankPlan, nondeterministic
+from torch_dataloader_utils.plan.resume import Resumer
+from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.emit import Positions, grouped
@@ -40,8 +44,13 @@ from torch_dataloader_utils.transfer import pack
 
 __all__ = ["MAX_AUTO_WORKERS", "PlannedDataset"]
 
+log = logging.getLogger(__name__)
+
 MAX_AUTO_WORKERS = 8
 """Upper bound of ``num_workers=None`` (auto)."""
+
+REPORT_MAX_RANKS = 256
+"""Worlds of up to this many ranks get the plan summary and layout warnings on rank 0 when built."""
 
 
 def batch_schema(schema: pa.Schema, equal: EqualBatches) -> pa.Schema:
@@ -94,7 +103,6 @@ class PlannedDataset(IterableDataset[Any]):
                 "(torch.distributed.algorithms.Join)"
             )
         self._files = tuple(files)
-        self._by_path = {f.path: f for f in self._files}
         self._options = options
         self._reader = reader
         self._schema = output_schema
@@ -105,8 +113,9 @@ class PlannedDataset(IterableDataset[Any]):
         strategy = repr(options.strategy)
         if " at 0x" in strategy:
             strategy = f"{type(options.strategy).__module__}.{type(options.strategy).__qualname__}"
+        self._table = FileTable.from_infos(self._files)
         self._state = ResumeTracker(
-            self._files,
+            self._table,
             {
                 "split_strategy": strategy,
                 "shuffle": shuffle.shuffle,
@@ -121,8 +130,33 @@ class PlannedDataset(IterableDataset[Any]):
             },
             options.world,
             shuffle.shuffle_seed,
+            piece_rows=self._rows_per_piece,
         )
+        self._planner = Planner(
+            PlanSpec(
+                files=self._table,
+                strategy=options.strategy,
+                num_ranks=options.world.num_ranks,
+                num_workers=1,
+                shuffle=shuffle.shuffle,
+                seed=shuffle.shuffle_seed,
+                equal_batches=batching.equal_batches,
+                batch_size=batching.batch_size,
+                verify=options.split.verify_plan,
+            )
+        )
+        # What the main process planned for an epoch, for its DataLoader workers (shared
+        # memory, so persistent workers see it): [epoch + 1, num_workers, digest of a custom
+        # strategy's chunks]; and, for a rank-aware strategy with equal batches, every rank's rows.
+        self._digest = torch.zeros(3, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self._totals: torch.Tensor | None = None
+        if self._planner.rank_aware and options.equalized:
+            self._totals = torch.zeros(options.world.num_ranks + 1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self._plans: dict[tuple[int, int], EpochPlan] = {}
+        self._resumers: dict[tuple[int, int, int], Resumer] = {}
+        self._piece_rows: dict[tuple[int, int, int], list[list[int]] | None] = {}
+        self._last_rows: tuple[list[dict[str, Any]], int, int, list[list[int]] | None] | None = None
+        self._logged: set[int] = set()
         self.metrics = MetricsRecorder(options.progress)
         """Per-worker counters of the batches received (see :meth:`get_metrics`)."""
         workers = options.loader.num_workers
@@ -212,8 +246,18 @@ class PlannedDataset(IterableDataset[Any]):
         self.metrics.reset()
 
     def begin_metrics(self, num_workers: int) -> None:
-        """A pass over the current epoch starts: the metrics note it, progress is set up."""
+        """A pass over the current epoch starts (main process): plan it, note it, show progress.
+
+        The main process plans this rank's epoch before its DataLoader workers do, so
+        that they can check they agree with it (a custom strategy must be a pure
+        function of its arguments), and so that ``state_dict()`` knows each worker's
+        rows without planning while the loop waits.
+        """
         epoch = self.epoch
+        workers = self._readers(num_workers)
+        segments = self._state.live_segments(epoch)
+        self._rows_per_piece(epoch, workers, segments or [])
+        self._state.fingerprint()
         config = self._options.progress
         rank = self.world.rank
         if not Progress.shown_on(config, rank):
@@ -221,7 +265,7 @@ class PlannedDataset(IterableDataset[Any]):
             return
 
         def display() -> Progress:
-            total, done = self._progress_rows(epoch, max(1, num_workers))
+            total, done = self._progress_rows(epoch, workers)
             return Progress(config, rank=rank, epoch=epoch, total=total, done=done)
 
         self.metrics.begin(epoch, display)
@@ -238,8 +282,8 @@ class PlannedDataset(IterableDataset[Any]):
             size = batching.batch_size
             return sum((r or 0) // size * size if batching.drop_last else (r or 0) for r in rows)
 
-        plan = self.plan(epoch, workers)
-        total = delivered([plan.rows_for(self.world.rank, w) for w in range(plan.num_workers)])
+        plan = self.rank_plan(epoch, workers)
+        total = delivered([plan.rows_for(w) for w in range(plan.num_workers)])
         segments = self._state.live_segments(epoch)
         if total is None or not segments:
             return total, 0
@@ -255,7 +299,8 @@ class PlannedDataset(IterableDataset[Any]):
         """This rank's metrics since the last reset (see ``ResumableDataLoader.metrics``)."""
         dropped = 0
         if self._options.equalized and not self._row_count_issue:
-            dropped = sum(c.num_rows or 0 for c in self.plan(self.metrics.epoch).dropped)
+            workers = self._readers(None)
+            dropped = sum(c.num_rows or 0 for c in self._planner.dropped(self.metrics.epoch, workers))
         return self.metrics.rank_metrics(self.world.rank, self.world.num_ranks, dropped)
 
     # -- planning ---------------------------------------------------------------
@@ -266,31 +311,130 @@ class PlannedDataset(IterableDataset[Any]):
         """
         return max(1, self._num_workers if num_workers is None else num_workers)
 
-    def _spec(self, num_workers: int | None) -> PlanSpec:
-        opts = self._options
-        return PlanSpec(
-            files=self._files,
-            strategy=opts.strategy,
-            num_ranks=opts.world.num_ranks,
-            num_workers=self._readers(num_workers),
-            shuffle=opts.shuffle.shuffle,
-            seed=opts.shuffle.shuffle_seed,
-            equal_batches=opts.batching.equal_batches,
-            batch_size=opts.batching.batch_size,
+    @property
+    def planner(self) -> Planner:
+        """The dataset's planner (chunk table built once; plans one rank at a time)."""
+        return self._planner
+
+    @property
+    def file_table(self) -> FileTable:
+        """The dataset's files as numpy columns."""
+        return self._table
+
+    def rank_plan(self, epoch: int | None = None, num_workers: int | None = None) -> RankPlan:
+        """This rank's plan of ``epoch`` (default: the current one) for ``num_workers``.
+
+        Planned once per ``(epoch, num_workers)`` in a process: ``len()``, automatic
+        worker sizing and reading share it. Only this rank's chunks are built, and
+        only when asked (:meth:`RankPlan.chunks_for`). In a DataLoader worker the plan
+        is checked against the main process's (a custom strategy that returns other
+        chunks for the same arguments is an error).
+
+        Raises:
+            PlanError: the split strategy returned invalid, overlapping or
+                non-deterministic chunks.
+        """
+        epoch = self.epoch if epoch is None else epoch
+        workers = self._readers(num_workers)
+        in_worker = env.worker_slot().in_worker
+        totals = None
+        if self._totals is not None and int(self._totals[0]) == epoch + 1:
+            totals = self._totals[1:].tolist()
+        plan = self._planner.rank_plan(epoch, self.world.rank, workers, totals=totals, verify=not in_worker)
+        if plan.digest is not None:
+            self._check_digest(plan, in_worker)
+        if not in_worker and epoch not in self._logged:
+            self._log_left_out(epoch, workers)
+        return plan
+
+    def _check_digest(self, plan: RankPlan, in_worker: bool) -> None:
+        """Main process: publish the custom strategy's chunks digest; worker: compare."""
+        epoch, digest = plan.epoch, plan.digest
+        if not in_worker:
+            self._digest[0], self._digest[1], self._digest[2] = epoch + 1, plan.num_workers, digest
+            if self._totals is not None:
+                shares = self._planner.shares(epoch, plan.num_workers)
+                self._totals[1:] = torch.as_tensor(shares.totals())
+                self._totals[0] = epoch + 1
+            return
+        published = self._digest.tolist()
+        if published[:2] == [epoch + 1, plan.num_workers] and published[2] != digest:
+            raise nondeterministic(
+                self._planner.spec.strategy.name,
+                f"a DataLoader worker and the main process of rank {self.world.rank}, epoch {epoch}",
+            )
+
+    def _log_left_out(self, epoch: int, workers: int) -> None:
+        """Say which rows equal batches leave out (``'drop'``) or repeat (``'pad'``)."""
+        self._logged.add(epoch)
+        if not self._options.equalized or self.world.rank != 0:
+            return
+        shuffle = self._options.shuffle.shuffle
+        level = logging.DEBUG if shuffle else logging.INFO
+        if not log.isEnabledFor(level):
+            return
+        policy = self.equal_batches
+        chunks = self._planner.dropped(epoch, workers) if policy is EqualBatches.DROP else ()
+        if policy is EqualBatches.PAD:
+            chunks = self._planner.padding(epoch, workers)
+        rows = sum(c.num_rows or 0 for c in chunks)
+        if not rows:
+            return
+        what = "leaves out" if policy is EqualBatches.DROP else "repeats"
+        where = ", ".join(
+            f"{c.path} {'records' if c.unit.value == 'bytes' else 'rows'} "
+            + (
+                f"[{c.start}, {c.stop})"
+                if c.unit.value == "rows"
+                else f"{c.skip}..{c.skip + (c.num_rows or 0)} of bytes [{c.start}, {c.stop})"
+            )
+            for c in chunks
         )
+        when = (
+            f"in epoch {epoch} (other rows in other epochs: shuffle=True)"
+            if shuffle
+            else "in every epoch (shuffle=False: the last rows in file order)"
+            if policy is EqualBatches.DROP
+            else "in every epoch (shuffle=False: the first rows in file order)"
+        )
+        log.log(
+            level,
+            "equal_batches=%r %s %d row(s) %s to give each of %d ranks the same number: %s",
+            policy.value,
+            what,
+            rows,
+            when,
+            self.world.num_ranks,
+            where,
+        )
+
+    def verify_plan(self, epoch: int | None = None, num_workers: int | None = None) -> None:
+        """Check that no two chunks of any ranks share a row in ``epoch`` (``plan --verify``).
+
+        For a custom rank-aware strategy it calls the strategy for every rank, the check
+        that planning skips in worlds of more than 16 ranks unless ``verify_plan=True``.
+
+        Raises:
+            OverlappingChunksError: two chunks share rows (naming both).
+            PlanError: the strategy returned invalid chunks.
+        """
+        epoch = self.epoch if epoch is None else epoch
+        self._planner.verify(epoch, self._readers(num_workers))
 
     def plan(self, epoch: int | None = None, num_workers: int | None = None) -> EpochPlan:
         """The plan of ``epoch`` (default: the current one) for every rank and worker.
 
-        Plans are kept for the last few ``(epoch, num_workers)`` asked, so ``len()``,
-        sizing and reading do not plan the same epoch twice in one process.
+        Each rank is planned when its chunks are first read (``plan.assignments[rank]``,
+        ``chunks_for``, ``rank_chunks``), so asking for one rank of a large world costs
+        one rank's plan; ``all_chunks()`` plans them all. For this process's own rank,
+        :meth:`rank_plan` is the cheaper call.
         """
         epoch = self.epoch if epoch is None else epoch
         workers = self._readers(num_workers)
         key = (epoch, workers)
         plan = self._plans.get(key)
         if plan is None:
-            plan = plan_epoch(self._spec(workers), epoch)
+            plan = self._planner.epoch_plan(epoch, workers)
             if len(self._plans) >= 4:
                 self._plans.pop(next(iter(self._plans)))
             self._plans[key] = plan
@@ -298,7 +442,8 @@ class PlannedDataset(IterableDataset[Any]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_plans"] = {}  # workers plan their own epoch; do not ship plans
+        # Workers plan their own epoch; do not ship plans (the planner keeps its chunk table).
+        state["_plans"], state["_resumers"], state["_piece_rows"], state["_last_rows"] = {}, {}, {}, None
         return state
 
     def _auto_workers(self) -> int:
@@ -306,50 +451,106 @@ class PlannedDataset(IterableDataset[Any]):
 
         One worker would only add a process hop, so 1 becomes 0 (read in the main process).
         """
-        chunks = len(self.plan(0, num_workers=1).rank_chunks(self.world.rank))
+        chunks = self.rank_plan(0, num_workers=1).share_size
         workers = min(env.cpus_per_rank(), chunks, MAX_AUTO_WORKERS)
         return 0 if workers <= 1 else workers
 
     def _check_plan(self) -> None:
-        """Log the plan of epoch 0 and warn about layouts that will hurt (rank 0)."""
+        """Log the plan of epoch 0 and warn about layouts that will hurt (rank 0).
+
+        The summary covers every rank, so rank 0 plans them all once: up to
+        :data:`REPORT_MAX_RANKS` ranks. A larger world is summarized by the ``plan``
+        command instead; each rank then only warns about its own idle workers.
+        """
         shuffle = self._options.shuffle
-        report_plan(
-            self.plan(0),
-            self._files,
-            rank=self.world.rank,
-            shuffle=shuffle.shuffle,
-            row_window=shuffle.row_window,
-            batch_size=self._options.batching.batch_size,
-        )
+        if self.world.num_ranks <= REPORT_MAX_RANKS:
+            report_plan(
+                self.plan(0),
+                self._files,
+                rank=self.world.rank,
+                shuffle=shuffle.shuffle,
+                row_window=shuffle.row_window,
+                batch_size=self._options.batching.batch_size,
+            )
+            return
+        chunks = self.rank_plan(0).share_size
+        if self._num_workers > 1 and chunks < self._num_workers:
+            warnings.warn(
+                f"num_workers={self._num_workers} but rank {self.world.rank} has only "
+                f"{chunks} chunk(s) in epoch 0: {self._num_workers - chunks} worker(s) "
+                "will read nothing. Lower split_bytes / split_rows or num_workers.",
+                UserWarning,
+                stacklevel=5,
+            )
+
+    def _resumer(self, epoch: int, workers: int, segments: list[dict[str, Any]]) -> Resumer:
+        key = (epoch, workers, _segments_key(segments))
+        found = self._resumers.get(key)
+        if found is None or found.levels != len(segments):
+            found = Resumer(
+                self._planner,
+                epoch,
+                segments,
+                num_ranks=self.world.num_ranks,
+                num_workers=lambda rank: workers,
+                window_rows=self.row_shuffle_window,
+                exact=self._row_count_issue is None,
+                mixing=self.row_mixing,
+            )
+            if len(self._resumers) >= 4:
+                self._resumers.pop(next(iter(self._resumers)))
+            self._resumers[key] = found
+        return found
 
     def _pieces(
         self, epoch: int, workers: int, segments: list[dict[str, Any]]
     ) -> tuple[tuple[Piece, ...], ...]:
         """This rank's pieces per worker after the resumed ``segments`` (or with a row window)."""
-        result = segment_pieces(
-            self._spec(workers),
-            epoch,
-            segments,
-            num_ranks=self.world.num_ranks,
-            num_workers=lambda rank: self._readers(workers),
-            window_rows=self.row_shuffle_window,
-            exact=self._row_count_issue is None,
-            mixing=self.row_mixing,
-        )
-        return result.assignments[self.world.rank]
+        return self._resumer(epoch, workers, segments).rank(self.world.rank)
 
     def _worker_pieces(self, slot: env.WorkerSlot, epoch: int) -> tuple[Piece, ...]:
         segments = self._state.live_segments(epoch)
         if segments:
             return self._pieces(epoch, slot.count, segments)[slot.id]
-        rank = self.world.rank
-        pieces = as_pieces(self.plan(epoch, slot.count).chunks_for(rank, slot.id))
-        # Only this worker's windows / mixes, keyed as segment_pieces keys segment 0.
+        pieces = as_pieces(self.rank_plan(epoch, slot.count).chunks_for(slot.id))
+        # Only this worker's windows / mixes, keyed as the Resumer keys segment 0.
         shuffle = self._options.shuffle
-        key = (shuffle.shuffle_seed if shuffle.shuffle else 0, epoch, 0, rank, slot.id)
+        key = (shuffle.shuffle_seed if shuffle.shuffle else 0, epoch, 0, self.world.rank, slot.id)
         if self.row_shuffle_window is not None:
             return tuple(window_pieces(pieces, self.row_shuffle_window, key))
-        return tuple(mix_pieces(pieces, self.row_mixing, key, self._by_path))
+        return tuple(mix_pieces(pieces, self.row_mixing, key, self._table))
+
+    def _rows_per_piece(
+        self, epoch: int, workers: int, segments: list[dict[str, Any]]
+    ) -> list[list[int]] | None:
+        """Rows of each piece of each worker of this rank (``None`` if a count is unknown).
+
+        What ``state_dict()`` turns into the rows each worker has left; computed once
+        per pass.
+        """
+        workers = max(1, workers)
+        last = self._last_rows
+        if last is not None and last[0] is segments and last[1:3] == (epoch, workers):
+            return last[3]  # state_dict() during a pass: no hashing of the segments
+        key = (epoch, workers, _segments_key(segments))
+        if key in self._piece_rows:
+            self._last_rows = (segments, epoch, workers, self._piece_rows[key])
+            return self._piece_rows[key]
+        rows: list[list[int]] | None = []
+        if not segments and self.row_shuffle_window is None and self.row_mixing is None:
+            plan = self.rank_plan(epoch, workers)  # a piece is a chunk: no pieces built
+            counts = [[p.rows for p in plan.workers[w]] for w in range(workers)]
+        else:
+            counts = [[p.num_rows for p in ps] for ps in self._pieces(epoch, workers, segments)]
+        if any(n is None for ps in counts for n in ps):
+            rows = None
+        else:
+            rows = [[int(n or 0) for n in ps] for ps in counts]
+        if len(self._piece_rows) >= 4:
+            self._piece_rows.pop(next(iter(self._piece_rows)))
+        self._piece_rows[key] = rows
+        self._last_rows = (segments, epoch, workers, rows)
+        return rows
 
     def num_batches(self, epoch: int | None = None, num_workers: int | None = None) -> int:
         """Batches this rank yields in ``epoch`` with ``num_workers`` DataLoader workers.
@@ -376,8 +577,8 @@ class PlannedDataset(IterableDataset[Any]):
             ]
             unknown = "the number of batches left in this resumed epoch is unknown"
         else:
-            plan = self.plan(epoch, workers)
-            rows = [plan.rows_for(self.world.rank, w) for w in range(plan.num_workers)]
+            plan = self.rank_plan(epoch, workers)
+            rows = [plan.rows_for(w) for w in range(plan.num_workers)]
             unknown = (
                 "the number of batches is unknown before reading: this format's row counts "
                 "are not in its metadata (byte-range chunks). Iterate to count"
@@ -425,7 +626,7 @@ class PlannedDataset(IterableDataset[Any]):
     def worker_chunks(self) -> tuple[Chunk, ...]:
         """The chunks the calling process (main or DataLoader worker) reads this epoch."""
         slot = env.worker_slot()
-        return self.plan(self.epoch, slot.count).chunks_for(self.world.rank, slot.id)
+        return self.rank_plan(self.epoch, slot.count).chunks_for(slot.id)
 
     def __iter__(self) -> Iterator[Any]:
         slot = env.worker_slot()
@@ -433,7 +634,7 @@ class PlannedDataset(IterableDataset[Any]):
             watch_parent()
         epoch = self.epoch
         pieces = self._worker_pieces(slot, epoch)
-        files = None if self._row_count_issue else self._by_path
+        files = None if self._row_count_issue else self._table
         batching = self._options.batching
         flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
         work = WorkStats(self._reader, len(pieces), flag)  # before any request of this pass
@@ -546,3 +747,8 @@ class PlannedDataset(IterableDataset[Any]):
             state, lambda epoch, segments: self._pieces(epoch, self._num_workers, segments)
         )
         self._epoch.fill_(epoch)
+
+
+def _segments_key(segments: list[dict[str, Any]]) -> int:
+    """A cache key of a state's segments (0: none)."""
+    return hash(json.dumps(segments, sort_keys=True)) if segments else 0

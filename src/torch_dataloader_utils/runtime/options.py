@@ -129,6 +129,10 @@ class ReadOptions(TypedDict, total=False):
     for the built-in strategies that take a size)."""
     split_rows: int | None
     """Target rows per chunk."""
+    verify_plan: bool
+    """Check a custom rank-aware ``split_strategy`` across ranks (no row on two ranks) in
+    worlds of more than 16 ranks too; smaller worlds are always checked. It calls the
+    strategy for every rank once per epoch in each process that plans (default ``False``)."""
     output_format: str | OutputFormat
     """``"torch"`` (default), ``"numpy"``, ``"arrow"`` or ``"dict"``."""
     null_fill: Any

@@ -24,9 +24,11 @@ from torch_dataloader_utils.plan.state import (
     STATE_VERSION,
     check_state,
     fingerprint,
+    legacy_files_sha256,
     merge_states,
     normalize,
 )
+from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import FileInfo, World
 
 __all__ = ["EpochProgress", "ResumeTracker", "Stateful", "Tagged", "complete_state", "gather_state"]
@@ -66,13 +68,24 @@ class EpochProgress:
         self.num_workers = workers
         self.cursors[worker] = (piece, offset)
 
-    def entry(self) -> dict[str, Any]:
-        """This rank's part of a state segment (JSON values)."""
-        return {
+    def entry(self, piece_rows: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
+        """This rank's part of a state segment (JSON values).
+
+        With ``piece_rows`` (the rows of each piece of each worker of this pass), it also
+        says how many rows each worker has left (``"left"``), so a resumed job finds the
+        rows of every rank without planning it.
+        """
+        cursors = [self.cursors.get(w, (0, 0)) for w in range(self.num_workers)]
+        out: dict[str, Any] = {
             "num_workers": self.num_workers,
-            "cursors": [list(self.cursors.get(w, (0, 0))) for w in range(self.num_workers)],
+            "cursors": [list(c) for c in cursors],
             "done": self.done,
         }
+        if piece_rows is not None and not self.done and len(piece_rows) == self.num_workers:
+            out["left"] = [
+                sum(rows[piece:]) - offset for rows, (piece, offset) in zip(piece_rows, cursors, strict=True)
+            ]
+        return out
 
 
 class Stateful(Protocol):
@@ -148,12 +161,21 @@ class ResumeTracker:
         options: The options a state is tied to (JSON values), part of the fingerprint.
         world: The ranks this dataset plans for.
         seed: The shuffle seed (saved in the state).
+        piece_rows: ``(epoch, num_workers, segments)`` -> the rows of each piece of each
+            worker of this rank in that pass (``None`` when unknown), so a state records
+            the rows each worker has left.
     """
 
     def __init__(
-        self, files: Sequence[FileInfo], options: Mapping[str, Any], world: World, seed: int
+        self,
+        files: Sequence[FileInfo] | FileTable,
+        options: Mapping[str, Any],
+        world: World,
+        seed: int,
+        piece_rows: Callable[[int, int, list[dict[str, Any]]], Sequence[Sequence[int]] | None] | None = None,
     ) -> None:
         self._files = files
+        self._piece_rows = piece_rows
         self._options = dict(options)
         self._world = world
         self._seed = seed
@@ -229,9 +251,12 @@ class ResumeTracker:
         }
         if progress is None:
             return state
+        rows = None
+        if self._piece_rows is not None and not progress.done:
+            rows = self._piece_rows(epoch, progress.num_workers, progress.base)
         segment = {
             "num_ranks": self._world.num_ranks,
-            "ranks": {str(self._world.rank): progress.entry()},
+            "ranks": {str(self._world.rank): progress.entry(rows)},
             "index": len(segments),
         }
         state["segments"] = [*segments, segment]
@@ -254,7 +279,11 @@ class ResumeTracker:
                 f"a resume state holds only JSON values (dicts, lists, strings, numbers, booleans); "
                 f"this one does not ({type(exc).__name__}: {exc}); pass what loader.state_dict() returned"
             ) from exc
-        checked = normalize(check_state(plain, self.fingerprint()))
+        expected = self.fingerprint()
+        saved = plain.get("fingerprint") if isinstance(plain, dict) else None
+        if isinstance(saved, dict) and "files_digest" not in saved and "files_sha256" in saved:
+            expected = {**expected, "files_sha256": legacy_files_sha256(self._files)}  # an older state
+        checked = normalize(check_state(plain, expected))
         epoch = int(checked["epoch"])
         segments = checked["segments"]
         if segments:

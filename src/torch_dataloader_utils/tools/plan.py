@@ -89,6 +89,8 @@ class PlanRequest:
         as_json: Print JSON instead of text.
         picture: Draw the plan to this ``.png`` / ``.svg`` file.
         picture_ranks: Ranks drawn in the picture at most.
+        verify: Check every shown epoch: no row planned for two ranks (see
+            :meth:`PlannedDataset.verify_plan`).
     """
 
     source: Source
@@ -100,6 +102,7 @@ class PlanRequest:
     as_json: bool = False
     picture: Path | None = None
     picture_ranks: int = 16
+    verify: bool = False
 
 
 @dataclass(frozen=True)
@@ -357,13 +360,18 @@ def run_plan(request: PlanRequest) -> str:
     """Compute the plan, draw the picture if asked, and return the report (text or JSON)."""
     result = compute(request)
     note = ""
+    if request.verify:
+        for view in result.views:
+            result.dataset.verify_plan(view.epoch, num_workers=max(1, request.num_workers))
+        epochs = ", ".join(str(v.epoch) for v in result.views)
+        note += f"\nverified: no row is planned for two ranks in epoch {epochs}"
     if request.picture is not None:
         from torch_dataloader_utils.tools.picture import draw_plan
 
         drawn = draw_plan(
             result.views, request.picture, max_ranks=request.picture_ranks, title=request.source.describe()
         )
-        note = f"\npicture: {request.picture} ({len(drawn):,} chunks drawn)"
+        note += f"\npicture: {request.picture} ({len(drawn):,} chunks drawn)"
     if request.as_json:
         return render_json(request, result)
     return render_text(request, result) + note

@@ -1,0 +1,535 @@
+"""Chunks as numpy columns: the chunk table of a dataset, built once, and its checks.
+
+A :class:`ChunkTable` holds chunks as columns (file id, start, stop, unit, rows, bytes,
+skip, padding) over a :class:`~.table.FileTable`; :meth:`ChunkTable.chunk` builds one
+:class:`~.types.Chunk` on demand. :func:`build_chunks` cuts a dataset into chunks with
+a built-in strategy (``file``, ``row_group``, ``byte_range``) vectorized over the file
+and row-group columns; it gives exactly the chunks of the strategy's ``split()`` (a
+property test compares them), without a Python object per chunk. Built-in strategies
+do not depend on the epoch, so the runtime builds the table once per dataset.
+:func:`from_chunks` turns a custom strategy's chunks into a table, validating them.
+:func:`check_table_overlap` is the overlap check, vectorized.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from torch_dataloader_utils.plan.splits import (
+    ByteRangeSplit,
+    FileSplit,
+    RowGroupSplit,
+    check_no_overlap,
+    normalize_chunks,
+)
+from torch_dataloader_utils.plan.table import FileTable
+from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
+
+__all__ = ["ChunkTable", "build_chunks", "check_table_overlap", "from_chunks", "is_builtin"]
+
+Array = np.ndarray[Any, Any]
+
+ROWS, BYTES = 0, 1
+"""Values of :attr:`ChunkTable.unit`."""
+
+_UNITS = (ChunkUnit.ROWS, ChunkUnit.BYTES)
+
+
+def _empty() -> Array:
+    return np.empty(0, dtype=np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class ChunkTable:
+    """Chunks as columns over a :class:`FileTable`, in a deterministic order.
+
+    Attributes:
+        files: The file table the ``file`` ids point into.
+        file: ``int64`` file id of each chunk.
+        start: ``int64`` first row (or byte) of the range.
+        stop: ``int64`` one past the last row (or byte).
+        unit: ``uint8``: 0 rows, 1 bytes.
+        rows: ``int64`` rows the chunk yields, ``-1`` when unknown.
+        bytes: ``int64`` approximate bytes on disk.
+        skip: ``int64`` records to skip (windowed byte ranges), or ``None`` (all 0).
+        padding: ``bool`` repeats of rows read elsewhere, or ``None`` (none).
+    """
+
+    files: FileTable
+    file: Array
+    start: Array
+    stop: Array
+    unit: Array
+    rows: Array
+    bytes: Array
+    skip: Array | None = None
+    padding: Array | None = None
+
+    def __len__(self) -> int:
+        return len(self.file)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the columns (the file table not counted)."""
+        return sum(
+            a.nbytes
+            for a in (
+                self.file,
+                self.start,
+                self.stop,
+                self.unit,
+                self.rows,
+                self.bytes,
+                self.skip,
+                self.padding,
+            )
+            if a is not None
+        )
+
+    @property
+    def known(self) -> bool:
+        """Every chunk's row count is known."""
+        return bool(np.all(self.rows >= 0))
+
+    def chunk(self, i: int) -> Chunk:
+        """Chunk ``i`` as a :class:`Chunk`."""
+        rows = int(self.rows[i])
+        return Chunk(
+            self.files.path(int(self.file[i])),
+            int(self.start[i]),
+            int(self.stop[i]),
+            _UNITS[int(self.unit[i])],
+            None if rows < 0 else rows,
+            int(self.bytes[i]),
+            bool(self.padding[i]) if self.padding is not None else False,
+            int(self.skip[i]) if self.skip is not None else 0,
+        )
+
+    def part(self, i: int, lo: int, hi: int, padding: bool = False) -> Chunk:
+        """Rows ``[lo, hi)`` (in the order the chunk yields them) of chunk ``i``, as a :class:`Chunk`.
+
+        The whole chunk is returned as it is. A row range is cut after the ``lo``-th and
+        ``hi``-th live rows (pruned groups and deleted positions are not rows, see
+        :meth:`FileInfo.stop_after`); a byte range read in part keeps its range and
+        narrows its window of records (``skip``). Bytes are shared in proportion to rows.
+        """
+        n = int(self.rows[i])
+        whole = lo == 0 and (hi == n or n < 0)
+        base = self.chunk(i)
+        if whole:
+            if padding and not base.padding:
+                return Chunk(
+                    base.path,
+                    base.start,
+                    base.stop,
+                    base.unit,
+                    base.num_rows,
+                    base.num_bytes,
+                    True,
+                    base.skip,
+                )
+            return base
+        size = base.num_bytes * hi // n - base.num_bytes * lo // n
+        pad = padding or base.padding
+        if base.unit is ChunkUnit.BYTES:
+            return Chunk(base.path, base.start, base.stop, base.unit, hi - lo, size, pad, base.skip + lo)
+        f = int(self.file[i])
+        start = base.start if lo == 0 else self.files.stop_after(f, base.start, lo)
+        stop = base.stop if hi == n else self.files.stop_after(f, base.start, hi)
+        return Chunk(base.path, start, stop, ChunkUnit.ROWS, hi - lo, size, pad)
+
+    def weight(self, i: int) -> int:
+        """Balancing weight of chunk ``i``: its rows when known, else its bytes."""
+        n = int(self.rows[i])
+        return n if n >= 0 else int(self.bytes[i])
+
+    def digest(self) -> int:
+        """A 63-bit digest of the chunks (what a non-deterministic strategy changes)."""
+        h = hashlib.blake2b(digest_size=8)
+        for column in (self.file, self.start, self.stop, self.unit, self.rows, self.skip, self.padding):
+            if column is not None:
+                h.update(np.ascontiguousarray(column).view(np.uint8).data)
+        return int.from_bytes(h.digest(), "little") >> 1
+
+    def take(self, index: Array) -> ChunkTable:
+        """The chunks at ``index``, in that order."""
+        return ChunkTable(
+            self.files,
+            self.file[index],
+            self.start[index],
+            self.stop[index],
+            self.unit[index],
+            self.rows[index],
+            self.bytes[index],
+            None if self.skip is None else self.skip[index],
+            None if self.padding is None else self.padding[index],
+        )
+
+    @classmethod
+    def concat(cls, files: FileTable, tables: Sequence[ChunkTable]) -> ChunkTable:
+        """The chunks of ``tables`` one after another."""
+
+        def cat(name: str, dtype: Any) -> Array:
+            parts = [getattr(t, name) for t in tables]
+            if not parts:
+                return np.empty(0, dtype=dtype)
+            return np.concatenate(parts).astype(dtype, copy=False)
+
+        def optional(name: str, dtype: Any) -> Array | None:
+            if all(getattr(t, name) is None for t in tables):
+                return None
+            parts = [
+                getattr(t, name) if getattr(t, name) is not None else np.zeros(len(t), dtype=dtype)
+                for t in tables
+            ]
+            return np.concatenate(parts).astype(dtype, copy=False)
+
+        return cls(
+            files,
+            cat("file", np.int64),
+            cat("start", np.int64),
+            cat("stop", np.int64),
+            cat("unit", np.uint8),
+            cat("rows", np.int64),
+            cat("bytes", np.int64),
+            optional("skip", np.int64),
+            optional("padding", bool),
+        )
+
+
+def is_builtin(strategy: object) -> bool:
+    """Whether ``strategy`` is one of the built-in splitters :func:`build_chunks` vectorizes."""
+    return type(strategy) in (FileSplit, RowGroupSplit, ByteRangeSplit)
+
+
+def _table(
+    files: FileTable, file: Array, start: Array, stop: Array, unit: Array, rows: Array, size: Array
+) -> ChunkTable:
+    if len(file) < 2 or bool(np.all(file[1:] >= file[:-1])):
+        return ChunkTable(
+            files,
+            file.astype(np.int64, copy=False),
+            start.astype(np.int64, copy=False),
+            stop.astype(np.int64, copy=False),
+            unit.astype(np.uint8, copy=False),
+            rows.astype(np.int64, copy=False),
+            size.astype(np.int64, copy=False),
+        )
+    order = np.argsort(file, kind="stable")
+    return ChunkTable(
+        files,
+        file[order].astype(np.int64),
+        start[order].astype(np.int64),
+        stop[order].astype(np.int64),
+        unit[order].astype(np.uint8),
+        rows[order].astype(np.int64),
+        size[order].astype(np.int64),
+    )
+
+
+def _deleted_in(files: FileTable, file: Array, start: Array, stop: Array) -> Array:
+    """Deleted positions of each ``(file, [start, stop))``, vectorized."""
+    out = np.zeros(len(file), dtype=np.int64)
+    if files.deleted is None or files.delete_offsets is None or not len(file):
+        return out
+    lo_off = files.delete_offsets[file]
+    hi_off = files.delete_offsets[file + 1]
+    has = hi_off > lo_off
+    if not np.any(has):
+        return out
+    span = int(max(files.rows.max(initial=0), files.deleted.max(initial=0), stop.max(initial=0))) + 2
+    if span * (len(files) + 1) < 2**62:
+        # One searchsorted over keys (file, position) of every deleted position.
+        owner = np.repeat(np.arange(len(files), dtype=np.int64), np.diff(files.delete_offsets))
+        keys = owner * span + files.deleted
+        base = file[has] * span
+        a = np.searchsorted(keys, base + np.clip(start[has], 0, span - 1))
+        b = np.searchsorted(keys, base + np.clip(stop[has], 0, span - 1))
+        out[has] = b - a
+        return out
+    for k in np.flatnonzero(has):  # pragma: no cover - positions too large for one key
+        d = files.deleted_of(int(file[k]))
+        a, b = np.searchsorted(d, [start[k], stop[k]])
+        out[k] = b - a
+    return out
+
+
+def _whole_files(files: FileTable, ids: Array) -> tuple[Array, ...]:
+    """``FileSplit`` chunks of the files ``ids``: ``(file, start, stop, unit, rows, bytes)``."""
+    rows = files.rows[ids]
+    known = rows >= 0
+    r_ids = ids[known & (files.live[ids] != 0)]
+    # Chunk.rows(f): rows_in(0, num_rows), bytes in proportion to rows.
+    num_rows = files.rows[r_ids]
+    r_rows = _rows_in(files, r_ids, np.zeros_like(num_rows), num_rows)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r_bytes = np.where(num_rows > 0, files.size[r_ids] * r_rows // np.maximum(num_rows, 1), 0)
+    b_ids = ids[~known]
+    size = files.size[b_ids]
+    totals = np.full(len(b_ids), -1, dtype=np.int64)
+    if files.block_bytes is not None and files.record_offsets is not None and files.record_counts is not None:
+        counted = files.block_bytes[b_ids] > 0
+        cs = np.zeros(len(files.record_counts) + 1, dtype=np.int64)
+        np.cumsum(files.record_counts, out=cs[1:])
+        total = cs[files.record_offsets[b_ids + 1]] - cs[files.record_offsets[b_ids]]
+        totals = np.where(counted, total, -1)
+    keep = (size > 0) & (totals != 0)
+    b_ids, size, totals = b_ids[keep], size[keep], totals[keep]
+    return (
+        np.concatenate([r_ids, b_ids]),
+        np.zeros(len(r_ids) + len(b_ids), dtype=np.int64),
+        np.concatenate([num_rows, size]),
+        np.concatenate([np.full(len(r_ids), ROWS), np.full(len(b_ids), BYTES)]).astype(np.uint8),
+        np.concatenate([r_rows, totals]),
+        np.concatenate([r_bytes, size]),
+    )
+
+
+def _rows_in(files: FileTable, ids: Array, start: Array, stop: Array) -> Array:
+    """:meth:`FileInfo.rows_in` of each ``(file, [start, stop))``, vectorized."""
+    out = np.where(
+        files.has_groups[ids], 0, np.maximum(0, np.minimum(stop, files.rows[ids]) - np.maximum(start, 0))
+    )
+    grouped = np.flatnonzero(files.has_groups[ids])
+    if len(grouped):
+        g_ids = ids[grouped]
+        counts = files.group_offsets[g_ids + 1] - files.group_offsets[g_ids]
+        owner = np.repeat(np.arange(len(grouped)), counts)
+        first = files.group_offsets[g_ids]
+        local = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        g = np.repeat(first, counts) + local
+        lo = files.group_first_row[g]
+        hi = lo + files.group_rows[g]
+        s, e = start[grouped][owner], stop[grouped][owner]
+        clipped = np.maximum(0, np.minimum(e, hi) - np.maximum(s, lo))
+        out[grouped] = np.bincount(owner, weights=clipped, minlength=len(grouped)).astype(np.int64)
+    return out - _deleted_in(files, ids, start, stop)
+
+
+def _file_split(files: FileTable) -> ChunkTable:
+    return _table(files, *_whole_files(files, np.arange(len(files), dtype=np.int64)))
+
+
+def _runs(files: FileTable, ids: Array, split_bytes: int | None, split_rows: int | None) -> tuple[Array, ...]:
+    """``RowGroupSplit`` runs of the files ``ids`` (all with groups)."""
+    counts = files.group_offsets[ids + 1] - files.group_offsets[ids]
+    owner = np.repeat(ids, counts)
+    if len(ids) == len(files):  # every file: the group table as it is
+        g = np.arange(len(files.group_rows), dtype=np.int64)
+    else:
+        g = np.arange(int(counts.sum()), dtype=np.int64)
+        g -= np.repeat(np.cumsum(counts) - counts - files.group_offsets[ids], counts)
+    empty = files.group_rows[g] == 0
+    identity = len(ids) == len(files)  # g is every group, in order: use the columns as they are
+    if empty.any():
+        g, owner = g[~empty], owner[~empty]
+        counts = np.bincount(np.searchsorted(ids, owner), minlength=len(ids))
+        identity = False
+    del empty
+
+    single = not len(counts) or int(counts.max()) <= 1
+    del counts
+    if not single and (split_bytes is not None or split_rows is not None):
+        starts = _greedy_starts(owner, files.group_rows[g], files.group_bytes[g], split_bytes, split_rows)
+        first = np.flatnonzero(starts)
+        del starts
+    else:
+        first = None  # every group is a run of its own
+    if first is None:
+        file = owner
+        start = files.group_first_row if identity else files.group_first_row[g]
+        run_rows = files.group_rows if identity else files.group_rows[g]
+        run_bytes = files.group_bytes if identity else files.group_bytes[g]
+        stop = start + run_rows
+    else:
+        file = owner[first]
+        last = np.append(first[1:], len(g))[: len(first)] - 1
+        run_rows = np.add.reduceat(files.group_rows[g], first) if len(first) else _empty()
+        run_bytes = np.add.reduceat(files.group_bytes[g], first) if len(first) else _empty()
+        start = files.group_first_row[g[first]]
+        stop = files.group_first_row[g[last]] + files.group_rows[g[last]]
+    del g, owner, first
+    if files.deleted is not None:
+        fixed = _rows_in(files, file, start, stop)
+        changed = fixed != run_rows
+        num_rows = files.rows[file]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            proportional = np.where(
+                num_rows > 0, files.size[file] * (stop - start) // np.maximum(num_rows, 1), 0
+            )
+        run_bytes = np.where(changed & (run_bytes == 0), proportional, run_bytes)
+        run_rows = fixed
+    unit = np.zeros(len(file), dtype=np.uint8)
+    return file, start, stop, unit, run_rows, run_bytes
+
+
+def _greedy_starts(
+    owner: Array, rows: Array, size: Array, split_bytes: int | None, split_rows: int | None
+) -> Array:
+    """Where each run of consecutive groups starts (``RowGroupSplit``'s greedy packing).
+
+    The groups of all files advance in lockstep (group ``k`` of every file at once);
+    when few files are left, their remaining groups are packed one by one.
+    """
+    n = len(owner)
+    starts = np.zeros(n, dtype=bool)
+    if not n:
+        return starts
+    boundary = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+    counts = np.diff(np.r_[boundary, n])
+    starts[boundary] = True
+    run_bytes = size[boundary].copy()
+    run_rows = rows[boundary].copy()
+    active = np.flatnonzero(counts > 1)  # files (by slot) with a group at the next level
+    level = 1
+    while len(active) >= 32:
+        idx = boundary[active] + level
+        b, r = size[idx], rows[idx]
+        full = np.zeros(len(idx), dtype=bool)
+        if split_bytes is not None:
+            full |= run_bytes[active] + b > split_bytes
+        if split_rows is not None:
+            full |= run_rows[active] + r > split_rows
+        starts[idx] = full
+        run_bytes[active] = np.where(full, b, run_bytes[active] + b)
+        run_rows[active] = np.where(full, r, run_rows[active] + r)
+        level += 1
+        active = active[counts[active] > level]
+    # Few files have more groups: finish them one group at a time.
+    for slot in active.tolist():
+        rb, rr = int(run_bytes[slot]), int(run_rows[slot])
+        for k in range(int(boundary[slot]) + level, int(boundary[slot] + counts[slot])):
+            nb, nr = int(size[k]), int(rows[k])
+            over = (split_bytes is not None and rb + nb > split_bytes) or (
+                split_rows is not None and rr + nr > split_rows
+            )
+            if over:
+                starts[k] = True
+                rb, rr = nb, nr
+            else:
+                rb, rr = rb + nb, rr + nr
+    return starts
+
+
+def _row_group_split(files: FileTable, strategy: RowGroupSplit) -> ChunkTable:
+    ids = np.arange(len(files), dtype=np.int64)
+    whole = _whole_files(files, ids[~files.has_groups])
+    runs = _runs(files, ids[files.has_groups], strategy.split_bytes, strategy.split_rows)
+    return _table(files, *(np.concatenate([a, b]) for a, b in zip(whole, runs, strict=True)))
+
+
+def _byte_range_split(files: FileTable, strategy: ByteRangeSplit) -> ChunkTable:
+    ids = np.arange(len(files), dtype=np.int64)
+    ranged = (files.rows < 0) & files.splittable & (files.size > strategy.split_bytes)
+    whole = _whole_files(files, ids[~ranged])
+    r_ids = ids[ranged]
+    block = np.zeros(len(r_ids), dtype=np.int64)
+    if files.block_bytes is not None:
+        block = files.block_bytes[r_ids]
+    step = np.where(
+        block > 0, np.maximum(1, strategy.split_bytes // np.maximum(block, 1)) * block, strategy.split_bytes
+    )
+    size = files.size[r_ids]
+    count = -(-size // step)
+    file = np.repeat(r_ids, count)
+    local = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    step_r, size_r = np.repeat(step, count), np.repeat(size, count)
+    start = local * step_r
+    stop = np.minimum(size_r, start + step_r)
+    rows = np.full(len(file), -1, dtype=np.int64)
+    if files.block_bytes is not None and files.record_offsets is not None and files.record_counts is not None:
+        block_r = np.repeat(block, count)
+        counted = block_r > 0
+        cs = np.zeros(len(files.record_counts) + 1, dtype=np.int64)
+        np.cumsum(files.record_counts, out=cs[1:])
+        c_file, c_start, c_stop, c_block = file[counted], start[counted], stop[counted], block_r[counted]
+        base = files.record_offsets[c_file]
+        rows[counted] = cs[base + (-(-c_stop // c_block))] - cs[base + c_start // c_block]
+    keep = rows != 0
+    ranges = (
+        file[keep],
+        start[keep],
+        stop[keep],
+        np.full(int(keep.sum()), BYTES, np.uint8),
+        rows[keep],
+        (stop - start)[keep],
+    )
+    return _table(files, *(np.concatenate([a, b]) for a, b in zip(whole, ranges, strict=True)))
+
+
+def build_chunks(strategy: FileSplit | RowGroupSplit | ByteRangeSplit, files: FileTable) -> ChunkTable:
+    """Every chunk of a built-in strategy, vectorized: those of ``strategy.split(files)``.
+
+    Raises:
+        TypeError: ``strategy`` is not a built-in splitter (see :func:`is_builtin`).
+    """
+    if type(strategy) is FileSplit:
+        return _file_split(files)
+    if type(strategy) is RowGroupSplit:
+        return _row_group_split(files, strategy)
+    if type(strategy) is ByteRangeSplit:
+        return _byte_range_split(files, strategy)
+    raise TypeError(f"not a built-in split strategy: {strategy!r}")
+
+
+def from_chunks(chunks: Sequence[Chunk], files: FileTable, strategy_name: str) -> ChunkTable:
+    """A custom strategy's chunks as a table, validated, with exact row counts filled in.
+
+    Raises:
+        PlanError: a chunk names an unknown file, or its range is empty or out of bounds.
+    """
+    chunks = normalize_chunks(chunks, files, strategy_name)
+    n = len(chunks)
+    ids = np.fromiter((files.index(c.path) for c in chunks), dtype=np.int64, count=n)
+    skip = np.fromiter((c.skip for c in chunks), dtype=np.int64, count=n)
+    padding = np.fromiter((c.padding for c in chunks), dtype=bool, count=n)
+    return ChunkTable(
+        files,
+        ids,
+        np.fromiter((c.start for c in chunks), dtype=np.int64, count=n),
+        np.fromiter((c.stop for c in chunks), dtype=np.int64, count=n),
+        np.fromiter((_UNITS.index(c.unit) for c in chunks), dtype=np.uint8, count=n),
+        np.fromiter((-1 if c.num_rows is None else c.num_rows for c in chunks), dtype=np.int64, count=n),
+        np.fromiter((c.num_bytes for c in chunks), dtype=np.int64, count=n),
+        skip if skip.any() else None,
+        padding if padding.any() else None,
+    )
+
+
+def check_table_overlap(table: ChunkTable, what: str) -> None:
+    """:func:`~.splits.check_no_overlap` over a chunk table, vectorized.
+
+    Files where two chunks may share rows are found with numpy; only their chunks are
+    built as objects, for the exact check and its message.
+
+    Raises:
+        OverlappingChunksError: naming both chunks.
+    """
+    keep = np.ones(len(table), dtype=bool) if table.padding is None else ~table.padding
+    file, start, stop, unit = table.file[keep], table.start[keep], table.stop[keep], table.unit[keep]
+    if len(file) < 2:
+        return
+    order = np.lexsort((unit, stop, start, file))
+    f, s, e, u = file[order], start[order], stop[order], unit[order]
+    same = (f[1:] == f[:-1]) & (s[1:] == s[:-1]) & (e[1:] == e[:-1]) & (u[1:] == u[:-1])
+    suspect = set(f[1:][same].tolist())
+    distinct = np.r_[True, ~same]
+    f, s, e, u = f[distinct], s[distinct], e[distinct], u[distinct]
+    along = f[1:] == f[:-1]
+    bad = along & ((u[1:] != u[:-1]) | (s[1:] < e[:-1]))
+    suspect.update(f[1:][bad].tolist())
+    if not suspect:
+        return
+    index = np.flatnonzero(keep)[np.isin(file, np.array(sorted(suspect), dtype=np.int64))]
+    check_no_overlap([table.chunk(int(i)) for i in index], what)

@@ -1,0 +1,324 @@
+"""The per-rank planner against a straightforward all-ranks reference kept here.
+
+The reference plans every rank at once with Chunk objects, as the planner did before it
+became per-rank: split, normalize, shuffle by ``(seed, epoch)``, deal ``[rank::num_ranks]``,
+leave out (``'drop'``) a span of the epoch's row stream, keep each share up to the quota
+and move the surplus, rank after rank, to the short ranks (with ``'pad'``, the padding
+span ends the pool), then LPT and worker quotas per rank. The planner must give exactly
+its chunks, for every rank and worker, over layouts x strategies x ranks x workers x
+epochs.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests import strategies as ts
+from torch_dataloader_utils.config import EqualBatches
+from torch_dataloader_utils.errors import PlanError
+from torch_dataloader_utils.plan.assign import assign
+from torch_dataloader_utils.plan.planner import Planner, PlanSpec, plan_epoch
+from torch_dataloader_utils.plan.ranks import worker_quotas
+from torch_dataloader_utils.plan.shuffle import random_offset, shuffled
+from torch_dataloader_utils.plan.splits import RankAwareStrategy, normalize_chunks
+from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo
+
+DROP_SALT = 0x64726F70
+PAD_SALT = 0x70616400
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows ``[lo, hi)`` of ``chunk`` (in the order it yields them)."""
+
+    chunk: Chunk
+    lo: int
+    hi: int
+    padding: bool = False
+
+    @property
+    def rows(self) -> int:
+        return self.hi - self.lo
+
+
+def materialize(p: Piece, files: dict[str, FileInfo]) -> Chunk:
+    c = p.chunk
+    n = c.num_rows
+    if n is None or (p.lo == 0 and p.hi == n):
+        if p.padding and not c.padding:
+            return Chunk(c.path, c.start, c.stop, c.unit, c.num_rows, c.num_bytes, True, c.skip)
+        return c
+    size = c.num_bytes * p.hi // n - c.num_bytes * p.lo // n
+    pad = p.padding or c.padding
+    if c.unit is ChunkUnit.BYTES:
+        return Chunk(c.path, c.start, c.stop, c.unit, p.rows, size, pad, c.skip + p.lo)
+    f = files[c.path]
+    start = c.start if p.lo == 0 else f.stop_after(c.start, p.lo)
+    stop = c.stop if p.hi == n else f.stop_after(c.start, p.hi)
+    return Chunk(c.path, start, stop, ChunkUnit.ROWS, p.rows, size, pad)
+
+
+def cut(p: Piece, rows: int) -> tuple[Piece, Piece]:
+    return Piece(p.chunk, p.lo, p.lo + rows, p.padding), Piece(p.chunk, p.lo + rows, p.hi, p.padding)
+
+
+def weight(p: Piece) -> int:
+    return p.rows if p.chunk.num_rows is not None else p.chunk.num_bytes
+
+
+def reference_stream(spec: PlanSpec, epoch: int) -> list[tuple[Chunk, int]]:
+    """The epoch's chunks in stream order, with the rank each is dealt to.
+
+    Strategies returning every chunk: the shuffled order, chunk ``j`` to rank ``j %
+    num_ranks``. Rank-aware strategies: each rank's (shuffled) chunks, rank after rank.
+    """
+    files = {f.path: f for f in spec.files}  # type: ignore[union-attr]
+    strategy = spec.strategy
+    if isinstance(strategy, RankAwareStrategy):
+        stream = []
+        for rank in range(spec.num_ranks):
+            chunks = strategy.split_rank(
+                spec.files,  # type: ignore[arg-type]
+                num_workers=spec.num_workers,
+                epoch=epoch,
+                num_ranks=spec.num_ranks,
+                rank=rank,
+            )
+            chunks = normalize_chunks(chunks, files, strategy.name)
+            stream += [
+                (c, rank) for c in (shuffled(chunks, spec.seed, epoch, rank) if spec.shuffle else chunks)
+            ]
+        return stream
+    chunks = normalize_chunks(
+        strategy.split(spec.files, num_workers=spec.num_workers, epoch=epoch),  # type: ignore[arg-type]
+        files,
+        strategy.name,
+    )
+    if spec.shuffle:
+        chunks = shuffled(chunks, spec.seed, epoch)
+    return [(c, j % spec.num_ranks) for j, c in enumerate(chunks)]
+
+
+def reference_plan(
+    spec: PlanSpec, epoch: int, workers_of: Callable[[int], int]
+) -> tuple[list[list[list[Chunk]]], list[Chunk]]:
+    """Every rank's chunks per worker, and the chunks left out."""
+    files = {f.path: f for f in spec.files}  # type: ignore[union-attr]
+    chunks = reference_stream(spec, epoch)
+    num_ranks = spec.num_ranks
+    dropped: list[Piece] = []
+    if not spec.equalized:
+        pieces: list[list[Piece]] = [[] for _ in range(num_ranks)]
+        for c, r in chunks:
+            pieces[r].append(Piece(c, 0, c.num_rows or 0))
+        quota = 0
+    else:
+        if any(c.num_rows is None for c, _ in chunks):
+            raise PlanError("equal_batches needs exact row counts")
+        stream = [Piece(c, 0, c.num_rows or 0) for c, _ in chunks]
+        owner = [r for _, r in chunks]
+        total = sum(p.rows for p in stream)
+        pad = spec.equal_batches is EqualBatches.PAD
+        pad_rows = -total % num_ranks if pad else 0
+        left_out = 0 if pad else total % num_ranks
+        quota = (total + pad_rows - left_out) // num_ranks
+        span_lo = total - left_out
+        if spec.shuffle and left_out:
+            span_lo = random_offset(total - left_out + 1, spec.seed, epoch, DROP_SALT)
+        span_hi = span_lo + left_out
+        # Leave the span out of the stream: pieces before, inside and after it.
+        pieces = [[] for _ in range(num_ranks)]
+        position = 0
+        for p, r in zip(stream, owner, strict=True):
+            a = min(max(span_lo - position, 0), p.rows)
+            b = min(max(span_hi - position, 0), p.rows)
+            if p.rows == 0:
+                pieces[r].append(p)
+            for lo, hi in ((0, a), (b, p.rows)):
+                if hi > lo:
+                    pieces[r].append(Piece(p.chunk, lo, hi))
+            if b > a:
+                dropped.append(Piece(p.chunk, a, b))
+            position += p.rows
+        # Keep each share up to the quota; the surplus goes to a pool, rank after rank.
+        pool: deque[Piece] = deque()
+        kept: list[list[Piece]] = []
+        for share_pieces in pieces:
+            out: list[Piece] = []
+            have = 0
+            for p in share_pieces:
+                if have >= quota and p.rows > 0:
+                    pool.append(p)
+                elif have + p.rows <= quota:
+                    out.append(p)
+                    have += p.rows
+                else:
+                    head, tail = cut(p, quota - have)
+                    out.append(head)
+                    pool.append(tail)
+                    have = quota
+            kept.append(out)
+        # Padding: pad_rows rows of the stream read cyclically from an offset.
+        offset = (
+            random_offset(total, spec.seed, epoch, PAD_SALT) if spec.shuffle and total and pad_rows else 0
+        )
+        cyclic = [p for p in stream if p.rows]
+        position, need = 0, pad_rows
+        starts = []
+        for p in cyclic:
+            starts.append(position)
+            position += p.rows
+        at = offset
+        while need > 0:
+            k = max(i for i, s in enumerate(starts) if s <= at)
+            p = cyclic[k]
+            lo = at - starts[k]
+            n = min(p.rows - lo, need)
+            pool.append(Piece(p.chunk, lo, lo + n, True))
+            need -= n
+            at = (at + n) % total
+        # Short ranks take from the pool, in rank order.
+        for out in kept:
+            have = sum(p.rows for p in out)
+            while have < quota:
+                p = pool.popleft()
+                if p.rows <= quota - have:
+                    out.append(p)
+                    have += p.rows
+                else:
+                    head, tail = cut(p, quota - have)
+                    out.append(head)
+                    pool.appendleft(tail)
+                    have = quota
+        assert not [p for p in pool if p.rows]
+        pieces = kept
+    plans = []
+    for rank, share_pieces in enumerate(pieces):
+        workers = workers_of(rank)
+        bins = assign(share_pieces, workers, weight)
+        if spec.equalized:
+            bins = fill(bins, worker_quotas(quota, workers, spec.batch_size))
+        plans.append([[materialize(p, files) for p in b] for b in bins])
+    return plans, [materialize(p, files) for p in dropped]
+
+
+def fill(bins: Sequence[Sequence[Piece]], quotas: Sequence[int]) -> list[list[Piece]]:
+    """Each worker keeps its pieces up to its quota; the rest tops up the others."""
+    pool: deque[Piece] = deque()
+    kept: list[list[Piece]] = []
+    for pieces, quota in zip(bins, quotas, strict=True):
+        out: list[Piece] = []
+        have = 0
+        for p in pieces:
+            if have >= quota and p.rows > 0:
+                pool.append(p)
+            elif have + p.rows <= quota:
+                out.append(p)
+                have += p.rows
+            else:
+                head, tail = cut(p, quota - have)
+                out.append(head)
+                pool.append(tail)
+                have = quota
+        kept.append(out)
+    for out, quota in zip(kept, quotas, strict=True):
+        have = sum(p.rows for p in out)
+        while have < quota and pool:
+            p = pool.popleft()
+            if p.rows <= quota - have:
+                out.append(p)
+                have += p.rows
+            else:
+                head, tail = cut(p, quota - have)
+                out.append(head)
+                pool.appendleft(tail)
+                have = quota
+    return kept
+
+
+@dataclass(frozen=True)
+class Case:
+    files: list[FileInfo]
+    strategy: Any
+    num_ranks: int
+    workers: list[int]
+    shuffle: bool
+    seed: int
+    policy: EqualBatches
+    batch_size: int
+    epochs: list[int]
+
+    def spec(self) -> PlanSpec:
+        return PlanSpec(
+            tuple(self.files),
+            ts.quiet_resolve(self.strategy),
+            self.num_ranks,
+            1,
+            self.shuffle,
+            self.seed,
+            self.policy,
+            self.batch_size,
+        )
+
+    def workers_of(self, rank: int) -> int:
+        return self.workers[rank % len(self.workers)]
+
+
+cases = st.builds(
+    Case,
+    files=st.one_of(ts.rich_layouts(), ts.layouts().map(list)),
+    strategy=st.one_of(ts.rich_splits(), st.just(ts.HalfFileLegacy()), st.just(ts.HalfFileSharded())),
+    num_ranks=ts.num_ranks,
+    workers=st.lists(st.integers(1, 5), min_size=1, max_size=4),
+    shuffle=st.booleans(),
+    seed=ts.seeds,
+    policy=st.sampled_from(list(EqualBatches)),
+    batch_size=st.integers(1, 40),
+    epochs=st.lists(ts.epochs, min_size=1, max_size=3),
+)
+
+
+@ts.more_examples(3)
+@given(cases)
+def test_per_rank_planner_matches_the_reference(case: Case) -> None:
+    spec = case.spec()
+    for epoch in case.epochs:
+        try:
+            expected, dropped = reference_plan(spec, epoch, case.workers_of)
+        except PlanError:
+            with pytest.raises(PlanError, match="exact row counts"):
+                Planner(spec).rank_plan(epoch, 0, case.workers_of(0))
+            continue
+        # Every rank plans alone, in a process of its own (a fresh planner), as in a job.
+        for rank in range(case.num_ranks):
+            plan = Planner(spec).rank_plan(epoch, rank, case.workers_of(rank))
+            assert [list(w) for w in plan.assignments()] == expected[rank]
+            # A DataLoader worker builds only its own chunks: the same ones.
+            for w in range(plan.num_workers):
+                assert (
+                    list(Planner(spec).rank_plan(epoch, rank, case.workers_of(rank)).chunks_for(w))
+                    == (expected[rank][w])
+                )
+        assert list(Planner(spec).dropped(epoch)) == dropped
+
+
+@given(cases.filter(lambda c: c.policy is not EqualBatches.OFF and c.num_ranks > 1))
+def test_all_ranks_plan_is_the_per_rank_plans(case: Case) -> None:
+    spec = case.spec()
+    epoch = case.epochs[0]
+    try:
+        plan = plan_epoch(spec, epoch)
+    except PlanError:
+        return
+    planner = Planner(spec)
+    assert list(plan.assignments) == [
+        planner.rank_plan(epoch, r).assignments() for r in range(case.num_ranks)
+    ]
+    assert planner.epoch_plan(epoch) == plan  # planned rank by rank when read
