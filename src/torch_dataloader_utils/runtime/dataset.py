@@ -463,6 +463,7 @@ class PlannedDataset(IterableDataset[Any]):
         command instead; each rank then only warns about its own idle workers.
         """
         shuffle = self._options.shuffle
+        chunks = self.rank_plan(0).share_size  # this rank's plan, checked (a custom strategy too)
         if self.world.num_ranks <= REPORT_MAX_RANKS:
             report_plan(
                 self.plan(0),
@@ -473,7 +474,6 @@ class PlannedDataset(IterableDataset[Any]):
                 batch_size=self._options.batching.batch_size,
             )
             return
-        chunks = self.rank_plan(0).share_size
         if self._num_workers > 1 and chunks < self._num_workers:
             warnings.warn(
                 f"num_workers={self._num_workers} but rank {self.world.rank} has only "
