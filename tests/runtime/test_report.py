@@ -30,7 +30,9 @@ def _records(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
 def test_discovery_and_plan_at_info(data: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger=LOGGER):
         StructuredDataset(str(data), num_ranks=2, rank=0, num_workers=2, batch_size=64, split_rows=200)
-    found, plan = _records(caplog, logging.INFO)
+    found, left_out, plan = _records(caplog, logging.INFO)
+    # Which row equal batches leave out (logged when this rank's plan is made), then the summary.
+    assert left_out.startswith("equal_batches='drop' leaves out 1 row(s) in every epoch")
     size = sum(p.stat().st_size for p in data.glob("*.parquet"))
     assert found.startswith(f"found 5 parquet files under {str(data)!r}: 3,075 rows, {size / 1024:.1f} KiB, ")
     assert "33 row groups; schema: id: int64, x: float, label: int64, s: string" in found
