@@ -79,6 +79,12 @@ if TYPE_CHECKING:
     from torch_dataloader_utils.runtime.files import StructuredDataset, create_dataloader
     from torch_dataloader_utils.runtime.iceberg import IcebergDataset
     from torch_dataloader_utils.runtime.loader import ResumableDataLoader
+    from torch_dataloader_utils.runtime.metrics import (
+        LoaderMetrics,
+        RankMetrics,
+        WorkerMetrics,
+        gather_metrics,
+    )
     from torch_dataloader_utils.runtime.options import FileLoaderOptions, IcebergLoaderOptions
     from torch_dataloader_utils.runtime.state import gather_state
     from torch_dataloader_utils.tools.reshard import ReshardReport, reshard
@@ -91,6 +97,10 @@ _LAZY = {
     "FileLoaderOptions": "torch_dataloader_utils.runtime.options",
     "IcebergDataset": "torch_dataloader_utils.runtime.iceberg",
     "IcebergLoaderOptions": "torch_dataloader_utils.runtime.options",
+    "LoaderMetrics": "torch_dataloader_utils.runtime.metrics",
+    "RankMetrics": "torch_dataloader_utils.runtime.metrics",
+    "WorkerMetrics": "torch_dataloader_utils.runtime.metrics",
+    "gather_metrics": "torch_dataloader_utils.runtime.metrics",
     "ResumableDataLoader": "torch_dataloader_utils.runtime.loader",
     "ReshardReport": "torch_dataloader_utils.tools.reshard",
     "StructuredDataset": "torch_dataloader_utils.runtime.files",
@@ -136,6 +146,7 @@ __all__ = [
     "IcebergLoaderOptions",
     "IncompatibleOptionsError",
     "LegacySplitStrategy",
+    "LoaderMetrics",
     "NoFilesFoundError",
     "NullValueError",
     "OutputFormat",
@@ -145,6 +156,7 @@ __all__ = [
     "PlanError",
     "RaggedLayout",
     "RankFailedError",
+    "RankMetrics",
     "ReadError",
     "RecordBoundaryError",
     "RecordIndex",
@@ -168,8 +180,10 @@ __all__ = [
     "UnknownColumnError",
     "UnknownLengthError",
     "UnknownOptionError",
+    "WorkerMetrics",
     "World",
     "create_dataloader",
+    "gather_metrics",
     "gather_state",
     "merge_states",
     "reshard",

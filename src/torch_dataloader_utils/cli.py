@@ -1,331 +1,368 @@
-"""Command line: ``demo`` (the README's main job), ``plan`` (inspect a plan), ``reshard``.
+"""Command line ``torch-dataloader-utils`` (or ``python -m torch_dataloader_utils``): parsing only.
 
-Usage::
+Commands (their logic lives in :mod:`torch_dataloader_utils.tools`, one module each)::
 
-    python -m torch_dataloader_utils demo          # torchrun on CPU: 2 ranks x 2 workers
-    python -m torch_dataloader_utils plan PATH --num-ranks 4 --num-workers 2 --epoch 0
+    torch-dataloader-utils plan PATH --num-ranks 64 --num-workers 4 --batch-size 1024
+    torch-dataloader-utils plan PATH --epochs 3 --picture plan.png
+    torch-dataloader-utils inspect PATH --num-ranks 64 --num-workers 4
+    torch-dataloader-utils simulate PATH --num-ranks 64 --num-workers 4 --latency-ms 30
     torch-dataloader-utils reshard SRC DST --target-file-size 256MiB --workers 8
+    torch-dataloader-utils demo
+
+A user error (a missing path, a bad option) prints one line and exits with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
-import socket
-import subprocess
 import sys
-import time
-from collections.abc import Sequence
-from datetime import timedelta
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-import numpy as np
+from torch_dataloader_utils.config import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_EQUAL_BATCHES,
+    DEFAULT_READ_AHEAD_BYTES,
+    DEFAULT_SHUFFLE_SEED,
+    DEFAULT_SPLIT_BYTES,
+)
+from torch_dataloader_utils.errors import DataLoaderUtilsError
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
-DEMO_ROWS = 200_000
-DEMO_FILES = 7
-
-
-def make_demo_dataset(root: Path, rows: int = DEMO_ROWS, files: int = DEMO_FILES) -> Path:
-    """Write a small Parquet dataset with uneven files and an ``id`` column (once)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    target = root / "parquet"
-    done = target / "_SUCCESS"
-    if done.exists():
-        return target
-    target.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    weights = rng.uniform(0.3, 1.7, size=files)
-    sizes = np.floor(weights / weights.sum() * rows).astype(int)
-    sizes[-1] += rows - sizes.sum()
-    start = 0
-    for i, n in enumerate(sizes):
-        ids = np.arange(start, start + n, dtype=np.int64)
-        table = pa.table(
-            {
-                "id": ids,
-                "f0": rng.standard_normal(n).astype(np.float32),
-                "f1": rng.standard_normal(n).astype(np.float32),
-                "label": rng.integers(0, 10, n),
-            }
-        )
-        pq.write_table(table, target / f"part-{i:05d}.parquet", row_group_size=8192)
-        start += n
-    done.touch()
-    return target
+PROG = "torch-dataloader-utils"
+USER_ERROR = 2
+"""Exit status of a user error (as argparse's own)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``PROG CMD: error: ... (see --help)``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _demo(args: argparse.Namespace) -> int:
-    """Launch the demo as real ranks: torchrun on CPU (gloo), then report its exit code."""
-    path = make_demo_dataset(Path(args.data_dir))
-    print(f"dataset: {path} ({DEMO_ROWS} rows in {DEMO_FILES} Parquet files)")
-    print(
-        f"launching torchrun: {args.num_ranks} ranks x {args.num_workers} workers on CPU (gloo), "
-        f"shuffle=True, epochs={args.epochs}",
-        flush=True,
-    )
-    package_root = str(Path(__file__).resolve().parents[1])
-    child_env = dict(os.environ)
-    child_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p
-    )
-    child_env.setdefault("OMP_NUM_THREADS", "1")
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        child_env.pop(name, None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={args.num_ranks}",
-        "--master_addr=127.0.0.1",
-        f"--master_port={_free_port()}",
-        "--module",
-        "torch_dataloader_utils",
-        "demo-rank",
-        f"--data-dir={path}",
-        f"--num-workers={args.num_workers}",
-        f"--batch-size={args.batch_size}",
-        f"--epochs={args.epochs}",
-    ]
-    try:
-        done = subprocess.run(cmd, env=child_env, timeout=args.timeout, check=False)
-    except subprocess.TimeoutExpired:
-        print(f"FAIL: the demo did not finish in {args.timeout} s")
-        return 1
-    if done.returncode != 0:
-        print(f"FAIL: torchrun exited with {done.returncode}")
-    return 1 if done.returncode else 0
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Help with every default shown (options left unset show the library's default in their text)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if "(default" in text or not action.option_strings:
+            return text
+        if default is None or default is False or default is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: {default})"
 
 
-def _demo_rank(args: argparse.Namespace) -> int:
-    """One rank of the demo: a loop with one all_reduce per batch; rank 0 verifies."""
-    import torch
-    import torch.distributed as dist
+def _typed(parse: Callable[[str], Any], name: str) -> Callable[[str], Any]:
+    """An argparse ``type`` whose ``ValueError`` message is shown as is."""
 
-    from torch_dataloader_utils import StructuredDataset
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
 
-    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    loader, dataset = StructuredDataset.create_dataloader(
-        path=args.data_dir,
-        format="parquet",
-        batch_size=args.batch_size,
-        num_workers=args.num_workers,
-        shuffle=True,
-        shuffle_seed=42,
-        split_rows=16384,
-    )  # num_ranks / rank come from the process group; equal_batches='drop' by default
-    ok = True
-    for epoch in range(args.epochs):
-        dataset.set_epoch(epoch)
-        t0 = time.perf_counter()
-        parts: list[np.ndarray] = []
-        batches = 0
-        for batch in loader:
-            step = torch.ones(1)
-            dist.all_reduce(step)  # one collective per batch, as DDP's gradient sync
-            parts.append(batch["id"].numpy().copy())
-            batches += 1
-        ids = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-        stats = (rank, len(ids), batches, len(loader), time.perf_counter() - t0)
-        gathered: list[object] = [None] * world if rank == 0 else []
-        dist.gather_object((stats, ids), gathered if rank == 0 else None, dst=0)
-        if rank == 0:
-            ok = _verify(epoch, gathered, dataset) and ok
-        flag = torch.tensor([1 if ok else 0])
-        dist.broadcast(flag, src=0)
-        ok = bool(flag.item())
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0 if ok else 1
+    convert.__name__ = name
+    return convert
 
 
-def _verify(epoch: int, gathered: Sequence[Any], dataset: Any) -> bool:
-    print(f"\nepoch {epoch}\n  rank  rows     batches  len(loader)  seconds")
-    seen = []
-    counts = set()
-    for (rank, rows, batches, length, seconds), ids in gathered:
-        print(f"  {rank:<5d} {rows:<8d} {batches:<8d} {length:<12d} {seconds:.2f}")
-        seen.append(ids)
-        counts.add(batches)
-        counts.add(length)
-    ids = np.concatenate(seen)
-    dropped = sum(c.num_rows or 0 for c in dataset.plan(epoch).dropped)
-    counts_ids = np.bincount(ids, minlength=DEMO_ROWS)
-    missing, repeated = int((counts_ids == 0).sum()), int((counts_ids > 1).sum())
-    if len(counts) == 1 and repeated == 0 and missing == dropped and len(ids) == DEMO_ROWS - dropped:
-        print(
-            f"  OK: every rank yielded {counts.pop()} batches; all {DEMO_ROWS - dropped} rows arrived "
-            f"exactly once ({dropped} dropped to equalize ranks)"
-        )
-        return True
-    print(
-        f"  FAIL: batch counts {sorted(counts)}, {len(ids)} rows read, {missing} missing "
-        f"({dropped} planned drops), {repeated} repeated"
-    )
-    return False
-
-
-def _plan(args: argparse.Namespace) -> int:
-    from torch_dataloader_utils import StructuredDataset
-
-    dataset = StructuredDataset(
-        args.path,
-        format=args.format,
-        num_ranks=args.num_ranks,
-        rank=0,
-        num_workers=args.num_workers,
-        shuffle=args.shuffle,
-        shuffle_seed=args.seed,
-        split_bytes=args.split_bytes,
-    )
-    plan = dataset.plan(args.epoch, num_workers=args.num_workers)
-    print(f"epoch {plan.epoch}  ranks {plan.num_ranks}  workers/rank {plan.num_workers}  seed {plan.seed}")
-    dropped = sum(c.num_rows or 0 for c in plan.dropped)
-    print(f"equal_batches {dataset.equal_batches.value}  rows dropped to equalize ranks: {dropped}")
-    print(f"{'rank':>4} {'worker':>6} {'rows':>10} {'chunks':>6}  first chunks")
-    for r in range(plan.num_ranks):
-        for w in range(plan.num_workers):
-            chunks = plan.chunks_for(r, w)
-            rows = plan.rows_for(r, w)
-            head = ", ".join(f"{Path(c.path).name}[{c.start}:{c.stop})" for c in chunks[:3])
-            more = " ..." if len(chunks) > 3 else ""
-            print(f"{r:>4} {w:>6} {rows if rows is not None else '?':>10} {len(chunks):>6}  {head}{more}")
-    if args.verify:
-        dataset.verify_plan(args.epoch, num_workers=args.num_workers)
-        print(f"verified: no row is planned for two ranks in epoch {plan.epoch}")
-    return 0
-
-
-_FILTER_RE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(==|!=|<=|>=|<|>|=|\bin\b)\s*(.+?)\s*$")
-
-
-def parse_filter(text: str) -> Any:
-    """``--filter "NAME OP VALUE"`` as a pyarrow expression.
-
-    ``OP`` is one of ``== != < <= > >= in``; ``VALUE`` is a JSON literal (``5``,
-    ``"a"``, ``true``, ``[1, 2]`` for ``in``) or a bare word (a string).
-
-    Raises:
-        ConfigError: the text is not of that form.
-    """
-    import pyarrow.compute as pc
-
-    from torch_dataloader_utils.errors import ConfigError
-
-    match = _FILTER_RE.match(text)
-    if match is None:
-        raise ConfigError(
-            f"--filter {text!r} is not 'NAME OP VALUE' (OP one of == != < <= > >= in), "
-            "e.g. --filter 'label == 3' or --filter 'split in [\"train\", \"val\"]'"
-        )
-    name, op, raw = match.groups()
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
-    field = pc.field(name)
-    if op == "in":
-        if not isinstance(value, list):
-            raise ConfigError(f"--filter {text!r}: 'in' needs a JSON list, e.g. [1, 2]")
-        return field.isin(value)
-    ops = {
-        "==": field.__eq__,
-        "=": field.__eq__,
-        "!=": field.__ne__,
-        "<": field.__lt__,
-        "<=": field.__le__,
-        ">": field.__gt__,
-        ">=": field.__ge__,
-    }
-    return ops[op](value)
-
-
-def _json_option(text: str | None, flag: str) -> Any:
-    from torch_dataloader_utils.errors import ConfigError
-
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f'{flag} must be a JSON object, e.g. \'{{"key": "..."}}\' ({exc})') from exc
-    if not isinstance(value, dict):
-        raise ConfigError(f"{flag} must be a JSON object, got {text!r}")
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{text!r} must be an integer >= 1")
     return value
 
 
-def _names_option(text: str | None) -> list[str] | None:
-    return None if text is None else [c.strip() for c in text.split(",") if c.strip()]
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"{text!r} must be an integer >= 0")
+    return value
 
 
-def _reshard(args: argparse.Namespace) -> int:
-    """Parse ``reshard``'s flags into :func:`~torch_dataloader_utils.tools.reshard.reshard`'s keywords."""
-    from torch_dataloader_utils.errors import DataLoaderUtilsError
-    from torch_dataloader_utils.tools.reshard import reshard
+def _non_negative_number(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"{text!r} must be a number >= 0")
+    return value
 
-    try:
-        filters = None
-        for text in args.filter or []:
-            expr = parse_filter(text)
-            filters = expr if filters is None else filters & expr
-        size = args.row_group_size.strip()
-        by_rows = size.lower().endswith("rows")
-        report = reshard(
-            args.src if len(args.src) > 1 else args.src[0],
-            args.dst,
-            format=args.format,
-            columns=_names_option(args.columns),
-            filters=filters,
-            storage_options=_json_option(args.storage_options, "--storage-options"),
-            partitioning=args.partitioning,
-            catalog_config=_json_option(args.catalog_config, "--catalog-config"),
-            snapshot_id=args.snapshot_id,
-            dst_storage_options=_json_option(args.dst_storage_options, "--dst-storage-options"),
-            target_file_size=args.target_file_size,
-            row_group_bytes=None if by_rows else size,
-            row_group_rows=_rows(size) if by_rows else None,
-            compression=args.compression,
-            sort_by=_names_option(args.sort_by),
-            group_by=_names_option(args.group_by),
-            partition_by=_names_option(args.partition_by),
-            workers=args.workers,
-            verify=args.verify,
-            rank_timeout=args.rank_timeout,
-        )
-    except DataLoaderUtilsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(
-        f"{report.destination}: {report.num_shards} shards, {report.num_rows} rows, "
-        f"{report.num_bytes} bytes ({report.shards_written} written now, {report.shards_skipped} "
-        f"done before) in {report.seconds:.1f} s" + ("; verified" if report.verified else "")
+
+def _dataset_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that shape a plan: the source, its reading options, the world."""
+    from torch_dataloader_utils.tools import source
+
+    src = p.add_argument_group("dataset")
+    src.add_argument(
+        "path", nargs="*", help="files: a file, directory or glob (several allowed); omit with --table"
     )
+    src.add_argument(
+        "--format", choices=["parquet", "orc", "csv", "jsonl"], default="parquet", help="file format"
+    )
+    src.add_argument(
+        "--table", help="an Iceberg table instead of files: NAMESPACE.TABLE (default: none, read PATH)"
+    )
+    src.add_argument(
+        "--catalog-config",
+        type=_typed(source.parse_catalog_config, "catalog config"),
+        help="Iceberg catalog properties: a JSON object or a JSON file (default: pyiceberg's configuration)",
+    )
+    src.add_argument("--snapshot-id", type=int, help="Iceberg: read this snapshot (default: the current one)")
+    src.add_argument(
+        "--storage-option",
+        action="append",
+        type=_typed(source.parse_storage_option, "KEY=VALUE"),
+        metavar="KEY=VALUE",
+        help="a filesystem option (credentials, endpoint_url, ...), repeatable; values are JSON "
+        "literals or strings (default: none)",
+    )
+    src.add_argument("--columns", help="comma-separated columns to read (default: all)")
+    src.add_argument(
+        "--filter",
+        action="append",
+        type=_typed(source.parse_filter, "filter"),
+        metavar="EXPR",
+        help="a row filter 'COLUMN OP VALUE' (OP: == != < <= > >= in, 'is null'), repeatable, "
+        "combined with AND (default: none)",
+    )
+    src.add_argument(
+        "--partitioning", choices=["hive"], help="read key=value directories as columns (default: none)"
+    )
+    src.add_argument("--count-rows", action="store_true", help="count the rows a filter keeps (exact plans)")
+    opt = p.add_argument_group("plan options (as create_dataloader's keywords)")
+    opt.add_argument(
+        "--batch-size", type=_typed(_positive, "int"), help=f"rows per batch (default: {DEFAULT_BATCH_SIZE})"
+    )
+    opt.add_argument(
+        "--split-strategy",
+        choices=["row_group", "byte_range", "file"],
+        help="how files are cut into chunks "
+        "(default: row_group for Parquet / ORC, byte_range for CSV / JSONL)",
+    )
+    opt.add_argument(
+        "--split-bytes",
+        help=f"target chunk size, e.g. 128MiB (default: {DEFAULT_SPLIT_BYTES // 2**20}MiB)",
+    )
+    opt.add_argument(
+        "--split-rows", type=_typed(_positive, "int"), help="target rows per chunk (default: by bytes)"
+    )
+    opt.add_argument(
+        "--equal-batches",
+        choices=["drop", "pad", "off"],
+        help=f"make every rank yield the same batches (default: {DEFAULT_EQUAL_BATCHES.value})",
+    )
+    opt.add_argument("--drop-last", action="store_true", help="drop each worker's last short batch")
+    opt.add_argument("--shuffle", action="store_true", help="shuffle the chunk order every epoch")
+    opt.add_argument(
+        "--seed", type=_typed(_non_negative, "int"), help=f"shuffle seed (default: {DEFAULT_SHUFFLE_SEED})"
+    )
+    opt.add_argument(
+        "--row-shuffle-window",
+        type=_typed(_positive, "int"),
+        help="also mix rows across chunks (default: off)",
+    )
+    opt.add_argument(
+        "--read-ahead", help=f"remote read-ahead bytes (default: {DEFAULT_READ_AHEAD_BYTES // 2**20}MiB)"
+    )
+    world = p.add_argument_group("world")
+    world.add_argument("--num-ranks", type=_typed(_positive, "int"), default=1, help="ranks of the job")
+    world.add_argument(
+        "--num-workers",
+        type=_typed(_non_negative, "int"),
+        default=0,
+        help="DataLoader workers per rank (0: read in the main process)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON for machines")
+
+
+def _source(args: argparse.Namespace) -> Any:
+    """The :class:`~torch_dataloader_utils.tools.source.Source` the arguments describe."""
+    from functools import reduce
+
+    from torch_dataloader_utils.tools.source import Source
+
+    options: dict[str, Any] = {}
+    given = {
+        "batch_size": args.batch_size,
+        "split_strategy": args.split_strategy,
+        "split_bytes": args.split_bytes,
+        "split_rows": args.split_rows,
+        "equal_batches": args.equal_batches,
+        "shuffle_seed": args.seed,
+        "row_shuffle_window": args.row_shuffle_window,
+        "read_ahead_bytes": args.read_ahead,
+        "partitioning": args.partitioning,
+        "snapshot_id": args.snapshot_id,
+    }
+    options.update({k: v for k, v in given.items() if v is not None})
+    for flag in ("shuffle", "drop_last", "count_rows"):
+        if getattr(args, flag):
+            options[flag] = True
+    if args.columns:
+        options["columns"] = [c.strip() for c in args.columns.split(",") if c.strip()]
+    if args.filter:
+        options["filters"] = reduce(lambda a, b: a & b, args.filter)
+    if args.storage_option:
+        options["storage_options"] = dict(args.storage_option)
+    if args.table is not None:
+        if args.path:
+            raise argparse.ArgumentTypeError(
+                f"pass PATH or --table, not both (got {args.path} and {args.table!r})"
+            )
+        if args.format != "parquet" or args.partitioning:
+            raise argparse.ArgumentTypeError("--format and --partitioning apply to files, not to --table")
+        return Source(table=args.table, catalog_config=args.catalog_config, options=options)
+    if not args.path:
+        raise argparse.ArgumentTypeError("pass PATH (files) or --table NAMESPACE.TABLE (Iceberg)")
+    for key in ("snapshot_id",):
+        if key in options:
+            raise argparse.ArgumentTypeError(f"--{key.replace('_', '-')} applies to --table only")
+    path = args.path[0] if len(args.path) == 1 else list(args.path)
+    return Source(path=path, format=args.format, options=options)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from torch_dataloader_utils.tools.plan import PlanRequest, run_plan
+
+    request = PlanRequest(
+        source=_source(args),
+        num_ranks=args.num_ranks,
+        num_workers=args.num_workers,
+        epoch=args.epoch,
+        epochs=args.epochs,
+        detail=args.detail,
+        as_json=args.json,
+        picture=Path(args.picture) if args.picture else None,
+        picture_ranks=args.picture_ranks,
+        verify=args.verify,
+    )
+    print(run_plan(request))
     return 0
 
 
-def _rows(text: str) -> int:
-    from torch_dataloader_utils.errors import ConfigError
+def _inspect(args: argparse.Namespace) -> int:
+    from torch_dataloader_utils.tools.inspect import InspectRequest, run_inspect
 
-    digits = text[: -len("rows")].strip().replace("_", "")
+    request = InspectRequest(
+        source=_source(args),
+        num_ranks=args.num_ranks,
+        num_workers=args.num_workers,
+        top=args.top,
+        as_json=args.json,
+    )
+    print(run_inspect(request))
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from torch_dataloader_utils.config import parse_read_ahead
+    from torch_dataloader_utils.tools.simulate import SimulateRequest, StorageModel, run_simulate
+
+    bandwidth = float("inf") if args.bandwidth_mib is None else args.bandwidth_mib * 2**20
+    storage = StorageModel(
+        latency_sec=args.latency_ms / 1000,
+        bandwidth=bandwidth,
+        concurrency=args.concurrency,
+        read_ahead_bytes=DEFAULT_READ_AHEAD_BYTES
+        if args.read_ahead is None
+        else parse_read_ahead(args.read_ahead),
+        receive_rate=float("inf") if args.receive_mib is None else args.receive_mib * 2**20,
+    )
+    request = SimulateRequest(
+        source=_source(args),
+        num_ranks=args.num_ranks,
+        num_workers=args.num_workers,
+        epoch=args.epoch,
+        storage=storage,
+        decode_rate=args.decode_rate,
+        cores_per_rank=args.cores_per_rank,
+        worker_start_sec=args.worker_start,
+        step_sec=args.step_ms / 1000,
+        detail=args.detail,
+        as_json=args.json,
+    )
+    print(run_simulate(request))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from torch_dataloader_utils.tools.demo import run_demo
+
+    return run_demo(args)
+
+
+def _demo_rank(args: argparse.Namespace) -> int:
+    from torch_dataloader_utils.tools.demo import run_demo_rank
+
+    return run_demo_rank(args)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """A JSON object given on the command line (``--storage-options '{"anon": false}'``)."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f'{text!r} is not JSON ({exc}); give an object, e.g. \'{{"key": "value"}}\''
+        ) from exc
+    if not isinstance(value, dict):
+        raise ValueError(f'{text!r} must be a JSON object, e.g. \'{{"key": "value"}}\'')
+    return value
+
+
+def _names(text: str | None) -> list[str] | None:
+    return None if text is None else [c.strip() for c in text.split(",") if c.strip()]
+
+
+def _row_group_size(text: str) -> tuple[str | None, int | None]:
+    """``--row-group-size``: bytes (``32MiB``) or rows (``100000rows``) as (bytes, rows)."""
+    size = text.strip()
+    if not size.lower().endswith("rows"):
+        return size, None
+    digits = size[: -len("rows")].strip().replace("_", "")
     if not digits.isdigit():
-        raise ConfigError(f"--row-group-size {text!r}: give bytes ('32MiB') or rows ('100000rows')")
-    return int(digits)
+        raise ValueError(f"{text!r}: give bytes ('32MiB') or rows ('100000rows')")
+    return None, int(digits)
+
+
+def _reshard(args: argparse.Namespace) -> int:
+    from functools import reduce
+
+    from torch_dataloader_utils.tools.reshard import reshard
+
+    row_group_bytes, row_group_rows = args.row_group_size
+    report = reshard(
+        args.src if len(args.src) > 1 else args.src[0],
+        args.dst,
+        format=args.format,
+        columns=_names(args.columns),
+        filters=reduce(lambda a, b: a & b, args.filter) if args.filter else None,
+        storage_options=args.storage_options,
+        partitioning=args.partitioning,
+        catalog_config=args.catalog_config,
+        snapshot_id=args.snapshot_id,
+        dst_storage_options=args.dst_storage_options,
+        target_file_size=args.target_file_size,
+        row_group_bytes=row_group_bytes,
+        row_group_rows=row_group_rows,
+        compression=args.compression,
+        sort_by=_names(args.sort_by),
+        group_by=_names(args.group_by),
+        partition_by=_names(args.partition_by),
+        workers=args.workers,
+        verify=args.verify,
+        rank_timeout=args.rank_timeout,
+    )
+    print(report.describe())
+    return 0
 
 
 def _add_reshard(sub: Any) -> None:
+    from torch_dataloader_utils.tools import source
     from torch_dataloader_utils.tools.reshard import (
         COMPRESSIONS,
         DEFAULT_COMPRESSION,
@@ -342,68 +379,206 @@ def _add_reshard(sub: Any) -> None:
             "without listing or footers. Restartable: run the same command again after an "
             "interruption. Under torchrun every rank writes its share."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_Help,
     )
+    json_object = _typed(_json_object, "JSON object")
     cmd.add_argument(
         "src", nargs="+", help="files, directories, globs or URLs; or a table with --format iceberg"
     )
     cmd.add_argument("dst", help="output directory (local or URL): new, empty, or an interrupted job's")
     cmd.add_argument("--format", default="parquet", choices=SOURCE_FORMATS, help="source format")
-    cmd.add_argument("--columns", default=None, help="comma-separated columns to keep; all when unset")
-    cmd.add_argument("--filter", action="append", help="keep rows where 'NAME OP VALUE' holds (repeat: and)")
-    cmd.add_argument("--partitioning", default=None, choices=["hive"], help="read key=value directories")
-    cmd.add_argument("--storage-options", default=None, help="source filesystem options (JSON object)")
-    cmd.add_argument("--dst-storage-options", default=None, help="output filesystem options (JSON)")
-    cmd.add_argument("--catalog-config", default=None, help="Iceberg catalog properties (JSON object)")
+    cmd.add_argument("--columns", help="comma-separated columns to keep (default: all)")
     cmd.add_argument(
-        "--snapshot-id", type=int, default=None, help="Iceberg snapshot; the current one when unset"
+        "--filter",
+        action="append",
+        type=_typed(source.parse_filter, "filter"),
+        metavar="EXPR",
+        help="keep rows where 'COLUMN OP VALUE' holds, repeatable, combined with AND (default: none)",
     )
+    cmd.add_argument("--partitioning", choices=["hive"], help="read key=value directories (default: none)")
+    cmd.add_argument(
+        "--storage-options", type=json_object, help="source filesystem options, a JSON object (default: none)"
+    )
+    cmd.add_argument(
+        "--dst-storage-options",
+        type=json_object,
+        help="output filesystem options, a JSON object (default: none)",
+    )
+    cmd.add_argument(
+        "--catalog-config",
+        type=_typed(source.parse_catalog_config, "catalog config"),
+        help="Iceberg catalog properties: a JSON object or a JSON file (default: pyiceberg's configuration)",
+    )
+    cmd.add_argument("--snapshot-id", type=int, help="Iceberg snapshot (default: the current one)")
     cmd.add_argument("--target-file-size", default="256MiB", help="bytes per shard, e.g. 256MiB")
-    cmd.add_argument("--row-group-size", default="32MiB", help="bytes (32MiB) or rows (100000rows)")
-    cmd.add_argument("--compression", default=DEFAULT_COMPRESSION, choices=COMPRESSIONS)
-    cmd.add_argument("--sort-by", default=None, help="comma-separated columns to sort each shard by")
-    cmd.add_argument("--group-by", default=None, help="columns whose rows stay in one shard, contiguous")
-    cmd.add_argument("--partition-by", default=None, help="columns written as key=value directories")
-    cmd.add_argument("--workers", type=int, default=1, help="worker processes per rank")
+    cmd.add_argument(
+        "--row-group-size",
+        type=_typed(_row_group_size, "size"),
+        default="32MiB",
+        help="bytes (32MiB) or rows (100000rows)",
+    )
+    cmd.add_argument("--compression", default=DEFAULT_COMPRESSION, choices=COMPRESSIONS, help="codec")
+    cmd.add_argument("--sort-by", help="comma-separated columns to sort each shard by (default: none)")
+    cmd.add_argument("--group-by", help="columns whose rows stay in one shard, contiguous (default: none)")
+    cmd.add_argument("--partition-by", help="columns written as key=value directories (default: none)")
+    cmd.add_argument("--workers", type=_typed(_positive, "int"), default=1, help="worker processes per rank")
     cmd.add_argument("--verify", action="store_true", help="compare row counts and column checksums")
     cmd.add_argument(
-        "--rank-timeout", type=float, default=DEFAULT_RANK_TIMEOUT, help="seconds a rank waits at a barrier"
+        "--rank-timeout",
+        type=_typed(_non_negative_number, "number"),
+        default=DEFAULT_RANK_TIMEOUT,
+        help="seconds a rank waits at a barrier",
     )
     cmd.set_defaults(fn=_reshard)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m torch_dataloader_utils``."""
-    parser = argparse.ArgumentParser(prog="torch_dataloader_utils")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="generate a local dataset and read it as ranks x workers")
-    demo.add_argument("--data-dir", default="demo_data")
-    demo.add_argument("--num-ranks", type=int, default=2)
-    demo.add_argument("--num-workers", type=int, default=2)
-    demo.add_argument("--batch-size", type=int, default=1000)
-    demo.add_argument("--epochs", type=int, default=2)
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command."""
+    from torch_dataloader_utils import __version__
+    from torch_dataloader_utils.io.prefetch import FETCH_THREADS
+
+    parser = _Parser(
+        prog=PROG,
+        description="See what the loader does before a run: its plan, the data, a predicted epoch.",
+        formatter_class=_Help,
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="log the library's records (-v INFO, -vv DEBUG)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    plan = sub.add_parser(
+        "plan",
+        help="which chunks every rank and worker reads: summary, detail, --json, --picture",
+        description="Plan epochs exactly as the loader will, for any number of ranks and workers; show them.",
+        formatter_class=_Help,
+    )
+    _dataset_arguments(plan)
+    plan.add_argument("--epoch", type=_typed(_non_negative, "int"), default=0, help="the first epoch shown")
+    plan.add_argument("--epochs", type=_typed(_positive, "int"), default=1, help="epochs shown")
+    plan.add_argument(
+        "--detail", type=int, default=16, help="ranks listed chunk by chunk (-1: all; 0: summary only)"
+    )
+    plan.add_argument(
+        "--picture",
+        metavar="FILE",
+        help="draw the plan to FILE (.png, .svg or .pdf; needs matplotlib) (default: none)",
+    )
+    plan.add_argument(
+        "--picture-ranks", type=_typed(_positive, "int"), default=16, help="ranks drawn at most"
+    )
+    plan.add_argument(
+        "--verify",
+        action="store_true",
+        help="check that no row is planned for two ranks (calls a custom strategy for every rank)",
+    )
+    plan.set_defaults(fn=_plan)
+
+    inspect = sub.add_parser(
+        "inspect",
+        help="files, rows, bytes, row groups, schema, compression; warnings and a split size",
+        description="Describe a dataset from its metadata and recommend how to split (or reshard) it.",
+        formatter_class=_Help,
+    )
+    _dataset_arguments(inspect)
+    inspect.add_argument("--top", type=_typed(_non_negative, "int"), default=5, help="largest files listed")
+    inspect.set_defaults(fn=_inspect)
+
+    sim = sub.add_parser(
+        "simulate",
+        help="predict time to first batch, epoch time per rank and the straggler",
+        description=(
+            "Predict an epoch from the plan, a storage model (latency, bandwidth, concurrency) and a decode "
+            "rate (measured on one chunk of the plan unless --decode-rate is given)."
+        ),
+        formatter_class=_Help,
+    )
+    _dataset_arguments(sim)
+    sim.add_argument("--epoch", type=_typed(_non_negative, "int"), default=0, help="the epoch simulated")
+    sim.add_argument(
+        "--latency-ms",
+        type=_typed(_non_negative_number, "number"),
+        default=0.0,
+        help="milliseconds per request",
+    )
+    sim.add_argument(
+        "--bandwidth-mib",
+        type=float,
+        help="MiB/s of one request (default: unlimited)",
+    )
+    sim.add_argument(
+        "--receive-mib",
+        type=float,
+        help="MiB/s one core can receive (copies, TLS): fetching takes CPU from decoding (default: free)",
+    )
+    sim.add_argument(
+        "--concurrency",
+        type=_typed(_positive, "int"),
+        default=FETCH_THREADS,
+        help="requests in flight per worker",
+    )
+    sim.add_argument(
+        "--decode-rate", type=float, help="rows/s of one reading process (default: measured on one chunk)"
+    )
+    sim.add_argument("--cores-per-rank", type=float, default=1.0, help="cores each rank's processes share")
+    sim.add_argument(
+        "--worker-start",
+        type=_typed(_non_negative_number, "number"),
+        help="seconds to start the DataLoader workers (default: measured here)",
+    )
+    sim.add_argument(
+        "--step-ms",
+        type=_typed(_non_negative_number, "number"),
+        default=0.0,
+        help="the training step per batch, ms",
+    )
+    sim.add_argument("--detail", type=int, default=16, help="ranks listed (-1: all)")
+    sim.set_defaults(fn=_simulate)
+
+    _add_reshard(sub)
+
+    demo = sub.add_parser(
+        "demo", help="generate a local dataset and read it as ranks x workers", formatter_class=_Help
+    )
+    demo.add_argument("--data-dir", default="demo_data", help="where the demo dataset is written")
+    demo.add_argument("--num-ranks", type=int, default=2, help="ranks (torchrun processes)")
+    demo.add_argument("--num-workers", type=int, default=2, help="DataLoader workers per rank")
+    demo.add_argument("--batch-size", type=int, default=1000, help="rows per batch")
+    demo.add_argument("--epochs", type=int, default=2, help="epochs read")
     demo.add_argument("--timeout", type=float, default=300, help="seconds before the demo gives up")
     demo.set_defaults(fn=_demo)
-    rank = sub.add_parser("demo-rank", help="one rank of the demo (started by torchrun)")
-    rank.add_argument("--data-dir", required=True)
-    rank.add_argument("--num-workers", type=int, default=2)
-    rank.add_argument("--batch-size", type=int, default=1000)
-    rank.add_argument("--epochs", type=int, default=2)
+    rank = sub.add_parser(
+        "demo-rank", help="one rank of the demo (started by torchrun)", formatter_class=_Help
+    )
+    rank.add_argument("--data-dir", required=True, help="the demo dataset")
+    rank.add_argument("--num-workers", type=int, default=2, help="DataLoader workers")
+    rank.add_argument("--batch-size", type=int, default=1000, help="rows per batch")
+    rank.add_argument("--epochs", type=int, default=2, help="epochs read")
     rank.set_defaults(fn=_demo_rank)
-    plan = sub.add_parser("plan", help="show which chunks each rank and worker reads")
-    plan.add_argument("path")
-    plan.add_argument("--format", default="parquet")
-    plan.add_argument("--num-ranks", type=int, default=1)
-    plan.add_argument("--num-workers", type=int, default=1)
-    plan.add_argument("--epoch", type=int, default=0)
-    plan.add_argument("--shuffle", action="store_true")
-    plan.add_argument("--seed", type=int, default=0)
-    plan.add_argument("--split-bytes", default=None)
-    plan.add_argument("--verify", action="store_true", help="check that no row is planned for two ranks")
-    plan.set_defaults(fn=_plan)
-    _add_reshard(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``torch-dataloader-utils`` and ``python -m torch_dataloader_utils``."""
+    parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args.fn(args))
+    if args.command in ("plan", "inspect", "simulate"):
+        from torch_dataloader_utils.tools.source import quiet_library_logs
+
+        quiet_library_logs(args.verbose)
+    try:
+        return int(args.fn(args))
+    except argparse.ArgumentTypeError as exc:
+        return _fail(f"{PROG} {args.command}", str(exc))
+    except (DataLoaderUtilsError, OSError) as exc:
+        return _fail(f"{PROG} {args.command}", f"{type(exc).__name__}: {exc}")
+
+
+def _fail(prog: str, message: str) -> int:
+    first = " ".join(message.split())
+    print(f"{prog}: error: {first}", file=sys.stderr)
+    return USER_ERROR
 
 
 if __name__ == "__main__":

@@ -437,16 +437,22 @@ class ProgressConfig:
     """Progress display of the batches the training loop receives.
 
     Attributes:
-        show_progress: Show a progress bar (``tqdm``) per worker, updated in the main
-            process as batches arrive (no extra traffic from workers).
-        progress_interval_sec: Seconds between two refreshes of the bars (> 0).
+        show_progress: Show this rank's progress (rows, rows/s, the loop's stall
+            percentage), updated in the main process as batches arrive: a ``tqdm`` bar
+            on a terminal, log lines otherwise.
+        progress_interval_sec: Seconds between two progress lines when standard error
+            is not a terminal (> 0); bars refresh on their own.
+        progress_all_ranks: Show progress on every rank (each line prefixed with its
+            rank), not only on rank 0.
     """
 
     show_progress: bool = False
     progress_interval_sec: float = 120.0
+    progress_all_ranks: bool = False
 
     def __post_init__(self) -> None:
         check_bool(self.show_progress, "show_progress")
+        check_bool(self.progress_all_ranks, "progress_all_ranks")
         interval = self.progress_interval_sec
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
             raise ConfigError(f"progress_interval_sec={interval!r} must be a number of seconds > 0")

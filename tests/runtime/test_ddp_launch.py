@@ -87,8 +87,20 @@ def collect(out: Path, world: int) -> list[dict]:
     return results
 
 
+def check_gathered_metrics(results: list[dict], key: str) -> None:
+    """Every rank gathered the same metrics, and they equal what each rank read."""
+    runs = [r[key] for r in results]
+    expected = [
+        [rank, len(run["ids"]) + len(run["pads"]), run["batches"], len(run["pads"])]
+        for rank, run in enumerate(runs)
+    ]
+    assert all(run["metrics"] == expected for run in runs)
+
+
 def check_equal_and_exactly_once(results: list[dict]) -> None:
     world = len(results)
+    for key in ("drop/0", "drop/1", "pad/0"):
+        check_gathered_metrics(results, key)
     per_rank_rows = TOTAL // world
     for key in ("drop/0", "drop/1"):
         runs = [r[key] for r in results]

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.base import OpenFiles
+from torch_dataloader_utils.io.prefetch import FetchStats, column_ranges
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
 from torch_dataloader_utils.storage.iceberg_columns import (
     column_by_id,
@@ -50,6 +51,14 @@ class IcebergReader:
         self._open = OpenFiles(self._open_parquet)
         self._decoder: ThreadPoolExecutor | None = None
         self._decoder_pid = 0
+        self._stats = FetchStats()
+
+    def io_totals(self) -> tuple[int, int, int, int, float]:
+        """``(bytes_fetched, bytes_needed, requests, retries, wait_sec)`` of this process so far.
+
+        Parquet data files: the column chunks of the row groups read (ORC files: not counted).
+        """
+        return self._stats.totals()
 
     def use_threads(self, on: bool) -> None:
         """Decode with Arrow's thread pool (``True``, the default) or in the calling thread."""
@@ -101,6 +110,9 @@ class IcebergReader:
             lo, hi = max(start, g.first_row), min(stop, g.stop_row)
             if info.deleted_in(lo, hi) < hi - lo:  # else every row of the piece is deleted
                 pieces.append((g, lo, hi))
+        needed = column_ranges(pf.metadata, [g.index for g, _, _ in pieces], file_cols)
+        nbytes = sum(b - a for a, b in needed)
+        self._stats.read(nbytes, nbytes)
 
         def decode(index: int) -> Future[pa.Table]:
             group = pieces[index][0].index

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
-from torch_dataloader_utils.io.prefetch import ChunkSource
+from torch_dataloader_utils.io.prefetch import ChunkSource, FetchStats, column_ranges
 from torch_dataloader_utils.plan.types import Chunk, RowGroup
 from torch_dataloader_utils.storage.identity import check_unchanged, schedule_checks
 
@@ -56,6 +56,7 @@ class ParquetReader:
         self._open = OpenFiles(self._open_parquet)
         # Remote files: bytes come from the source (read-ahead, retries); see io/prefetch.py.
         self._source = source
+        self._local_stats = FetchStats()
         # Files counted by discovery.counts: row positions count only rows that pass the
         # filter, so a row group is filtered first and sliced after.
         self._filtered_positions = filtered_positions
@@ -80,9 +81,28 @@ class ParquetReader:
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next, in order (remote read-ahead)."""
-        schedule_checks(self._fs, (self._files[c.path] for c in chunks))
+        schedule_checks(self._fs, (self._files[c.path] for c in chunks), self._metadata_request)
         if self._source is not None:
             self._source.schedule(chunks)
+
+    @property
+    def fetches_ahead(self) -> bool:
+        """Whether bytes come from remote storage through a read-ahead fetcher (thread pool)."""
+        return self._source is not None
+
+    def io_totals(self) -> tuple[int, int, int, int, float]:
+        """``(bytes_fetched, bytes_needed, requests, retries, wait_sec)`` of this process so far.
+
+        Remote files: what the :class:`ChunkSource` fetched. Local files: the column
+        chunks read (fetched = needed; no requests; waiting for the disk is part of decoding).
+        """
+        stats = self._source.stats if self._source is not None else self._local_stats
+        return stats.totals()
+
+    def _metadata_request(self) -> None:
+        """A remote file's size and time were asked (is it the planned file?): one request."""
+        stats = self._source.stats if self._source is not None else self._local_stats
+        stats.add(0)
 
     def _open_parquet(self, path: str) -> pq.ParquetFile:
         info = self._files[path]
@@ -97,10 +117,13 @@ class ParquetReader:
             return
         try:
             if self._source is not None:
-                check_unchanged(self._fs, chunk.path, info.size, info.mtime)
+                check_unchanged(self._fs, chunk.path, info.size, info.mtime, self._metadata_request)
                 pf = self._source.open(chunk)
             else:
                 pf = self._open.get(chunk.path)
+                needed = column_ranges(pf.metadata, [g.index for g in groups], self._data_columns)
+                nbytes = sum(hi - lo for lo, hi in needed)
+                self._local_stats.read(nbytes, nbytes)
             if self._filtered_positions:
                 yield from self._read_filtered(pf, chunk, groups)
                 return

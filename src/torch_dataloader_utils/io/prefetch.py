@@ -29,6 +29,7 @@ import itertools
 import os
 import queue
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -113,15 +114,17 @@ def coalesce(
 
 @dataclass
 class FetchStats:
-    """Counters of one process's :class:`ChunkSource` (requests and bytes).
+    """I/O counters of a reader in one process (cumulative; a worker reports differences).
 
     Attributes:
-        requests: Ranged requests for data (column chunks, whole small files).
-        bytes_fetched: Bytes those requests returned.
-        bytes_needed: Bytes of the column chunks the chunks needed.
-        misses: Reads pyarrow made outside the fetched ranges (fetched on demand).
+        requests: Successful requests to storage (ranged reads, whole small files, file checks).
+        bytes_fetched: Bytes those requests returned (coalescing gaps included).
+        bytes_needed: Bytes of the column chunks (or byte ranges) the chunks needed.
+        misses: Reads outside the fetched ranges, fetched on demand.
         footer_requests: Requests for footers (small files come whole instead).
         footer_bytes: Bytes of those footer reads.
+        retries: Requests retried after a transient error.
+        wait_sec: Seconds the reading thread waited for bytes from storage.
     """
 
     requests: int = 0
@@ -130,13 +133,38 @@ class FetchStats:
     misses: int = 0
     footer_requests: int = 0
     footer_bytes: int = 0
+    retries: int = 0
+    wait_sec: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("lock")  # a lock does not pickle (spawned workers); made again below
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.Lock()
 
     def add(self, nbytes: int) -> None:
         """Count one successful request of ``nbytes``."""
         with self.lock:
             self.requests += 1
             self.bytes_fetched += nbytes
+
+    def retry(self) -> None:
+        """Count one retried request."""
+        with self.lock:
+            self.retries += 1
+
+    def read(self, fetched: int, needed: int) -> None:
+        """Count bytes read without requests of their own (a local file): fetched and needed."""
+        self.bytes_fetched += fetched
+        self.bytes_needed += needed
+
+    def totals(self) -> tuple[int, int, int, int, float]:
+        """``(bytes_fetched, bytes_needed, requests, retries, wait_sec)`` so far."""
+        return (self.bytes_fetched, self.bytes_needed, self.requests, self.retries, self.wait_sec)
 
 
 class PlanOrderPool:
@@ -450,7 +478,14 @@ class ChunkSource:
     def _fetch(self, path: str, start: int, stop: int) -> bytes:
         size = self._files[path].size
         return fetch_range(
-            self.fs, path, start, stop, size=size, config=self.config, on_request=self.stats.add
+            self.fs,
+            path,
+            start,
+            stop,
+            size=size,
+            config=self.config,
+            on_request=self.stats.add,
+            on_retry=self.stats.retry,
         )
 
     def _estimate(self, chunk: Chunk) -> int:
@@ -536,6 +571,8 @@ class ChunkSource:
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks about to be read, in order: they are fetched ahead."""
+        # In a forked worker, reset before keeping the plan: a reset at the first read
+        # would drop it, and every chunk would then be fetched only when read.
         self._check_process()
         for fetch in self._pending.values():
             fetch.cancel()
@@ -583,13 +620,20 @@ class ChunkSource:
             pending = self._pending.pop(index, None)
             fetch = pending if pending is not None else self._start(chunk, index)
             self._read_ahead(index + 1)
+        waited = time.perf_counter()
         data = fetch.result()
+        self.stats.wait_sec += time.perf_counter() - waited
         size = self._files[chunk.path].size
 
         def miss(start: int, stop: int) -> bytes:
             with self.stats.lock:
                 self.stats.misses += 1
-            return self._fetch(chunk.path, start, stop)
+            began = time.perf_counter()
+            try:
+                return self._fetch(chunk.path, start, stop)
+            finally:
+                with self.stats.lock:
+                    self.stats.wait_sec += time.perf_counter() - began
 
         sparse = _SparseFile(size, data, miss)
         # pre_buffer off: the bytes are in memory already, and its coalescing would read

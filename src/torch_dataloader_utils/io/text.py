@@ -36,6 +36,7 @@ import pyarrow.json as pjson
 from torch_dataloader_utils.config import FileFormat
 from torch_dataloader_utils.errors import ReadError, RecordBoundaryError
 from torch_dataloader_utils.io.base import ReadRequest
+from torch_dataloader_utils.io.prefetch import FetchStats
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
 from torch_dataloader_utils.storage.identity import check_unchanged, schedule_checks
 from torch_dataloader_utils.storage.records import (
@@ -92,6 +93,15 @@ class TextReader:
         self._quoted = quoted_newlines and self._csv
         self._strict = strict_fields
         self._piece = piece_bytes
+        self._stats = FetchStats()
+
+    def io_totals(self) -> tuple[int, int, int, int, float]:
+        """``(bytes_fetched, bytes_needed, requests, retries, wait_sec)`` of this process so far.
+
+        Bytes read from the files: each chunk's range plus the line that crosses its end
+        (a compressed or quoted-newline file: its size). Requests are not counted.
+        """
+        return self._stats.totals()
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next: remote files are checked meanwhile."""
@@ -112,6 +122,8 @@ class TextReader:
             )
         check_unchanged(self._fs, chunk.path, info.size, info.mtime)  # never read a rewritten file
         try:
+            if self._quoted or meta.compression is not None:
+                self._stats.read(info.size, info.size)
             if self._quoted:
                 yield from self._read_quoted(chunk.path, meta)
                 return
@@ -178,7 +190,9 @@ class TextReader:
             if first >= chunk.stop:
                 return
             f.seek(first)
-            yield from iter_pieces(f.read, first, chunk.stop, self._piece, meta.newline)
+            for offset, piece in iter_pieces(f.read, first, chunk.stop, self._piece, meta.newline):
+                self._stats.read(len(piece), len(piece))
+                yield offset, piece
 
     # -- parsing ---------------------------------------------------------------
     def _parse(self, piece: bytes, path: str, offset: int, meta: TextFileMeta) -> pa.Table:

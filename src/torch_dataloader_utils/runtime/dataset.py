@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -32,10 +33,13 @@ from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.emit import Positions, grouped
-from torch_dataloader_utils.runtime.metrics import MetricsRecorder, WorkerMetrics
+from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics, WorkerMetrics, stall_clock
 from torch_dataloader_utils.runtime.options import Options
+from torch_dataloader_utils.runtime.progress import Progress
+from torch_dataloader_utils.runtime.report import report_plan
 from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged, complete_state
 from torch_dataloader_utils.runtime.watchdog import watch_parent
+from torch_dataloader_utils.runtime.workstats import WorkStats
 from torch_dataloader_utils.transfer import SegmentPool, pack
 
 __all__ = ["MAX_AUTO_WORKERS", "PlannedDataset"]
@@ -44,6 +48,9 @@ log = logging.getLogger(__name__)
 
 MAX_AUTO_WORKERS = 8
 """Upper bound of ``num_workers=None`` (auto)."""
+
+REPORT_MAX_RANKS = 256
+"""Worlds of up to this many ranks get the plan summary and layout warnings on rank 0 when built."""
 
 
 def batch_schema(schema: pa.Schema, equal: EqualBatches) -> pa.Schema:
@@ -184,6 +191,15 @@ class PlannedDataset(IterableDataset[Any]):
         return self._schema
 
     @property
+    def reader(self) -> ChunkReader:
+        """Reads one chunk's rows (what every worker runs on its chunks)."""
+        return self._reader
+
+    def convert_batch(self, batch: pa.RecordBatch, for_transfer: bool = False) -> Any:
+        """Convert one record batch as reading does (``for_transfer``: as a DataLoader worker does)."""
+        return self._for_transfer(batch) if for_transfer else self._converter(batch)
+
+    @property
     def num_workers(self) -> int:
         """DataLoader workers the plan is made for (``num_workers=None`` resolved)."""
         return self._num_workers
@@ -236,7 +252,7 @@ class PlannedDataset(IterableDataset[Any]):
         self.metrics.reset()
 
     def begin_metrics(self, num_workers: int) -> None:
-        """A pass over the current epoch starts (main process): plan it, show progress.
+        """A pass over the current epoch starts (main process): plan it, note it, show progress.
 
         The main process plans this rank's epoch before its DataLoader workers do, so
         that they can check they agree with it (a custom strategy must be a pure
@@ -248,11 +264,50 @@ class PlannedDataset(IterableDataset[Any]):
         segments = self._state.live_segments(epoch)
         self._rows_per_piece(epoch, workers, segments or [])
         self._state.fingerprint()
-        totals: list[int | None] = []
-        if self._options.progress.show_progress and segments is None:
-            plan = self.rank_plan(epoch, num_workers)
-            totals = [plan.rows_for(w) for w in range(plan.num_workers)]
-        self.metrics.begin(epoch, totals)
+        config = self._options.progress
+        rank = self.world.rank
+        if not Progress.shown_on(config, rank):
+            self.metrics.begin(epoch)
+            return
+
+        def display() -> Progress:
+            total, done = self._progress_rows(epoch, workers)
+            return Progress(config, rank=rank, epoch=epoch, total=total, done=done)
+
+        self.metrics.begin(epoch, display)
+
+    def _progress_rows(self, epoch: int, workers: int) -> tuple[int | None, int]:
+        """Rows this rank's loop receives in ``epoch`` (``None``: unknown), and those already consumed."""
+        if self._row_count_issue:
+            return None, 0
+        batching = self._options.batching
+
+        def delivered(rows: list[int | None]) -> int | None:
+            if any(r is None for r in rows):
+                return None
+            size = batching.batch_size
+            return sum((r or 0) // size * size if batching.drop_last else (r or 0) for r in rows)
+
+        plan = self.rank_plan(epoch, workers)
+        total = delivered([plan.rows_for(w) for w in range(plan.num_workers)])
+        segments = self._state.live_segments(epoch)
+        if total is None or not segments:
+            return total, 0
+        left = delivered(
+            [
+                None if any(p.num_rows is None for p in pieces) else sum(p.num_rows or 0 for p in pieces)
+                for pieces in self._pieces(epoch, workers, segments)
+            ]
+        )
+        return total, 0 if left is None else max(0, total - left)
+
+    def rank_metrics(self) -> RankMetrics:
+        """This rank's metrics since the last reset (see ``ResumableDataLoader.metrics``)."""
+        dropped = 0
+        if self._options.equalized and not self._row_count_issue:
+            workers = self._readers(None)
+            dropped = sum(c.num_rows or 0 for c in self._planner.dropped(self.metrics.epoch, workers))
+        return self.metrics.rank_metrics(self.world.rank, self.world.num_ranks, dropped)
 
     # -- planning ---------------------------------------------------------------
     def _readers(self, num_workers: int | None) -> int:
@@ -407,7 +462,24 @@ class PlannedDataset(IterableDataset[Any]):
         return 0 if workers <= 1 else workers
 
     def _check_plan(self) -> None:
-        chunks = self.rank_plan(0).share_size
+        """Log the plan of epoch 0 and warn about layouts that will hurt (rank 0).
+
+        The summary covers every rank, so rank 0 plans them all once: up to
+        :data:`REPORT_MAX_RANKS` ranks. A larger world is summarized by the ``plan``
+        command instead; each rank then only warns about its own idle workers.
+        """
+        shuffle = self._options.shuffle
+        chunks = self.rank_plan(0).share_size  # this rank's plan, checked (a custom strategy too)
+        if self.world.num_ranks <= REPORT_MAX_RANKS:
+            report_plan(
+                self.plan(0),
+                self._files,
+                rank=self.world.rank,
+                shuffle=shuffle.shuffle,
+                row_window=shuffle.row_window,
+                batch_size=self._options.batching.batch_size,
+            )
+            return
         if self._num_workers > 1 and chunks < self._num_workers:
             warnings.warn(
                 f"num_workers={self._num_workers} but rank {self.world.rank} has only "
@@ -573,47 +645,73 @@ class PlannedDataset(IterableDataset[Any]):
             # Workers that already fill this rank's CPUs decode in their own thread.
             use_threads(slot.count < env.cpus_per_rank())
         files = None if self._row_count_issue else self._table
+        batching = self._options.batching
+        flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
+        work = WorkStats(self._reader, len(pieces), flag)  # before any request of this pass
         schedule = getattr(self._reader, "schedule", None)
         if schedule is not None:  # readers of remote files fetch the next chunks ahead
             schedule([c for piece in pieces for c in piece_reads(piece, files)])
-        batching = self._options.batching
-        flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
-        positions = Positions(self._state.token, slot.id, slot.count)
+        positions = Positions(self._state.token, slot.id, slot.count, rank=self.world.rank)
         mix_rows = MIX_WORKER_READ_ROWS if slot.in_worker else None
         read = positions.read(self._reader, pieces, flag, batching.batch_size, files, mix_rows)
         batches = rebatch(read, batching.batch_size, batching.drop_last)
-        collate = self._options.output.collate_fn
         tagging = self._state.tagging
         if slot.in_worker and tagging:
             # Under the loader of create_dataloader (which flattens groups): several
-            # batches per transfer, since each hand-off between processes has a fixed cost.
+            # batches per transfer, since each hand-off between processes has a fixed
+            # cost; the worker's timers and counters travel with them.
             pool = self.transport.writer(slot.id) if self.transport is not None else None
-            yield from grouped(batches, self._for_transfer, positions, pool)
+            yield from grouped(batches, self._for_transfer, positions, work, pool)
             return
-        progress = None if (tagging or slot.in_worker) else self._state.begin(1, epoch)
-        if progress is not None:
-            self.begin_metrics(0)
-        for batch in batches:
-            tag = positions.tag(batch.num_rows, batch.nbytes)
-            if slot.in_worker and collate is None:
-                # Strings travel as Arrow buffers in the batch's one buffer (transfer.pack).
-                out = pack(self._converter.convert_for_transfer(batch))
-            else:
-                out = self._converter(batch)
-                if collate is not None:
-                    out = collate(out)
-                if slot.in_worker:
-                    out = pack(out)
-            if tagging:
-                yield Tagged(out, tag)
-                continue
-            if progress is not None:
-                progress.record(tag)
-                self.metrics.record(tag)
-            yield out
-        if progress is not None:
+        if slot.in_worker:  # a DataLoader of the user's own: no tags, no metrics
+            yield from self._plain(batches)
+            return
+        self.metrics.attach(slot.id, work)
+        if tagging:  # the loader of create_dataloader, reading in this process
+            yield from self._tagged(batches, positions, work)
+            return
+        # Iterated directly in the main process: record what the loop consumes here.
+        self._state.begin(1, epoch)
+        self.begin_metrics(0)
+        completed = False
+        try:
+            for item in stall_clock(self._tagged(batches, positions, work), self.metrics):
+                self.metrics.record(item.tag)
+                yield self._state.consume(item)
             self._state.finish()
-            self.metrics.finish()
+            completed = True
+        finally:
+            self.metrics.finish(completed)
+
+    def _tagged(
+        self, batches: Iterator[pa.RecordBatch], positions: Positions, work: WorkStats
+    ) -> Iterator[Tagged]:
+        """The batches converted in this process, tagged with their positions, timed in ``work``."""
+        collate = self._options.output.collate_fn
+        clock = time.perf_counter
+        asked = clock()
+        for batch in batches:
+            got = clock()
+            work.read_sec += got - asked
+            work.count_padding(batch)
+            tag = positions.tag(batch.num_rows, batch.nbytes)
+            out = self._converter(batch)
+            if collate is not None:
+                out = collate(out)
+            asked = clock()
+            work.convert_sec += asked - got
+            yield Tagged(out, tag)
+            asked = clock()
+
+    def _plain(self, batches: Iterator[pa.RecordBatch]) -> Iterator[Any]:
+        """A worker of a DataLoader of the user's own: each batch packed for its transfer."""
+        collate = self._options.output.collate_fn
+        for batch in batches:
+            if collate is None:
+                # Strings travel as Arrow buffers in the batch's one buffer (transfer.pack).
+                yield pack(self._converter.convert_for_transfer(batch))
+            else:
+                yield pack(collate(self._converter(batch)))
 
     def _for_transfer(self, batch: pa.RecordBatch) -> Any:
         collate = self._options.output.collate_fn

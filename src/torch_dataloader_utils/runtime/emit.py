@@ -8,13 +8,17 @@ been yielded; the batch itself holds ``rows`` rows of ``nbytes`` Arrow bytes (co
 by :mod:`.metrics`).
 
 Under the loader of ``create_dataloader``, a worker sends several batches per transfer
-(:func:`grouped`), since every hand-off between processes has a fixed cost.
+(:func:`grouped`), since every hand-off between processes has a fixed cost. Each group
+also carries the worker's timers and counters since the previous one (:mod:`.workstats`);
+after its last group a worker sends one more item, with no batch, holding the rest.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import logging
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -25,7 +29,8 @@ from torch_dataloader_utils.io.pieces import read_piece
 from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.runtime.state import Tagged
-from torch_dataloader_utils.transfer import SegmentWriter, pack_group
+from torch_dataloader_utils.runtime.workstats import WorkStats
+from torch_dataloader_utils.transfer import BatchGroup, SegmentWriter, pack_group
 
 __all__ = ["FIRST_GROUP_BATCHES", "GROUP_BYTES", "GROUP_MAX_BATCHES", "Positions", "grouped"]
 
@@ -48,18 +53,25 @@ it is read (the loop can start), and later groups are large (few hand-offs)."""
 
 Tag = tuple[int, int, int, int, int, int, int]
 
+log = logging.getLogger(__name__)
+
 
 class Positions:
     """The rows read from a worker's pieces, so each yielded batch gets its position.
+
+    With DEBUG logging on, every piece read is logged (rank, worker, chunks, rows, time).
 
     Args:
         token: The live resume state's token (0: none), part of every tag.
         worker: This worker's id.
         workers: Workers reading this epoch.
+        rank: This rank (for the DEBUG records).
     """
 
-    def __init__(self, token: int, worker: int, workers: int) -> None:
+    def __init__(self, token: int, worker: int, workers: int, rank: int = 0) -> None:
         self._prefix = (token, worker, workers)
+        self.worker = worker
+        self.rank = rank
         self._starts: list[int] = []
         self._read = 0
         self._emitted = 0
@@ -78,9 +90,11 @@ class Positions:
         ``files`` (given when row counts are exact) and ``mix_read_rows``: see
         :func:`~torch_dataloader_utils.io.pieces.read_piece`.
         """
+        debug = log.isEnabledFor(logging.DEBUG)
 
         def counted(piece: Piece) -> Iterator[pa.RecordBatch]:
             self._starts.append(self._read)
+            began = time.perf_counter() if debug else 0.0
             batches = read_piece(
                 reader,
                 piece,
@@ -92,6 +106,16 @@ class Positions:
             for batch in batches:
                 self._read += batch.num_rows
                 yield batch
+            if debug:
+                log.debug(
+                    "rank %d worker %d read piece %d: %s, %d rows in %.3f s",
+                    self.rank,
+                    self.worker,
+                    len(self._starts) - 1,
+                    _describe(piece),
+                    self._read - self._starts[-1],
+                    time.perf_counter() - began,
+                )
 
         return itertools.chain.from_iterable(counted(p) for p in pieces)
 
@@ -102,37 +126,70 @@ class Positions:
         return (*self._prefix, index, self._emitted - self._starts[index], rows, nbytes)
 
 
+def _describe(piece: Piece) -> str:
+    chunks = piece.chunks
+    first = chunks[0]
+    text = f"{first.path}[{first.start}:{first.stop})"
+    if len(chunks) > 1:
+        text += f" and {len(chunks) - 1} more chunks (a shuffle window)"
+    if piece.lo or piece.hi is not None:
+        text += f" rows [{piece.lo}:{'' if piece.hi is None else piece.hi})"
+    return text
+
+
 def grouped(
     batches: Iterator[pa.RecordBatch],
     convert: Callable[[pa.RecordBatch], Any],
     positions: Positions,
+    work: WorkStats,
     pool: SegmentWriter | None = None,
 ) -> Iterator[Tagged]:
     """Worker side: tagged batches sent in groups of about ``GROUP_BYTES``.
 
-    A group is one :class:`Tagged` whose batch is a packed ``BatchGroup`` and whose tag
-    is the tuple of the batches' tags; the loader yields them one by one. The first
-    groups are small (``FIRST_GROUP_BATCHES``, doubling), so the loop gets its first
-    batch without waiting for a full group. Batches made before an error still arrive
-    before the error. ``pool``: this worker's segments of the loader's
+    A group is one :class:`Tagged` whose batch is a packed ``BatchGroup``, whose tag
+    is the tuple of the batches' tags and whose ``work`` is what ``work`` counted since
+    the previous group; the loader yields the batches one by one. The first groups are
+    small (``FIRST_GROUP_BATCHES``, doubling), so the loop gets its first batch without
+    waiting for a full group. After the last group an item with an empty group carries
+    the rest of ``work``. Batches made before an error still arrive before the error.
+    ``pool``: this worker's segments of the loader's
     :class:`~torch_dataloader_utils.transfer.SegmentPool`.
     """
     pending: list[Any] = []
     tags: list[Tag] = []
     size = 0
+    clock = time.perf_counter
+    worker = positions.worker
     most = FIRST_GROUP_BATCHES
+
+    def send() -> Tagged:
+        began = clock()
+        packed = pack_group(pending, pool)
+        work.transfer_sec += clock() - began
+        return Tagged(packed, tuple(tags), (worker, work.delta()))  # type: ignore[arg-type]
+
     try:
+        asked = clock()
         for batch in batches:
+            got = clock()
+            work.read_sec += got - asked
+            work.count_padding(batch)
             pending.append(convert(batch))
             tags.append(positions.tag(batch.num_rows, batch.nbytes))
             size += batch.nbytes
+            asked = clock()
+            work.convert_sec += asked - got
             if size >= GROUP_BYTES or len(pending) >= most:
-                yield Tagged(pack_group(pending, pool), tuple(tags))  # type: ignore[arg-type]
+                yield send()
                 pending, tags, size = [], [], 0
                 most = min(2 * most, GROUP_MAX_BATCHES)
+                asked = clock()
     except Exception:
         if pending:
-            yield Tagged(pack_group(pending, pool), tuple(tags))  # type: ignore[arg-type]
+            yield send()
         raise
     if pending:
-        yield Tagged(pack_group(pending, pool), tuple(tags))  # type: ignore[arg-type]
+        yield send()
+    rest = work.delta()
+    if any(rest):
+        yield Tagged(BatchGroup(), (), (worker, rest))

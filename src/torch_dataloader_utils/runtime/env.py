@@ -7,6 +7,7 @@ Planning code receives plain ints built here; nothing else in the library looks 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -15,7 +16,15 @@ import torch.utils.data
 from torch_dataloader_utils.errors import DistributedConfigError
 from torch_dataloader_utils.plan.types import World
 
-__all__ = ["DetectedWorld", "WorkerSlot", "cpus_per_rank", "detect", "resolve_world", "worker_slot"]
+__all__ = [
+    "DetectedWorld",
+    "WorkerSlot",
+    "cpus_per_rank",
+    "detect",
+    "resolve_world",
+    "stderr_is_terminal",
+    "worker_slot",
+]
 
 
 @dataclass(frozen=True)
@@ -167,3 +176,16 @@ def cpus_per_rank() -> int:
         cpus = os.cpu_count() or 1
     local = _env_int("LOCAL_WORLD_SIZE") or 1
     return max(1, cpus // max(1, local))
+
+
+def stderr_is_terminal() -> bool:
+    """Whether progress can be drawn as a bar: standard error is a terminal, or a Jupyter kernel runs.
+
+    Otherwise (a file, a pipe: a job's log) progress is written as lines.
+    """
+    if "ipykernel" in sys.modules:  # a notebook: tqdm.auto draws a widget
+        return True
+    try:
+        return bool(sys.stderr.isatty())
+    except (AttributeError, ValueError):  # replaced or closed stream
+        return False

@@ -29,6 +29,7 @@ from torch_dataloader_utils.runtime.options import (
     file_source,
 )
 from torch_dataloader_utils.runtime.readers import make_reader
+from torch_dataloader_utils.runtime.report import log_files
 
 __all__ = ["StructuredDataset", "create_dataloader"]
 
@@ -152,6 +153,23 @@ def source_paths(path: object, files: object) -> str | list[str]:
     return path  # type: ignore[return-value]
 
 
+def _first(path: str | Sequence[str]) -> str:
+    if isinstance(path, str):
+        return path
+    return f"{path[0]} (+{len(path) - 1} more)" if len(path) > 1 else str(path[0]) if path else ""
+
+
+def _partition_names(found: Discovered) -> list[str]:
+    """Hive partition keys with their number of distinct values."""
+    if found.partitions is None:
+        return []
+    values = list(found.partitions.values.values())
+    return [
+        f"{name} ({len({v[i] for v in values})} values)"
+        for i, name in enumerate(found.partitions.schema.names)
+    ]
+
+
 class StructuredDataset(PlannedDataset):
     """Parquet, ORC, CSV and JSONL files on any fsspec filesystem, sharded by plan.
 
@@ -200,6 +218,14 @@ class StructuredDataset(PlannedDataset):
         text = text_options(source, options)
         found = discover(path, source, text=text, fetch=options.fetch, share=share.exchange())
         found, issue = count_filtered(found, options.counts_rows, options.counting.count_rows)
+        where = found.fs.display(_first(path))
+        log_files(
+            found.files,
+            f"found {len(found.files):,} {source.format.value} files under {where!r}",
+            found.schema,
+            _partition_names(found),
+            options.world.rank,
+        )
         self.discovered: Discovered = found
         """What discovery found: files, schema, columns."""
         self._init_core(

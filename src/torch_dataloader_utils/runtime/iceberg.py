@@ -24,6 +24,7 @@ from torch_dataloader_utils.runtime.options import (
     build_options,
     iceberg_source,
 )
+from torch_dataloader_utils.runtime.report import log_files
 
 __all__ = ["IcebergDataset"]
 
@@ -68,6 +69,14 @@ class IcebergDataset(PlannedDataset):
         scan = discover_iceberg(tbl, source, count_filtered=options.counts_rows)
         self.scan: IcebergScan = scan
         """What discovery planned: data files, deletes, schema."""
+        deletes = scan.delete_files_read
+        log_files(
+            scan.files,
+            f"Iceberg table {source.table!r} snapshot {scan.snapshot_id}: {len(scan.files):,} data files"
+            + (f" ({deletes:,} delete files applied)" if deletes else ""),
+            scan.output_schema,
+            rank=options.world.rank,
+        )
         self.table_name = source.table
         issue = None
         if scan.filters is not None and not scan.filter_counted:

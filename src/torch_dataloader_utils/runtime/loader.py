@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from torch_dataloader_utils.config import LoaderConfig
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
+from torch_dataloader_utils.runtime.metrics import LoaderMetrics, gather_metrics, stall_clock
 from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.transfer import BatchGroup, SegmentPool
 from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
@@ -111,6 +112,11 @@ class ResumableDataLoader(DataLoader[Any]):
     workers or ranks. It follows the ``state_dict`` / ``load_state_dict`` protocol of
     torchdata's ``StatefulDataLoader``, so trainers that checkpoint such loaders
     (Lightning, Accelerate) save it with the model.
+
+    It also measures what it does (:meth:`metrics`): per worker, rows, batches, chunks,
+    bytes and the time spent waiting for storage, decoding, converting and packing; per
+    rank, the time the training loop waits on the loader versus the time it spends
+    between batches.
     """
 
     dataset: PlannedDataset
@@ -131,8 +137,6 @@ class ResumableDataLoader(DataLoader[Any]):
         return self._transport if self._transport.lease() else None
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        state = self.dataset._state
-        metrics = self.dataset.metrics
         if self._receiver is not None and self.persistent_workers:
             # A pass left early: its thread must be out of the persistent iterator first
             # (without persistent workers each pass has its own iterator and thread).
@@ -140,6 +144,17 @@ class ResumableDataLoader(DataLoader[Any]):
         self._receiver = None
         # len() may differ between a resumed pass and a full one; drop torch's cached value.
         self._IterableDataset_len_called = None
+        metrics = self.dataset.metrics
+        completed: list[bool] = []
+        try:
+            # The loop's wait is timed around this loader's batches, up to StopIteration.
+            yield from stall_clock(self._batches(completed), metrics)
+        finally:
+            metrics.finish(bool(completed))
+
+    def _batches(self, completed: list[bool]) -> Iterator[Any]:
+        state = self.dataset._state
+        metrics = self.dataset.metrics
         state.begin(self.num_workers, self.dataset.epoch)
         self.dataset.begin_metrics(self.num_workers)
         state.tagging = True  # set before workers start: they pickle the dataset
@@ -162,7 +177,10 @@ class ResumableDataLoader(DataLoader[Any]):
                 source = received(receiver)
             for item in source:
                 if isinstance(item, Tagged) and isinstance(item.batch, BatchGroup):
-                    # Several batches of one worker that travelled together.
+                    # Several batches of one worker that travelled together, and the
+                    # worker's timers and counters since its previous group.
+                    if item.work is not None:
+                        metrics.add_work(*item.work)
                     for batch, tag in zip(item.batch, item.tag, strict=True):
                         metrics.record(tag)  # type: ignore[arg-type]
                         yield state.consume(Tagged(batch, tag))  # type: ignore[arg-type]
@@ -171,11 +189,31 @@ class ResumableDataLoader(DataLoader[Any]):
                         metrics.record(item.tag)
                     yield state.consume(item)
             state.finish()
+            completed.append(True)
         finally:
             state.tagging = False
-            metrics.finish()
             if receiver is not None:  # this pass's thread (another pass may have started since)
                 receiver.stop()
+
+    def metrics(self, gather: bool = False, group: Any = None) -> LoaderMetrics:
+        """What the loader did since the last ``set_epoch``, ``reset_metrics`` or ``get_metrics``.
+
+        A snapshot (nothing is cleared): per worker, rows, batches, chunks done, bytes
+        fetched from storage and needed, requests, retries, rows padded, and the time
+        spent waiting for storage, decoding, converting and packing; for the rank, the
+        time the training loop was blocked in ``next()`` on this loader versus the time
+        it spent between batches, and their ratio, the stall fraction. ``print(...)``
+        shows it as a table; ``as_dict()`` gives plain values.
+
+        Args:
+            gather: Combine every rank's metrics (``torch.distributed.all_gather_object``
+                over the process group; call it on every rank at the same step). Without
+                an initialized process group, this rank's.
+            group: The process group to gather over (``None``: the default one).
+        """
+        if gather:
+            return gather_metrics(self, group)
+        return LoaderMetrics((self.dataset.rank_metrics(),))
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's resume state; see :meth:`PlannedDataset.state_dict`."""

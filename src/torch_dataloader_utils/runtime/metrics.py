@@ -1,46 +1,84 @@
-"""Counters of what each worker delivered, kept in the main process from the batches' tags.
+"""What the loader did: per-worker counters and timings, the loop's wait, snapshots of ranks.
 
-Every batch already travels with a tag (:mod:`.emit`): besides its position in the
-worker's plan it carries its row count and Arrow size, so the main process counts rows,
-batches, bytes and pieces per worker as the training loop receives batches, with no
-extra messages from the workers. :class:`MetricsRecorder` is the one protocol the
-loader (and a dataset iterated in the main process) calls: ``begin`` a pass,
-``record`` each tag, ``finish``; ``drain`` / ``reset`` back ``get_metrics()`` /
-``reset_metrics()``. Progress bars (``show_progress``) are fed from the same calls.
+Everything is kept in the main process, from what already reaches it:
+
+* every batch's tag (:mod:`.emit`) gives its worker, rows, Arrow bytes and position
+  in the worker's plan (rows, batches, pieces begun and done);
+* every group of batches from a worker carries the worker's timers and I/O counters
+  since its previous group (:mod:`.workstats`): storage wait, decode, convert,
+  transfer, bytes fetched from storage and bytes needed, requests, retries, padding;
+* the loader times the training loop: the time it is blocked in ``next()`` (waiting on
+  the loader) and the time between two batches (its own work). The stall fraction is
+  ``wait / (wait + between)``: near 0 when the loader keeps up, near 1 when the loop
+  mostly waits for data.
+
+:class:`MetricsRecorder` is the one protocol the loader (and a dataset iterated in the
+main process) calls: ``begin`` a pass, ``record`` each tag, ``add_work``, ``waited`` /
+``between``, ``finish``. ``snapshot`` / ``drain`` / ``reset`` back ``loader.metrics()``,
+``get_metrics()`` and ``reset_metrics()``.
 
 The counters describe batches the loop *received*, so batches prefetched but never
 consumed (an interrupted epoch) are not counted — the same rule as the resume state.
+Worker timers and I/O counters arrive with the batches, so they cover the work done for
+the batches received (and, at the end of a pass, the rest of it).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import logging
+import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from torch_dataloader_utils.config import ProgressConfig
-from torch_dataloader_utils.errors import IncompatibleOptionsError
+from torch_dataloader_utils.runtime import share
+from torch_dataloader_utils.runtime.progress import Progress, check_progress, logger
+from torch_dataloader_utils.runtime.workstats import WorkStats
 
-__all__ = ["MetricsRecorder", "WorkerMetrics"]
+__all__ = [
+    "LoaderMetrics",
+    "MetricsRecorder",
+    "RankMetrics",
+    "WorkerMetrics",
+    "gather_metrics",
+    "stall_clock",
+]
 
-logger = logging.getLogger("torch_dataloader_utils")
+T = TypeVar("T")
 
 
 @dataclass
 class WorkerMetrics:
-    """What one DataLoader worker delivered to the training loop (0.2.0's fields).
+    """What one DataLoader worker delivered to the training loop, and what it cost.
+
+    The first six fields are 0.2.0's. Counts are exact; times are seconds summed over
+    the worker's batches (so they can add up to more than the wall time, since workers
+    run in parallel with the loop).
 
     Attributes:
-        worker_id: The worker's id (0 when reading in the main process).
+        worker_id: The worker's id (0 when reading in the main process; -1 in totals).
         rows_read: Rows in the batches received (padding rows included).
         batches_read: Batches received.
-        bytes_read: Arrow size of those batches before conversion (an estimate of the
-            decoded bytes, not of the bytes fetched from storage).
+        bytes_read: Arrow size of those batches before conversion (the decoded bytes).
         files_read: Pieces of the plan (chunks, or windows of the row shuffle) begun.
         elapsed_sec: Seconds from the first to the last batch received (0 for one batch).
+        chunks_done: Pieces whose every row reached the loop.
+        rows_padded: Rows flagged ``_is_padding`` (``equal_batches='pad'``).
+        bytes_fetched: Bytes read from storage: remote files, what the ranged requests
+            returned (coalescing gaps included); local Parquet, the column chunks read;
+            CSV / JSONL, the byte ranges read. Not counted for ORC.
+        bytes_needed: Bytes of the column chunks (or ranges) the pieces needed.
+        requests: Requests to remote storage (ranged reads and the metadata requests that
+            check a file is the planned one; retries not included).
+        retries: Requests the library retried after a transient error (a storage client
+            may also retry some errors itself, e.g. a reset connection, unseen here).
+        storage_wait_sec: Time the worker waited for bytes from remote storage (local
+            files: 0, reading is part of decoding).
+        decode_sec: Time reading batches apart from the storage wait: decoding,
+            deletes, filters, re-batching.
+        convert_sec: Time converting batches to the output format.
+        transfer_sec: Time packing batches into the buffer they cross processes in.
     """
 
     worker_id: int
@@ -49,40 +87,309 @@ class WorkerMetrics:
     bytes_read: int = 0
     files_read: int = 0
     elapsed_sec: float = 0.0
+    chunks_done: int = 0
+    rows_padded: int = 0
+    bytes_fetched: int = 0
+    bytes_needed: int = 0
+    requests: int = 0
+    retries: int = 0
+    storage_wait_sec: float = 0.0
+    decode_sec: float = 0.0
+    convert_sec: float = 0.0
+    transfer_sec: float = 0.0
     _first: float | None = field(default=None, repr=False, compare=False)
+    _pieces: int = field(default=0, repr=False, compare=False)
+
+    @property
+    def rows_per_sec(self) -> float | None:
+        """Rows received per second between the first and last batch (``None`` under 1 ms)."""
+        return self.rows_read / self.elapsed_sec if self.elapsed_sec > 1e-3 else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The public fields as plain values."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.name.startswith("_")}
+
+    def add_work(self, delta: Sequence[float]) -> None:
+        """Add a worker's timers and counters (a delta in :data:`WORK_FIELDS` order)."""
+        (read, convert, transfer, padded, pieces, fetched, needed, requests, retries, wait) = delta
+        self.storage_wait_sec += wait
+        self.decode_sec += read - wait
+        self.convert_sec += convert
+        self.transfer_sec += transfer
+        self.rows_padded += int(padded)
+        self._pieces += int(pieces)
+        self.bytes_fetched += int(fetched)
+        self.bytes_needed += int(needed)
+        self.requests += int(requests)
+        self.retries += int(retries)
+
+
+_SUMMED = [
+    f.name
+    for f in dataclasses.fields(WorkerMetrics)
+    if not f.name.startswith("_") and f.name not in ("worker_id", "elapsed_sec")
+]
+
+
+def _total(workers: Sequence[WorkerMetrics]) -> WorkerMetrics:
+    out = WorkerMetrics(worker_id=-1)
+    for m in workers:
+        for name in _SUMMED:
+            setattr(out, name, getattr(out, name) + getattr(m, name))
+    out.elapsed_sec = max((m.elapsed_sec for m in workers), default=0.0)
+    return out
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    return part / whole if whole > 0 else None
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.1f}"
+
+
+_COLUMNS: tuple[tuple[str, Callable[[WorkerMetrics], str]], ...] = (
+    ("worker", lambda m: "all" if m.worker_id < 0 else str(m.worker_id)),
+    ("rows", lambda m: f"{m.rows_read:,}"),
+    ("batches", lambda m: f"{m.batches_read:,}"),
+    ("chunks", lambda m: f"{m.chunks_done:,}"),
+    ("MiB fetched", lambda m: _mib(m.bytes_fetched)),
+    ("MiB needed", lambda m: _mib(m.bytes_needed)),
+    ("requests", lambda m: f"{m.requests:,}"),
+    ("retries", lambda m: f"{m.retries:,}"),
+    ("storage s", lambda m: f"{m.storage_wait_sec:.2f}"),
+    ("decode s", lambda m: f"{m.decode_sec:.2f}"),
+    ("convert s", lambda m: f"{m.convert_sec:.2f}"),
+    ("transfer s", lambda m: f"{m.transfer_sec:.2f}"),
+    ("rows/s", lambda m: "-" if m.rows_per_sec is None else f"{m.rows_per_sec:,.0f}"),
+)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class RankMetrics:
+    """A snapshot of one rank's loader: its workers, totals, and the loop's wait.
+
+    Attributes:
+        rank: This rank.
+        num_ranks: Ranks of the job.
+        epoch: The epoch of the last pass.
+        workers: One :class:`WorkerMetrics` per worker that delivered a batch, by id.
+        wait_sec: Time the training loop was blocked in ``next()`` on the loader (the
+            first batch included: worker start-up, first reads).
+        between_sec: Time the loop spent between receiving a batch and asking for the
+            next one (its own work).
+        first_batch_sec: Time from the start of the last pass to its first batch.
+        rows_dropped: Rows the plan of ``epoch`` leaves out on every rank to equalize
+            them (``equal_batches='drop'``), all ranks together.
+    """
+
+    rank: int
+    num_ranks: int
+    epoch: int
+    workers: tuple[WorkerMetrics, ...]
+    wait_sec: float = 0.0
+    between_sec: float = 0.0
+    first_batch_sec: float | None = None
+    rows_dropped: int = 0
+
+    @property
+    def total(self) -> WorkerMetrics:
+        """The workers' counters summed (``worker_id=-1``; ``elapsed_sec`` is the longest)."""
+        return _total(self.workers)
+
+    @property
+    def stall_fraction(self) -> float | None:
+        """``wait / (wait + between)``: the share of the loop's time spent waiting for data."""
+        return _ratio(self.wait_sec, self.wait_sec + self.between_sec)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values (JSON-ready), totals and stall fraction included."""
+        return {
+            "rank": self.rank,
+            "num_ranks": self.num_ranks,
+            "epoch": self.epoch,
+            "wait_sec": self.wait_sec,
+            "between_sec": self.between_sec,
+            "stall_fraction": self.stall_fraction,
+            "first_batch_sec": self.first_batch_sec,
+            "rows_dropped": self.rows_dropped,
+            "total": self.total.as_dict(),
+            "workers": [m.as_dict() for m in self.workers],
+        }
+
+    def __str__(self) -> str:
+        first = "-" if self.first_batch_sec is None else f"{self.first_batch_sec:.2f} s"
+        head = (
+            f"rank {self.rank}/{self.num_ranks} epoch {self.epoch}: stall {_pct(self.stall_fraction)} "
+            f"(waited {self.wait_sec:.2f} s on the loader, {self.between_sec:.2f} s between batches), "
+            f"first batch after {first}, rows dropped to equalize ranks {self.rows_dropped:,}"
+        )
+        rows = [[fmt(m) for _, fmt in _COLUMNS] for m in (*self.workers, self.total)]
+        return head + "\n" + _table([name for name, _ in _COLUMNS], rows)
+
+
+@dataclass(frozen=True)
+class LoaderMetrics:
+    """A snapshot of the loader's metrics: this rank's, or every rank's (gathered).
+
+    ``str(metrics)`` is a readable report (one table per rank); :meth:`as_dict` gives
+    plain values for logging systems.
+
+    Attributes:
+        ranks: One :class:`RankMetrics` per rank, by rank.
+    """
+
+    ranks: tuple[RankMetrics, ...]
+
+    @property
+    def total(self) -> WorkerMetrics:
+        """Every worker of every rank summed (``elapsed_sec`` is the longest)."""
+        return _total([r.total for r in self.ranks])
+
+    @property
+    def wait_sec(self) -> float:
+        """The loops' wait on the loader, summed over ranks."""
+        return sum(r.wait_sec for r in self.ranks)
+
+    @property
+    def between_sec(self) -> float:
+        """The loops' time between batches, summed over ranks."""
+        return sum(r.between_sec for r in self.ranks)
+
+    @property
+    def stall_fraction(self) -> float | None:
+        """Over all ranks: ``wait / (wait + between)``."""
+        return _ratio(self.wait_sec, self.wait_sec + self.between_sec)
+
+    @property
+    def most_stalled(self) -> RankMetrics | None:
+        """The rank whose loop waited longest for data (``None`` without ranks)."""
+        return max(self.ranks, key=lambda r: r.wait_sec, default=None)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values (JSON-ready): every rank, totals and stall fraction."""
+        return {
+            "num_ranks": len(self.ranks),
+            "stall_fraction": self.stall_fraction,
+            "wait_sec": self.wait_sec,
+            "between_sec": self.between_sec,
+            "total": self.total.as_dict(),
+            "ranks": [r.as_dict() for r in self.ranks],
+        }
+
+    def __str__(self) -> str:
+        parts = [str(r) for r in self.ranks]
+        if len(self.ranks) > 1:
+            worst = self.most_stalled
+            assert worst is not None
+            total = self.total
+            parts.insert(
+                0,
+                f"{len(self.ranks)} ranks: {total.rows_read:,} rows, {total.batches_read:,} batches, "
+                f"stall {_pct(self.stall_fraction)} overall; most stalled: rank {worst.rank} "
+                f"({_pct(worst.stall_fraction)})",
+            )
+        return "\n\n".join(parts)
+
+
+class _HasRankMetrics(Protocol):
+    def rank_metrics(self) -> RankMetrics: ...
+
+
+class _HasDataset(Protocol):
+    @property
+    def dataset(self) -> _HasRankMetrics: ...
+
+
+def gather_metrics(source: _HasDataset | _HasRankMetrics, group: Any = None) -> LoaderMetrics:
+    """Every rank's metrics combined: call it on every rank at the same step.
+
+    Uses ``torch.distributed.all_gather_object`` (over gloo; with NCCL a gloo group over
+    all ranks is made once). Without an initialized process group it returns this
+    rank's metrics. ``loader.metrics(gather=True)`` is the same.
+
+    Args:
+        source: The loader of ``create_dataloader`` (or its dataset).
+        group: A process group, or ``None`` for the default one.
+    """
+    dataset = source if hasattr(source, "rank_metrics") else source.dataset  # type: ignore[union-attr]
+    mine = dataset.rank_metrics()
+    return LoaderMetrics(tuple(sorted(share.all_gather(mine, group), key=lambda r: r.rank)))
+
+
+def stall_clock(items: Iterator[T], recorder: MetricsRecorder) -> Iterator[T]:
+    """Yield ``items``, timing the consumer: its wait in ``next()`` and its time between items."""
+    clock = time.perf_counter
+    asked = clock()
+    first = True
+    for item in items:
+        got = clock()
+        recorder.waited(got - asked, first)
+        first = False
+        yield item
+        asked = clock()
+        recorder.between(asked - got)
+    recorder.waited(clock() - asked, False)
 
 
 class MetricsRecorder:
-    """Per-worker counters (and optional progress bars) of one dataset, main process only.
+    """Per-worker counters, the loop's wait and the progress display of one dataset.
+
+    Lives in the main process (workers get an empty one when the dataset is pickled).
 
     Args:
         progress: The ``show_progress`` options.
 
     Raises:
-        IncompatibleOptionsError: ``show_progress=True`` but ``tqdm`` is not installed.
+        IncompatibleOptionsError: ``show_progress=True`` but ``tqdm`` is not installed
+            (and stderr is a terminal, where bars are drawn).
     """
 
     def __init__(self, progress: ProgressConfig) -> None:
-        if progress.show_progress and importlib.util.find_spec("tqdm") is None:
-            raise IncompatibleOptionsError(
-                "show_progress=True draws tqdm progress bars, but tqdm is not installed; "
-                "pip install tqdm, or drop show_progress"
-            )
-        self._progress = progress
+        check_progress(progress)
+        self._setup(progress)
+
+    def _setup(self, progress: ProgressConfig) -> None:
+        self._progress_config = progress
         self._workers: dict[int, WorkerMetrics] = {}
-        self._totals: Sequence[int | None] = ()
-        self._bars: dict[int, Any] = {}
+        self._live: dict[int, WorkStats] = {}
+        self._progress: Progress | None = None
         self.epoch = 0
+        self.wait_sec = 0.0
+        self.between_sec = 0.0
+        self.first_batch_sec: float | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Workers get an empty recorder: counting happens in the main process only.
-        return {"_progress": self._progress, "_workers": {}, "_totals": (), "_bars": {}, "epoch": 0}
+        return {"_progress_config": self._progress_config}
 
-    def begin(self, epoch: int, totals: Sequence[int | None] = ()) -> None:
-        """A pass over ``epoch`` starts; ``totals[w]`` is worker ``w``'s row count when known."""
-        self.close_bars()
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._setup(state["_progress_config"])
+
+    # -- a pass -------------------------------------------------------------------
+    @property
+    def progress_config(self) -> ProgressConfig:
+        """The ``show_progress`` options."""
+        return self._progress_config
+
+    def begin(self, epoch: int, progress: Callable[[], Progress | None] | None = None) -> None:
+        """A pass over ``epoch`` starts; ``progress`` makes its display (when one is shown)."""
+        self._close_progress()
+        self._fold_live()
         self.epoch = epoch
-        self._totals = tuple(totals)
+        self.first_batch_sec = None
+        self._progress = progress() if progress is not None else None
 
     def record(self, tag: Sequence[int]) -> None:
         """Count the batch carrying ``tag`` ``(token, worker, workers, piece, offset, rows, nbytes)``."""
@@ -97,60 +404,103 @@ class MetricsRecorder:
         m.batches_read += 1
         m.bytes_read += nbytes
         m.files_read = max(m.files_read, piece + (1 if offset > 0 else 0))
+        m.chunks_done = max(m.chunks_done, piece)
         m.elapsed_sec = now - (m._first if m._first is not None else now)
-        if self._progress.show_progress:
-            self._bar(worker).update(rows)
+        if self._progress is not None:
+            self._progress.update(rows, self)
 
-    def _bar(self, worker: int) -> Any:
-        bar = self._bars.get(worker)
-        if bar is None:
-            from tqdm.auto import tqdm  # type: ignore[import-untyped]
+    def add_work(self, worker: int, delta: Sequence[float]) -> None:
+        """Add what worker ``worker`` reported with a group of batches."""
+        m = self._workers.get(worker)
+        if m is None:
+            m = self._workers[worker] = WorkerMetrics(worker_id=worker, _first=time.monotonic())
+        m.add_work(delta)
 
-            total = self._totals[worker] if worker < len(self._totals) else None
-            bar = tqdm(
-                total=total,
-                desc=f"W{worker}",
-                unit="rows",
-                position=worker,
-                mininterval=self._progress.progress_interval_sec,
-                leave=True,
-            )
-            self._bars[worker] = bar
-        return bar
+    def attach(self, worker: int, work: WorkStats) -> None:
+        """Read ``work`` directly (the dataset is read in this process)."""
+        self._fold_live()
+        self._live[worker] = work
 
-    def close_bars(self) -> None:
-        """Close the progress bars of the current pass."""
-        for bar in self._bars.values():
-            bar.close()
-        self._bars = {}
+    def waited(self, seconds: float, first: bool) -> None:
+        """The loop was blocked ``seconds`` in ``next()`` (``first``: for the pass's first batch)."""
+        self.wait_sec += seconds
+        if first:
+            self.first_batch_sec = seconds
 
-    def finish(self) -> None:
-        """The pass ended: close the bars (the counters stay until drained)."""
-        self.close_bars()
+    def between(self, seconds: float) -> None:
+        """The loop spent ``seconds`` between two batches."""
+        self.between_sec += seconds
+
+    def finish(self, completed: bool = True) -> None:
+        """The pass ended (``completed``: every piece reached the loop); closes the display."""
+        self._fold_live()
+        if completed:
+            for m in self._workers.values():
+                m.chunks_done = max(m.chunks_done, m._pieces)
+        self._close_progress(completed)
+
+    @property
+    def stall_fraction(self) -> float | None:
+        """``wait / (wait + between)`` so far."""
+        return _ratio(self.wait_sec, self.wait_sec + self.between_sec)
+
+    # -- reading the counters ---------------------------------------------------------
+    def _fold_live(self) -> None:
+        for worker, work in self._live.items():
+            delta = work.delta()
+            if any(delta):
+                self.add_work(worker, delta)
 
     def snapshot(self) -> list[WorkerMetrics]:
-        """The counters so far, by worker id (without clearing them)."""
-        return [self._workers[w] for w in sorted(self._workers)]
+        """Copies of the counters so far, by worker id (nothing is cleared)."""
+        self._fold_live()
+        return [dataclasses.replace(self._workers[w]) for w in sorted(self._workers)]
+
+    def rank_metrics(self, rank: int, num_ranks: int, rows_dropped: int) -> RankMetrics:
+        """This rank's snapshot."""
+        return RankMetrics(
+            rank=rank,
+            num_ranks=num_ranks,
+            epoch=self.epoch,
+            workers=tuple(self.snapshot()),
+            wait_sec=self.wait_sec,
+            between_sec=self.between_sec,
+            first_batch_sec=self.first_batch_sec,
+            rows_dropped=rows_dropped,
+        )
 
     def drain(self) -> list[WorkerMetrics]:
         """The counters since the last drain or reset, logged as an epoch summary, then cleared."""
         results = self.snapshot()
-        self._workers = {}
+        stall = self.stall_fraction
+        self._clear()
         if results:
-            rows = sum(m.rows_read for m in results)
-            elapsed = max(m.elapsed_sec for m in results)
+            total = _total(results)
             logger.info(
-                "Epoch %d complete: workers=%d rows=%s batches=%d bytes=%s elapsed=%.1fs",
+                "Epoch %d complete: workers=%d rows=%s batches=%d bytes=%s elapsed=%.1fs stall=%s",
                 self.epoch,
                 len(results),
-                f"{rows:,}",
-                sum(m.batches_read for m in results),
-                f"{sum(m.bytes_read for m in results):,}",
-                elapsed,
+                f"{total.rows_read:,}",
+                total.batches_read,
+                f"{total.bytes_read:,}",
+                total.elapsed_sec,
+                _pct(stall),
             )
         return results
 
-    def reset(self) -> None:
-        """Discard the counters (and close any progress bars)."""
+    def _clear(self) -> None:
         self._workers = {}
-        self.close_bars()
+        self.wait_sec = 0.0
+        self.between_sec = 0.0
+        self.first_batch_sec = None
+
+    def reset(self) -> None:
+        """Discard the counters (and close the progress display)."""
+        self._fold_live()
+        self._clear()
+        self._close_progress()
+
+    def _close_progress(self, completed: bool = False) -> None:
+        if self._progress is not None:
+            self._progress.close(self, completed)
+            self._progress = None

@@ -111,10 +111,16 @@ class ReadOptions(TypedDict, total=False):
     epoch, ...)``, exactly once and resumable (the ``row_shuffle_window`` mechanism, but
     without needing ``shuffle=True``). ``None`` (default) is off."""
     show_progress: bool
-    """Show a ``tqdm`` progress bar per worker, fed in the main process from the batches
-    the loop receives (default ``False``)."""
+    """Show this rank's progress — rows, rows/s and the loop's stall percentage — fed in
+    the main process from the batches the loop receives: a ``tqdm`` bar on a terminal,
+    log lines of the ``torch_dataloader_utils.progress`` logger otherwise (default
+    ``False``)."""
     progress_interval_sec: float
-    """Seconds between refreshes of the progress bars (default 120)."""
+    """Seconds between two progress lines when standard error is not a terminal
+    (default 120; a line is also written at the end of each pass)."""
+    progress_all_ranks: bool
+    """Show progress on every rank, each prefixed with its rank (default ``False``:
+    rank 0 only)."""
     split_strategy: str | SplitKind | SplitStrategy | LegacySplitStrategy | None
     """``"row_group"`` (Parquet / ORC default), ``"byte_range"`` (CSV / JSONL default),
     ``"file"``, or an object with ``generate(...)`` (see :mod:`~torch_dataloader_utils.plan.splits`)."""

@@ -155,12 +155,26 @@ def job_world(timeout_s: float) -> Iterator[World]:
         dist.destroy_process_group()
 
 
-def all_gather(value: T) -> list[T]:
-    """``value`` of every rank, by rank (``[value]`` without a process group)."""
-    if not _grouped():
+def all_gather(value: T, group: Any = None) -> list[T]:
+    """Every rank's ``value`` (in rank order); ``[value]`` without a process group.
+
+    A collective call: every rank of ``group`` must call it. Objects travel over gloo
+    (the default group when it is gloo, else a gloo group over all ranks), so it works
+    beside NCCL without setting a CUDA device.
+
+    Args:
+        value: What this rank contributes; it must pickle.
+        group: A process group, or ``None`` for the default one (over NCCL, a gloo
+            group over all ranks is used instead).
+    """
+    if group is None:
+        if not _grouped():
+            return [value]
+        group = _gloo_group()
+    elif not (dist.is_available() and dist.is_initialized()):
         return [value]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value, group=_gloo_group())
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, value, group=group)
     return out
 
 

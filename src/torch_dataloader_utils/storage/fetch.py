@@ -116,13 +116,14 @@ class GaveUp(Exception):
         )
 
 
-def retry_call(call: Callable[[], T], config: FetchConfig) -> T:
+def retry_call(call: Callable[[], T], config: FetchConfig, on_retry: Callable[[], None] | None = None) -> T:
     """``call()``, retrying transient errors with backoff within the request's time budget.
 
     A retry is made while retries are left and it could end within
     ``config.request_timeout`` of the first attempt (its wait plus as long as the failed
     attempt took): so an endpoint that never answers costs about ``request_timeout``,
-    not ``retries`` times the clients' own timeouts.
+    not ``retries`` times the clients' own timeouts. ``on_retry`` is called before every
+    retry (the metrics count them).
 
     Raises:
         DataLoaderUtilsError: as raised by ``call`` (never retried).
@@ -144,6 +145,8 @@ def retry_call(call: Callable[[], T], config: FetchConfig) -> T:
             late = (now - started) + wait + (now - began) > config.request_timeout
             if not transient or attempt > config.retries or late:
                 raise GaveUp(exc, attempt, now - started, transient) from exc
+            if on_retry is not None:
+                on_retry()
             time.sleep(wait)
 
 
@@ -156,6 +159,7 @@ def fetch_range(
     size: int | None,
     config: FetchConfig,
     on_request: Callable[[int], None] | None = None,
+    on_retry: Callable[[], None] | None = None,
     metadata: bool = False,
 ) -> bytes:
     """Bytes ``[start, stop)`` of ``path``, retrying transient errors with backoff.
@@ -168,6 +172,7 @@ def fetch_range(
         size: The file's size, when known.
         config: Retries, backoff and the request's time budget.
         on_request: Called with the bytes received after every successful request.
+        on_retry: Called before every retry of a request that failed transiently.
         metadata: A one-off metadata read (see :meth:`FileSystemSpec.read_range`).
 
     Raises:
@@ -186,7 +191,7 @@ def fetch_range(
         return data
 
     try:
-        return retry_call(attempt, config)
+        return retry_call(attempt, config, on_retry)
     except GaveUp as failed:
         endpoint = fs.endpoint or "its storage"
         hint = (

@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -91,13 +91,16 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL[0][1]
 
 
-def schedule_checks(fs: FileSystemSpec, files: Iterable[Any]) -> None:
+def schedule_checks(
+    fs: FileSystemSpec, files: Iterable[Any], on_request: Callable[[], None] | None = None
+) -> None:
     """Check the ``files`` (``FileInfo``) a reader is about to read in its next pass.
 
     Every file is checked again: a new pass may follow a rewrite, and readers keep a few
     files open across passes. Local files are checked here, one ``stat`` each; remote
     files concurrently, each open then waiting for its own answer in
-    :func:`check_unchanged`.
+    :func:`check_unchanged`. ``on_request`` is called once per remote metadata request
+    answered (the metrics count them).
 
     Raises:
         FileChangedError: a local file changed (remote ones raise when opened).
@@ -111,10 +114,16 @@ def schedule_checks(fs: FileSystemSpec, files: Iterable[Any]) -> None:
         pool = _pool()
         for info in {f.path: f for f in files}.values():
             key = (pid, fs.protocol, info.path, info.size, info.mtime)
-            _CHECKS[key] = pool.submit(_check_now, fs, info.path, info.size, info.mtime)
+            _CHECKS[key] = pool.submit(_check_now, fs, info.path, info.size, info.mtime, on_request)
 
 
-def check_unchanged(fs: FileSystemSpec, path: str, size: int, mtime: float | None) -> None:
+def check_unchanged(
+    fs: FileSystemSpec,
+    path: str,
+    size: int,
+    mtime: float | None,
+    on_request: Callable[[], None] | None = None,
+) -> None:
     """Raise :class:`FileChangedError` when ``path`` is no longer the file that was planned.
 
     Args:
@@ -123,6 +132,8 @@ def check_unchanged(fs: FileSystemSpec, path: str, size: int, mtime: float | Non
         size: Its size in bytes when the dataset was built.
         mtime: Its modification time then, or ``None`` when the storage gave none
             (then only the size is compared).
+        on_request: Called when a remote metadata request is made here and answered
+            (a file no pass announced).
 
     Raises:
         FileChangedError: the size or modification time differs (both values named).
@@ -142,7 +153,7 @@ def check_unchanged(fs: FileSystemSpec, path: str, size: int, mtime: float | Non
             owner = False
     if owner:
         try:
-            _check_now(fs, path, size, mtime)
+            _check_now(fs, path, size, mtime, on_request)
         except BaseException as exc:
             check.set_exception(exc)
             raise
@@ -150,10 +161,18 @@ def check_unchanged(fs: FileSystemSpec, path: str, size: int, mtime: float | Non
     check.result()
 
 
-def _check_now(fs: FileSystemSpec, path: str, size: int, mtime: float | None) -> None:
+def _check_now(
+    fs: FileSystemSpec,
+    path: str,
+    size: int,
+    mtime: float | None,
+    on_request: Callable[[], None] | None = None,
+) -> None:
     remote = not fs.is_local
     try:
         now_size, now_mtime = current_state(fs, path)
+        if remote and on_request is not None:
+            on_request()
     except FileNotFoundError as exc:
         raise FileChangedError(
             f"{fs.display(path)!r} was deleted after the dataset was built (it was {size} bytes); "

@@ -339,6 +339,14 @@ class ReshardReport:
         """Bytes of the output's shards."""
         return self.manifest.num_bytes
 
+    def describe(self) -> str:
+        """One line for the command line: shards, rows, bytes, what this run wrote, time."""
+        return (
+            f"{self.destination}: {self.num_shards} shards, {self.num_rows} rows, "
+            f"{self.num_bytes} bytes ({self.shards_written} written now, {self.shards_skipped} "
+            f"done before) in {self.seconds:.1f} s" + ("; verified" if self.verified else "")
+        )
+
 
 def reshard(
     src: str | Sequence[str],

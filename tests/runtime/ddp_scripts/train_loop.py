@@ -17,7 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils import StructuredDataset, gather_metrics
 from torch_dataloader_utils.errors import DistributedConfigError
 
 TIMEOUT = timedelta(seconds=30)
@@ -60,7 +60,10 @@ def run_loop(loader, dataset, epoch: int, world: int, accelerator=None) -> dict[
             ids.extend(batch["id"][~flag].tolist())
             pads.extend(batch["id"][flag].tolist())
         batches += 1
-    return {"batches": batches, "len": expected, "ids": ids, "pads": pads}
+    # Every rank's metrics, gathered (a collective: every rank calls it here).
+    gathered = gather_metrics(dataset)
+    metrics = [[r.rank, r.total.rows_read, r.total.batches_read, r.total.rows_padded] for r in gathered.ranks]
+    return {"batches": batches, "len": expected, "ids": ids, "pads": pads, "metrics": metrics}
 
 
 def main() -> None:

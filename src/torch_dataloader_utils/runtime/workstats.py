@@ -1,0 +1,104 @@
+"""A reading process's timers and counters, carried by the batches it already sends.
+
+A DataLoader worker times its own work — reading (storage wait + decode), converting,
+packing for the transfer — and reads its reader's I/O counters (bytes fetched and
+needed, requests, retries, storage wait). It sends no message of its own: every group
+of batches it hands over (:func:`~.emit.grouped`) carries the differences since the
+previous group as a short tuple of numbers (:data:`WORK_FIELDS`), which the main
+process adds to the worker's :class:`~.metrics.WorkerMetrics`. No lock and no shared
+memory are involved; the cost is a few clock reads per batch and one tuple per group.
+
+When the dataset is read in the main process, the recorder reads the live
+:class:`WorkStats` directly instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["WORK_FIELDS", "WorkStats"]
+
+WORK_FIELDS = (
+    "read_sec",
+    "convert_sec",
+    "transfer_sec",
+    "rows_padded",
+    "pieces",
+    "bytes_fetched",
+    "bytes_needed",
+    "requests",
+    "retries",
+    "storage_wait_sec",
+)
+"""The order of the numbers in a work delta (what :meth:`WorkStats.delta` returns)."""
+
+_NO_IO = (0, 0, 0, 0, 0.0)
+
+
+class WorkStats:
+    """What one pass of one reading process did so far; see the module docstring.
+
+    Args:
+        reader: The chunk reader; its ``io_totals()`` (when it has one) gives the I/O
+            counters ``(bytes_fetched, bytes_needed, requests, retries, wait_sec)``.
+        pieces: Pieces (chunks, or windows of the row shuffle) this pass reads.
+        flag_column: The padding flag column (``equal_batches='pad'``), or ``None``.
+
+    Attributes:
+        read_sec: Seconds spent getting the next batch from the reader (storage wait,
+            decoding, filtering, re-batching).
+        convert_sec: Seconds converting batches to the output format.
+        transfer_sec: Seconds packing batches into the buffer they cross processes in.
+        rows_padded: Rows flagged as padding in the batches produced.
+    """
+
+    __slots__ = (
+        "_base",
+        "_io",
+        "_pieces",
+        "_sent",
+        "convert_sec",
+        "flag_column",
+        "read_sec",
+        "rows_padded",
+        "transfer_sec",
+    )
+
+    def __init__(self, reader: object, pieces: int, flag_column: str | None = None) -> None:
+        io: Callable[[], tuple[int, int, int, int, float]] | None = getattr(reader, "io_totals", None)
+        self._io = io
+        self._base = io() if io is not None else _NO_IO
+        self._pieces = pieces
+        self._sent: tuple[float, ...] = (0.0,) * len(WORK_FIELDS)
+        self.read_sec = 0.0
+        self.convert_sec = 0.0
+        self.transfer_sec = 0.0
+        self.rows_padded = 0
+        self.flag_column = flag_column
+
+    def count_padding(self, batch: pa.RecordBatch) -> None:
+        """Count the rows of ``batch`` flagged as padding (a no-op without the flag)."""
+        if self.flag_column is not None:
+            self.rows_padded += int(pc.sum(batch.column(self.flag_column)).as_py() or 0)
+
+    def totals(self) -> tuple[float, ...]:
+        """Everything so far in this pass, in :data:`WORK_FIELDS` order."""
+        io = self._io() if self._io is not None else _NO_IO
+        return (
+            self.read_sec,
+            self.convert_sec,
+            self.transfer_sec,
+            self.rows_padded,
+            self._pieces,
+            *(now - base for now, base in zip(io, self._base, strict=True)),
+        )
+
+    def delta(self) -> tuple[float, ...]:
+        """What changed since the previous call (the first call: everything so far)."""
+        now = self.totals()
+        out = tuple(a - b for a, b in zip(now, self._sent, strict=True))
+        self._sent = now
+        return out
