@@ -215,7 +215,11 @@ def test_small_files_come_whole_in_one_request(tmp_path: Path, monkeypatch: pyte
     assert np.array_equal(np.sort(ids), np.arange(500))
     source: ChunkSource = dataset._reader._source  # type: ignore[attr-defined]
     # the reader's requests: one per file, plus the checks that it is unchanged (counted too)
-    assert (source.stats.requests, source.stats.footer_requests, source.stats.misses) == (2 + len(checks), 0, 0)
+    assert (source.stats.requests, source.stats.footer_requests, source.stats.misses) == (
+        2 + len(checks),
+        0,
+        0,
+    )
     assert len(checks) == 2  # each file checked once: unchanged since the dataset was built
     assert counters.requests - len(checks) == 2  # and read in one request
 
