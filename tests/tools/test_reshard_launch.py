@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -69,18 +70,24 @@ def test_sigkill_at_a_random_point_then_rerun_ends_exactly_once(
     dst = tmp_path / "dst"
     args = command(str(tmp_path / "src"), str(dst), "--target-file-size", "3KiB", "--workers", "2", *extra)
     kill_after = rng.randint(1, 25)  # done markers (maps or shards) before the kill
-    proc = subprocess.Popen(
-        args, env=child_env(), start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    deadline = time.monotonic() + TIMEOUT
-    while proc.poll() is None and markers(dst) < kill_after and time.monotonic() < deadline:
-        time.sleep(0.002)
-    time.sleep(rng.uniform(0, 0.03))
-    os.killpg(proc.pid, signal.SIGKILL)  # the command and its worker processes, at once
-    proc.wait(30)
-    check_no_partial_shard_is_visible(dst)
-    if (dst / "_manifest.json").exists():
-        pytest.fail(f"the job finished before the kill (after {kill_after} markers): lower kill_after")
+    for _attempt in range(4):
+        proc = subprocess.Popen(
+            args, env=child_env(), start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + TIMEOUT
+        while proc.poll() is None and markers(dst) < kill_after and time.monotonic() < deadline:
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0, 0.03))
+        os.killpg(proc.pid, signal.SIGKILL)  # the command and its worker processes, at once
+        proc.wait(30)
+        check_no_partial_shard_is_visible(dst)
+        if not (dst / "_manifest.json").exists():
+            break
+        # On a quiet machine the job can end in the moment before the kill: again, earlier.
+        shutil.rmtree(dst)
+        kill_after = max(1, kill_after // 2)
+    else:
+        pytest.fail(f"the job finished before the kill four times (last after {kill_after} markers)")
     done = subprocess.run(args, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "done before" in done.stdout
