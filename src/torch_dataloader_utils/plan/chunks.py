@@ -48,14 +48,18 @@ def _empty() -> Array:
 class ChunkTable:
     """Chunks as columns over a :class:`FileTable`, in a deterministic order.
 
+    Integer columns are ``int64``, or ``int32`` where the values fit (a table of a
+    built-in strategy shares the file table's ``int32`` group columns when every row
+    group is one chunk).
+
     Attributes:
         files: The file table the ``file`` ids point into.
-        file: ``int64`` file id of each chunk.
-        start: ``int64`` first row (or byte) of the range.
-        stop: ``int64`` one past the last row (or byte).
+        file: File id of each chunk (``int32`` when the file table allows).
+        start: First row (or byte) of the range.
+        stop: One past the last row (or byte).
         unit: ``uint8``: 0 rows, 1 bytes.
-        rows: ``int64`` rows the chunk yields, ``-1`` when unknown.
-        bytes: ``int64`` approximate bytes on disk.
+        rows: Rows the chunk yields, ``-1`` when unknown.
+        bytes: Approximate bytes on disk.
         skip: ``int64`` records to skip (windowed byte ranges), or ``None`` (all 0).
         padding: ``bool`` repeats of rows read elsewhere, or ``None`` (none).
     """
@@ -159,6 +163,8 @@ class ChunkTable:
         h = hashlib.blake2b(digest_size=8)
         for column in (self.file, self.start, self.stop, self.unit, self.rows, self.skip, self.padding):
             if column is not None:
+                if column.dtype == np.int32:  # the same digest whatever the columns' widths
+                    column = column.astype(np.int64)
                 h.update(np.ascontiguousarray(column).view(np.uint8).data)
         return int.from_bytes(h.digest(), "little") >> 1
 
@@ -213,28 +219,28 @@ def is_builtin(strategy: object) -> bool:
     return type(strategy) in (FileSplit, RowGroupSplit, ByteRangeSplit)
 
 
+def _int(column: Array) -> Array:
+    """An integer column as it is when ``int32`` or ``int64`` (a view, no copy), else ``int64``."""
+    return column if column.dtype in (np.int32, np.int64) else column.astype(np.int64)
+
+
 def _table(
     files: FileTable, file: Array, start: Array, stop: Array, unit: Array, rows: Array, size: Array
 ) -> ChunkTable:
-    if len(file) < 2 or bool(np.all(file[1:] >= file[:-1])):
-        return ChunkTable(
-            files,
-            file.astype(np.int64, copy=False),
-            start.astype(np.int64, copy=False),
-            stop.astype(np.int64, copy=False),
-            unit.astype(np.uint8, copy=False),
-            rows.astype(np.int64, copy=False),
-            size.astype(np.int64, copy=False),
-        )
-    order = np.argsort(file, kind="stable")
+    """A chunk table of the columns, ordered by file (stable); ``int32`` columns stay ``int32``."""
+    if len(file) >= 2 and not bool(np.all(file[1:] >= file[:-1])):
+        order = np.argsort(file, kind="stable")
+        file, start, stop, unit, rows, size = (c[order] for c in (file, start, stop, unit, rows, size))
+    if len(files) <= np.iinfo(np.int32).max:
+        file = file.astype(np.int32, copy=False)
     return ChunkTable(
         files,
-        file[order].astype(np.int64),
-        start[order].astype(np.int64),
-        stop[order].astype(np.int64),
-        unit[order].astype(np.uint8),
-        rows[order].astype(np.int64),
-        size[order].astype(np.int64),
+        _int(file),
+        _int(start),
+        _int(stop),
+        unit.astype(np.uint8, copy=False),
+        _int(rows),
+        _int(size),
     )
 
 
@@ -243,6 +249,7 @@ def _deleted_in(files: FileTable, file: Array, start: Array, stop: Array) -> Arr
     out = np.zeros(len(file), dtype=np.int64)
     if files.deleted is None or files.delete_offsets is None or not len(file):
         return out
+    file, start, stop = (np.asarray(c, dtype=np.int64) for c in (file, start, stop))
     lo_off = files.delete_offsets[file]
     hi_off = files.delete_offsets[file + 1]
     has = hi_off > lo_off
@@ -322,41 +329,58 @@ def _file_split(files: FileTable) -> ChunkTable:
 
 
 def _runs(files: FileTable, ids: Array, split_bytes: int | None, split_rows: int | None) -> tuple[Array, ...]:
-    """``RowGroupSplit`` runs of the files ``ids`` (all with groups)."""
+    """``RowGroupSplit`` runs of the files ``ids`` (all with groups).
+
+    When every group of the table is a run of its own (no empty group, no group
+    packing), the run columns are the group columns themselves (views, no copy): only
+    the file ids and the stops are new, in the group columns' type.
+    """
     counts = files.group_offsets[ids + 1] - files.group_offsets[ids]
-    owner = np.repeat(ids, counts)
-    if len(ids) == len(files):  # every file: the group table as it is
-        g = np.arange(len(files.group_rows), dtype=np.int64)
-    else:
+    narrow = len(files) <= np.iinfo(np.int32).max
+    owner = np.repeat(ids.astype(np.int32) if narrow else ids, counts)
+    identity = len(ids) == len(files)  # every group, in order: the columns as they are
+    g: Array | None = None
+    if not identity:
         g = np.arange(int(counts.sum()), dtype=np.int64)
         g -= np.repeat(np.cumsum(counts) - counts - files.group_offsets[ids], counts)
-    empty = files.group_rows[g] == 0
-    identity = len(ids) == len(files)  # g is every group, in order: use the columns as they are
+    empty = (files.group_rows if g is None else files.group_rows[g]) == 0
     if empty.any():
-        g, owner = g[~empty], owner[~empty]
+        keep = ~empty
+        g = np.flatnonzero(keep) if g is None else g[keep]
+        owner = owner[keep]
         counts = np.bincount(np.searchsorted(ids, owner), minlength=len(ids))
         identity = False
+        del keep
     del empty
 
     single = not len(counts) or int(counts.max()) <= 1
     del counts
     if not single and (split_bytes is not None or split_rows is not None):
-        starts = _greedy_starts(owner, files.group_rows[g], files.group_bytes[g], split_bytes, split_rows)
-        first = np.flatnonzero(starts)
+        rows_g = files.group_rows if g is None else files.group_rows[g]
+        bytes_g = files.group_bytes if g is None else files.group_bytes[g]
+        starts = _greedy_starts(owner, rows_g, bytes_g, split_bytes, split_rows)
+        del rows_g, bytes_g
+        every = bool(starts.all())
+        first = None if every else np.flatnonzero(starts)  # None: each group a run of its own
         del starts
     else:
         first = None  # every group is a run of its own
     if first is None:
         file = owner
-        start = files.group_first_row if identity else files.group_first_row[g]
-        run_rows = files.group_rows if identity else files.group_rows[g]
-        run_bytes = files.group_bytes if identity else files.group_bytes[g]
-        stop = start + run_rows
+        start = files.group_first_row if g is None else files.group_first_row[g]
+        run_rows = files.group_rows if g is None else files.group_rows[g]
+        run_bytes = files.group_bytes if g is None else files.group_bytes[g]
+        stop = start + run_rows  # fits: the table checked first + rows when it chose int32
     else:
+        if g is None:
+            g = np.arange(len(files.group_rows), dtype=np.int64)
         file = owner[first]
         last = np.append(first[1:], len(g))[: len(first)] - 1
-        run_rows = np.add.reduceat(files.group_rows[g], first) if len(first) else _empty()
-        run_bytes = np.add.reduceat(files.group_bytes[g], first) if len(first) else _empty()
+        if len(first):
+            run_rows = np.add.reduceat(files.group_rows[g], first, dtype=np.int64)
+            run_bytes = np.add.reduceat(files.group_bytes[g], first, dtype=np.int64)
+        else:
+            run_rows = run_bytes = _empty()
         start = files.group_first_row[g[first]]
         stop = files.group_first_row[g[last]] + files.group_rows[g[last]]
     del g, owner, first
@@ -389,8 +413,8 @@ def _greedy_starts(
     boundary = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
     counts = np.diff(np.r_[boundary, n])
     starts[boundary] = True
-    run_bytes = size[boundary].copy()
-    run_rows = rows[boundary].copy()
+    run_bytes = size[boundary].astype(np.int64)
+    run_rows = rows[boundary].astype(np.int64)
     active = np.flatnonzero(counts > 1)  # files (by slot) with a group at the next level
     level = 1
     while len(active) >= 32:
@@ -426,6 +450,8 @@ def _row_group_split(files: FileTable, strategy: RowGroupSplit) -> ChunkTable:
     ids = np.arange(len(files), dtype=np.int64)
     whole = _whole_files(files, ids[~files.has_groups])
     runs = _runs(files, ids[files.has_groups], strategy.split_bytes, strategy.split_rows)
+    if not len(whole[0]):  # every file has groups: the runs as they are (views, no copy)
+        return _table(files, *runs)
     return _table(files, *(np.concatenate([a, b]) for a, b in zip(whole, runs, strict=True)))
 
 

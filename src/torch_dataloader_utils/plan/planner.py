@@ -679,7 +679,11 @@ class Planner:
                 check_table_overlap(table, f"split strategy {strategy.name!r}")
                 digest = table.digest()
             n = len(table)
-            order = permutation(n, spec.seed, epoch) if spec.shuffle else np.arange(n, dtype=np.int64)
+            order = (  # int32 when it fits: 4 bytes per chunk held for the epoch
+                permutation(n, spec.seed, epoch, narrow=True)
+                if spec.shuffle
+                else np.arange(n, dtype=np.int32 if n <= np.iinfo(np.int32).max else np.int64)
+            )
             found = _Dealt(table, order, spec.num_ranks, digest)
         self._shares[key] = found
         return found
