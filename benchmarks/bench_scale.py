@@ -57,9 +57,13 @@ def _metadata(files: int, groups: int, new_api: bool) -> Any:
     import numpy as np
 
     rng = np.random.default_rng(0)
-    rows = rng.integers(1000, 3000, files * groups).astype(np.int64)
     if new_api:  # the group columns as a columnar discovery gives them (int32: the values fit)
-        rows = rows.astype(np.int32)
+        rows = np.empty(files * groups, dtype=np.int32)
+        for a in range(0, len(rows), 1 << 16):  # the same values as one draw, without an int64 copy
+            b = min(len(rows), a + (1 << 16))
+            rows[a:b] = rng.integers(1000, 3000, b - a)
+    else:
+        rows = rng.integers(1000, 3000, files * groups).astype(np.int64)
     template = "s3://bucket/dataset/date=2026-11-{:02d}/part-{:08d}.parquet"
     if new_api:
         from torch_dataloader_utils.plan.table import FileTable
@@ -77,7 +81,7 @@ def _metadata(files: int, groups: int, new_api: bool) -> Any:
         blob = blob.reshape(-1)
         first = np.zeros(files * groups, dtype=np.int32)
         per_file = rows.reshape(files, groups)
-        np.cumsum(per_file[:, :-1], axis=1, out=first.reshape(files, groups)[:, 1:])
+        np.cumsum(per_file[:, :-1], axis=1, dtype=np.int32, out=first.reshape(files, groups)[:, 1:])
         file_rows = per_file.sum(axis=1, dtype=np.int64)
         return FileTable.from_arrays(
             paths_blob=blob,

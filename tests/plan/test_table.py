@@ -283,3 +283,8 @@ def test_one_chunk_per_group_shares_the_group_columns() -> None:
         chunks.bytes.astype(np.int64),
     )
     assert same.digest() == chunks.digest()  # the digest does not depend on the columns' widths
+    assert chunks.file.tolist() == [0, 0, 1, 1]
+    assert chunks.stop.tolist() == [5, 12, 1, 3]
+    back = pickle.loads(pickle.dumps(chunks))
+    assert [back.chunk(i) for i in range(len(back))] == [chunks.chunk(i) for i in range(len(chunks))]
+    assert back.take(np.array([3, 0])).file.tolist() == [1, 0]

@@ -106,13 +106,21 @@ class ChunkTable:
         """Every chunk's row count is known."""
         return bool(np.all(self.rows >= 0))
 
+    def file_of(self, i: int) -> int:
+        """The file id of chunk ``i``."""
+        return int(self.file[i])
+
+    def stop_of(self, i: int) -> int:
+        """The stop of chunk ``i``."""
+        return int(self.stop[i])
+
     def chunk(self, i: int) -> Chunk:
         """Chunk ``i`` as a :class:`Chunk`."""
         rows = int(self.rows[i])
         return Chunk(
-            self.files.path(int(self.file[i])),
+            self.files.path(self.file_of(i)),
             int(self.start[i]),
-            int(self.stop[i]),
+            self.stop_of(i),
             _UNITS[int(self.unit[i])],
             None if rows < 0 else rows,
             int(self.bytes[i]),
@@ -148,7 +156,7 @@ class ChunkTable:
         pad = padding or base.padding
         if base.unit is ChunkUnit.BYTES:
             return Chunk(base.path, base.start, base.stop, base.unit, hi - lo, size, pad, base.skip + lo)
-        f = int(self.file[i])
+        f = self.file_of(i)
         start = base.start if lo == 0 else self.files.stop_after(f, base.start, lo)
         stop = base.stop if hi == n else self.files.stop_after(f, base.start, hi)
         return Chunk(base.path, start, stop, ChunkUnit.ROWS, hi - lo, size, pad)
@@ -212,6 +220,57 @@ class ChunkTable:
             optional("skip", np.int64),
             optional("padding", bool),
         )
+
+
+class _GroupChunks(ChunkTable):
+    """Every row group of the file table as one chunk: columns derived from the group columns.
+
+    ``start``, ``rows`` and ``bytes`` are the file table's group columns themselves;
+    ``file`` and ``stop`` are computed when read (for the whole table, a temporary), and
+    one chunk's from its group's position, so the table holds no column of its own.
+    """
+
+    def __init__(self, files: FileTable) -> None:
+        n = len(files.group_rows)
+        object.__setattr__(self, "files", files)
+        object.__setattr__(self, "start", files.group_first_row)
+        object.__setattr__(self, "unit", np.broadcast_to(np.uint8(ROWS), (n,)))
+        object.__setattr__(self, "rows", files.group_rows)
+        object.__setattr__(self, "bytes", files.group_bytes)
+        object.__setattr__(self, "skip", None)
+        object.__setattr__(self, "padding", None)
+
+    @property  # type: ignore[misc]
+    def file(self) -> Array:  # type: ignore[override]
+        """File id of each chunk (computed now)."""
+        offsets = self.files.group_offsets
+        ids = np.arange(len(offsets) - 1, dtype=np.int32 if len(offsets) <= 2**31 else np.int64)
+        return np.repeat(ids, np.diff(offsets))
+
+    @property  # type: ignore[misc]
+    def stop(self) -> Array:  # type: ignore[override]
+        """One past the last row of each chunk (computed now)."""
+        return self.start + self.rows
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    @property
+    def nbytes(self) -> int:
+        """0: the columns are the file table's."""
+        return 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"files": self.files}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        _GroupChunks.__init__(self, state["files"])
+
+    def file_of(self, i: int) -> int:
+        return int(np.searchsorted(self.files.group_offsets, i, side="right")) - 1
+
+    def stop_of(self, i: int) -> int:
+        return int(self.start[i]) + int(self.rows[i])
 
 
 def is_builtin(strategy: object) -> bool:
@@ -446,7 +505,36 @@ def _greedy_starts(
     return starts
 
 
+def _every_group_a_chunk(files: FileTable, strategy: RowGroupSplit) -> bool:
+    """Whether each row group of every file is one chunk (no empty group, no packing, no deletes)."""
+    if files.deleted is not None or not bool(files.has_groups.all()) or not len(files.group_rows):
+        return False
+    if bool((files.group_rows == 0).any()):
+        return False
+    if strategy.split_bytes is None and strategy.split_rows is None:
+        return True
+    counts = np.diff(files.group_offsets)
+    if int(counts.max()) <= 1:
+        return True
+    del counts
+    # Packing: a group joins the run before it when the two fit under every limit given;
+    # none does when no two consecutive groups of a file fit (checked in blocks).
+    joins = np.ones(len(files.group_rows) - 1, dtype=bool)
+    bounds = files.group_offsets[1:-1]
+    joins[bounds[(bounds > 0) & (bounds < len(files.group_rows))] - 1] = False  # across files
+    step = 1 << 18
+    for limit, column in ((strategy.split_bytes, files.group_bytes), (strategy.split_rows, files.group_rows)):
+        if limit is None:
+            continue
+        for a in range(0, len(joins), step):
+            b = min(len(joins), a + step)
+            joins[a:b] &= column[a + 1 : b + 1].astype(np.int64) + column[a:b] <= limit
+    return not bool(joins.any())
+
+
 def _row_group_split(files: FileTable, strategy: RowGroupSplit) -> ChunkTable:
+    if _every_group_a_chunk(files, strategy):
+        return _GroupChunks(files)
     ids = np.arange(len(files), dtype=np.int64)
     whole = _whole_files(files, ids[~files.has_groups])
     runs = _runs(files, ids[files.has_groups], strategy.split_bytes, strategy.split_rows)

@@ -270,22 +270,26 @@ class _Dealt(_Shares):
 
     def totals(self) -> Array:
         if self._totals is None:
-            rows = self.table.rows[self.order]
-            if np.any(rows < 0):
-                raise _unknown_rows(self.table, int(self.order[int(np.argmax(rows < 0))]))
-            r = self.num_ranks
-            whole = len(rows) // r * r
-            grid = rows[:whole].reshape(-1, r)
-            totals = grid.sum(axis=0, dtype=np.int64) if whole else np.zeros(r, dtype=np.int64)
-            totals[: len(rows) - whole] += rows[whole:]
-            blocks = -(-len(rows) // r)
-            self._blocks = np.zeros(blocks + 1, dtype=np.int64)
-            if whole:
-                np.cumsum(grid.sum(axis=1, dtype=np.int64), out=self._blocks[1 : whole // r + 1])
-            if whole < len(rows):
-                self._blocks[-1] = self._blocks[whole // r] + int(rows[whole:].sum(dtype=np.int64))
+            r, n = self.num_ranks, len(self.order)
+            totals = np.zeros(r, dtype=np.int64)
+            self._blocks = np.zeros(-(-n // r) + 1, dtype=np.int64)
+            step = max(1, self._GATHER // r) * r  # positions at a time, whole blocks
+            for a in range(0, n, step):  # in pieces: no column of every chunk's rows
+                rows = self.table.rows[self.order[a : a + step]]
+                if np.any(rows < 0):
+                    bad = a + int(np.argmax(rows < 0))
+                    raise _unknown_rows(self.table, int(self.order[bad]))
+                full = len(rows) // r * r
+                grid = rows[:full].reshape(-1, r)
+                k = a // r
+                if full:
+                    totals += grid.sum(axis=0, dtype=np.int64)
+                    self._blocks[k + 1 : k + 1 + full // r] = grid.sum(axis=1, dtype=np.int64)
+                if full < len(rows):  # the last block, shorter than num_ranks
+                    totals[: len(rows) - full] += rows[full:]
+                    self._blocks[-1] = int(rows[full:].sum(dtype=np.int64))
+            np.cumsum(self._blocks, out=self._blocks)
             self._totals = totals
-            del rows, grid
         return self._totals
 
     def stream_starts(self, rank: int) -> Array:

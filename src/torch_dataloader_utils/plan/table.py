@@ -412,10 +412,18 @@ class FileTable(Mapping[str, FileInfo]):
             self.live = _i64(live, n, "live")
             return
         # Rows of each file's groups, without a prefix sum over every group.
+        # In pieces of about 2**18 groups, each widened to int64 (reduceat would widen all).
         group_live = np.zeros(n, dtype=np.int64)
         has = np.flatnonzero(self.group_offsets[1:] > self.group_offsets[:-1])
-        if len(has):
-            group_live[has] = np.add.reduceat(self.group_rows, self.group_offsets[has], dtype=np.int64)
+        firsts = self.group_offsets[has]
+        i = 0
+        while i < len(has):
+            lo = int(firsts[i])
+            j = max(i + 1, int(np.searchsorted(firsts, lo + (1 << 18), side="left")))
+            hi = int(self.group_offsets[has[j - 1] + 1])
+            piece = self.group_rows[lo:hi].astype(np.int64)
+            group_live[has[i:j]] = np.add.reduceat(piece, firsts[i:j] - lo)
+            i = j
         out = np.where(self.has_groups, group_live, self.rows)
         if self._deleted_count is not None:
             out = np.where(out >= 0, out - self._deleted_count, out)
