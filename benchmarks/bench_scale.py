@@ -57,7 +57,13 @@ def _metadata(files: int, groups: int, new_api: bool) -> Any:
     import numpy as np
 
     rng = np.random.default_rng(0)
-    rows = rng.integers(1000, 3000, files * groups).astype(np.int64)
+    if new_api:  # the group columns as a columnar discovery gives them (int32: the values fit)
+        rows = np.empty(files * groups, dtype=np.int32)
+        for a in range(0, len(rows), 1 << 16):  # the same values as one draw, without an int64 copy
+            b = min(len(rows), a + (1 << 16))
+            rows[a:b] = rng.integers(1000, 3000, b - a)
+    else:
+        rows = rng.integers(1000, 3000, files * groups).astype(np.int64)
     template = "s3://bucket/dataset/date=2026-11-{:02d}/part-{:08d}.parquet"
     if new_api:
         from torch_dataloader_utils.plan.table import FileTable
@@ -73,20 +79,21 @@ def _metadata(files: int, groups: int, new_api: bool) -> Any:
         for k in range(8):
             blob[:, part + 7 - k] += (ids // 10**k % 10).astype(np.uint8)
         blob = blob.reshape(-1)
-        first = np.zeros(files * groups, dtype=np.int64)
+        first = np.zeros(files * groups, dtype=np.int32)
         per_file = rows.reshape(files, groups)
-        first.reshape(files, groups)[:, 1:] = np.cumsum(per_file, axis=1)[:, :-1]
+        np.cumsum(per_file[:, :-1], axis=1, dtype=np.int32, out=first.reshape(files, groups)[:, 1:])
+        file_rows = per_file.sum(axis=1, dtype=np.int64)
         return FileTable.from_arrays(
             paths_blob=blob,
             path_offsets=np.arange(files + 1, dtype=np.int64) * width,
-            size=per_file.sum(axis=1) * 48_000,
-            rows=per_file.sum(axis=1),
+            size=file_rows * 48_000,
+            rows=file_rows,
             mtime=np.full(files, 1.7e9),
             group_offsets=np.arange(files + 1, dtype=np.int64) * groups,
-            group_index=np.tile(np.arange(groups, dtype=np.int32), files),
+            group_index=np.tile(np.arange(groups, dtype=np.int16), files),
             group_first_row=first,
             group_rows=rows,
-            group_bytes=rows * 48_000,
+            group_bytes=rows * np.int32(48_000),
         )
     from torch_dataloader_utils.plan.types import FileInfo, RowGroup
 

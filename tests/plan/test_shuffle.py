@@ -70,3 +70,10 @@ def test_global_random_state_is_untouched() -> None:
     assert np_state[0] == after[0]
     assert np_state[2:] == after[2:]
     assert random.getstate() == py_state
+
+
+@given(st.integers(0, 3000), seeds, epochs)
+def test_narrow_permutation_is_the_same_permutation(n: int, seed: int, epoch: int) -> None:
+    narrow = permutation(n, seed, epoch, 3, narrow=True)
+    assert narrow.dtype == np.int32
+    assert np.array_equal(narrow, permutation(n, seed, epoch, 3))

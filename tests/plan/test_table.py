@@ -230,3 +230,61 @@ def test_row_group_packing_of_many_files_in_lockstep(
     assert [chunks.chunk(i) for i in range(len(chunks))] == normalize_chunks(
         strategy.split(files), table, "row_group"
     )
+
+
+def _wide_table(first_row: int, group_bytes: int) -> tuple[FileTable, list[FileInfo]]:
+    groups = (RowGroup(0, first_row, 5, group_bytes), RowGroup(1, first_row + 5, 7, group_bytes))
+    files = [
+        FileInfo("a", 100, first_row + 12, groups),
+        FileInfo("b", 100, 3, (RowGroup(0, 0, 1, 50), RowGroup(1, 1, 2, 50))),
+    ]
+    return FileTable.from_infos(files), files
+
+
+@pytest.mark.parametrize(
+    ("first_row", "group_bytes", "rows_type", "bytes_type"),
+    [
+        (0, 50, np.int32, np.int32),
+        (2**31 - 13, 50, np.int32, np.int32),  # the last group's stop is 2**31 - 1
+        (2**31 - 12, 50, np.int64, np.int32),  # its stop would not fit int32
+        (0, 2**31, np.int32, np.int64),
+    ],
+)
+def test_group_columns_are_int32_only_when_the_values_fit(
+    first_row: int, group_bytes: int, rows_type: type, bytes_type: type
+) -> None:
+    table, files = _wide_table(first_row, group_bytes)
+    assert table.group_rows.dtype == rows_type
+    assert table.group_first_row.dtype == rows_type
+    assert table.group_bytes.dtype == bytes_type
+    assert table.group_index.dtype == np.int16
+    assert table.live.tolist() == [12, 3]
+    assert table.info(0) == files[0]
+    for strategy in (RowGroupSplit(split_bytes=1), RowGroupSplit(split_bytes=2**40)):
+        chunks = build_chunks(strategy, table)
+        assert [chunks.chunk(i) for i in range(len(chunks))] == normalize_chunks(
+            strategy.split(files), table, "row_group"
+        )
+        assert int(chunks.stop.max()) == max(first_row + 12, 3)
+
+
+def test_one_chunk_per_group_shares_the_group_columns() -> None:
+    table, _ = _wide_table(0, 50)
+    chunks = build_chunks(RowGroupSplit(split_bytes=1), table)  # every group is a chunk
+    for column, group_column in ((chunks.start, table.group_first_row), (chunks.rows, table.group_rows)):
+        assert np.shares_memory(column, group_column)
+    assert chunks.file.dtype == np.int32
+    assert chunks.nbytes < 24 * len(chunks)
+    same = ChunkTable(
+        table,
+        *(c.astype(np.int64) for c in (chunks.file, chunks.start, chunks.stop)),
+        chunks.unit,
+        chunks.rows.astype(np.int64),
+        chunks.bytes.astype(np.int64),
+    )
+    assert same.digest() == chunks.digest()  # the digest does not depend on the columns' widths
+    assert chunks.file.tolist() == [0, 0, 1, 1]
+    assert chunks.stop.tolist() == [5, 12, 1, 3]
+    back = pickle.loads(pickle.dumps(chunks))
+    assert [back.chunk(i) for i in range(len(back))] == [chunks.chunk(i) for i in range(len(chunks))]
+    assert back.take(np.array([3, 0])).file.tolist() == [1, 0]

@@ -48,14 +48,18 @@ def _empty() -> Array:
 class ChunkTable:
     """Chunks as columns over a :class:`FileTable`, in a deterministic order.
 
+    Integer columns are ``int64``, or ``int32`` where the values fit (a table of a
+    built-in strategy shares the file table's ``int32`` group columns when every row
+    group is one chunk).
+
     Attributes:
         files: The file table the ``file`` ids point into.
-        file: ``int64`` file id of each chunk.
-        start: ``int64`` first row (or byte) of the range.
-        stop: ``int64`` one past the last row (or byte).
+        file: File id of each chunk (``int32`` when the file table allows).
+        start: First row (or byte) of the range.
+        stop: One past the last row (or byte).
         unit: ``uint8``: 0 rows, 1 bytes.
-        rows: ``int64`` rows the chunk yields, ``-1`` when unknown.
-        bytes: ``int64`` approximate bytes on disk.
+        rows: Rows the chunk yields, ``-1`` when unknown.
+        bytes: Approximate bytes on disk.
         skip: ``int64`` records to skip (windowed byte ranges), or ``None`` (all 0).
         padding: ``bool`` repeats of rows read elsewhere, or ``None`` (none).
     """
@@ -102,13 +106,21 @@ class ChunkTable:
         """Every chunk's row count is known."""
         return bool(np.all(self.rows >= 0))
 
+    def file_of(self, i: int) -> int:
+        """The file id of chunk ``i``."""
+        return int(self.file[i])
+
+    def stop_of(self, i: int) -> int:
+        """The stop of chunk ``i``."""
+        return int(self.stop[i])
+
     def chunk(self, i: int) -> Chunk:
         """Chunk ``i`` as a :class:`Chunk`."""
         rows = int(self.rows[i])
         return Chunk(
-            self.files.path(int(self.file[i])),
+            self.files.path(self.file_of(i)),
             int(self.start[i]),
-            int(self.stop[i]),
+            self.stop_of(i),
             _UNITS[int(self.unit[i])],
             None if rows < 0 else rows,
             int(self.bytes[i]),
@@ -144,7 +156,7 @@ class ChunkTable:
         pad = padding or base.padding
         if base.unit is ChunkUnit.BYTES:
             return Chunk(base.path, base.start, base.stop, base.unit, hi - lo, size, pad, base.skip + lo)
-        f = int(self.file[i])
+        f = self.file_of(i)
         start = base.start if lo == 0 else self.files.stop_after(f, base.start, lo)
         stop = base.stop if hi == n else self.files.stop_after(f, base.start, hi)
         return Chunk(base.path, start, stop, ChunkUnit.ROWS, hi - lo, size, pad)
@@ -159,6 +171,8 @@ class ChunkTable:
         h = hashlib.blake2b(digest_size=8)
         for column in (self.file, self.start, self.stop, self.unit, self.rows, self.skip, self.padding):
             if column is not None:
+                if column.dtype == np.int32:  # the same digest whatever the columns' widths
+                    column = column.astype(np.int64)
                 h.update(np.ascontiguousarray(column).view(np.uint8).data)
         return int.from_bytes(h.digest(), "little") >> 1
 
@@ -208,33 +222,84 @@ class ChunkTable:
         )
 
 
+class _GroupChunks(ChunkTable):
+    """Every row group of the file table as one chunk: columns derived from the group columns.
+
+    ``start``, ``rows`` and ``bytes`` are the file table's group columns themselves;
+    ``file`` and ``stop`` are computed when read (for the whole table, a temporary), and
+    one chunk's from its group's position, so the table holds no column of its own.
+    """
+
+    def __init__(self, files: FileTable) -> None:
+        n = len(files.group_rows)
+        object.__setattr__(self, "files", files)
+        object.__setattr__(self, "start", files.group_first_row)
+        object.__setattr__(self, "unit", np.broadcast_to(np.uint8(ROWS), (n,)))
+        object.__setattr__(self, "rows", files.group_rows)
+        object.__setattr__(self, "bytes", files.group_bytes)
+        object.__setattr__(self, "skip", None)
+        object.__setattr__(self, "padding", None)
+
+    @property  # type: ignore[misc]
+    def file(self) -> Array:  # type: ignore[override]
+        """File id of each chunk (computed now)."""
+        offsets = self.files.group_offsets
+        ids = np.arange(len(offsets) - 1, dtype=np.int32 if len(offsets) <= 2**31 else np.int64)
+        return np.repeat(ids, np.diff(offsets))
+
+    @property  # type: ignore[misc]
+    def stop(self) -> Array:  # type: ignore[override]
+        """One past the last row of each chunk (computed now)."""
+        return self.start + self.rows
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    @property
+    def nbytes(self) -> int:
+        """0: the columns are the file table's."""
+        return 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"files": self.files}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        _GroupChunks.__init__(self, state["files"])
+
+    def file_of(self, i: int) -> int:
+        return int(np.searchsorted(self.files.group_offsets, i, side="right")) - 1
+
+    def stop_of(self, i: int) -> int:
+        return int(self.start[i]) + int(self.rows[i])
+
+
 def is_builtin(strategy: object) -> bool:
     """Whether ``strategy`` is one of the built-in splitters :func:`build_chunks` vectorizes."""
     return type(strategy) in (FileSplit, RowGroupSplit, ByteRangeSplit)
 
 
+def _int(column: Array) -> Array:
+    """An integer column as it is when ``int32`` or ``int64`` (a view, no copy), else ``int64``."""
+    return column if column.dtype in (np.int32, np.int64) else column.astype(np.int64)
+
+
 def _table(
     files: FileTable, file: Array, start: Array, stop: Array, unit: Array, rows: Array, size: Array
 ) -> ChunkTable:
-    if len(file) < 2 or bool(np.all(file[1:] >= file[:-1])):
-        return ChunkTable(
-            files,
-            file.astype(np.int64, copy=False),
-            start.astype(np.int64, copy=False),
-            stop.astype(np.int64, copy=False),
-            unit.astype(np.uint8, copy=False),
-            rows.astype(np.int64, copy=False),
-            size.astype(np.int64, copy=False),
-        )
-    order = np.argsort(file, kind="stable")
+    """A chunk table of the columns, ordered by file (stable); ``int32`` columns stay ``int32``."""
+    if len(file) >= 2 and not bool(np.all(file[1:] >= file[:-1])):
+        order = np.argsort(file, kind="stable")
+        file, start, stop, unit, rows, size = (c[order] for c in (file, start, stop, unit, rows, size))
+    if len(files) <= np.iinfo(np.int32).max:
+        file = file.astype(np.int32, copy=False)
     return ChunkTable(
         files,
-        file[order].astype(np.int64),
-        start[order].astype(np.int64),
-        stop[order].astype(np.int64),
-        unit[order].astype(np.uint8),
-        rows[order].astype(np.int64),
-        size[order].astype(np.int64),
+        _int(file),
+        _int(start),
+        _int(stop),
+        unit.astype(np.uint8, copy=False),
+        _int(rows),
+        _int(size),
     )
 
 
@@ -243,6 +308,7 @@ def _deleted_in(files: FileTable, file: Array, start: Array, stop: Array) -> Arr
     out = np.zeros(len(file), dtype=np.int64)
     if files.deleted is None or files.delete_offsets is None or not len(file):
         return out
+    file, start, stop = (np.asarray(c, dtype=np.int64) for c in (file, start, stop))
     lo_off = files.delete_offsets[file]
     hi_off = files.delete_offsets[file + 1]
     has = hi_off > lo_off
@@ -322,41 +388,58 @@ def _file_split(files: FileTable) -> ChunkTable:
 
 
 def _runs(files: FileTable, ids: Array, split_bytes: int | None, split_rows: int | None) -> tuple[Array, ...]:
-    """``RowGroupSplit`` runs of the files ``ids`` (all with groups)."""
+    """``RowGroupSplit`` runs of the files ``ids`` (all with groups).
+
+    When every group of the table is a run of its own (no empty group, no group
+    packing), the run columns are the group columns themselves (views, no copy): only
+    the file ids and the stops are new, in the group columns' type.
+    """
     counts = files.group_offsets[ids + 1] - files.group_offsets[ids]
-    owner = np.repeat(ids, counts)
-    if len(ids) == len(files):  # every file: the group table as it is
-        g = np.arange(len(files.group_rows), dtype=np.int64)
-    else:
+    narrow = len(files) <= np.iinfo(np.int32).max
+    owner = np.repeat(ids.astype(np.int32) if narrow else ids, counts)
+    identity = len(ids) == len(files)  # every group, in order: the columns as they are
+    g: Array | None = None
+    if not identity:
         g = np.arange(int(counts.sum()), dtype=np.int64)
         g -= np.repeat(np.cumsum(counts) - counts - files.group_offsets[ids], counts)
-    empty = files.group_rows[g] == 0
-    identity = len(ids) == len(files)  # g is every group, in order: use the columns as they are
+    empty = (files.group_rows if g is None else files.group_rows[g]) == 0
     if empty.any():
-        g, owner = g[~empty], owner[~empty]
+        keep = ~empty
+        g = np.flatnonzero(keep) if g is None else g[keep]
+        owner = owner[keep]
         counts = np.bincount(np.searchsorted(ids, owner), minlength=len(ids))
         identity = False
+        del keep
     del empty
 
     single = not len(counts) or int(counts.max()) <= 1
     del counts
     if not single and (split_bytes is not None or split_rows is not None):
-        starts = _greedy_starts(owner, files.group_rows[g], files.group_bytes[g], split_bytes, split_rows)
-        first = np.flatnonzero(starts)
+        rows_g = files.group_rows if g is None else files.group_rows[g]
+        bytes_g = files.group_bytes if g is None else files.group_bytes[g]
+        starts = _greedy_starts(owner, rows_g, bytes_g, split_bytes, split_rows)
+        del rows_g, bytes_g
+        every = bool(starts.all())
+        first = None if every else np.flatnonzero(starts)  # None: each group a run of its own
         del starts
     else:
         first = None  # every group is a run of its own
     if first is None:
         file = owner
-        start = files.group_first_row if identity else files.group_first_row[g]
-        run_rows = files.group_rows if identity else files.group_rows[g]
-        run_bytes = files.group_bytes if identity else files.group_bytes[g]
-        stop = start + run_rows
+        start = files.group_first_row if g is None else files.group_first_row[g]
+        run_rows = files.group_rows if g is None else files.group_rows[g]
+        run_bytes = files.group_bytes if g is None else files.group_bytes[g]
+        stop = start + run_rows  # fits: the table checked first + rows when it chose int32
     else:
+        if g is None:
+            g = np.arange(len(files.group_rows), dtype=np.int64)
         file = owner[first]
         last = np.append(first[1:], len(g))[: len(first)] - 1
-        run_rows = np.add.reduceat(files.group_rows[g], first) if len(first) else _empty()
-        run_bytes = np.add.reduceat(files.group_bytes[g], first) if len(first) else _empty()
+        if len(first):
+            run_rows = np.add.reduceat(files.group_rows[g], first, dtype=np.int64)
+            run_bytes = np.add.reduceat(files.group_bytes[g], first, dtype=np.int64)
+        else:
+            run_rows = run_bytes = _empty()
         start = files.group_first_row[g[first]]
         stop = files.group_first_row[g[last]] + files.group_rows[g[last]]
     del g, owner, first
@@ -389,8 +472,8 @@ def _greedy_starts(
     boundary = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
     counts = np.diff(np.r_[boundary, n])
     starts[boundary] = True
-    run_bytes = size[boundary].copy()
-    run_rows = rows[boundary].copy()
+    run_bytes = size[boundary].astype(np.int64)
+    run_rows = rows[boundary].astype(np.int64)
     active = np.flatnonzero(counts > 1)  # files (by slot) with a group at the next level
     level = 1
     while len(active) >= 32:
@@ -422,10 +505,41 @@ def _greedy_starts(
     return starts
 
 
+def _every_group_a_chunk(files: FileTable, strategy: RowGroupSplit) -> bool:
+    """Whether each row group of every file is one chunk (no empty group, no packing, no deletes)."""
+    if files.deleted is not None or not bool(files.has_groups.all()) or not len(files.group_rows):
+        return False
+    if bool((files.group_rows == 0).any()):
+        return False
+    if strategy.split_bytes is None and strategy.split_rows is None:
+        return True
+    counts = np.diff(files.group_offsets)
+    if int(counts.max()) <= 1:
+        return True
+    del counts
+    # Packing: a group joins the run before it when the two fit under every limit given;
+    # none does when no two consecutive groups of a file fit (checked in blocks).
+    joins = np.ones(len(files.group_rows) - 1, dtype=bool)
+    bounds = files.group_offsets[1:-1]
+    joins[bounds[(bounds > 0) & (bounds < len(files.group_rows))] - 1] = False  # across files
+    step = 1 << 18
+    for limit, column in ((strategy.split_bytes, files.group_bytes), (strategy.split_rows, files.group_rows)):
+        if limit is None:
+            continue
+        for a in range(0, len(joins), step):
+            b = min(len(joins), a + step)
+            joins[a:b] &= column[a + 1 : b + 1].astype(np.int64) + column[a:b] <= limit
+    return not bool(joins.any())
+
+
 def _row_group_split(files: FileTable, strategy: RowGroupSplit) -> ChunkTable:
+    if _every_group_a_chunk(files, strategy):
+        return _GroupChunks(files)
     ids = np.arange(len(files), dtype=np.int64)
     whole = _whole_files(files, ids[~files.has_groups])
     runs = _runs(files, ids[files.has_groups], strategy.split_bytes, strategy.split_rows)
+    if not len(whole[0]):  # every file has groups: the runs as they are (views, no copy)
+        return _table(files, *runs)
     return _table(files, *(np.concatenate([a, b]) for a, b in zip(whole, runs, strict=True)))
 
 

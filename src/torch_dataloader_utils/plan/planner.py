@@ -247,7 +247,15 @@ def _unknown_rows(table: ChunkTable, index: int) -> PlanError:
 
 
 class _Dealt(_Shares):
-    """One chunk table in shuffled order, dealt ``[rank::num_ranks]``."""
+    """One chunk table in shuffled order, dealt ``[rank::num_ranks]``.
+
+    The row stream is the shuffled order; its prefix sums are kept at block starts only
+    (every ``num_ranks``-th position, one row of shares), and a share's stream rows are
+    computed when that share is planned: no array of 8 bytes per chunk is kept.
+    """
+
+    _GATHER = 1 << 18
+    """Items gathered at a time when computing a share's stream rows (bounds the temporaries)."""
 
     def __init__(self, table: ChunkTable, order: Array, num_ranks: int, digest: int | None) -> None:
         self.table = table
@@ -255,38 +263,68 @@ class _Dealt(_Shares):
         self.num_ranks = num_ranks
         self._digest = digest
         self._totals: Array | None = None
-        self._prefix: Array = np.zeros(1, dtype=np.int64)
+        self._blocks: Array = np.zeros(1, dtype=np.int64)
 
     def share(self, rank: int) -> tuple[ChunkTable, Array]:
         return self.table, self.order[rank :: self.num_ranks]
 
     def totals(self) -> Array:
         if self._totals is None:
-            rows = self.table.rows[self.order]
-            if np.any(rows < 0):
-                raise _unknown_rows(self.table, int(self.order[int(np.argmax(rows < 0))]))
-            r = self.num_ranks
-            whole = len(rows) // r * r
-            totals = rows[:whole].reshape(-1, r).sum(axis=0) if whole else np.zeros(r, dtype=np.int64)
-            totals[: len(rows) - whole] += rows[whole:]
+            r, n = self.num_ranks, len(self.order)
+            totals = np.zeros(r, dtype=np.int64)
+            self._blocks = np.zeros(-(-n // r) + 1, dtype=np.int64)
+            step = max(1, self._GATHER // r) * r  # positions at a time, whole blocks
+            for a in range(0, n, step):  # in pieces: no column of every chunk's rows
+                rows = self.table.rows[self.order[a : a + step]]
+                if np.any(rows < 0):
+                    bad = a + int(np.argmax(rows < 0))
+                    raise _unknown_rows(self.table, int(self.order[bad]))
+                full = len(rows) // r * r
+                grid = rows[:full].reshape(-1, r)
+                k = a // r
+                if full:
+                    totals += grid.sum(axis=0, dtype=np.int64)
+                    self._blocks[k + 1 : k + 1 + full // r] = grid.sum(axis=1, dtype=np.int64)
+                if full < len(rows):  # the last block, shorter than num_ranks
+                    totals[: len(rows) - full] += rows[full:]
+                    self._blocks[-1] = int(rows[full:].sum(dtype=np.int64))
+            np.cumsum(self._blocks, out=self._blocks)
             self._totals = totals
-            self._prefix = np.zeros(len(rows) + 1, dtype=np.int64)
-            np.cumsum(rows, out=self._prefix[1:])
-            del rows
         return self._totals
 
     def stream_starts(self, rank: int) -> Array:
         self.totals()
-        return self._prefix[:-1][rank :: self.num_ranks]
+        r, n = self.num_ranks, len(self.order)
+        count = len(range(rank, n, r))
+        first = self._blocks[:count].copy()  # stream row of each block's start
+        if rank:
+            step = max(1, self._GATHER // rank)  # blocks at a time
+            for k in range(0, count, step):
+                a, b = k * r, min(n, (k + step) * r)
+                idx = self.order[a:b]
+                full = (b - a) // r
+                part = self.table.rows[idx[: full * r].reshape(full, r)[:, :rank]]
+                first[k : k + full] += part.sum(axis=1, dtype=np.int64)
+                if full < min(step, count - k):  # the last block, shorter than num_ranks
+                    first[k + full] += int(
+                        self.table.rows[idx[full * r : full * r + rank]].sum(dtype=np.int64)
+                    )
+        return first
 
     def items_in(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
         self.totals()
-        prefix = self._prefix
-        j = max(0, int(np.searchsorted(prefix, lo, side="right")) - 1)
-        while j < len(prefix) - 1 and prefix[j] < hi:
-            if prefix[j + 1] > lo and prefix[j + 1] > prefix[j]:
-                yield j % self.num_ranks, j // self.num_ranks, int(prefix[j])
-            j += 1
+        r, n, blocks = self.num_ranks, len(self.order), self._blocks
+        k = max(0, int(np.searchsorted(blocks, lo, side="right")) - 1)
+        while k * r < n and blocks[k] < hi:
+            a = k * r
+            rows = self.table.rows[self.order[a : min(n, a + r)]].astype(np.int64)
+            ends = np.cumsum(rows) + int(blocks[k])
+            for m in np.flatnonzero((ends > lo) & (rows > 0)).tolist():
+                start = int(ends[m] - rows[m])
+                if start >= hi:
+                    return
+                yield m, k, start
+            k += 1
 
     def digest(self, rank: int) -> int | None:
         return self._digest
@@ -679,7 +717,11 @@ class Planner:
                 check_table_overlap(table, f"split strategy {strategy.name!r}")
                 digest = table.digest()
             n = len(table)
-            order = permutation(n, spec.seed, epoch) if spec.shuffle else np.arange(n, dtype=np.int64)
+            order = (  # int32 when it fits: 4 bytes per chunk held for the epoch
+                permutation(n, spec.seed, epoch, narrow=True)
+                if spec.shuffle
+                else np.arange(n, dtype=np.int32 if n <= np.iinfo(np.int32).max else np.int64)
+            )
             found = _Dealt(table, order, spec.num_ranks, digest)
         self._shares[key] = found
         return found

@@ -21,9 +21,10 @@ __all__ = ["permutation", "random_offset", "shuffled"]
 T = TypeVar("T")
 
 _WORD = 2**32 - 1
+_INT32_MAX = 2**31 - 1
 
 
-def permutation(n: int, seed: int, epoch: int, *salt: int) -> np.ndarray:
+def permutation(n: int, seed: int, epoch: int, *salt: int, narrow: bool = False) -> np.ndarray:
     """A permutation of ``range(n)`` that depends only on ``(seed, epoch, *salt)``.
 
     Args:
@@ -31,11 +32,18 @@ def permutation(n: int, seed: int, epoch: int, *salt: int) -> np.ndarray:
         seed: The user's shuffle seed (a non-negative int).
         epoch: The epoch (a non-negative int).
         salt: Further non-negative ints mixed into the seed (e.g. a rank).
+        narrow: Return ``int32`` when ``n`` fits (half the memory; the same values:
+            the shuffle's draws do not depend on the element type).
 
     Returns:
-        An int64 array holding each of ``0..n-1`` once.
+        An int64 (or, ``narrow``, int32) array holding each of ``0..n-1`` once.
     """
-    return _rng(seed, epoch, *salt).permutation(n)
+    rng = _rng(seed, epoch, *salt)
+    if narrow and n <= _INT32_MAX:
+        out = np.arange(n, dtype=np.int32)
+        rng.shuffle(out)  # what Generator.permutation(n) does, over int32
+        return out
+    return rng.permutation(n)
 
 
 def random_offset(n: int, seed: int, epoch: int, *salt: int) -> int:

@@ -5,7 +5,8 @@ object per file: paths as one ``uint8`` blob with ``int64`` offsets, sizes, modi
 times, row counts (``-1``: unknown), a row-group / stripe table ``(index in file,
 first row, rows, bytes)`` with per-file offsets into it, and, concatenated with per-file
 offsets, the record counts of text files (:class:`~.types.RecordIndex`) and the deleted
-positions of Iceberg data files. About 100 bytes per file plus about 30 per row group.
+positions of Iceberg data files. About 100 bytes per file plus 14 per row group (the
+group columns are ``int32`` when their values fit).
 
 Planning works on file ids (positions in the table). A :class:`~.types.FileInfo` is
 built for one file on demand (:meth:`FileTable.info`, or ``table[path]``: the table is a
@@ -105,6 +106,34 @@ def _i64(values: Any, n: int, name: str, default: int | None = None) -> Array:
     return out
 
 
+_I32 = np.iinfo(np.int32)
+
+
+def _fits_int32(*columns: Array) -> bool:
+    """Whether the columns' values, and the sum of their largest values, fit ``int32``."""
+    lo = sum(int(c.min()) for c in columns if len(c))
+    hi = sum(int(c.max()) for c in columns if len(c))
+    return bool(min(lo, 0) >= _I32.min and hi <= _I32.max)
+
+
+def _narrow(column: Array, fits: bool) -> Array:
+    """``column`` as ``int32`` when ``fits`` (one copy, or none when it already is)."""
+    return np.ascontiguousarray(column, dtype=np.int32) if fits else column
+
+
+def _column(values: Any, n: int, name: str) -> Array:
+    """An integer column of length ``n`` (``int32`` or ``int64`` kept as given; default zeros)."""
+    if values is None:
+        return np.zeros(n, dtype=np.int32)
+    out = np.asarray(values)
+    if out.dtype not in (np.int16, np.int32, np.int64):
+        out = out.astype(np.int64)
+    out = np.ascontiguousarray(out)
+    if out.shape != (n,):
+        raise ValueError(f"{name} must have shape ({n},), got {out.shape}")
+    return out
+
+
 def _offsets(values: Any, n: int, total: int, name: str) -> Array:
     out = _i64(values, n + 1, name)
     if n >= 0 and (out[0] != 0 or out[-1] != total or np.any(np.diff(out) < 0)):
@@ -166,13 +195,13 @@ class FileTable(Mapping[str, FileInfo]):
     group_offsets: Array
     """``int64``, ``n + 1``: file ``i``'s unpruned groups are ``[group_offsets[i], group_offsets[i + 1])``."""
     group_index: Array
-    """``int32`` position of each group in its file."""
+    """``int16`` (or ``int32``) position of each group in its file."""
     group_first_row: Array
-    """``int64`` file row of each group's first row."""
+    """File row of each group's first row: ``int32`` when every group's last row fits, else ``int64``."""
     group_rows: Array
-    """``int64`` rows of each group."""
+    """Rows of each group (the same type as :attr:`group_first_row`)."""
     group_bytes: Array
-    """``int64`` bytes on disk of each group."""
+    """Bytes on disk of each group: ``int32`` when every value fits, else ``int64``."""
     block_bytes: Array | None
     """``int64`` record-count block size of each text file (0: not counted), or ``None``."""
     record_offsets: Array | None
@@ -230,10 +259,12 @@ class FileTable(Mapping[str, FileInfo]):
             group_offsets: ``int64``, ``n + 1``: each file's rows of the group columns
                 (its unpruned row groups / stripes, in file order). Omitted: no file has
                 row-group metadata.
-            group_index: ``int32`` position of each group in its file.
-            group_first_row: ``int64`` file row of each group's first row.
-            group_rows: ``int64`` rows of each group.
-            group_bytes: ``int64`` bytes on disk of each group (default 0).
+            group_index: Position of each group in its file (integers).
+            group_first_row: File row of each group's first row (integers).
+            group_rows: Rows of each group (integers).
+            group_bytes: Bytes on disk of each group (integers; default 0). The group
+                columns are kept as ``int32`` when their values fit (``int16`` for
+                ``group_index``), so a discovery that gives them so is not copied.
             has_groups: ``bool`` per file, whether its groups are known (default: every
                 file when ``group_offsets`` is given, else none).
             block_bytes: ``int64`` record-count block size per text file (0: not counted).
@@ -272,12 +303,24 @@ class FileTable(Mapping[str, FileInfo]):
             self.has_groups = (
                 np.ones(n, dtype=bool) if has_groups is None else np.ascontiguousarray(has_groups, dtype=bool)
             )
-        self.group_rows = _i64(group_rows, groups, "group_rows", 0)
-        self.group_first_row = _i64(group_first_row, groups, "group_first_row", 0)
-        self.group_bytes = _i64(group_bytes, groups, "group_bytes", 0)
-        self.group_index = np.ascontiguousarray(
-            np.zeros(groups) if group_index is None else group_index, dtype=np.int32
+        # Group columns are kept as int32 when their values fit (checked), half the memory:
+        # rows and first rows together (a group's stop row, first + rows, must fit too).
+        rows_col = _column(group_rows, groups, "group_rows")
+        first_col = _column(group_first_row, groups, "group_first_row")
+        fits = _fits_int32(rows_col, first_col)
+        self.group_rows = _narrow(rows_col, fits)
+        self.group_first_row = _narrow(first_col, fits)
+        del rows_col, first_col
+        bytes_col = _column(group_bytes, groups, "group_bytes")
+        self.group_bytes = _narrow(bytes_col, _fits_int32(bytes_col))
+        del bytes_col
+        index_col = _column(group_index, groups, "group_index")
+        self.group_index = (
+            np.ascontiguousarray(index_col, dtype=np.int16)
+            if not len(index_col) or (index_col.min() >= 0 and index_col.max() < 2**15)
+            else _narrow(index_col, True)
         )
+        del index_col
         if record_counts is not None:
             counts = np.ascontiguousarray(record_counts, dtype=np.int64)
             self.record_counts = counts
@@ -368,9 +411,19 @@ class FileTable(Mapping[str, FileInfo]):
         if live is not None:
             self.live = _i64(live, n, "live")
             return
-        cs = np.zeros(len(self.group_rows) + 1, dtype=np.int64)
-        np.cumsum(self.group_rows, out=cs[1:])
-        group_live = cs[self.group_offsets[1:]] - cs[self.group_offsets[:-1]]
+        # Rows of each file's groups, without a prefix sum over every group.
+        # In pieces of about 2**18 groups, each widened to int64 (reduceat would widen all).
+        group_live = np.zeros(n, dtype=np.int64)
+        has = np.flatnonzero(self.group_offsets[1:] > self.group_offsets[:-1])
+        firsts = self.group_offsets[has]
+        i = 0
+        while i < len(has):
+            lo = int(firsts[i])
+            j = max(i + 1, int(np.searchsorted(firsts, lo + (1 << 18), side="left")))
+            hi = int(self.group_offsets[has[j - 1] + 1])
+            piece = self.group_rows[lo:hi].astype(np.int64)
+            group_live[has[i:j]] = np.add.reduceat(piece, firsts[i:j] - lo)
+            i = j
         out = np.where(self.has_groups, group_live, self.rows)
         if self._deleted_count is not None:
             out = np.where(out >= 0, out - self._deleted_count, out)
