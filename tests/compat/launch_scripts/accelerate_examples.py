@@ -119,6 +119,7 @@ def main() -> None:
     with open(os.path.join(out, f"rank{accelerator.process_index}.json"), "w") as f:
         json.dump(results, f)
     accelerator.wait_for_everyone()
+    accelerator.end_training()  # the group torn down here, not by gloo's threads at exit
 
 
 if __name__ == "__main__":

@@ -94,7 +94,11 @@ def main() -> None:
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
     dist.barrier()
-    if accelerator is None:
+    # Accelerate's documented end of a script; without it the gloo group is torn down at
+    # interpreter exit, where its threads may abort the process ("terminate called ...").
+    if accelerator is not None:
+        accelerator.end_training()
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 
