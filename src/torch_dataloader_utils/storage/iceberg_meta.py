@@ -13,15 +13,20 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from torch_dataloader_utils.plan.types import FileInfo
+from torch_dataloader_utils.plan.table import FileWithDeletes
 from torch_dataloader_utils.storage.iceberg_fs import IcebergFileSystem
 
 __all__ = ["IcebergFileInfo", "IcebergScan"]
 
 
 @dataclass(frozen=True, slots=True)
-class IcebergFileInfo(FileInfo):
+class IcebergFileInfo(FileWithDeletes):
     """A data file of an Iceberg scan: a :class:`FileInfo` whose counts exclude deleted rows.
+
+    The row arithmetic (``live_rows``, ``rows_in``, ``deleted_in``, ``stop_after``) is the
+    planner's :class:`~torch_dataloader_utils.plan.table.FileWithDeletes`; planners that
+    cut chunks at a row count (equal batches) cut at ``stop_after`` rather than at
+    ``start + rows``, which would count deleted positions as rows.
 
     Attributes:
         deleted: Sorted, unique file row positions removed by position and equality
@@ -32,50 +37,8 @@ class IcebergFileInfo(FileInfo):
         snapshot_id: The snapshot the file was planned from.
     """
 
-    deleted: Any = field(default=None, compare=False, repr=False)
     partition: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     snapshot_id: int | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def live_rows(self) -> int | None:
-        """Rows left after deletes."""
-        rows: int | None = FileInfo.live_rows.fget(self)  # type: ignore[attr-defined]
-        if rows is None or self.deleted is None:
-            return rows
-        return int(rows - len(self.deleted))
-
-    def rows_in(self, start: int, stop: int) -> int:
-        """Rows in ``[start, stop)`` left after deletes."""
-        rows = FileInfo.rows_in(self, start, stop)
-        return rows - self.deleted_in(start, stop)
-
-    def deleted_in(self, start: int, stop: int) -> int:
-        """How many deleted positions lie in ``[start, stop)``."""
-        if self.deleted is None or len(self.deleted) == 0:
-            return 0
-        lo, hi = np.searchsorted(self.deleted, [start, stop])
-        return int(hi - lo)
-
-    def stop_after(self, start: int, rows: int) -> int:
-        """The smallest ``stop`` with ``rows_in(start, stop) == rows`` (a cut after ``rows`` live rows).
-
-        Planners that cut chunks at a row count (equal batches) must cut here rather
-        than at ``start + rows``, which would count deleted positions as rows.
-
-        Raises:
-            ValueError: fewer than ``rows`` live rows follow ``start``.
-        """
-        if rows < 0:
-            raise ValueError(f"rows must be >= 0, got {rows}")
-        stop = start + rows
-        while True:  # least fixed point of stop = start + rows + deleted_in(start, stop)
-            moved = start + rows + self.deleted_in(start, stop)
-            if moved == stop:
-                break
-            stop = moved
-        if self.num_rows is not None and stop > self.num_rows:
-            raise ValueError(f"{self.path!r} has fewer than {rows} live rows after position {start}")
-        return stop
 
     def deleted_between(self, start: int, stop: int) -> np.ndarray[Any, Any]:
         """The deleted positions in ``[start, stop)``, sorted."""
