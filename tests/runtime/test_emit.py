@@ -19,3 +19,23 @@ def test_first_group_is_one_batch_then_groups_fill_up() -> None:
     assert sum(sizes) == 10
     assert sizes == [1, 2, 4, 3]  # small batches: groups double up to GROUP_MAX_BATCHES
     assert GROUP_MAX_BATCHES > 4
+
+
+def test_arrow_bytes_measures_every_nth_batch_and_estimates_between() -> None:
+    from torch_dataloader_utils.runtime.emit import ArrowBytes
+
+    table = pa.table(
+        {"a": pa.array(range(4096), pa.int64()), "s": pa.array([f"v{i:06d}" for i in range(4096)])}
+    )
+    [whole] = table.combine_chunks().to_batches()
+    slices = [whole.slice(i * 64, 64) for i in range(64)]
+    measure = ArrowBytes()
+    got = [measure(b) for b in slices]
+    every = ArrowBytes.EVERY
+    for i, (b, n) in enumerate(zip(slices, got, strict=True)):
+        if i % every == 0:
+            assert n == b.nbytes  # measured
+        else:  # estimated at the last measured batch's bytes per row
+            base = slices[i - i % every]
+            assert n == int(b.num_rows * base.nbytes / base.num_rows)
+    assert abs(sum(got) - sum(b.nbytes for b in slices)) <= 0.02 * sum(b.nbytes for b in slices)

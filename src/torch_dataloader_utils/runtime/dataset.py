@@ -32,7 +32,7 @@ from torch_dataloader_utils.plan.resume import Resumer
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
 from torch_dataloader_utils.runtime import env
-from torch_dataloader_utils.runtime.emit import Positions, grouped
+from torch_dataloader_utils.runtime.emit import ArrowBytes, Positions, grouped
 from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics, WorkerMetrics, stall_clock
 from torch_dataloader_utils.runtime.options import Options
 from torch_dataloader_utils.runtime.progress import Progress
@@ -689,12 +689,13 @@ class PlannedDataset(IterableDataset[Any]):
         """The batches converted in this process, tagged with their positions, timed in ``work``."""
         collate = self._options.output.collate_fn
         clock = time.perf_counter
+        measure = ArrowBytes()
         asked = clock()
         for batch in batches:
             got = clock()
             work.read_sec += got - asked
             work.count_padding(batch)
-            tag = positions.tag(batch.num_rows, batch.nbytes)
+            tag = positions.tag(batch.num_rows, measure(batch))
             out = self._converter(batch)
             if collate is not None:
                 out = collate(out)
