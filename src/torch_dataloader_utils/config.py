@@ -431,6 +431,12 @@ class ShuffleConfig:
             return None
         return RowMixing(rows=self.row_mixing)
 
+    @property
+    def rows_mixed(self) -> int | None:
+        """Rows mixed across chunks (the window, or a round of the row mixing), or ``None``."""
+        mixing = self.mixing
+        return self.row_window if mixing is None else mixing.rows
+
 
 @dataclass(frozen=True, kw_only=True)
 class ProgressConfig:

@@ -358,7 +358,8 @@ def layout_issues(
         plan: The epoch's plan summary.
         files: The dataset's files, for the small-files check.
         shuffle: Whether chunk order is shuffled (``shuffle=True``).
-        row_window: The row-level shuffle's window (``None``: off).
+        row_window: Rows mixed across chunks (the row shuffle's window or the row mixing's
+            round; ``None``: rows keep their chunk's order).
         batch_size: Rows per batch.
     """
     out: list[LayoutIssue] = []
@@ -426,8 +427,8 @@ def layout_issues(
                 f"shuffle=True shuffles the order of the {plan.total_chunks:,} chunks, but rows keep their "
                 f"file order inside a chunk: with chunks of a median {chunk_rows:,.0f} rows >= "
                 f"batch_size={batch_size}, nearly every batch holds rows of one file only. If files group "
-                f"similar rows (by time, label or source), mix them: row_shuffle_window={window} "
-                "shuffles rows across about 4 chunks",
+                f"similar rows (by time, label or source), mix them: keep row_mixing on (its default) or "
+                f"set row_shuffle_window={window}, which shuffles rows across about 4 chunks",
             )
         )
     return out

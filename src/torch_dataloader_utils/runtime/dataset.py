@@ -476,7 +476,7 @@ class PlannedDataset(IterableDataset[Any]):
                 self._files,
                 rank=self.world.rank,
                 shuffle=shuffle.shuffle,
-                row_window=shuffle.row_window,
+                row_window=shuffle.rows_mixed,
                 batch_size=self._options.batching.batch_size,
             )
             return

@@ -213,7 +213,7 @@ def inspect_dataset(request: InspectRequest) -> Inspection:
         view.summary,
         files,
         shuffle=shuffle.shuffle,
-        row_window=shuffle.row_window,
+        row_window=shuffle.rows_mixed,
         batch_size=dataset.options.batching.batch_size,
     )
     groups = [len(f.row_groups or ()) for f in dataset.files]

@@ -129,7 +129,7 @@ def compute(request: PlanRequest) -> PlanResult:
                 view.summary,
                 files,
                 shuffle=shuffle.shuffle,
-                row_window=shuffle.row_window,
+                row_window=shuffle.rows_mixed,
                 batch_size=dataset.options.batching.batch_size,
             )
         )
