@@ -12,7 +12,9 @@ Run (under the heavy-work lock, from the repository root):
    and take the first batch. Timed per rank from a barrier; the figure is the slowest
    rank. Cold: no metadata cache (rank 0 lists, every rank reads its share of the
    footers, the shares are all-gathered); warm: ``metadata_cache=`` a local file
-   written by the cold run (rank 0 lists and reads the cache, no footer is read).
+   written by the cold run (rank 0 lists and reads the cache, no footer is read);
+   warm on open: the same with ``metadata_cache_check="on_open"`` (rank 0 reads the
+   cache and lists nothing; each file is checked when it is opened).
 2. **Workers**: one process, ``--small-files`` files of 1,000 rows,
    ``num_workers=2``: seconds from ``create_dataloader`` to the first batch, and the
    main process's requests.
@@ -90,7 +92,15 @@ def _free_port() -> int:
 
 
 def _rank_main(
-    rank: int, world: int, port: int, url: str, delay: float, cache: str | None, workers: int, queue: Any
+    rank: int,
+    world: int,
+    port: int,
+    url: str,
+    delay: float,
+    cache: str | None,
+    workers: int,
+    queue: Any,
+    check: str = "listing",
 ) -> None:
     try:
         import torch.distributed as dist
@@ -121,6 +131,8 @@ def _rank_main(
         options: dict[str, Any] = {"storage_options": {"delay": delay, "stats_key": key}}
         if cache is not None:
             options["metadata_cache"] = cache
+            if check != "listing":
+                options["metadata_cache_check"] = check
         t0 = time.perf_counter()
         c0 = time.process_time()
         loader, dataset = create_dataloader(url, num_workers=workers, batch_size=1024, **options)
@@ -148,14 +160,16 @@ def _rank_main(
         queue.put({"rank": rank, "error": traceback.format_exc()})
 
 
-def run_ranks(root: Path, world: int, delay: float, cache: str | None, workers: int) -> list[dict[str, Any]]:
-    """One multi-rank start: every rank's figures."""
+def run_ranks(
+    root: Path, world: int, delay: float, cache: str | None, workers: int, check: str = "listing"
+) -> list[dict[str, Any]]:
+    """One multi-rank start: every rank's figures (``check``: ``metadata_cache_check``)."""
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     port = _free_port()
     url = f"latency://{root}"
     procs = [
-        ctx.Process(target=_rank_main, args=(r, world, port, url, delay, cache, workers, queue))
+        ctx.Process(target=_rank_main, args=(r, world, port, url, delay, cache, workers, queue, check))
         for r in range(world)
     ]
     for p in procs:
@@ -186,7 +200,7 @@ def raw_first_batch(root: Path, delay: float) -> float:
 
 def bench_ranks(n: int, args: argparse.Namespace) -> dict[str, Any]:
     root = ensure_files(n, args.rows)
-    cold, warm, raw = [], [], []
+    cold, warm, trusted, raw = [], [], [], []
     tmp = Path(tempfile.mkdtemp(prefix="tdu-scale-"))
     try:
         for i in range(args.repeats):
@@ -195,6 +209,7 @@ def bench_ranks(n: int, args: argparse.Namespace) -> dict[str, Any]:
             cold.append(run_ranks(root, args.ranks, args.delay, cache if not args.no_cache else None, 0))
             if not args.no_cache:
                 warm.append(run_ranks(root, args.ranks, args.delay, cache, 0))
+                trusted.append(run_ranks(root, args.ranks, args.delay, cache, 0, "on_open"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -221,6 +236,7 @@ def bench_ranks(n: int, args: argparse.Namespace) -> dict[str, Any]:
         "ranks": args.ranks,
         "cold": summary(cold),
         "warm": summary(warm),
+        "warm_on_open": summary(trusted),
         "raw_first_batch_s_median": statistics.median(raw),
     }
 

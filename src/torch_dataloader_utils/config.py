@@ -745,6 +745,10 @@ class FetchConfig:
         return float(min(MAX_RETRY_BACKOFF, self.retry_backoff * 2 ** (attempt - 1)))
 
 
+METADATA_CACHE_CHECKS = ("listing", "on_open")
+"""The values of ``metadata_cache_check``."""
+
+
 @dataclass(frozen=True, kw_only=True, repr=False)
 class FileSourceConfig(RedactedRepr):
     """Which files are read, and how (the source options of :class:`StructuredDataset`).
@@ -760,6 +764,10 @@ class FileSourceConfig(RedactedRepr):
         quoted_newlines: CSV: quoted fields may hold newlines (such files are read whole).
         metadata_cache: Parquet: a file (local path or URL) keeping the files' metadata
             across runs, so a restart reads no footers; ``None`` (default) keeps none.
+        metadata_cache_check: How a warm ``metadata_cache`` is validated: ``"listing"``
+            (default) lists the files and compares; ``"on_open"`` trusts the cached file
+            set (no listing) and checks each file's size and modification time when it
+            is opened.
         use_manifest: Parquet: read a resharded directory from its ``_manifest.json``
             (no listing, no footers). ``None`` uses it when ``path`` holds one, ``True``
             requires it, ``False`` lists the files instead.
@@ -773,9 +781,16 @@ class FileSourceConfig(RedactedRepr):
     schema: Any = None
     quoted_newlines: bool = False
     metadata_cache: str | None = None
+    metadata_cache_check: str = "listing"
     use_manifest: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.metadata_cache_check not in METADATA_CACHE_CHECKS:
+            raise ConfigError(
+                f"metadata_cache_check={self.metadata_cache_check!r} is not supported; use "
+                "'listing' (list the files and compare them with the cache) or 'on_open' (no "
+                "listing: trust the cached files, each checked when it is opened)"
+            )
         if self.metadata_cache is not None and (
             not isinstance(self.metadata_cache, str) or not self.metadata_cache.strip()
         ):

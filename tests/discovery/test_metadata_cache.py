@@ -250,3 +250,80 @@ def test_a_reshard_manifest_comes_first_and_use_manifest_false_uses_the_cache(
     assert warm.files == cold.files
     assert [f.num_rows for f in warm.files] == [f.num_rows for f in ds.files]
     assert np.array_equal(_ids(warm), np.arange(sum(ROWS)))
+
+
+def test_on_open_starts_from_the_cache_alone(data: Path, tmp_path: Path) -> None:
+    """metadata_cache_check='on_open': no listing at all; the same files and rows as the cold start."""
+    cache = tmp_path / "meta.arrow"
+    cold, _, _ = _build(data, cache, metadata_cache_check="on_open")  # no cache yet: lists, writes it
+    warm, requests, notes = _build(data, cache, metadata_cache_check="on_open")
+    assert (requests, notes) == (0, [])  # not even a listing page
+    assert warm.files == cold.files
+    assert warm.discovered.metadata is not None
+    assert cold.discovered.metadata is not None
+    assert warm.discovered.metadata.equals(cold.discovered.metadata)
+    assert np.array_equal(_ids(warm), np.arange(sum(ROWS)))
+
+
+def test_on_open_stops_on_a_file_rewritten_since(data: Path, tmp_path: Path) -> None:
+    """A file rewritten after the cache was written is never read as the cache describes it."""
+    from torch_dataloader_utils import FileChangedError
+
+    cache = tmp_path / "meta.arrow"
+    _build(data, cache)
+    write_parquet_files(tmp_path / "new", [ROWS[0], 50])
+    os.replace(tmp_path / "new" / "part-0001.parquet", data / "part-0001.parquet")
+    ds, requests, notes = _build(data, cache, metadata_cache_check="on_open")
+    assert (requests, notes) == (0, [])  # trusted: nothing was listed
+    with pytest.raises(FileChangedError, match=r"part-0001\.parquet.* changed after the dataset was built"):
+        _ids(ds)
+    # The default check lists, sees the change and reads the footers again.
+    ds, _, notes = _build(data, cache)
+    assert len(notes) == 1
+    assert "stale" in notes[0]
+    assert [f.num_rows for f in ds.files] == [500, 50, 800, 120]
+
+
+def test_on_open_reads_the_cached_files_only(data: Path, tmp_path: Path) -> None:
+    """A file added after the cache was written is not read with 'on_open' (documented); it is
+    with the default check, which lists."""
+    cache = tmp_path / "meta.arrow"
+    _build(data, cache)
+    write_parquet_files(tmp_path / "more", [10], start_id=sum(ROWS))
+    os.replace(tmp_path / "more" / "part-0000.parquet", data / "part-0009.parquet")
+    trusted, _, notes = _build(data, cache, metadata_cache_check="on_open")
+    assert notes == []
+    assert np.array_equal(_ids(trusted), np.arange(sum(ROWS)))
+    listed, _, notes = _build(data, cache)
+    assert "1 new" in notes[0]
+    assert np.array_equal(_ids(listed), np.arange(sum(ROWS) + 10))
+
+
+def test_on_open_needs_a_cache_written_for_the_same_path(data: Path, tmp_path: Path) -> None:
+    """A cache written for another directory is not trusted: the listing shows it is stale."""
+    cache = tmp_path / "meta.arrow"
+    write_parquet_files(tmp_path / "other", [7, 9])
+    _build(tmp_path / "other", cache)
+    ds, requests, notes = _build(data, cache, metadata_cache_check="on_open")
+    assert len(notes) == 1
+    assert "stale" in notes[0]
+    assert requests == 2 + len(ROWS)
+    assert np.array_equal(_ids(ds), np.arange(sum(ROWS)))
+
+
+def test_on_open_keeps_hive_partitions(tmp_path: Path) -> None:
+    root = tmp_path / "hive"
+    for day, rows in (("2026-11-01", [30, 20]), ("2026-11-02", [40])):
+        write_parquet_files(root / f"day={day}", rows, start_id=0 if day.endswith("1") else 50)
+    cache = tmp_path / "meta.arrow"
+    cold, _, _ = _build(root, cache, partitioning="hive")
+    warm, requests, notes = _build(root, cache, partitioning="hive", metadata_cache_check="on_open")
+    assert (requests, notes) == (0, [])
+    days = sorted(d for b in warm for d in b["day"])
+    assert days == sorted(d for b in cold for d in b["day"])
+    assert days.count("2026-11-02") == 40
+
+
+def test_metadata_cache_check_is_checked(data: Path) -> None:
+    with pytest.raises(ConfigError, match=r"metadata_cache_check='always' is not supported; use 'listing'"):
+        StructuredDataset(str(data), metadata_cache_check="always")  # type: ignore[arg-type]

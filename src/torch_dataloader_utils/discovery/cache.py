@@ -13,21 +13,28 @@ and, in its schema metadata, what it was built for:
 ``tdu.partitioning``              ``"hive"`` or ``""``
 ``tdu.first_path``                the first file, whose schema is the dataset's
 ``tdu.first_footer``              that file's Parquet footer (a few KB)
+``tdu.source``                    the path(s) listed, as JSON (``metadata_cache_check``)
+``tdu.base``                      the directory every file was listed under, if one
 ================================  ===================================================
 
-It is valid when the listing matches it exactly: the same paths, sizes, modification
-times and ETags (a vectorized comparison of four columns; the listing itself is still
-read, one request per 1,000 files on object stores). Otherwise, or when it cannot be
-read, it is ignored with a ``UserWarning`` naming it, the footers are read again and
-the file is rewritten. It is written whole, atomically: a temporary file renamed over
+With ``metadata_cache_check="listing"`` (the default) it is valid when the listing
+matches it exactly: the same paths, sizes, modification times and ETags (a vectorized
+comparison of four columns; the listing itself is still read, one request per 1,000
+files on object stores). With ``"on_open"`` nothing is listed: it is valid when it was
+written for the same path(s) (``tdu.source``), and each file is checked against it when
+a reader opens it (``storage.identity``). Otherwise, or when it cannot be read, it is
+ignored with a ``UserWarning`` naming it, the footers are read again and the file is
+rewritten. It is written whole, atomically: a temporary file renamed over
 it on a local disk, one ``PUT`` on an object store.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +45,16 @@ from torch_dataloader_utils.discovery.metadata import FILES_SCHEMA
 from torch_dataloader_utils.storage.fetch import GaveUp, retry_call
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 
-__all__ = ["CACHE_KIND", "CACHE_VERSION", "CacheHit", "CacheKey", "cache_bytes", "load_cache", "save_cache"]
+__all__ = [
+    "CACHE_KIND",
+    "CACHE_VERSION",
+    "CacheHit",
+    "CacheKey",
+    "cache_bytes",
+    "load_cache",
+    "save_cache",
+    "source_key",
+]
 
 CACHE_KIND = "torch_dataloader_utils/parquet-metadata"
 CACHE_VERSION = 1
@@ -54,19 +70,35 @@ class CacheKey:
     Attributes:
         filters: The row filter as text (``""``: none); row groups are pruned by it.
         partitioning: ``"hive"`` or ``""`` (partition values prune whole files).
+        source: The path(s) listed (:func:`source_key`): what a cache used without a
+            listing must have been written for.
     """
 
     filters: str
     partitioning: str
+    source: str = ""
+
+
+def source_key(paths: Sequence[str]) -> str:
+    """The listed path(s) as the cache records them (JSON; local paths made absolute)."""
+    return json.dumps(list(paths))
 
 
 @dataclass(frozen=True)
 class CacheHit:
-    """A valid cache: the files table (matching the listing) and the first file's footer."""
+    """A valid cache: the files table (matching the listing) and the first file's footer.
+
+    Attributes:
+        table: The files table (:data:`~.metadata.FILES_SCHEMA`).
+        first_path: The first file.
+        first_footer: Its footer.
+        base: The directory every file was listed under (``None``: several, or not recorded).
+    """
 
     table: pa.Table
     first_path: str
     first_footer: bytes
+    base: str | None = None
 
 
 def _describe_change(cached: pa.Table, listing: pa.Table) -> str | None:
@@ -112,9 +144,12 @@ def _read(fs: FileSystemSpec, path: str, config: FetchConfig) -> bytes:
 
 
 def load_cache(
-    fs: FileSystemSpec, path: str, listing: pa.Table, key: CacheKey, fetch: FetchConfig | None = None
+    fs: FileSystemSpec, path: str, listing: pa.Table | None, key: CacheKey, fetch: FetchConfig | None = None
 ) -> CacheHit | str | None:
     """The cache at ``path`` if it is valid for ``listing`` and ``key``.
+
+    ``listing=None`` (``metadata_cache_check="on_open"``): nothing is compared with a
+    listing; the cache must have been written for ``key.source`` (the same path(s)).
 
     Returns:
         A :class:`CacheHit`; ``None`` when there is no cache file yet; else a sentence
@@ -147,20 +182,36 @@ def load_cache(
         if was != wanted:
             return f"metadata_cache={shown!r} was written for {field}={was or None!r}, not {wanted or None!r}"
     table = table.replace_schema_metadata(None)
-    change = _describe_change(table.select(_LISTING_COLUMNS), listing.select(_LISTING_COLUMNS))
-    if change is not None:
-        return f"metadata_cache={shown!r} is stale: {change}"
+    if listing is not None:
+        change = _describe_change(table.select(_LISTING_COLUMNS), listing.select(_LISTING_COLUMNS))
+        if change is not None:
+            return f"metadata_cache={shown!r} is stale: {change}"
+    else:
+        was = meta.get("tdu.source", b"").decode(errors="replace")
+        if was != key.source:
+            written = f"for path {json.loads(was)!r}" if was else "by a version that does not record its path"
+            return f"metadata_cache={shown!r} was written {written}, not for {json.loads(key.source)!r}"
+        if key.partitioning and "tdu.base" not in meta:
+            return f"metadata_cache={shown!r} does not record the directory its partitions were listed under"
     first_path = meta.get("tdu.first_path", b"").decode()
     first_footer = meta.get("tdu.first_footer")
-    if not first_footer or first_path != listing.column("path")[0].as_py():
+    if not table.num_rows:
+        return f"metadata_cache={shown!r} lists no file"
+    if not first_footer or first_path != table.column("path")[0].as_py():
         return f"metadata_cache={shown!r} is damaged (no footer of the first file)"
-    return CacheHit(table, first_path, bytes(first_footer))
+    base = meta["tdu.base"].decode() if "tdu.base" in meta else None
+    return CacheHit(table, first_path, bytes(first_footer), base)
 
 
 def cache_bytes(
-    table: pa.Table, key: CacheKey, first_path: str, first_footer: bytes, created_by: str
+    table: pa.Table,
+    key: CacheKey,
+    first_path: str,
+    first_footer: bytes,
+    created_by: str,
+    base: str | None = None,
 ) -> bytes:
-    """The cache file's content."""
+    """The cache file's content (``base``: the directory every file was listed under, if one)."""
     meta: dict[str, str] = {
         "tdu.kind": CACHE_KIND,
         "tdu.version": str(CACHE_VERSION),
@@ -168,7 +219,10 @@ def cache_bytes(
         "tdu.filters": key.filters,
         "tdu.partitioning": key.partitioning,
         "tdu.first_path": first_path,
+        "tdu.source": key.source,
     }
+    if base is not None:
+        meta["tdu.base"] = base
     # Binary metadata values: pyarrow keeps them as bytes.
     metadata: dict[bytes, bytes] = {k.encode(): v.encode() for k, v in meta.items()}
     metadata[b"tdu.first_footer"] = first_footer

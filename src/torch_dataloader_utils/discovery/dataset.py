@@ -10,11 +10,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from torch_dataloader_utils.config import FetchConfig, FileFormat, FileSourceConfig
-from torch_dataloader_utils.discovery.cache import CacheHit, CacheKey, cache_bytes, load_cache, save_cache
+from torch_dataloader_utils.discovery.cache import (
+    CacheHit,
+    CacheKey,
+    cache_bytes,
+    load_cache,
+    save_cache,
+    source_key,
+)
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
 from torch_dataloader_utils.discovery.exchange import LOCAL, Exchange
 from torch_dataloader_utils.discovery.listing import list_files
@@ -22,10 +30,11 @@ from torch_dataloader_utils.discovery.manifest import Manifest, find_manifest
 from torch_dataloader_utils.discovery.metadata import (
     FILES_SCHEMA,
     FOOTER_COLUMN,
+    LISTING_SCHEMA,
     SharedError,
     decode_share,
     encode_share,
-    file_infos,
+    file_table,
     files_table,
     from_ipc,
     listed_files,
@@ -44,6 +53,7 @@ from torch_dataloader_utils.discovery.parquet import (
 from torch_dataloader_utils.discovery.partitions import Partitions, infer_partitions
 from torch_dataloader_utils.discovery.text import TextDiscovery, TextOptions, discover_text
 from torch_dataloader_utils.errors import ConfigError, DiscoveryError, SchemaError, SchemaMismatchError
+from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
 from torch_dataloader_utils.storage.schemas import nullable_type, same_but_nullability
@@ -81,11 +91,14 @@ class Discovered:
         metadata: Parquet: the files as columns (:data:`~.metadata.FILES_SCHEMA`, one
             row per file, in the order of ``files``), which ``files`` is built from and
             the planner's file table is built from (``None`` once ``files`` changed).
+        table: Parquet: the same files as the planner's columns (:class:`FileTable`);
+            ``files`` is then its view, each ``FileInfo`` built when read (``None``
+            once ``files`` changed, and for other formats).
     """
 
     fs: FileSystemSpec
     format: FileFormat
-    files: tuple[FileInfo, ...]
+    files: Sequence[FileInfo]
     schema: pa.Schema
     output_columns: tuple[str, ...]
     data_columns: tuple[str, ...]
@@ -94,6 +107,7 @@ class Discovered:
     filters: pc.Expression | None
     extra: Mapping[str, Any] = field(default_factory=dict)
     metadata: pa.Table | None = None
+    table: FileTable | None = None
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -308,6 +322,7 @@ class _Head:
         note: Why the cache was ignored, when it was.
         manifest: ``(filesystem, root, manifest)`` of a resharded directory read from
             its manifest (then nothing else is set: no listing, no footers, no cache).
+        trusted: The listing is the cache's own (``metadata_cache_check="on_open"``).
     """
 
     listing: bytes
@@ -315,6 +330,7 @@ class _Head:
     cached: bytes | None
     note: str | None
     manifest: tuple[FileSystemSpec, str, Manifest] | None = None
+    trusted: bool = False
 
 
 def _cache_spec(
@@ -346,11 +362,54 @@ def _with_listing(listing: pa.Table, rest: pa.Table) -> pa.Table:
     return pa.table(columns).cast(FILES_SCHEMA).combine_chunks()
 
 
+def _listed_paths(
+    path: str | Sequence[str], source: FileSourceConfig, fetch: FetchConfig
+) -> tuple[FileSystemSpec, str] | None:
+    """The filesystem of ``path`` and the path(s) as a cache records them (:func:`source_key`).
+
+    ``None`` when ``path`` is not a path or a non-empty list of them (listing says why).
+    """
+    paths = [path] if isinstance(path, (str, os.PathLike)) else path
+    if (
+        not isinstance(paths, (list, tuple))
+        or not paths
+        or not all(isinstance(p, (str, os.PathLike)) for p in paths)
+    ):
+        return None
+    resolved = [resolve(os.fspath(p), source.storage_options, timeout=fetch.attempt_timeout) for p in paths]
+    return resolved[0][0], source_key([f"{spec.protocol}://{stripped}" for spec, stripped in resolved])
+
+
+def _trusted_head(cache: tuple[FileSystemSpec, str], key: CacheKey, fetch: FetchConfig) -> _Head | str | None:
+    """``metadata_cache_check="on_open"``: the head from the cache alone (no listing).
+
+    Returns the head, or why the cache cannot be used without a listing (``None``: none yet).
+    """
+    loaded = load_cache(*cache, None, key, fetch)
+    if not isinstance(loaded, CacheHit):
+        return loaded
+    table = loaded.table
+    n = table.num_rows
+    base = (
+        pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), pa.array([loaded.base], pa.string()))
+        if loaded.base is not None
+        else pa.nulls(n, LISTING_SCHEMA.field("base").type)
+    )
+    listing = pa.table({**{name: table.column(name) for name in _LISTING_COLUMNS}, "base": base}).cast(
+        LISTING_SCHEMA
+    )
+    kept = table.drop_columns(list(_LISTING_COLUMNS))
+    return _Head(to_ipc(listing), loaded.first_footer, to_ipc(kept), None, trusted=True)
+
+
 def _discover_parquet(
     path: str | Sequence[str], source: FileSourceConfig, fetch: FetchConfig, share: Exchange
 ) -> Discovered:
+    listed = _listed_paths(path, source, fetch) if source.metadata_cache is not None else None
     key = CacheKey(
-        filters="" if source.filters is None else str(source.filters), partitioning=source.partitioning or ""
+        filters="" if source.filters is None else str(source.filters),
+        partitioning=source.partitioning or "",
+        source="" if listed is None else listed[1],
     )
 
     def head() -> _Head:
@@ -360,11 +419,20 @@ def _discover_parquet(
             )
             if found is not None:
                 return _Head(b"", None, None, None, found)
+        trusted: str | None = None
+        trust = _cache_spec(source, listed[0], fetch) if listed is not None else None
+        if trust is not None and source.metadata_cache_check == "on_open":
+            got = _trusted_head(trust, key, fetch)
+            if isinstance(got, _Head):
+                return got
+            trusted = got
         listing = list_files(path, dict(source.storage_options or {}), fetch)
         table = listing_table(listing.files)
         cache = _cache_spec(source, listing.fs, fetch)
         loaded = load_cache(*cache, table, key, fetch) if cache is not None else None
         if isinstance(loaded, CacheHit):
+            if trusted is not None:  # usable with the listing only (e.g. written by an older version)
+                log.info("%s; listed the files to validate it", trusted)
             kept = loaded.table.drop_columns(list(_LISTING_COLUMNS))
             return _Head(to_ipc(table), loaded.first_footer, to_ipc(kept), None)
         note = None
@@ -443,7 +511,9 @@ def _discover_parquet(
         first, request = resolved[0]
         cache = _cache_spec(source, fs, fetch) if share.rank == 0 else None
         if cache is not None:
-            _write_cache(cache, table, key, first, fetch)
+            bases = listing.column("base").unique()
+            base = bases[0].as_py() if len(bases) == 1 else None
+            _write_cache(cache, table, key, first, fetch, base)
     others = _other_schemas(table)
     if others:
         for other_path, other_schema in others:  # (the footer readers checked theirs already)
@@ -451,9 +521,9 @@ def _discover_parquet(
         schema = _dataset_schema((first.path, first.schema), others, source.columns, fs)
         if not schema.equals(first.schema):  # NOT NULL in some files only: nullable
             request = _resolve_request(schema, partitions, source.columns, source.filters)
-    files = file_infos(table)
+    files = file_table(table)
     expr = request.filters
-    if expr is not None and files and all(f.live_rows == 0 for f in files):
+    if expr is not None and len(files) and not files.live.any():
         warnings.warn(
             f"filters={expr} excludes every row group of the {len(files)} files by their "
             "statistics: the dataset yields no rows",
@@ -463,9 +533,10 @@ def _discover_parquet(
     return Discovered(
         fs=fs,
         format=FileFormat.PARQUET,
-        files=files,
+        files=files.infos,
         partitions=partitions,
         metadata=table,
+        table=files,
         extra={"parquet_footers": footers} if footers else {},
         **request._asdict(),
     )
@@ -481,7 +552,12 @@ def _other_schemas(table: pa.Table) -> list[tuple[str, pa.Schema]]:
 
 
 def _write_cache(
-    cache: tuple[FileSystemSpec, str], table: pa.Table, key: CacheKey, first: Reference, fetch: FetchConfig
+    cache: tuple[FileSystemSpec, str],
+    table: pa.Table,
+    key: CacheKey,
+    first: Reference,
+    fetch: FetchConfig,
+    base: str | None,
 ) -> None:
     """Write the metadata cache; a failure is a warning (the next start reads footers again)."""
     cache_fs, cache_path = cache
@@ -490,7 +566,7 @@ def _write_cache(
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
     try:
-        data = cache_bytes(table, key, first.path, first.footer, f"torch_dataloader_utils {version}")
+        data = cache_bytes(table, key, first.path, first.footer, f"torch_dataloader_utils {version}", base)
         save_cache(cache_fs, cache_path, data, fetch)
     except (OSError, ValueError) as exc:
         warnings.warn(

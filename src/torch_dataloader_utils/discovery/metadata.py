@@ -14,7 +14,9 @@ metadata cache as Arrow IPC buffers:
 
 :func:`file_infos` is the one place the files table becomes
 :class:`~torch_dataloader_utils.plan.types.FileInfo` values for the planner;
-:func:`file_columns` gives the same files as numpy columns (for a columnar planner).
+:func:`file_columns` gives the same files as numpy columns and :func:`file_table` as
+the planner's :class:`~torch_dataloader_utils.plan.table.FileTable` (whose ``infos``
+view builds a ``FileInfo`` only when one is read).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import pyarrow as pa
 
 import torch_dataloader_utils.errors as errors
 from torch_dataloader_utils.discovery.listing import ListedFile
+from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import FileInfo, RowGroup
 
 __all__ = [
@@ -43,6 +46,7 @@ __all__ = [
     "encode_share",
     "file_columns",
     "file_infos",
+    "file_table",
     "files_table",
     "from_ipc",
     "listed_files",
@@ -193,6 +197,23 @@ def file_infos(table: pa.Table) -> tuple[FileInfo, ...]:
             [tuple(every[lo:hi]) for lo, hi in itertools.pairwise(offsets)],
             mtimes,
         )
+    )
+
+
+def file_table(table: pa.Table) -> FileTable:
+    """The files table as the planner's :class:`FileTable` (no Python object per file)."""
+    c = file_columns(table)
+    return FileTable.from_arrays(
+        paths_blob=c["paths_blob"],
+        path_offsets=c["path_offsets"],
+        size=c["size"],
+        rows=c["rows"],
+        mtime=c["mtime"],
+        group_offsets=c["group_offsets"],
+        group_index=c["group_index"],
+        group_first_row=c["group_first_row"],
+        group_rows=c["group_rows"],
+        group_bytes=c["group_bytes"],
     )
 
 

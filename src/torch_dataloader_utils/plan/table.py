@@ -601,10 +601,23 @@ class FileTable(Mapping[str, FileInfo]):
 
 
 class _InfoView(Sequence[FileInfo]):
-    """A table's files as a sequence of ``FileInfo``, each built when read."""
+    """A table's files as a sequence of ``FileInfo``, each built when read.
+
+    Equal to any sequence of the same files in the same order (a tuple of them too).
+    """
+
+    __hash__ = None  # type: ignore[assignment]
 
     def __init__(self, table: FileTable) -> None:
         self._table = table
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} FileInfo of {self._table!r}>"
 
     def __len__(self) -> int:
         return len(self._table)

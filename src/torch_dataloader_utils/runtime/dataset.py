@@ -103,7 +103,7 @@ class PlannedDataset(IterableDataset[Any]):
                 "filtered, or pass equal_batches='off' and handle uneven inputs yourself "
                 "(torch.distributed.algorithms.Join)"
             )
-        self._files = tuple(files)
+        self._files = files if table is not None else tuple(files)
         self._options = options
         self._reader = reader
         self._schema = output_schema
@@ -181,8 +181,8 @@ class PlannedDataset(IterableDataset[Any]):
         return self._options.world
 
     @property
-    def files(self) -> tuple[FileInfo, ...]:
-        """The dataset's files (metadata only)."""
+    def files(self) -> Sequence[FileInfo]:
+        """The dataset's files (metadata only; each ``FileInfo`` built when read, for large datasets)."""
         return self._files
 
     @property

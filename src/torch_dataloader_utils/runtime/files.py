@@ -13,11 +13,9 @@ from torch_dataloader_utils.config import FileFormat, FileSourceConfig
 from torch_dataloader_utils.discovery import Discovered, discover
 from torch_dataloader_utils.discovery.columns import filter_fields
 from torch_dataloader_utils.discovery.counts import count_filtered_rows
-from torch_dataloader_utils.discovery.metadata import file_columns
 from torch_dataloader_utils.discovery.text import COUNT_BLOCK_BYTES, TextOptions
 from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError
 from torch_dataloader_utils.plan.splits import ByteRangeSplit
-from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.runtime import share
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.loader import ResumableDataLoader, make_loader
@@ -109,26 +107,9 @@ def count_filtered(
     # The counted files differ from the columns discovery kept: those are dropped.
     return (
         dataclasses.replace(
-            found, files=files, metadata=None, extra={**found.extra, "filtered_positions": True}
+            found, files=files, metadata=None, table=None, extra={**found.extra, "filtered_positions": True}
         ),
         None,
-    )
-
-
-def _file_table(metadata: pa.Table) -> FileTable:
-    """The planner's file table straight from discovery's columns (no object per file)."""
-    c = file_columns(metadata)
-    return FileTable.from_arrays(
-        paths_blob=c["paths_blob"],
-        path_offsets=c["path_offsets"],
-        size=c["size"],
-        rows=c["rows"],
-        mtime=c["mtime"],
-        group_offsets=c["group_offsets"],
-        group_index=c["group_index"],
-        group_first_row=c["group_first_row"],
-        group_rows=c["group_rows"],
-        group_bytes=c["group_bytes"],
     )
 
 
@@ -234,7 +215,7 @@ class StructuredDataset(PlannedDataset):
             output_schema=found.output_schema,
             options=options,
             row_count_issue=issue,
-            table=None if found.metadata is None else _file_table(found.metadata),
+            table=found.table,
             identity={
                 "format": source.format.value,
                 "columns": list(found.output_columns),

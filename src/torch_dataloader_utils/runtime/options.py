@@ -16,7 +16,7 @@ import difflib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, TypedDict, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 
 import pyarrow as pa
 
@@ -204,6 +204,15 @@ class FileReadOptions(ReadOptions, total=False):
     matches it; otherwise it is ignored with a warning and rewritten. Not used for a
     directory read from its reshard manifest (``use_manifest``), which needs neither
     listing nor footers. Default ``None``."""
+    metadata_cache_check: Literal["listing", "on_open"]
+    """How a warm ``metadata_cache`` is validated. ``"listing"`` (default): rank 0 lists
+    the files and compares the listing with the cache (a file added, removed or changed
+    makes it stale). ``"on_open"``: no listing, for datasets that do not change between
+    runs (a start costs one read of the cache): the files are the cached ones, and each
+    is checked when it is opened (its size and modification time), so a file rewritten
+    or deleted since stops the read with ``FileChangedError`` naming it; a file added
+    since is not read. A cache that cannot be used this way (missing, stale, written for
+    another path or by an older version) falls back to ``"listing"``."""
     use_manifest: bool | None
     """Parquet: plan a directory written by ``reshard`` from its ``_manifest.json`` (one
     request: no listing, no footer reads). ``None`` (default) uses the manifest when

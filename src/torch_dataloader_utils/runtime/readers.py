@@ -24,7 +24,7 @@ def make_reader(found: Discovered, batch_size: int, fetch: FetchConfig | None = 
     """
     request = ReadRequest(
         fs=found.fs,
-        files={f.path: f for f in found.files},
+        files=found.table if found.table is not None else {f.path: f for f in found.files},
         data_columns=found.data_columns,
         output_columns=found.output_columns,
         batch_size=batch_size,
