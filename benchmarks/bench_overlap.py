@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
@@ -73,6 +74,31 @@ def loader_loop(loader: Any, dataset: Any, epochs: int, step: float) -> tuple[fl
             rows += len(batch["id"])
             time.sleep(step)
     return time.perf_counter() - start, firsts, rows
+
+
+class RawShards(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """The raw pyarrow loop inside DataLoader workers (worker ``k`` reads files ``k::n``).
+
+    No library code: what any loader built on ``torch.utils.data`` worker processes pays
+    on this machine, the floor the library's loaders are compared with.
+    """
+
+    def __init__(self, files: Sequence[Path], columns: list[str], batch_size: int) -> None:
+        self.files, self.columns, self.batch_size = list(files), columns, batch_size
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        k, n = (0, 1) if info is None else (info.id, info.num_workers)
+        for f in self.files[k::n]:
+            for b in pq.ParquetFile(f).iter_batches(batch_size=self.batch_size, columns=self.columns):
+                yield {name: torch.from_numpy(b.column(i).to_numpy()) for i, name in enumerate(self.columns)}
+
+
+class _RawDataset:
+    """``set_epoch`` for the raw loaders' loop (they do not shuffle)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
 
 
 def ragged_dataset(root: Path, rows: int, files: int = 4) -> Path:
@@ -118,6 +144,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--column-set", default="numeric", choices=list(common.COLUMN_SETS))
     p.add_argument("--ragged-rows", type=int, default=500_000)
     p.add_argument("--skip-ragged", action="store_true")
+    p.add_argument(
+        "--raw-workers",
+        action="store_true",
+        help="also run the raw pyarrow loop in DataLoader workers (no library code): the floor "
+        "of any worker-process loader on this machine (numeric columns only)",
+    )
     args = p.parse_args(argv)
     spec = common.spec_from_args(args)
     files = common.ensure_dataset(spec, args.data_dir)
@@ -137,11 +169,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "persistent, shuffle=False": {"persistent_workers": True, "shuffle": False},
         "persistent, shuffle=True": {"persistent_workers": True, "shuffle": True},
     }
-    loaders = {}
+    loaders: dict[str, tuple[Any, Any]] = {}
     for name, opts in variants.items():
         loaders[name] = create_dataloader(
             str(data), columns=columns, batch_size=bs, num_workers=args.workers, **opts
         )
+    if args.raw_workers:  # the floor: no library code, numeric columns only
+        for persistent in (False, True):
+            name = f"raw in DataLoader workers, {'persistent' if persistent else 'new workers'}"
+            variants[name] = {}
+            raw = torch.utils.data.DataLoader(
+                RawShards(files, columns, bs),
+                batch_size=None,
+                num_workers=args.workers,
+                persistent_workers=persistent,
+            )
+            loaders[name] = (raw, _RawDataset())
     walls: dict[str, list[float]] = {"memory": [], **{name: [] for name in variants}}
     firsts: dict[str, list[float]] = {name: [] for name in variants}
     later: dict[str, list[float]] = {name: [] for name in variants}

@@ -106,6 +106,30 @@ def raw_loop(files: Sequence[Path], batch_size: int) -> int:
     return rows
 
 
+class RawShards(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """The raw loop inside DataLoader workers: worker ``k`` reads files ``k::num_workers``.
+
+    No library code: the floor of what any loader built on ``torch.utils.data`` worker
+    processes pays on this machine (forking workers, torch's own pickling of the tensors
+    through shared memory, the main process receiving them).
+    """
+
+    def __init__(self, files: Sequence[Path], batch_size: int) -> None:
+        self.files = list(files)
+        self.batch_size = batch_size
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        k, n = (0, 1) if info is None else (info.id, info.num_workers)
+        for f in self.files[k::n]:
+            for b in pq.ParquetFile(f).iter_batches(batch_size=self.batch_size, columns=COLUMNS):
+                yield {
+                    "id": torch.from_numpy(b.column(0).to_numpy()),
+                    "tokens": _buffer_tensors(b.column(1)),
+                    "text": _buffer_tensors(b.column(2)),
+                }
+
+
 class LoaderRun:
     """One loader configuration: each call is a full pass, recording the first batch's delay."""
 
@@ -137,6 +161,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="loaders with workers keep them (persistent_workers=True, started by the warm-up "
         "round): steady-state epochs; the first batch then excludes starting workers",
     )
+    p.add_argument(
+        "--raw-workers",
+        action="store_true",
+        help="also run the raw loop inside DataLoader workers (no library code): the ceiling "
+        "of any worker-process loader on this machine",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.files, args.row_group_size, args.repeats = 100_000, 2, 16_384, min(args.repeats, 3)
@@ -147,6 +177,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     raw = common.Series("raw", {"batch_size": bs, "num_workers": 0})
     runs: list[tuple[common.Series, Callable[[], int]]] = [(raw, lambda: raw_loop(files, bs))]
     loaders: list[tuple[common.Series, LoaderRun]] = []
+    for w in [w for w in args.workers if w > 0 and args.raw_workers]:
+        raw_loader = torch.utils.data.DataLoader(
+            RawShards(files, bs), batch_size=None, num_workers=w, persistent_workers=args.persistent
+        )
+        run = LoaderRun(raw_loader)
+        s = common.Series(
+            "raw_dataloader", {"config": "raw in DataLoader workers", "batch_size": bs, "num_workers": w}
+        )
+        runs.append((s, run))
+        loaders.append((s, run))
     for config in args.configs:
         for w in args.workers:
             loader, _ = create_dataloader(
