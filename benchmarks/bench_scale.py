@@ -72,7 +72,7 @@ def _metadata(files: int, groups: int, new_api: bool) -> Any:
         # Paths straight into one byte blob (as an Arrow string column holds them).
         width = len(template.format(0, 0))
         blob = np.tile(np.frombuffer(template.format(0, 0).encode(), np.uint8), files).reshape(files, width)
-        ids = np.arange(files, dtype=np.int64)
+        ids = np.arange(files, dtype=np.int32)
         day = template.index("{:02d}")
         part = len(template.format(0, 0)) - len("00000000.parquet")
         for k in range(2):
@@ -84,13 +84,18 @@ def _metadata(files: int, groups: int, new_api: bool) -> Any:
         per_file = rows.reshape(files, groups)
         np.cumsum(per_file[:, :-1], axis=1, dtype=np.int32, out=first.reshape(files, groups)[:, 1:])
         file_rows = per_file.sum(axis=1, dtype=np.int64)
+
+        def offsets(step: int) -> Any:  # as Arrow's offsets are: int32 (int64 for large ones)
+            end = files * step
+            return np.arange(0, end + 1, step, dtype=np.int32 if end < 2**31 else np.int64)
+
         return FileTable.from_arrays(
             paths_blob=blob,
-            path_offsets=np.arange(files + 1, dtype=np.int64) * width,
+            path_offsets=offsets(width),
             size=file_rows * 48_000,
             rows=file_rows,
             mtime=np.full(files, 1.7e9),
-            group_offsets=np.arange(files + 1, dtype=np.int64) * groups,
+            group_offsets=offsets(groups),
             group_index=np.tile(np.arange(groups, dtype=np.int16), files),
             group_first_row=first,
             group_rows=rows,

@@ -39,7 +39,7 @@ ROWS, BYTES = 0, 1
 
 _UNITS = (ChunkUnit.ROWS, ChunkUnit.BYTES)
 
-_BLOCK = 1 << 16
+_BLOCK = 1 << 14
 """Pairs of groups checked at a time for packing (bounds the temporaries)."""
 
 

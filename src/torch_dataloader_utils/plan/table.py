@@ -154,7 +154,7 @@ def _offsets(values: Any, n: int, total: int, name: str, narrow: bool = False) -
     return out.astype(np.int64, copy=False)
 
 
-_PIECE = 1 << 16
+_PIECE = 1 << 14
 """Groups at a time when a column over every group is checked or computed (bounds the temporaries)."""
 
 
@@ -250,7 +250,8 @@ class FileTable(Mapping[str, FileInfo]):
     rows: Array
     """``int64`` rows in the file (pruned groups and deleted positions included), ``-1`` unknown."""
     live: Array
-    """``int64`` rows that planning deals out (:attr:`FileInfo.live_rows`), ``-1`` unknown."""
+    """``int64`` rows that planning deals out (:attr:`FileInfo.live_rows`), ``-1`` unknown
+    (the :attr:`rows` column itself when every file's are its rows)."""
     splittable: Array
     """``bool``: byte-range splitting may cut the file."""
     has_groups: Array
@@ -474,8 +475,9 @@ class FileTable(Mapping[str, FileInfo]):
             self.live = _i64(live, n, "live")
             return
         # The file's rows, or for a file with groups the rows of its groups, summed a
-        # piece of files at a time (no temporary over every file or group).
-        out = np.array(self.rows, dtype=np.int64)
+        # piece of files at a time (no temporary over every file or group). When they
+        # are every file's rows (no pruned group, no delete), the rows column is shared.
+        out: Array | None = None
         offsets = self.group_offsets
         for f0, f1, g0, g1 in _pieces(offsets):
             has = self.has_groups[f0:f1]
@@ -488,10 +490,15 @@ class FileTable(Mapping[str, FileInfo]):
                 sums[full] = np.add.reduceat(
                     self.group_rows[g0:g1], offsets[f0:f1][full] - g0, dtype=np.int64
                 )
+            if out is None:
+                if np.array_equal(sums[has], self.rows[f0:f1][has]):
+                    continue
+                out = self.rows.copy()  # the files before agree with their rows
             out[f0:f1][has] = sums[has]
         if self._deleted_count is not None:
+            out = self.rows.copy() if out is None else out
             np.subtract(out, self._deleted_count, out=out, where=out >= 0)
-        self.live = out
+        self.live = self.rows if out is None else out
 
     # -- group columns that may be derived -------------------------------------------
     @property
@@ -687,12 +694,8 @@ class FileTable(Mapping[str, FileInfo]):
     @property
     def nbytes(self) -> int:
         """Bytes held by the columns (not by ``FileInfo`` objects given to :meth:`from_infos`)."""
-        total = 0
-        for name in self.__slots__:
-            value = getattr(self, name, None)
-            if isinstance(value, np.ndarray):
-                total += value.nbytes
-        return total
+        seen = {id(v): v for name in self.__slots__ if isinstance(v := getattr(self, name, None), np.ndarray)}
+        return sum(v.nbytes for v in seen.values())  # a column shared by two names counted once
 
     def digest(self) -> str:
         """SHA-256 of the paths, sizes, modification times and row counts (hex).
