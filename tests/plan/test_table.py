@@ -19,7 +19,7 @@ from tests import strategies as ts
 from torch_dataloader_utils.errors import OverlappingChunksError
 from torch_dataloader_utils.plan.chunks import ChunkTable, build_chunks, check_table_overlap, from_chunks
 from torch_dataloader_utils.plan.splits import RowGroupSplit, check_no_overlap, normalize_chunks
-from torch_dataloader_utils.plan.table import FileTable, FileWithDeletes, encode_paths
+from torch_dataloader_utils.plan.table import FileTable, FileWithDeletes, encode_paths, search
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo, RecordIndex, RowGroup
 
 
@@ -167,6 +167,15 @@ def test_group_index_and_first_rows_are_kept_only_when_they_do_not_follow_from_t
         assert again.info(0) == table.info(0)
         chunks = build_chunks(RowGroupSplit(split_bytes=1), rebuilt)
         assert [chunks.chunk(i).start for i in range(3)] == first
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.int32, np.int64])
+def test_search_is_searchsorted_in_the_columns_type(dtype: type) -> None:
+    column = np.array([0, 0, 3, 3, 7, np.iinfo(dtype).max], dtype=dtype)
+    for value in (0, 1, 3, 6, 7, 8, int(np.iinfo(dtype).max), int(np.iinfo(dtype).max) + 1, 2**70):
+        for side in ("left", "right"):
+            expected = len(column) if value > np.iinfo(dtype).max else np.searchsorted(column, value, side)
+            assert search(column, value, side) == expected, (value, side)
 
 
 def test_memory_per_file_is_columns() -> None:

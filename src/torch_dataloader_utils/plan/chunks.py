@@ -27,7 +27,7 @@ from torch_dataloader_utils.plan.splits import (
     check_no_overlap,
     normalize_chunks,
 )
-from torch_dataloader_utils.plan.table import FileTable
+from torch_dataloader_utils.plan.table import FileTable, search
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
 
 __all__ = ["ChunkTable", "build_chunks", "check_table_overlap", "from_chunks", "is_builtin"]
@@ -548,7 +548,7 @@ def _every_group_a_chunk(files: FileTable, strategy: RowGroupSplit) -> bool:
             if limit is not None:
                 joins &= column[a + 1 : b + 1].astype(np.int64) + column[a:b] <= limit
         # Groups k and k + 1 of different files never join: k + 1 starts a file.
-        bounds = offsets[np.searchsorted(offsets, a + 1) : np.searchsorted(offsets, b, side="right")]
+        bounds = offsets[search(offsets, a + 1) : search(offsets, b, "right")]
         joins[bounds - 1 - a] = False
         if joins.any():
             return False

@@ -31,7 +31,7 @@ import numpy as np
 
 from torch_dataloader_utils.plan.types import FileInfo, RecordIndex, RowGroup
 
-__all__ = ["FileTable", "FileWithDeletes", "encode_paths"]
+__all__ = ["FileTable", "FileWithDeletes", "encode_paths", "search"]
 
 Array = np.ndarray[Any, Any]
 
@@ -154,6 +154,17 @@ def _offsets(values: Any, n: int, total: int, name: str, narrow: bool = False) -
     return out.astype(np.int64, copy=False)
 
 
+def search(column: Array, value: int, side: str = "left") -> int:
+    """``np.searchsorted(column, value, side)`` for a sorted integer column and an int.
+
+    The key is given the column's type: numpy would otherwise convert an ``int32``
+    column to ``int64`` first, a copy of the whole column on every call.
+    """
+    if value > np.iinfo(column.dtype).max:
+        return len(column)
+    return int(column.searchsorted(column.dtype.type(value), side=side))  # type: ignore[call-overload]
+
+
 _PIECE = 1 << 14
 """Groups at a time when a column over every group is checked or computed (bounds the temporaries)."""
 
@@ -167,7 +178,7 @@ def _pieces(offsets: Array) -> Iterator[tuple[int, int, int, int]]:
     f0 = 0
     while f0 < n:
         g0 = int(offsets[f0])
-        f1 = min(n, max(f0 + 1, int(np.searchsorted(offsets, g0 + _PIECE, side="right")) - 1))
+        f1 = min(n, max(f0 + 1, search(offsets, g0 + _PIECE, "right") - 1))
         yield f0, f1, g0, int(offsets[f1])
         f0 = f1
 
@@ -535,13 +546,15 @@ class FileTable(Mapping[str, FileInfo]):
 
     def group_file(self, g: int) -> int:
         """The file id of group ``g`` (a position in the group columns)."""
-        return int(np.searchsorted(self.group_offsets, g, side="right")) - 1
+        return search(self.group_offsets, g, "right") - 1
 
     def first_row(self, g: int, file: int | None = None) -> int:
         """File row of group ``g``'s first row (``file``: its file id, when known)."""
         if self._group_first_row is not None:
             return int(self._group_first_row[g])
         lo = int(self.group_offsets[self.group_file(g) if file is None else file])
+        if g - lo <= 64:  # a few groups: faster as Python ints
+            return sum(self.group_rows[lo:g].tolist())  # type: ignore[no-any-return]
         return int(self.group_rows[lo:g].sum(dtype=np.int64))
 
     # -- Mapping[str, FileInfo] -----------------------------------------------------
