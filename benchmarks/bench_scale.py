@@ -11,6 +11,7 @@ metadata included. ``--src`` runs the same measurements against another checkout
     python benchmarks/bench_scale.py plan                   # 1M chunks x 1,024 and 8,192 ranks
     python benchmarks/bench_scale.py plan --quick           # 100k chunks
     python benchmarks/bench_scale.py plan --src /tmp/base/src --ranks 1024   # before
+    python benchmarks/bench_scale.py digest         # digests of some ranks' plans (compare trees)
 
 Measured (see docs/benchmarks.md):
 
@@ -71,7 +72,7 @@ def _metadata(files: int, groups: int, new_api: bool) -> Any:
         # Paths straight into one byte blob (as an Arrow string column holds them).
         width = len(template.format(0, 0))
         blob = np.tile(np.frombuffer(template.format(0, 0).encode(), np.uint8), files).reshape(files, width)
-        ids = np.arange(files, dtype=np.int64)
+        ids = np.arange(files, dtype=np.int32)
         day = template.index("{:02d}")
         part = len(template.format(0, 0)) - len("00000000.parquet")
         for k in range(2):
@@ -83,13 +84,18 @@ def _metadata(files: int, groups: int, new_api: bool) -> Any:
         per_file = rows.reshape(files, groups)
         np.cumsum(per_file[:, :-1], axis=1, dtype=np.int32, out=first.reshape(files, groups)[:, 1:])
         file_rows = per_file.sum(axis=1, dtype=np.int64)
+
+        def offsets(step: int) -> Any:  # as Arrow's offsets are: int32 (int64 for large ones)
+            end = files * step
+            return np.arange(0, end + 1, step, dtype=np.int32 if end < 2**31 else np.int64)
+
         return FileTable.from_arrays(
             paths_blob=blob,
-            path_offsets=np.arange(files + 1, dtype=np.int64) * width,
+            path_offsets=offsets(width),
             size=file_rows * 48_000,
             rows=file_rows,
             mtime=np.full(files, 1.7e9),
-            group_offsets=np.arange(files + 1, dtype=np.int64) * groups,
+            group_offsets=offsets(groups),
             group_index=np.tile(np.arange(groups, dtype=np.int16), files),
             group_first_row=first,
             group_rows=rows,
@@ -115,7 +121,7 @@ def _metadata(files: int, groups: int, new_api: bool) -> Any:
     return tuple(out)
 
 
-def _spec(files: Any, ranks: int, workers: int) -> Any:
+def _spec(files: Any, ranks: int, workers: int, policy: str = "drop", split_bytes: int = 0) -> Any:
     from torch_dataloader_utils.config import DEFAULT_SPLIT_BYTES
     from torch_dataloader_utils.plan.planner import PlanSpec
     from torch_dataloader_utils.plan.splits import RowGroupSplit
@@ -123,14 +129,66 @@ def _spec(files: Any, ranks: int, workers: int) -> Any:
 
     return PlanSpec(
         files,
-        RowGroupSplit(split_bytes=DEFAULT_SPLIT_BYTES),
+        RowGroupSplit(split_bytes=split_bytes or DEFAULT_SPLIT_BYTES),
         ranks,
         workers,
         True,
         7,
-        EqualBatches.DROP,
+        EqualBatches(policy),
         1024,
     )
+
+
+def digest(args: argparse.Namespace) -> None:
+    """Print digests of the metadata's columns and of some ranks' plans (to compare two trees).
+
+    For each world of ``--ranks`` (default 6, 7, 1,024 and 8,192) and each of
+    ``equal_batches`` ``'drop'`` and ``'pad'``: the chunks of every worker of ranks 0, 1,
+    the middle one and the last (epochs 1 and 2), and the rows the policy drops or
+    repeats. Equal digests before and after a change mean byte-identical plans.
+    """
+    import hashlib
+
+    import numpy as np
+
+    from torch_dataloader_utils.plan.planner import Planner
+
+    files = _metadata(args.files, args.groups, True)
+    h = hashlib.sha256()
+    for name in (
+        "paths_blob",
+        "path_offsets",
+        "size",
+        "rows",
+        "live",
+        "mtime",
+        "splittable",
+        "has_groups",
+        "group_offsets",
+        "group_index",
+        "group_first_row",
+        "group_rows",
+        "group_bytes",
+    ):
+        column = np.asarray(getattr(files, name))
+        if column.dtype.kind == "i":  # the values, whatever the columns' widths
+            column = column.astype(np.int64)
+        h.update(name.encode() + np.ascontiguousarray(column).view(np.uint8).tobytes())
+    every = hashlib.sha256(h.digest())
+    print(f"metadata {h.hexdigest()[:16]} ({args.files} files x {args.groups} row groups)", flush=True)
+    for ranks in args.ranks:
+        for policy in ("drop", "pad"):
+            planner = Planner(_spec(files, ranks, args.workers, policy, args.split_bytes))
+            h = hashlib.sha256()
+            for epoch in (1, 2):
+                for rank in sorted({0, 1 % ranks, ranks // 2, ranks - 1}):
+                    plan = planner.rank_plan(epoch, rank, args.workers)
+                    for w in range(args.workers):
+                        h.update(repr((epoch, rank, w, plan.chunks_for(w))).encode())
+                h.update(repr((planner.dropped(epoch), planner.padding(epoch))).encode())
+            every.update(h.digest())
+            print(f"ranks {ranks} {policy}: {h.hexdigest()[:16]}", flush=True)
+    print(f"all {every.hexdigest()[:16]}")
 
 
 def _state_of(
@@ -191,7 +249,7 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
     if args.what == "meta":
         out["rss_per_file_bytes"] = round((_rss_mb() - base) * 2**20 / args.files, 1)
         return out
-    spec = _spec(files, args.ranks, args.workers)
+    spec = _spec(files, args.ranks, args.workers, split_bytes=args.split_bytes)
     if args.what == "plan":
         if new_api:
             from torch_dataloader_utils.plan.planner import Planner
@@ -355,14 +413,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=["plan", "_one"])
+    parser.add_argument("command", choices=["plan", "digest", "_one"])
     parser.add_argument("--what", default="plan", choices=["plan", "load", "state", "meta"])
     parser.add_argument("--measure", nargs="+", default=["plan", "load", "state", "meta"])
     parser.add_argument("--files", type=int, default=62_500)
     parser.add_argument("--groups", type=int, default=16, help="row groups per file")
-    parser.add_argument("--ranks", type=int, nargs="+", default=[1024, 8192])
+    parser.add_argument("--ranks", type=int, nargs="+", help="default: 1024 8192 (digest: 6 7 1024 8192)")
     parser.add_argument("--new-ranks", type=int, default=0, help="load: the world resumed in (default: same)")
     parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument(
+        "--split-bytes", type=int, default=0, help="RowGroupSplit's split_bytes (default 64 MiB)"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--src", default="", help="another checkout's src directory (figures before)")
     parser.add_argument("--with-torch", action="store_true", help="import torch first (a job's process)")
@@ -373,6 +434,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="100k chunks, one repeat")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     args = parser.parse_args(argv)
+    if args.ranks is None:
+        args.ranks = [6, 7, 1024, 8192] if args.command == "digest" else [1024, 8192]
+    if args.command == "digest":
+        digest(args)
+        return
     if args.command == "_one":
         args.ranks = args.ranks[0]
         print(json.dumps(one(args)))
@@ -395,7 +461,11 @@ def main(argv: list[str] | None = None) -> None:
                 "--workers",
                 str(args.workers),
             ]
-            for flag, value in (("--src", args.src), ("--new-ranks", args.new_ranks)):
+            for flag, value in (
+                ("--src", args.src),
+                ("--new-ranks", args.new_ranks),
+                ("--split-bytes", args.split_bytes),
+            ):
                 if value:
                     argv_one += [flag, str(value)]
             if args.with_torch:

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import itertools
 import pickle
+from collections.abc import Iterator
+from contextlib import contextmanager
+from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import torch_dataloader_utils.plan.chunks as chunks_module
+import torch_dataloader_utils.plan.table as table_module
 from tests import strategies as ts
 from torch_dataloader_utils.errors import OverlappingChunksError
 from torch_dataloader_utils.plan.chunks import ChunkTable, build_chunks, check_table_overlap, from_chunks
 from torch_dataloader_utils.plan.splits import RowGroupSplit, check_no_overlap, normalize_chunks
-from torch_dataloader_utils.plan.table import FileTable, FileWithDeletes, encode_paths
+from torch_dataloader_utils.plan.table import FileTable, FileWithDeletes, encode_paths, search
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo, RecordIndex, RowGroup
 
 
@@ -56,10 +61,29 @@ def _same_file(a: FileInfo, b: FileInfo) -> None:
     assert list(a_del if a_del is not None else []) == list(b_del if b_del is not None else [])
 
 
-@given(ts.rich_layouts())
-def test_from_arrays_rebuilds_every_file(files: list[FileInfo]) -> None:
+@contextmanager
+def _pieces_of(size: int) -> Iterator[None]:
+    """Columns over every group checked and computed ``size`` groups at a time (many pieces)."""
+    with mock.patch.object(table_module, "_PIECE", size), mock.patch.object(chunks_module, "_BLOCK", size):
+        yield
+
+
+def _group_columns(files: list[FileInfo]) -> tuple[list[int], list[int]]:
+    """Every file's groups' index and first row, concatenated."""
+    groups = [g for f in files for g in f.row_groups or ()]
+    return [g.index for g in groups], [g.first_row for g in groups]
+
+
+@given(ts.rich_layouts(), st.integers(1, 5))
+def test_from_arrays_rebuilds_every_file(files: list[FileInfo], piece: int) -> None:
     given_table = FileTable.from_infos(files)
-    built = FileTable.from_arrays(**_columns_of(given_table))  # type: ignore[arg-type]
+    with _pieces_of(piece):
+        built = FileTable.from_arrays(**_columns_of(given_table))  # type: ignore[arg-type]
+        index, first = _group_columns(files)
+        for table in (built, given_table):
+            assert table.group_index.tolist() == index
+            assert table.group_first_row.tolist() == first
+            assert [table.first_row(g) for g in range(len(first))] == first
     assert len(built) == len(files) == len(given_table)
     assert list(built) == [f.path for f in files]
     np.testing.assert_array_equal(built.live, given_table.live)
@@ -114,6 +138,46 @@ def test_deletes_are_counted_out() -> None:
     assert built.stop_after(0, 0, 5) == 7  # rows 3 and 4 are deleted
 
 
+def test_group_index_and_first_rows_are_kept_only_when_they_do_not_follow_from_the_rows() -> None:
+    def table_of(*groups: RowGroup) -> FileTable:
+        rows = sum(g.num_rows for g in groups) + 5
+        return FileTable.from_infos(
+            [FileInfo("a", 100, rows, groups), FileInfo("b", 10, 2, (RowGroup(0, 0, 2, 9),))]
+        )
+
+    footer = table_of(RowGroup(0, 0, 5, 50), RowGroup(1, 5, 7, 50))  # as a footer gives them
+    pruned = table_of(RowGroup(0, 0, 5, 50), RowGroup(2, 12, 7, 50))  # group 1 pruned
+    shifted = table_of(RowGroup(0, 3, 5, 50), RowGroup(1, 8, 7, 50))  # numbered 0, 1 but not from row 0
+    assert footer.nbytes - pruned.nbytes == -3 * (2 + 4)  # pruned: index (int16) and first rows stored
+    assert shifted.nbytes - footer.nbytes == 3 * 4  # the first rows only
+    for table, index, first in (
+        (footer, [0, 1, 0], [0, 5, 0]),
+        (pruned, [0, 2, 0], [0, 12, 0]),
+        (shifted, [0, 1, 0], [3, 8, 0]),
+    ):
+        assert table.group_index.tolist() == index
+        assert table.group_index.dtype == np.int16
+        assert table.group_first_row.tolist() == first
+        assert [table.first_row(g) for g in range(3)] == first
+        rebuilt = FileTable.from_arrays(**_columns_of(table))  # type: ignore[arg-type]
+        assert rebuilt.nbytes == table.nbytes
+        assert [rebuilt.info(i) for i in range(2)] == list(table.infos)
+        again = pickle.loads(pickle.dumps(rebuilt))
+        assert again.group_first_row.tolist() == first
+        assert again.info(0) == table.info(0)
+        chunks = build_chunks(RowGroupSplit(split_bytes=1), rebuilt)
+        assert [chunks.chunk(i).start for i in range(3)] == first
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.int32, np.int64])
+def test_search_is_searchsorted_in_the_columns_type(dtype: type) -> None:
+    column = np.array([0, 0, 3, 3, 7, np.iinfo(dtype).max], dtype=dtype)
+    for value in (0, 1, 3, 6, 7, 8, int(np.iinfo(dtype).max), int(np.iinfo(dtype).max) + 1, 2**70):
+        for side in ("left", "right"):
+            expected = len(column) if value > np.iinfo(dtype).max else np.searchsorted(column, value, side)
+            assert search(column, value, side) == expected, (value, side)
+
+
 def test_memory_per_file_is_columns() -> None:
     n = 10_000
     table = FileTable.from_arrays(
@@ -133,16 +197,22 @@ def test_memory_per_file_is_columns() -> None:
 # ---------------------------------------------------------------------------------------
 
 
-@given(ts.rich_layouts(), ts.rich_splits())
-def test_built_in_chunk_table_is_the_strategys_chunks(files: list[FileInfo], strategy: object) -> None:
-    table = FileTable.from_infos(files)
-    expected = normalize_chunks(strategy.split(files), table, strategy.name)  # type: ignore[attr-defined]
-    chunks = build_chunks(strategy, table)  # type: ignore[arg-type]
-    assert [chunks.chunk(i) for i in range(len(chunks))] == expected
-    # Built from columns alone (no FileInfo objects), the same chunks.
-    columnar = FileTable.from_arrays(**_columns_of(table))  # type: ignore[arg-type]
-    again = build_chunks(strategy, columnar)  # type: ignore[arg-type]
-    assert [again.chunk(i) for i in range(len(again))] == expected
+@given(ts.rich_layouts(), ts.rich_splits(), st.integers(1, 5))
+def test_built_in_chunk_table_is_the_strategys_chunks(
+    files: list[FileInfo], strategy: object, piece: int
+) -> None:
+    with _pieces_of(piece):
+        table = FileTable.from_infos(files)
+        expected = normalize_chunks(strategy.split(files), table, strategy.name)  # type: ignore[attr-defined]
+        chunks = build_chunks(strategy, table)  # type: ignore[arg-type]
+        assert [chunks.chunk(i) for i in range(len(chunks))] == expected
+        # Built from columns alone (no FileInfo objects), the same chunks.
+        columnar = FileTable.from_arrays(**_columns_of(table))  # type: ignore[arg-type]
+        again = build_chunks(strategy, columnar)  # type: ignore[arg-type]
+        assert [again.chunk(i) for i in range(len(again))] == expected
+        assert [(again.file_of(i), int(again.start[i]), int(again.stop[i])) for i in range(len(again))] == [
+            again.span_of(i) for i in range(len(again))
+        ]
 
 
 @given(ts.rich_layouts(min_files=1), st.data())
@@ -271,8 +341,9 @@ def test_group_columns_are_int32_only_when_the_values_fit(
 def test_one_chunk_per_group_shares_the_group_columns() -> None:
     table, _ = _wide_table(0, 50)
     chunks = build_chunks(RowGroupSplit(split_bytes=1), table)  # every group is a chunk
-    for column, group_column in ((chunks.start, table.group_first_row), (chunks.rows, table.group_rows)):
+    for column, group_column in ((chunks.rows, table.group_rows), (chunks.bytes, table.group_bytes)):
         assert np.shares_memory(column, group_column)
+    assert chunks.start.tolist() == [0, 5, 0, 1]  # the first rows, derived from the rows
     assert chunks.file.dtype == np.int32
     assert chunks.nbytes < 24 * len(chunks)
     same = ChunkTable(

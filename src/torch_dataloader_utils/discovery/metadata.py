@@ -218,9 +218,23 @@ def file_table(table: pa.Table) -> FileTable:
 
 
 def _offsets(array: Any) -> np.ndarray[Any, Any]:
-    """An Arrow string or list array's ``len + 1`` offsets (into its data, slices included)."""
+    """An Arrow string or list array's ``len + 1`` ``int32`` offsets (into its data, slices included).
+
+    A view of the array's offsets buffer (no copy).
+    """
     raw = np.frombuffer(array.buffers()[1], dtype=np.int32)
-    out: np.ndarray[Any, Any] = raw[array.offset : array.offset + len(array) + 1].astype(np.int64)
+    out: np.ndarray[Any, Any] = raw[array.offset : array.offset + len(array) + 1]
+    return out
+
+
+def _rebased(offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``offsets`` starting at 0 (a copy only for a slice that does not)."""
+    return offsets if offsets[0] == 0 else offsets - offsets[0]
+
+
+def _values(column: Any, dtype: Any) -> np.ndarray[Any, Any]:
+    """An Arrow column of numbers as numpy (a view of its buffer when it has no nulls and is ``dtype``)."""
+    out: np.ndarray[Any, Any] = column.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
     return out
 
 
@@ -228,11 +242,14 @@ def file_columns(table: pa.Table) -> dict[str, np.ndarray[Any, Any]]:
     """The files table as plain numpy columns, without a Python object per file.
 
     Keys (the column layout of a columnar planner's file table): ``paths_blob``
-    (UTF-8 bytes of every path, ``uint8``) and ``path_offsets`` (``int64``, ``n + 1``),
+    (UTF-8 bytes of every path, ``uint8``) and ``path_offsets`` (``int32``, ``n + 1``),
     ``size``, ``rows`` (``int64``), ``mtime`` (``float64``, ``nan`` when unknown),
-    ``group_offsets`` (``int64``, ``n + 1``: each file's unpruned row groups) and, per
+    ``group_offsets`` (``int32``, ``n + 1``: each file's unpruned row groups) and, per
     row group, ``group_index`` (``int32``), ``group_first_row``, ``group_rows`` and
     ``group_bytes`` (``int64``). The same files as :func:`file_infos`, in the same order.
+    Columns are views of the table's buffers where Arrow allows (no copy): the
+    :class:`~torch_dataloader_utils.plan.table.FileTable` built from them copies only
+    what it keeps, narrowed.
     """
     table = table.combine_chunks()
     n = table.num_rows
@@ -258,15 +275,15 @@ def file_columns(table: pa.Table) -> dict[str, np.ndarray[Any, Any]]:
     groups = lists.values.slice(int(spans[0]), int(spans[-1] - spans[0]))
     return {
         "paths_blob": blob,
-        "path_offsets": raw - raw[0],
-        "size": table.column("size").to_numpy().astype(np.int64),
-        "rows": table.column("num_rows").to_numpy().astype(np.int64),
-        "mtime": table.column("mtime").to_numpy(zero_copy_only=False).astype(np.float64),
-        "group_offsets": spans - spans[0],
-        "group_index": groups.field("index").to_numpy().astype(np.int32),
-        "group_first_row": groups.field("first_row").to_numpy().astype(np.int64),
-        "group_rows": groups.field("num_rows").to_numpy().astype(np.int64),
-        "group_bytes": groups.field("num_bytes").to_numpy().astype(np.int64),
+        "path_offsets": _rebased(raw),
+        "size": _values(table.column("size").chunk(0), np.int64),
+        "rows": _values(table.column("num_rows").chunk(0), np.int64),
+        "mtime": _values(table.column("mtime").chunk(0), np.float64),
+        "group_offsets": _rebased(spans),
+        "group_index": _values(groups.field("index"), np.int32),
+        "group_first_row": _values(groups.field("first_row"), np.int64),
+        "group_rows": _values(groups.field("num_rows"), np.int64),
+        "group_bytes": _values(groups.field("num_bytes"), np.int64),
     }
 
 

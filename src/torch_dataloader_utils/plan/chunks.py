@@ -27,7 +27,7 @@ from torch_dataloader_utils.plan.splits import (
     check_no_overlap,
     normalize_chunks,
 )
-from torch_dataloader_utils.plan.table import FileTable
+from torch_dataloader_utils.plan.table import FileTable, search
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
 
 __all__ = ["ChunkTable", "build_chunks", "check_table_overlap", "from_chunks", "is_builtin"]
@@ -38,6 +38,9 @@ ROWS, BYTES = 0, 1
 """Values of :attr:`ChunkTable.unit`."""
 
 _UNITS = (ChunkUnit.ROWS, ChunkUnit.BYTES)
+
+_BLOCK = 1 << 14
+"""Pairs of groups checked at a time for packing (bounds the temporaries)."""
 
 
 def _empty() -> Array:
@@ -114,13 +117,18 @@ class ChunkTable:
         """The stop of chunk ``i``."""
         return int(self.stop[i])
 
+    def span_of(self, i: int) -> tuple[int, int, int]:
+        """``(file id, start, stop)`` of chunk ``i``."""
+        return self.file_of(i), int(self.start[i]), self.stop_of(i)
+
     def chunk(self, i: int) -> Chunk:
         """Chunk ``i`` as a :class:`Chunk`."""
         rows = int(self.rows[i])
+        file, start, stop = self.span_of(i)
         return Chunk(
-            self.files.path(self.file_of(i)),
-            int(self.start[i]),
-            self.stop_of(i),
+            self.files.path(file),
+            start,
+            stop,
             _UNITS[int(self.unit[i])],
             None if rows < 0 else rows,
             int(self.bytes[i]),
@@ -225,15 +233,15 @@ class ChunkTable:
 class _GroupChunks(ChunkTable):
     """Every row group of the file table as one chunk: columns derived from the group columns.
 
-    ``start``, ``rows`` and ``bytes`` are the file table's group columns themselves;
-    ``file`` and ``stop`` are computed when read (for the whole table, a temporary), and
-    one chunk's from its group's position, so the table holds no column of its own.
+    ``rows`` and ``bytes`` are the file table's group columns themselves; ``file``,
+    ``start`` (unless the file table stores its groups' first rows) and ``stop`` are
+    computed when read (for the whole table, a temporary), and one chunk's from its
+    group's position, so the table holds no column of its own.
     """
 
     def __init__(self, files: FileTable) -> None:
         n = len(files.group_rows)
         object.__setattr__(self, "files", files)
-        object.__setattr__(self, "start", files.group_first_row)
         object.__setattr__(self, "unit", np.broadcast_to(np.uint8(ROWS), (n,)))
         object.__setattr__(self, "rows", files.group_rows)
         object.__setattr__(self, "bytes", files.group_bytes)
@@ -248,12 +256,17 @@ class _GroupChunks(ChunkTable):
         return np.repeat(ids, np.diff(offsets))
 
     @property  # type: ignore[misc]
+    def start(self) -> Array:  # type: ignore[override]
+        """First row of each chunk (the file table's, or computed now)."""
+        return self.files.group_first_row
+
+    @property  # type: ignore[misc]
     def stop(self) -> Array:  # type: ignore[override]
         """One past the last row of each chunk (computed now)."""
         return self.start + self.rows
 
     def __len__(self) -> int:
-        return len(self.start)
+        return len(self.rows)
 
     @property
     def nbytes(self) -> int:
@@ -267,10 +280,15 @@ class _GroupChunks(ChunkTable):
         _GroupChunks.__init__(self, state["files"])
 
     def file_of(self, i: int) -> int:
-        return int(np.searchsorted(self.files.group_offsets, i, side="right")) - 1
+        return self.files.group_file(i)
 
     def stop_of(self, i: int) -> int:
-        return int(self.start[i]) + int(self.rows[i])
+        return self.files.first_row(i) + int(self.rows[i])
+
+    def span_of(self, i: int) -> tuple[int, int, int]:
+        file = self.files.group_file(i)
+        start = self.files.first_row(i, file)
+        return file, start, start + int(self.rows[i])
 
 
 def is_builtin(strategy: object) -> bool:
@@ -424,9 +442,10 @@ def _runs(files: FileTable, ids: Array, split_bytes: int | None, split_rows: int
         del starts
     else:
         first = None  # every group is a run of its own
+    firsts = files.group_first_row  # computed now when the file table derives it
     if first is None:
         file = owner
-        start = files.group_first_row if g is None else files.group_first_row[g]
+        start = firsts if g is None else firsts[g]
         run_rows = files.group_rows if g is None else files.group_rows[g]
         run_bytes = files.group_bytes if g is None else files.group_bytes[g]
         stop = start + run_rows  # fits: the table checked first + rows when it chose int32
@@ -440,9 +459,9 @@ def _runs(files: FileTable, ids: Array, split_bytes: int | None, split_rows: int
             run_bytes = np.add.reduceat(files.group_bytes[g], first, dtype=np.int64)
         else:
             run_rows = run_bytes = _empty()
-        start = files.group_first_row[g[first]]
-        stop = files.group_first_row[g[last]] + files.group_rows[g[last]]
-    del g, owner, first
+        start = firsts[g[first]]
+        stop = firsts[g[last]] + files.group_rows[g[last]]
+    del g, owner, first, firsts
     if files.deleted is not None:
         fixed = _rows_in(files, file, start, stop)
         changed = fixed != run_rows
@@ -513,23 +532,27 @@ def _every_group_a_chunk(files: FileTable, strategy: RowGroupSplit) -> bool:
         return False
     if strategy.split_bytes is None and strategy.split_rows is None:
         return True
-    counts = np.diff(files.group_offsets)
-    if int(counts.max()) <= 1:
+    offsets = files.group_offsets
+    if int(np.diff(offsets).max()) <= 1:
         return True
-    del counts
     # Packing: a group joins the run before it when the two fit under every limit given;
-    # none does when no two consecutive groups of a file fit (checked in blocks).
-    joins = np.ones(len(files.group_rows) - 1, dtype=bool)
-    bounds = files.group_offsets[1:-1]
-    joins[bounds[(bounds > 0) & (bounds < len(files.group_rows))] - 1] = False  # across files
-    step = 1 << 18
-    for limit, column in ((strategy.split_bytes, files.group_bytes), (strategy.split_rows, files.group_rows)):
-        if limit is None:
-            continue
-        for a in range(0, len(joins), step):
-            b = min(len(joins), a + step)
-            joins[a:b] &= column[a + 1 : b + 1].astype(np.int64) + column[a:b] <= limit
-    return not bool(joins.any())
+    # none does when no two consecutive groups of a file fit (checked a block at a time).
+    pairs = len(files.group_rows) - 1  # pair k: groups k and k + 1
+    for a in range(0, pairs, _BLOCK):
+        b = min(pairs, a + _BLOCK)
+        joins = np.ones(b - a, dtype=bool)
+        for limit, column in (
+            (strategy.split_bytes, files.group_bytes),
+            (strategy.split_rows, files.group_rows),
+        ):
+            if limit is not None:
+                joins &= column[a + 1 : b + 1].astype(np.int64) + column[a:b] <= limit
+        # Groups k and k + 1 of different files never join: k + 1 starts a file.
+        bounds = offsets[search(offsets, a + 1) : search(offsets, b, "right")]
+        joins[bounds - 1 - a] = False
+        if joins.any():
+            return False
+    return True
 
 
 def _row_group_split(files: FileTable, strategy: RowGroupSplit) -> ChunkTable:

@@ -254,7 +254,7 @@ class _Dealt(_Shares):
     computed when that share is planned: no array of 8 bytes per chunk is kept.
     """
 
-    _GATHER = 1 << 18
+    _GATHER = 1 << 16
     """Items gathered at a time when computing a share's stream rows (bounds the temporaries)."""
 
     def __init__(self, table: ChunkTable, order: Array, num_ranks: int, digest: int | None) -> None:

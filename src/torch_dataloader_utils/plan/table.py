@@ -1,12 +1,14 @@
 """Columnar metadata of a dataset's files: one row per file, one per row group / stripe.
 
 A :class:`FileTable` keeps what planning needs as numpy columns instead of one Python
-object per file: paths as one ``uint8`` blob with ``int64`` offsets, sizes, modification
-times, row counts (``-1``: unknown), a row-group / stripe table ``(index in file,
-first row, rows, bytes)`` with per-file offsets into it, and, concatenated with per-file
-offsets, the record counts of text files (:class:`~.types.RecordIndex`) and the deleted
-positions of Iceberg data files. About 100 bytes per file plus 14 per row group (the
-group columns are ``int32`` when their values fit).
+object per file: paths as one ``uint8`` blob with offsets, sizes, modification times,
+row counts (``-1``: unknown), a row-group / stripe table ``(index in file, first row,
+rows, bytes)`` with per-file offsets into it, and, concatenated with per-file offsets,
+the record counts of text files (:class:`~.types.RecordIndex`) and the deleted
+positions of Iceberg data files. About 90 bytes per file plus 8 per row group: the group
+columns are ``int32`` when their values fit, and the index and first row of each group
+are not stored when they follow from the rows (every file's groups in file order, none
+pruned: what a footer gives), but computed when read.
 
 Planning works on file ids (positions in the table). A :class:`~.types.FileInfo` is
 built for one file on demand (:meth:`FileTable.info`, or ``table[path]``: the table is a
@@ -29,7 +31,7 @@ import numpy as np
 
 from torch_dataloader_utils.plan.types import FileInfo, RecordIndex, RowGroup
 
-__all__ = ["FileTable", "FileWithDeletes", "encode_paths"]
+__all__ = ["FileTable", "FileWithDeletes", "encode_paths", "search"]
 
 Array = np.ndarray[Any, Any]
 
@@ -121,6 +123,12 @@ def _narrow(column: Array, fits: bool) -> Array:
     return np.ascontiguousarray(column, dtype=np.int32) if fits else column
 
 
+def _index_column(index: Array) -> Array:
+    """Group positions as ``int16`` when they fit, else ``int32``."""
+    small = not len(index) or (int(index.min()) >= 0 and int(index.max()) < 2**15)
+    return np.ascontiguousarray(index, dtype=np.int16 if small else np.int32)
+
+
 def _column(values: Any, n: int, name: str) -> Array:
     """An integer column of length ``n`` (``int32`` or ``int64`` kept as given; default zeros)."""
     if values is None:
@@ -134,11 +142,76 @@ def _column(values: Any, n: int, name: str) -> Array:
     return out
 
 
-def _offsets(values: Any, n: int, total: int, name: str) -> Array:
-    out = _i64(values, n + 1, name)
-    if n >= 0 and (out[0] != 0 or out[-1] != total or np.any(np.diff(out) < 0)):
+def _offsets(values: Any, n: int, total: int, name: str, narrow: bool = False) -> Array:
+    """Offsets ``0 .. total`` (``n + 1``), checked; ``narrow``: ``int32`` when ``total`` fits."""
+    out = _column(values, n + 1, name)
+    if out.dtype == np.int16:
+        out = out.astype(np.int64)
+    if n >= 0 and (out[0] != 0 or out[-1] != total or np.any(out[1:] < out[:-1])):
         raise ValueError(f"{name} must rise from 0 to {total}")
+    if narrow and total <= _I32.max:
+        return out.astype(np.int32, copy=False)
+    return out.astype(np.int64, copy=False)
+
+
+def search(column: Array, value: int, side: str = "left") -> int:
+    """``np.searchsorted(column, value, side)`` for a sorted integer column and an int.
+
+    The key is given the column's type: numpy would otherwise convert an ``int32``
+    column to ``int64`` first, a copy of the whole column on every call.
+    """
+    if value > np.iinfo(column.dtype).max:
+        return len(column)
+    return int(column.searchsorted(column.dtype.type(value), side=side))  # type: ignore[call-overload]
+
+
+_PIECE = 1 << 14
+"""Groups at a time when a column over every group is checked or computed (bounds the temporaries)."""
+
+
+def _pieces(offsets: Array) -> Iterator[tuple[int, int, int, int]]:
+    """``(f0, f1, g0, g1)``: files ``[f0, f1)`` and their groups ``[g0, g1)``, a piece at a time.
+
+    A piece holds about :data:`_PIECE` groups (whole files: more for a larger file).
+    """
+    n = len(offsets) - 1
+    f0 = 0
+    while f0 < n:
+        g0 = int(offsets[f0])
+        f1 = min(n, max(f0 + 1, search(offsets, g0 + _PIECE, "right") - 1))
+        yield f0, f1, g0, int(offsets[f1])
+        f0 = f1
+
+
+def _positions(offsets: Array, f0: int, f1: int, g0: int, g1: int) -> Array:
+    """Position in its file of each group of ``[g0, g1)`` (the groups of files ``[f0, f1)``)."""
+    out: Array = np.arange(g0, g1, dtype=np.int64)
+    out -= np.repeat(offsets[f0:f1], np.diff(offsets[f0 : f1 + 1]))
     return out
+
+
+def _running_rows(rows: Array, offsets: Array, f0: int, f1: int, g0: int, g1: int) -> Array:
+    """Rows of the groups before each group of ``[g0, g1)`` in its file (``int64``)."""
+    piece = rows[g0:g1]
+    out = np.cumsum(piece, dtype=np.int64)
+    out -= piece
+    counts = np.diff(offsets[f0 : f1 + 1])
+    full = counts > 0
+    out -= np.repeat(out[offsets[f0:f1][full] - g0], counts[full])
+    return out
+
+
+def _derivable(offsets: Array, index: Array, first: Array, rows: Array) -> tuple[bool, bool]:
+    """Whether ``index`` is each group's position in its file, and ``first`` the rows before it."""
+    same_index = same_first = True
+    for f0, f1, g0, g1 in _pieces(offsets):
+        if same_index:
+            same_index = bool(np.array_equal(index[g0:g1], _positions(offsets, f0, f1, g0, g1)))
+        if same_first:
+            same_first = bool(np.array_equal(first[g0:g1], _running_rows(rows, offsets, f0, f1, g0, g1)))
+        if not (same_index or same_first):
+            break
+    return same_index, same_first
 
 
 class FileTable(Mapping[str, FileInfo]):
@@ -153,6 +226,8 @@ class FileTable(Mapping[str, FileInfo]):
         "_by_path",
         "_cache",
         "_deleted_count",
+        "_group_first_row",
+        "_group_index",
         "_infos",
         "_order",
         "_seen",
@@ -160,8 +235,6 @@ class FileTable(Mapping[str, FileInfo]):
         "delete_offsets",
         "deleted",
         "group_bytes",
-        "group_first_row",
-        "group_index",
         "group_offsets",
         "group_rows",
         "has_groups",
@@ -179,7 +252,8 @@ class FileTable(Mapping[str, FileInfo]):
     paths_blob: Array
     """Every path, UTF-8, concatenated (``uint8``)."""
     path_offsets: Array
-    """``int64``, ``n + 1``: path ``i`` is ``paths_blob[path_offsets[i]:path_offsets[i + 1]]``."""
+    """``n + 1`` offsets, ``int32`` when the blob's size fits (else ``int64``): path ``i`` is
+    ``paths_blob[path_offsets[i]:path_offsets[i + 1]]``."""
     size: Array
     """``int64`` size in bytes."""
     mtime: Array
@@ -187,17 +261,15 @@ class FileTable(Mapping[str, FileInfo]):
     rows: Array
     """``int64`` rows in the file (pruned groups and deleted positions included), ``-1`` unknown."""
     live: Array
-    """``int64`` rows that planning deals out (:attr:`FileInfo.live_rows`), ``-1`` unknown."""
+    """``int64`` rows that planning deals out (:attr:`FileInfo.live_rows`), ``-1`` unknown
+    (the :attr:`rows` column itself when every file's are its rows)."""
     splittable: Array
     """``bool``: byte-range splitting may cut the file."""
     has_groups: Array
     """``bool``: the file's row groups are known (``FileInfo.row_groups is not None``)."""
     group_offsets: Array
-    """``int64``, ``n + 1``: file ``i``'s unpruned groups are ``[group_offsets[i], group_offsets[i + 1])``."""
-    group_index: Array
-    """``int16`` (or ``int32``) position of each group in its file."""
-    group_first_row: Array
-    """File row of each group's first row: ``int32`` when every group's last row fits, else ``int64``."""
+    """``n + 1`` offsets, ``int32`` when the number of groups fits (else ``int64``): file
+    ``i``'s unpruned groups are ``[group_offsets[i], group_offsets[i + 1])``."""
     group_rows: Array
     """Rows of each group (the same type as :attr:`group_first_row`)."""
     group_bytes: Array
@@ -213,6 +285,8 @@ class FileTable(Mapping[str, FileInfo]):
     deleted: Array | None
     """``int64`` sorted deleted positions of each file, concatenated."""
 
+    _group_index: Array | None
+    _group_first_row: Array | None
     _infos: Sequence[FileInfo] | None
     _by_path: dict[str, int] | None
     _order: Array | None
@@ -251,20 +325,24 @@ class FileTable(Mapping[str, FileInfo]):
             paths: The paths, as strings; or give ``paths_blob`` (UTF-8 bytes, ``uint8``)
                 and ``path_offsets`` (``int64``, ``n + 1``) instead (see :func:`encode_paths`).
             paths_blob: Every path's UTF-8 bytes, concatenated.
-            path_offsets: Where each path starts in ``paths_blob``, then its total length.
+            path_offsets: Where each path starts in ``paths_blob``, then its total length
+                (integers; kept as ``int32`` when the total fits).
             size: ``int64`` size in bytes of each file; ``n`` is its length.
             rows: ``int64`` rows of each file (``-1``: unknown, a text file); default unknown.
             mtime: ``float64`` modification times (``nan``: unknown); default unknown.
             splittable: ``bool`` per file (default ``True``).
-            group_offsets: ``int64``, ``n + 1``: each file's rows of the group columns
-                (its unpruned row groups / stripes, in file order). Omitted: no file has
-                row-group metadata.
+            group_offsets: ``n + 1`` integers: each file's rows of the group columns
+                (its unpruned row groups / stripes, in file order; kept as ``int32``
+                when the number of groups fits). Omitted: no file has row-group metadata.
             group_index: Position of each group in its file (integers).
             group_first_row: File row of each group's first row (integers).
             group_rows: Rows of each group (integers).
             group_bytes: Bytes on disk of each group (integers; default 0). The group
                 columns are kept as ``int32`` when their values fit (``int16`` for
-                ``group_index``), so a discovery that gives them so is not copied.
+                ``group_index``), so a discovery that gives them so is not copied;
+                ``group_index`` and ``group_first_row`` are not kept when they follow from
+                the offsets and rows (each file's groups numbered ``0, 1, ...`` and
+                starting where the previous one ends).
             has_groups: ``bool`` per file, whether its groups are known (default: every
                 file when ``group_offsets`` is given, else none).
             block_bytes: ``int64`` record-count block size per text file (0: not counted).
@@ -286,7 +364,7 @@ class FileTable(Mapping[str, FileInfo]):
         blob = np.ascontiguousarray(paths_blob, dtype=np.uint8)
         n = len(np.asarray(path_offsets)) - 1
         self.paths_blob = blob
-        self.path_offsets = _offsets(path_offsets, n, len(blob), "path_offsets")
+        self.path_offsets = _offsets(path_offsets, n, len(blob), "path_offsets", narrow=True)
         self.size = _i64(size, n, "size")
         self.rows = _i64(rows, n, "rows", -1)
         self.mtime = np.full(n, np.nan) if mtime is None else np.ascontiguousarray(mtime, dtype=np.float64)
@@ -294,12 +372,12 @@ class FileTable(Mapping[str, FileInfo]):
             np.ones(n, dtype=bool) if splittable is None else np.ascontiguousarray(splittable, dtype=bool)
         )
         if group_offsets is None:
-            self.group_offsets = np.zeros(n + 1, dtype=np.int64)
+            self.group_offsets = np.zeros(n + 1, dtype=np.int32)
             self.has_groups = np.zeros(n, dtype=bool)
             groups = 0
         else:
             groups = len(np.asarray(group_rows))
-            self.group_offsets = _offsets(group_offsets, n, groups, "group_offsets")
+            self.group_offsets = _offsets(group_offsets, n, groups, "group_offsets", narrow=True)
             self.has_groups = (
                 np.ones(n, dtype=bool) if has_groups is None else np.ascontiguousarray(has_groups, dtype=bool)
             )
@@ -307,20 +385,16 @@ class FileTable(Mapping[str, FileInfo]):
         # rows and first rows together (a group's stop row, first + rows, must fit too).
         rows_col = _column(group_rows, groups, "group_rows")
         first_col = _column(group_first_row, groups, "group_first_row")
+        index_col = _column(group_index, groups, "group_index")
         fits = _fits_int32(rows_col, first_col)
+        same_index, same_first = _derivable(self.group_offsets, index_col, first_col, rows_col)
         self.group_rows = _narrow(rows_col, fits)
-        self.group_first_row = _narrow(first_col, fits)
-        del rows_col, first_col
+        self._group_first_row = None if same_first else _narrow(first_col, fits)
+        self._group_index = None if same_index else _index_column(index_col)
+        del rows_col, first_col, index_col
         bytes_col = _column(group_bytes, groups, "group_bytes")
         self.group_bytes = _narrow(bytes_col, _fits_int32(bytes_col))
         del bytes_col
-        index_col = _column(group_index, groups, "group_index")
-        self.group_index = (
-            np.ascontiguousarray(index_col, dtype=np.int16)
-            if not len(index_col) or (index_col.min() >= 0 and index_col.max() < 2**15)
-            else _narrow(index_col, True)
-        )
-        del index_col
         if record_counts is not None:
             counts = np.ascontiguousarray(record_counts, dtype=np.int64)
             self.record_counts = counts
@@ -411,23 +485,77 @@ class FileTable(Mapping[str, FileInfo]):
         if live is not None:
             self.live = _i64(live, n, "live")
             return
-        # Rows of each file's groups, without a prefix sum over every group.
-        # In pieces of about 2**18 groups, each widened to int64 (reduceat would widen all).
-        group_live = np.zeros(n, dtype=np.int64)
-        has = np.flatnonzero(self.group_offsets[1:] > self.group_offsets[:-1])
-        firsts = self.group_offsets[has]
-        i = 0
-        while i < len(has):
-            lo = int(firsts[i])
-            j = max(i + 1, int(np.searchsorted(firsts, lo + (1 << 18), side="left")))
-            hi = int(self.group_offsets[has[j - 1] + 1])
-            piece = self.group_rows[lo:hi].astype(np.int64)
-            group_live[has[i:j]] = np.add.reduceat(piece, firsts[i:j] - lo)
-            i = j
-        out = np.where(self.has_groups, group_live, self.rows)
+        # The file's rows, or for a file with groups the rows of its groups, summed a
+        # piece of files at a time (no temporary over every file or group). When they
+        # are every file's rows (no pruned group, no delete), the rows column is shared.
+        out: Array | None = None
+        offsets = self.group_offsets
+        for f0, f1, g0, g1 in _pieces(offsets):
+            has = self.has_groups[f0:f1]
+            if not has.any():
+                continue
+            counts = np.diff(offsets[f0 : f1 + 1])
+            full = counts > 0
+            sums = np.zeros(f1 - f0, dtype=np.int64)
+            if g1 > g0:
+                sums[full] = np.add.reduceat(
+                    self.group_rows[g0:g1], offsets[f0:f1][full] - g0, dtype=np.int64
+                )
+            if out is None:
+                if np.array_equal(sums[has], self.rows[f0:f1][has]):
+                    continue
+                out = self.rows.copy()  # the files before agree with their rows
+            out[f0:f1][has] = sums[has]
         if self._deleted_count is not None:
-            out = np.where(out >= 0, out - self._deleted_count, out)
-        self.live = out
+            out = self.rows.copy() if out is None else out
+            np.subtract(out, self._deleted_count, out=out, where=out >= 0)
+        self.live = self.rows if out is None else out
+
+    # -- group columns that may be derived -------------------------------------------
+    @property
+    def group_index(self) -> Array:
+        """Position of each group in its file: ``int16`` when the values fit, else ``int32``.
+
+        Computed when read (a new array) when every file's groups are numbered
+        ``0, 1, ...`` in order, as a footer gives them; stored otherwise (pruned groups).
+        """
+        if self._group_index is not None:
+            return self._group_index
+        offsets = self.group_offsets
+        most = int(np.diff(offsets).max(initial=0))
+        out = np.empty(int(offsets[-1]), dtype=np.int16 if most <= 2**15 else np.int32)
+        for f0, f1, g0, g1 in _pieces(offsets):
+            out[g0:g1] = _positions(offsets, f0, f1, g0, g1)
+        return out
+
+    @property
+    def group_first_row(self) -> Array:
+        """File row of each group's first row (the same type as :attr:`group_rows`).
+
+        Computed when read (a new array) when each group starts where the one before it
+        in the file ends, as a footer gives them; stored otherwise (pruned groups). One
+        group's: :meth:`first_row`.
+        """
+        if self._group_first_row is not None:
+            return self._group_first_row
+        offsets = self.group_offsets
+        out = np.empty(len(self.group_rows), dtype=self.group_rows.dtype)
+        for f0, f1, g0, g1 in _pieces(offsets):
+            out[g0:g1] = _running_rows(self.group_rows, offsets, f0, f1, g0, g1)
+        return out
+
+    def group_file(self, g: int) -> int:
+        """The file id of group ``g`` (a position in the group columns)."""
+        return search(self.group_offsets, g, "right") - 1
+
+    def first_row(self, g: int, file: int | None = None) -> int:
+        """File row of group ``g``'s first row (``file``: its file id, when known)."""
+        if self._group_first_row is not None:
+            return int(self._group_first_row[g])
+        lo = int(self.group_offsets[self.group_file(g) if file is None else file])
+        if g - lo <= 64:  # a few groups: faster as Python ints
+            return sum(self.group_rows[lo:g].tolist())  # type: ignore[no-any-return]
+        return int(self.group_rows[lo:g].sum(dtype=np.int64))
 
     # -- Mapping[str, FileInfo] -----------------------------------------------------
     def __len__(self) -> int:
@@ -514,14 +642,19 @@ class FileTable(Mapping[str, FileInfo]):
         groups: tuple[RowGroup, ...] | None = None
         if self.has_groups[i]:
             lo, hi = int(self.group_offsets[i]), int(self.group_offsets[i + 1])
+            rows_of: list[int] = self.group_rows[lo:hi].tolist()
+            index: Sequence[int] = (
+                range(hi - lo) if self._group_index is None else self._group_index[lo:hi].tolist()
+            )
+            firsts: list[int] = (
+                list(itertools.accumulate(rows_of, initial=0))[:-1]
+                if self._group_first_row is None
+                else self._group_first_row[lo:hi].tolist()
+            )
             groups = tuple(
                 RowGroup(int(ix), int(first), int(n), int(b))
                 for ix, first, n, b in zip(
-                    self.group_index[lo:hi].tolist(),
-                    self.group_first_row[lo:hi].tolist(),
-                    self.group_rows[lo:hi].tolist(),
-                    self.group_bytes[lo:hi].tolist(),
-                    strict=True,
+                    index, firsts, rows_of, self.group_bytes[lo:hi].tolist(), strict=True
                 )
             )
         records = None
@@ -574,12 +707,8 @@ class FileTable(Mapping[str, FileInfo]):
     @property
     def nbytes(self) -> int:
         """Bytes held by the columns (not by ``FileInfo`` objects given to :meth:`from_infos`)."""
-        total = 0
-        for name in self.__slots__:
-            value = getattr(self, name, None)
-            if isinstance(value, np.ndarray):
-                total += value.nbytes
-        return total
+        seen = {id(v): v for name in self.__slots__ if isinstance(v := getattr(self, name, None), np.ndarray)}
+        return sum(v.nbytes for v in seen.values())  # a column shared by two names counted once
 
     def digest(self) -> str:
         """SHA-256 of the paths, sizes, modification times and row counts (hex).
@@ -588,15 +717,23 @@ class FileTable(Mapping[str, FileInfo]):
         files: what a resume state is tied to.
         """
         h = hashlib.sha256()
-        for column in (
-            self.path_offsets,
-            self.paths_blob,
-            self.size,
-            np.nan_to_num(self.mtime, nan=-1.0),
-            self.rows,
-            self.live,
+        for column, dtype in (
+            (self.path_offsets, np.int64),  # as int64 whatever its width: the same digest
+            (self.paths_blob, np.uint8),
+            (self.size, np.int64),
+            (self.mtime, np.float64),
+            (self.rows, np.int64),
+            (self.live, np.int64),
         ):
-            h.update(np.ascontiguousarray(column).view(np.uint8).data)
+            if column.dtype == dtype and dtype != np.float64:
+                h.update(np.ascontiguousarray(column).view(np.uint8).data)
+                continue
+            step = 1 << 16  # converted a piece at a time: no copy of a whole column
+            for a in range(0, len(column), step):
+                piece = column[a : a + step].astype(dtype)
+                if dtype == np.float64:
+                    np.nan_to_num(piece, copy=False, nan=-1.0)
+                h.update(piece.view(np.uint8).data)
         return h.hexdigest()
 
 
