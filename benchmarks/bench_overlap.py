@@ -94,6 +94,21 @@ class RawShards(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 yield {name: torch.from_numpy(b.column(i).to_numpy()) for i, name in enumerate(self.columns)}
 
 
+class EmptyBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """``batches`` tiny batches split over the workers, no loading work at all: what a torch
+    DataLoader with worker processes costs by itself (one queue hop per batch)."""
+
+    def __init__(self, batches: int) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        k, n = (0, 1) if info is None else (info.id, info.num_workers)
+        batch = {"id": torch.zeros(1)}
+        for _ in range(k, self.batches, n):
+            yield batch
+
+
 class _RawDataset:
     """``set_epoch`` for the raw loaders' loop (they do not shuffle)."""
 
@@ -147,8 +162,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--raw-workers",
         action="store_true",
-        help="also run the raw pyarrow loop in DataLoader workers (no library code): the floor "
-        "of any worker-process loader on this machine (numeric columns only)",
+        help="also run the raw pyarrow loop in DataLoader workers (no library code, numeric "
+        "columns only) and a DataLoader whose workers yield tiny premade batches (no loading "
+        "at all): the floors of any worker-process loader on this machine",
     )
     args = p.parse_args(argv)
     spec = common.spec_from_args(args)
@@ -185,6 +201,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 persistent_workers=persistent,
             )
             loaders[name] = (raw, _RawDataset())
+        name = "empty batches in DataLoader workers, persistent"
+        variants[name] = {}
+        empty = torch.utils.data.DataLoader(
+            EmptyBatches(n_batches), batch_size=None, num_workers=args.workers, persistent_workers=True
+        )
+        loaders[name] = (empty, _RawDataset())
     walls: dict[str, list[float]] = {"memory": [], **{name: [] for name in variants}}
     firsts: dict[str, list[float]] = {name: [] for name in variants}
     later: dict[str, list[float]] = {name: [] for name in variants}
@@ -192,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         walls["memory"].append(memory_loop(batches, args.epochs, step))
         for name, (loader, dataset) in loaders.items():
             wall, first, rows = loader_loop(loader, dataset, args.epochs, step)
-            assert rows == spec.rows * args.epochs, (name, rows)
+            assert rows == spec.rows * args.epochs or name.startswith("empty"), (name, rows)
             walls[name].append(wall)
             firsts[name].append(first[0])
             later[name].extend(first[1:])
