@@ -143,6 +143,11 @@ def test_built_in_chunk_table_is_the_strategys_chunks(files: list[FileInfo], str
     columnar = FileTable.from_arrays(**_columns_of(table))  # type: ignore[arg-type]
     again = build_chunks(strategy, columnar)  # type: ignore[arg-type]
     assert [again.chunk(i) for i in range(len(again))] == expected
+    # In bulk (a worker's chunks), any order and repeats: the same chunks.
+    order = np.arange(len(chunks))[::-1].repeat(2)
+    assert chunks.chunks(order) == [expected[i] for i in order.tolist()]
+    assert again.chunks(order) == [expected[i] for i in order.tolist()]
+    assert again.files.paths_of(np.arange(len(files))[::-1]) == [f.path for f in reversed(files)]
 
 
 @given(ts.rich_layouts(min_files=1), st.data())

@@ -134,11 +134,12 @@ class ChunkTable:
         if padding is not None:
             flags = flags | padding
         skips = self.skip[index].tolist() if self.skip is not None else [0] * n
-        path = self.files.path
-        paths: dict[int, str] = {}
+        file = self.files_of(index)
+        ids, where = np.unique(file, return_inverse=True)
+        paths = self.files.paths_of(ids)
         return [
             Chunk(
-                paths[f] if f in paths else paths.setdefault(f, path(f)),
+                paths[f],
                 start,
                 stop,
                 _UNITS[unit],
@@ -148,7 +149,7 @@ class ChunkTable:
                 skip,
             )
             for f, start, stop, unit, rows, nbytes, pad, skip in zip(
-                self.files_of(index).tolist(),
+                where.reshape(-1).tolist(),
                 self.start[index].tolist(),
                 self.stops_of(index).tolist(),
                 self.unit[index].tolist(),
