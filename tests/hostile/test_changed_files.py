@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
@@ -18,6 +19,7 @@ import pyarrow as pa
 import pyarrow.orc as po
 import pyarrow.parquet as pq
 import pytest
+import testsupport.latency_fs  # noqa: F401  (registers latency://)
 
 from tests.fixtures.iceberg import create_id_table, data_files, id_table
 from tests.fixtures.s3 import S3Server
@@ -194,6 +196,31 @@ def test_case_1_s3_persistent_workers_see_a_rewrite_between_epochs(
     assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(ROWS))
     REWRITES["fewer_rows"](local)
     fs.put_file(str(local), f"{prefix}/a.parquet")
+    dataset.set_epoch(1)
+    with pytest.raises(FileChangedError, match="changed after the dataset was built"):
+        list(loader)
+
+
+def test_case_1_remote_orc_kept_open_is_checked_again_next_pass(tmp_path: Path) -> None:
+    """An ORC reader keeps files open across passes: a remote one is checked again too.
+
+    Before, the check sent at the start of a pass was only waited for when a file was
+    opened, so a file kept open read its old contents after a rewrite without an error.
+    """
+    root = tmp_path / "data"
+    root.mkdir()
+    path = root / "a.orc"
+    po.write_table(pa.table({"id": np.arange(ROWS)}), path, stripe_size=4096)
+    loader, dataset = create_dataloader(
+        f"latency://{root}",
+        format="orc",
+        num_workers=0,
+        storage_options={"stats_key": uuid.uuid4().hex},
+    )
+    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(ROWS))
+    new = tmp_path / "new.orc"
+    po.write_table(pa.table({"id": np.arange(ROWS // 3)}), new, stripe_size=64 * 1024**2)
+    new.replace(path)
     dataset.set_epoch(1)
     with pytest.raises(FileChangedError, match="changed after the dataset was built"):
         list(loader)

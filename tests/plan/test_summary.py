@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tests import strategies as ts
-from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
+from torch_dataloader_utils.errors import PlanError
+from torch_dataloader_utils.plan.planner import LazyRanks, Planner, PlanSpec, plan_epoch
 from torch_dataloader_utils.plan.splits import RowGroupSplit
 from torch_dataloader_utils.plan.summary import (
     FileSummary,
+    PlanSummary,
     Spread,
     histogram,
     layout_issues,
     summarize_files,
     summarize_plan,
 )
+from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, EqualBatches, FileInfo, RowGroup
 
 
@@ -73,6 +78,70 @@ def test_figures_equal_the_plan(
     if everything:
         assert s.largest_chunk is not None
         assert s.largest_chunk.weight == max(c.weight for c in everything)
+
+
+def _figures(s: PlanSummary) -> dict[str, Any]:
+    arrays = {
+        name: None if getattr(s, name) is None else getattr(s, name).tolist()
+        for name in ("rows", "bytes", "chunks")
+    }
+    return {
+        **s.as_dict(),
+        **arrays,
+        "largest_chunk": s.largest_chunk,
+        "median_chunk_rows": s.median_chunk_rows,
+    }
+
+
+@given(
+    files=st.one_of(ts.row_group_files(max_files=8), ts.rich_layouts(max_files=8)),
+    strategy=st.one_of(ts.rich_splits(), st.just(ts.HalfFileLegacy()), st.just(ts.HalfFileSharded())),
+    ranks=st.integers(1, 5),
+    workers=st.integers(1, 3),
+    policy=st.sampled_from(list(EqualBatches)),
+    shuffle=st.booleans(),
+    epoch=st.integers(0, 3),
+)
+def test_summary_from_columns_equals_summary_from_chunks(
+    files: list[FileInfo],
+    strategy: Any,
+    ranks: int,
+    workers: int,
+    policy: EqualBatches,
+    shuffle: bool,
+    epoch: int,
+) -> None:
+    """The planner's plan is summarized from its parts as columns: the same figures as from its chunks."""
+
+    def spec(strategy: Any) -> PlanSpec:
+        return PlanSpec(
+            files=tuple(files),
+            strategy=ts.quiet_resolve(strategy),
+            num_ranks=ranks,
+            num_workers=workers,
+            shuffle=shuffle,
+            equal_batches=policy,
+            batch_size=2,
+        )
+
+    try:
+        by_chunks = summarize_plan(plan_epoch(spec(strategy), epoch))
+    except PlanError:  # equal batches over unknown row counts: both ways
+        return
+    plan = Planner(spec(strategy)).epoch_plan(epoch)
+    assert isinstance(plan.assignments, LazyRanks)
+    assert _figures(summarize_plan(plan)) == _figures(by_chunks)
+    table = FileTable.from_infos(files)
+    assert summarize_files(table) == summarize_files(files)
+
+
+def test_summary_from_columns_counts_whole_chunks_of_padding() -> None:
+    """One-row chunks: the padding repeats a whole chunk (flagged by the part, not the chunk)."""
+    files = tuple(FileInfo(f"f{i}", 10, 1, (RowGroup(0, 0, 1, 10),)) for i in range(3))
+    spec = PlanSpec(files=files, strategy=RowGroupSplit(), num_ranks=2, equal_batches=EqualBatches.PAD)
+    s = summarize_plan(Planner(spec).epoch_plan(0))
+    assert s.rows_padded == 1
+    assert _figures(s) == _figures(summarize_plan(plan_epoch(spec, 0)))
 
 
 def test_spread_and_histogram() -> None:

@@ -213,6 +213,11 @@ def test_built_in_chunk_table_is_the_strategys_chunks(
         assert [(again.file_of(i), int(again.start[i]), int(again.stop[i])) for i in range(len(again))] == [
             again.span_of(i) for i in range(len(again))
         ]
+        # In bulk (a worker's chunks), any order and repeats: the same chunks.
+        order = np.arange(len(chunks))[::-1].repeat(2)
+        assert chunks.chunks(order) == [expected[i] for i in order.tolist()]
+        assert again.chunks(order) == [expected[i] for i in order.tolist()]
+        assert again.files.paths_of(np.arange(len(files))[::-1]) == [f.path for f in reversed(files)]
 
 
 @given(ts.rich_layouts(min_files=1), st.data())

@@ -140,3 +140,30 @@ def test_iceberg_discovery_at_info(iceberg_catalog, caplog: pytest.LogCaptureFix
     )
     assert "schema: id: int64, x: double, label: int64, s: string" in found
     assert "65 rows" in plan
+
+
+def test_building_a_dataset_builds_few_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan's summary (every rank's) comes from the plan's columns, not from chunk objects."""
+    from torch_dataloader_utils.plan.chunks import ChunkTable
+
+    built: list[str] = []
+    chunk, chunks = ChunkTable.chunk, ChunkTable.chunks
+
+    def one(self: ChunkTable, i: int) -> object:
+        built.append("one")
+        return chunk(self, i)
+
+    def bulk(self: ChunkTable, index: object, padding: object = None) -> object:
+        built.append("bulk")
+        return chunks(self, index, padding)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ChunkTable, "chunk", one)
+    monkeypatch.setattr(ChunkTable, "chunks", bulk)
+    write_parquet_files(tmp_path, [2001, 2000, 2000], row_group_size=10)
+    ds = StructuredDataset(str(tmp_path), num_ranks=2, rank=0, num_workers=2, batch_size=64, split_rows=10)
+    # Built: the largest chunk (the summary names it), the chunks cut to equalize, the row left out.
+    assert "bulk" not in built
+    assert 1 <= len(built) <= 12
+    assert len(ds.plan(0).all_chunks()) > 600  # of 600 chunks
+    assert len(ds.rank_plan(0).chunks_for(0)) > 10  # reading builds the worker's chunks
+    assert "bulk" in built

@@ -11,7 +11,7 @@ import pyarrow.orc as orc
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
 from torch_dataloader_utils.plan.types import Chunk
-from torch_dataloader_utils.storage.identity import check_unchanged, schedule_checks
+from torch_dataloader_utils.storage.identity import FileChecks
 
 __all__ = ["OrcReader"]
 
@@ -37,14 +37,13 @@ class OrcReader:
         self._open: OpenFiles[tuple[Any, orc.ORCFile]] = OpenFiles(
             self._open_orc, closer=lambda e: e[0].close()
         )
+        self._checks = FileChecks(request.fs, request.files)  # never read a rewritten file
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next: remote files are checked meanwhile."""
-        schedule_checks(self._fs, (self._files[c.path] for c in chunks))
+        self._checks.schedule(c.path for c in chunks)
 
     def _open_orc(self, path: str) -> tuple[Any, orc.ORCFile]:
-        info = self._files[path]
-        check_unchanged(self._fs, path, info.size, info.mtime)  # never read a rewritten file
         source = self._fs.arrow().open_input_file(path)
         return source, orc.ORCFile(source)
 
@@ -52,6 +51,7 @@ class OrcReader:
         """Yield the chunk's rows (filtered, projected) in file order."""
         info = self._files[chunk.path]
         try:
+            self._checks.check(chunk.path, info.size, info.mtime)
             reader = self._open.get(chunk.path)[1]
             for g in info.groups_in(chunk.start, chunk.stop):
                 lo = max(chunk.start, g.first_row) - g.first_row

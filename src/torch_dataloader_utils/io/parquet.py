@@ -12,7 +12,7 @@ from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
 from torch_dataloader_utils.io.prefetch import ChunkSource, FetchStats, column_ranges
 from torch_dataloader_utils.plan.types import Chunk, RowGroup
-from torch_dataloader_utils.storage.identity import check_unchanged, schedule_checks
+from torch_dataloader_utils.storage.identity import FileChecks
 
 __all__ = ["READ_BATCH_ROWS", "ParquetReader"]
 
@@ -54,6 +54,7 @@ class ParquetReader:
         self._read_rows = max(request.batch_size, READ_BATCH_ROWS)
         self._use_threads = use_threads
         self._open = OpenFiles(self._open_parquet)
+        self._checks = FileChecks(request.fs, request.files)  # never read a rewritten file
         # Remote files: bytes come from the source (read-ahead, retries); see io/prefetch.py.
         self._source = source
         self._local_stats = FetchStats()
@@ -81,7 +82,7 @@ class ParquetReader:
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next, in order (remote read-ahead)."""
-        schedule_checks(self._fs, (self._files[c.path] for c in chunks), self._metadata_request)
+        self._checks.schedule((c.path for c in chunks), self._metadata_request)
         if self._source is not None:
             self._source.schedule(chunks)
 
@@ -105,8 +106,6 @@ class ParquetReader:
         stats.add(0)
 
     def _open_parquet(self, path: str) -> pq.ParquetFile:
-        info = self._files[path]
-        check_unchanged(self._fs, path, info.size, info.mtime)  # never read a rewritten file
         return pq.ParquetFile(path, filesystem=self._fs.arrow())
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
@@ -116,8 +115,8 @@ class ParquetReader:
         if not groups:
             return
         try:
+            self._checks.check(chunk.path, info.size, info.mtime, self._metadata_request)
             if self._source is not None:
-                check_unchanged(self._fs, chunk.path, info.size, info.mtime, self._metadata_request)
                 pf = self._source.open(chunk)
             else:
                 pf = self._open.get(chunk.path)

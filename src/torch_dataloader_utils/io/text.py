@@ -38,7 +38,7 @@ from torch_dataloader_utils.errors import ReadError, RecordBoundaryError
 from torch_dataloader_utils.io.base import ReadRequest
 from torch_dataloader_utils.io.prefetch import FetchStats
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
-from torch_dataloader_utils.storage.identity import check_unchanged, schedule_checks
+from torch_dataloader_utils.storage.identity import FileChecks
 from torch_dataloader_utils.storage.records import (
     PIECE_BYTES,
     TextFileMeta,
@@ -94,6 +94,7 @@ class TextReader:
         self._strict = strict_fields
         self._piece = piece_bytes
         self._stats = FetchStats()
+        self._checks = FileChecks(request.fs, request.files)  # never read a rewritten file
 
     def io_totals(self) -> tuple[int, int, int, int, float]:
         """``(bytes_fetched, bytes_needed, requests, retries, wait_sec)`` of this process so far.
@@ -105,7 +106,7 @@ class TextReader:
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next: remote files are checked meanwhile."""
-        schedule_checks(self._fs, (self._files[c.path] for c in chunks))
+        self._checks.schedule(c.path for c in chunks)
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the records whose first byte lies in the chunk (filtered, projected)."""
@@ -120,7 +121,7 @@ class TextReader:
                 f"quoted_newlines=True), but the plan asks for bytes [{chunk.start}, {chunk.stop}); "
                 "use split_strategy='byte_range' or 'file'"
             )
-        check_unchanged(self._fs, chunk.path, info.size, info.mtime)  # never read a rewritten file
+        self._checks.check(chunk.path, info.size, info.mtime)
         try:
             if self._quoted or meta.compression is not None:
                 self._stats.read(info.size, info.size)

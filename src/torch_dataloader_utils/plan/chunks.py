@@ -121,6 +121,53 @@ class ChunkTable:
         """``(file id, start, stop)`` of chunk ``i``."""
         return self.file_of(i), int(self.start[i]), self.stop_of(i)
 
+    def files_of(self, index: Array) -> Array:
+        """The file ids of the chunks at ``index`` (vectorized :meth:`file_of`)."""
+        return np.asarray(self.file[index], dtype=np.int64)
+
+    def stops_of(self, index: Array) -> Array:
+        """The stops of the chunks at ``index`` (vectorized :meth:`stop_of`)."""
+        return np.asarray(self.stop[index], dtype=np.int64)
+
+    def chunks(self, index: Array, padding: Array | None = None) -> list[Chunk]:
+        """The chunks at ``index`` as :class:`Chunk` values (:meth:`chunk` of each, in bulk).
+
+        ``padding`` (``bool``, one per index) flags chunks as padding besides those the
+        table flags.
+        """
+        index = np.asarray(index, dtype=np.int64)
+        n = len(index)
+        flags = self.padding[index] if self.padding is not None else np.zeros(n, dtype=bool)
+        if padding is not None:
+            flags = flags | padding
+        skips = self.skip[index].tolist() if self.skip is not None else [0] * n
+        file = self.files_of(index)
+        ids, where = np.unique(file, return_inverse=True)
+        paths = self.files.paths_of(ids)
+        return [
+            Chunk(
+                paths[f],
+                start,
+                stop,
+                _UNITS[unit],
+                None if rows < 0 else rows,
+                nbytes,
+                pad,
+                skip,
+            )
+            for f, start, stop, unit, rows, nbytes, pad, skip in zip(
+                where.reshape(-1).tolist(),
+                self.start[index].tolist(),
+                self.stops_of(index).tolist(),
+                self.unit[index].tolist(),
+                self.rows[index].tolist(),
+                self.bytes[index].tolist(),
+                flags.tolist(),
+                skips,
+                strict=True,
+            )
+        ]
+
     def chunk(self, i: int) -> Chunk:
         """Chunk ``i`` as a :class:`Chunk`."""
         rows = int(self.rows[i])
@@ -281,6 +328,12 @@ class _GroupChunks(ChunkTable):
 
     def file_of(self, i: int) -> int:
         return self.files.group_file(i)
+
+    def files_of(self, index: Array) -> Array:
+        return np.searchsorted(self.files.group_offsets, index, side="right").astype(np.int64) - 1
+
+    def stops_of(self, index: Array) -> Array:
+        return np.asarray(self.start[index], dtype=np.int64) + self.rows[index]
 
     def stop_of(self, i: int) -> int:
         return self.files.first_row(i) + int(self.rows[i])

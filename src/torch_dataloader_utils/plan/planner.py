@@ -48,7 +48,9 @@ from torch_dataloader_utils.plan.types import Chunk, EpochPlan, EqualBatches, Fi
 
 __all__ = [
     "AUTO_VERIFY_RANKS",
+    "LazyRanks",
     "Part",
+    "PartColumns",
     "PlanSpec",
     "Planner",
     "RankPlan",
@@ -147,6 +149,109 @@ def _cut(part: Part, rows: int) -> tuple[Part, Part]:
 
 
 @dataclass(frozen=True, eq=False)
+class PartColumns:
+    """A rank plan's parts as columns: what each part's :class:`Chunk` would hold.
+
+    Parts are in reading order, worker after worker, as :meth:`RankPlan.chunks_for`
+    gives them; only parts cut inside a chunk (a few per rank) are built as chunks to
+    compute their figures.
+
+    Attributes:
+        counts: Parts of each worker (``int64``, ``num_workers``).
+        rows: ``Chunk.num_rows`` of each part (``int64``, ``-1``: unknown).
+        bytes: ``Chunk.num_bytes`` of each part (``int64``).
+        padding: ``Chunk.padding`` of each part (``bool``).
+        file: The file id of each part in :attr:`files` (``int64``).
+        files: The file table of the parts' files (``None`` without parts).
+    """
+
+    counts: Array
+    rows: Array
+    bytes: Array
+    padding: Array
+    file: Array
+    files: FileTable | None
+
+
+def _columns_of(parts: Sequence[Part]) -> tuple[list[tuple[ChunkTable, Array]], Array, Array, Array, Array]:
+    """``parts`` as columns: ``(groups, item, lo, hi, padding)``.
+
+    ``groups`` pairs each chunk table with the positions of its parts (one table, by
+    identity, but for a rank-aware strategy's rank receiving other ranks' rows).
+    """
+    n = len(parts)
+    tables, raw_items, raw_lo, raw_hi, raw_pad = zip(*parts, strict=True) if n else ((), (), (), (), ())
+    items = np.fromiter(raw_items, dtype=np.int64, count=n)
+    lo = np.fromiter(raw_lo, dtype=np.int64, count=n)
+    hi = np.fromiter(raw_hi, dtype=np.int64, count=n)
+    pad = np.fromiter(raw_pad, dtype=bool, count=n)
+    if not n:
+        return [], items, lo, hi, pad
+    first = tables[0]
+    if tables.count(first) == n:
+        return [(first, np.arange(n))], items, lo, hi, pad
+    distinct = {id(t): t for t in tables}
+    ids = np.fromiter(map(id, tables), dtype=np.int64, count=n)
+    return [(t, np.flatnonzero(ids == key)) for key, t in distinct.items()], items, lo, hi, pad
+
+
+def _whole(table: ChunkTable, item: Array, lo: Array, hi: Array) -> Array:
+    """Which parts :meth:`Part.chunk` gives as their chunk (all its rows, or an unknown count).
+
+    A whole part is its chunk (flagged when the part pads); any other part is cut.
+    """
+    count = table.rows[item]
+    whole: Array = (hi < 0) | ((lo == 0) & ((hi == count) | (count < 0)))
+    return whole
+
+
+def _chunks_of(parts: Sequence[Part]) -> list[Chunk]:
+    """``[p.chunk() for p in parts]``, whole chunks built in bulk."""
+    out: list[Chunk | None] = [None] * len(parts)
+    groups, items, lo, hi, pad = _columns_of(parts)
+    for table, at in groups:
+        it, h = items[at], hi[at]
+        whole = _whole(table, it, lo[at], h)
+        built = table.chunks(it[whole], (pad[at] & (h >= 0))[whole])
+        for k, chunk in zip(at[whole].tolist(), built, strict=True):
+            out[k] = chunk
+        for k in at[~whole].tolist():
+            out[k] = parts[k].chunk()
+    return out  # type: ignore[return-value]  # every position filled
+
+
+def _part_columns(parts: Sequence[Part]) -> tuple[Array, Array, Array, Array, FileTable | None]:
+    """``(rows, bytes, padding, file, files)`` of ``parts`` as :meth:`Part.chunk` gives them.
+
+    ``files`` is the file table of every part's chunk table (``None`` without parts).
+    """
+    n = len(parts)
+    rows = np.empty(n, dtype=np.int64)
+    nbytes = np.empty(n, dtype=np.int64)
+    padding = np.zeros(n, dtype=bool)
+    file = np.empty(n, dtype=np.int64)
+    groups, items, lo, hi, pad = _columns_of(parts)
+    if not groups:
+        return rows, nbytes, padding, file, None
+    files = groups[0][0].files
+    for table, at in groups:
+        if table.files is not files:
+            raise ValueError("the parts' chunk tables have different file tables")
+        it, h = items[at], hi[at]
+        rows[at] = table.rows[it]
+        nbytes[at] = table.bytes[it]
+        own = table.padding[it] if table.padding is not None else np.zeros(len(it), dtype=bool)
+        padding[at] = own | (pad[at] & (h >= 0))
+        file[at] = table.files_of(it)
+        for k in at[~_whole(table, it, lo[at], h)].tolist():  # cut: built (a few per rank)
+            chunk = parts[k].chunk()
+            rows[k] = -1 if chunk.num_rows is None else chunk.num_rows
+            nbytes[k] = chunk.num_bytes
+            padding[k] = chunk.padding
+    return rows, nbytes, padding, file, files
+
+
+@dataclass(frozen=True, eq=False)
 class RankPlan:
     """One rank's plan of one epoch: its parts per worker, made into chunks on demand.
 
@@ -172,11 +277,17 @@ class RankPlan:
 
     def chunks_for(self, worker: int) -> WorkerChunks:
         """The chunks of one worker, in reading order (built now)."""
-        return tuple(p.chunk() for p in self.workers[worker])
+        return tuple(_chunks_of(self.workers[worker]))
 
     def assignments(self) -> tuple[WorkerChunks, ...]:
         """Every worker's chunks (built now)."""
         return tuple(self.chunks_for(w) for w in range(self.num_workers))
+
+    def columns(self) -> PartColumns:
+        """Every worker's parts as columns (chunks built only for parts cut inside one)."""
+        rows, nbytes, padding, file, files = _part_columns([p for w in self.workers for p in w])
+        counts = np.fromiter((len(w) for w in self.workers), dtype=np.int64, count=len(self.workers))
+        return PartColumns(counts, rows, nbytes, padding, file, files)
 
     def rows_for(self, worker: int) -> int | None:
         """Rows of one worker, or ``None`` when a chunk's count is unknown."""
@@ -870,7 +981,7 @@ class Planner:
             seed=spec.seed if spec.shuffle else None,
             num_ranks=spec.num_ranks,
             num_workers=workers,
-            assignments=LazyRanks(spec.num_ranks, lambda r: self.rank_plan(epoch, r, workers).assignments()),
+            assignments=LazyRanks(spec.num_ranks, lambda r: self.rank_plan(epoch, r, workers)),
             dropped=self.dropped(epoch, workers),
         )
 
@@ -878,10 +989,16 @@ class Planner:
 class LazyRanks(Sequence[tuple[WorkerChunks, ...]]):
     """Every rank's chunks per worker, each rank planned when first read (and kept)."""
 
-    def __init__(self, num_ranks: int, plan: Callable[[int], tuple[WorkerChunks, ...]]) -> None:
+    def __init__(self, num_ranks: int, plan: Callable[[int], RankPlan]) -> None:
         self._n = num_ranks
         self._plan = plan
         self._done: dict[int, tuple[WorkerChunks, ...]] = {}
+
+    def rank_plan(self, rank: int) -> RankPlan:
+        """The plan of ``rank`` (its parts; no chunks built)."""
+        if not 0 <= rank < self._n:
+            raise IndexError(rank)
+        return self._plan(rank)
 
     def __len__(self) -> int:
         return self._n
@@ -901,7 +1018,7 @@ class LazyRanks(Sequence[tuple[WorkerChunks, ...]]):
             raise IndexError(rank)
         found = self._done.get(rank)
         if found is None:
-            found = self._plan(rank)
+            found = self._plan(rank).assignments()
             self._done[rank] = found
         return found
 

@@ -598,6 +598,22 @@ class FileTable(Mapping[str, FileInfo]):
         self._seen[path] = i  # the paths of chunks built here are the ones looked up later
         return path
 
+    def paths_of(self, ids: Array) -> list[str]:
+        """The paths of files ``ids`` (:meth:`path` of each, in bulk)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self._infos is not None:
+            infos = self._infos
+            return [infos[i].path for i in ids.tolist()]
+        view = self.paths_blob.data  # a memoryview: slices without numpy's overhead
+        out = [
+            str(view[lo:hi], "utf-8")
+            for lo, hi in zip(
+                self.path_offsets[ids].tolist(), self.path_offsets[ids + 1].tolist(), strict=True
+            )
+        ]
+        self._seen.update(zip(out, ids.tolist(), strict=True))
+        return out
+
     def index(self, path: str) -> int:
         """The id of the file at ``path``.
 

@@ -473,7 +473,7 @@ class PlannedDataset(IterableDataset[Any]):
         if self.world.num_ranks <= REPORT_MAX_RANKS:
             report_plan(
                 self.plan(0),
-                self._files,
+                self._table,
                 rank=self.world.rank,
                 shuffle=shuffle.shuffle,
                 row_window=shuffle.rows_mixed,

@@ -32,6 +32,7 @@ from torch_dataloader_utils.plan.summary import (
     summarize_files,
     summarize_plan,
 )
+from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import EpochPlan, FileInfo
 
 __all__ = ["describe_files", "describe_plan", "log_files", "report_plan", "size"]
@@ -109,7 +110,7 @@ def describe_plan(summary: PlanSummary) -> str:
 
 def report_plan(
     plan: EpochPlan,
-    files: Sequence[FileInfo],
+    files: FileTable | Sequence[FileInfo],
     *,
     rank: int,
     shuffle: bool,
@@ -119,6 +120,7 @@ def report_plan(
 ) -> list[str]:
     """Log ``plan``'s summary (INFO) and its layout issues (WARNING), on rank 0.
 
+    ``files``: the dataset's files (a :class:`FileTable` is summarized from its columns).
     Returns the warning messages (empty on other ranks).
     """
     if rank != 0:

@@ -1,19 +1,24 @@
-"""Files are read as they were planned: their size and modification time are checked on open.
+"""Files are read as they were planned: their size and modification time are checked on read.
 
 A plan holds row-group indices, row ranges and byte offsets taken from a file's metadata
 when the dataset was built. If the file is rewritten afterwards (other row groups, more
 or fewer rows, another column type), those numbers describe a file that no longer
 exists: read blindly, rows are lost, duplicated or mis-typed without an error. So every
-reader calls :func:`check_unchanged` when it opens a file, and a file whose size or
-modification time differs from the planned ones raises :class:`FileChangedError`.
+reader keeps a :class:`FileChecks` and calls :meth:`FileChecks.check` before it reads a
+chunk: a file whose size or modification time differs from the planned ones raises
+:class:`FileChangedError`, and is not read.
 
-A reader announces the files of its next pass (:func:`schedule_checks`, when a worker
-starts an epoch), so files it keeps open across epochs are checked again. Local files
-cost one ``stat`` there and on every open. Remote files cost a metadata request (a HEAD
-on S3): they are checked concurrently while the reader reads, and each open waits for
-its file's answer; a file no pass announced is checked once per process. Object stores
-report modification times in whole seconds on some calls, so remote times are compared
-to the second; the size exactly.
+A reader announces the files of its next pass, in reading order
+(:meth:`FileChecks.schedule`, when a worker starts an epoch). Each file is checked once
+per pass, before its first chunk of the pass is read, so files a reader keeps open
+across passes are checked again. Local files cost one ``stat`` at that first read.
+Remote files cost a metadata request (a HEAD on S3): they are checked concurrently,
+:data:`CHECKS_AHEAD` files ahead of the reads in the announced order (more are sent as
+files are read, so a pass of 100,000 files starts as fast as one of 100), and a read
+waits for its file's answer; a file read before its check was sent (or that no pass
+announced) is checked then, once per pass. Object stores report modification times in
+whole seconds on some calls, so remote times are compared to the second; the size
+exactly.
 """
 
 from __future__ import annotations
@@ -21,23 +26,25 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow.fs as pafs
 
 from torch_dataloader_utils.errors import FileChangedError, ReadError
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 
-__all__ = ["check_size", "check_unchanged", "current_state", "mtime_of", "schedule_checks"]
+__all__ = ["CHECKS_AHEAD", "CHECK_THREADS", "FileChecks", "check_size", "current_state", "mtime_of"]
 
 CHECK_THREADS = 8
-"""Remote files checked at once by :func:`schedule_checks`."""
+"""Remote files checked at once per process."""
 
-_Key = tuple[int, str, str, int, float | None]
-_CHECKS: dict[_Key, Future[None]] = {}
-_LOCK = threading.Lock()
+CHECKS_AHEAD = 4 * CHECK_THREADS
+"""Remote files of a pass checked ahead of the reads, at most, per reader: enough to keep
+the threads busy while the reads catch up, few enough that a pass starts at once."""
+
+_POOL_LOCK = threading.Lock()
 _POOL: list[tuple[int, ThreadPoolExecutor]] = []
 
 
@@ -84,81 +91,170 @@ def _when(mtime: float | None) -> str:
     return _dt.datetime.fromtimestamp(mtime, tz=_dt.UTC).isoformat(timespec="microseconds")
 
 
+def _after_fork() -> None:
+    global _POOL_LOCK  # a thread of the parent may have held it at the fork
+    _POOL_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def _pool() -> ThreadPoolExecutor:
     pid = os.getpid()
-    if not _POOL or _POOL[0][0] != pid:  # none yet, or inherited over a fork: a new one
-        _POOL[:] = [(pid, ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="tdu-check"))]
-    return _POOL[0][1]
+    with _POOL_LOCK:
+        if not _POOL or _POOL[0][0] != pid:  # none yet, or inherited over a fork: a new one
+            _POOL[:] = [(pid, ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="tdu-check"))]
+        return _POOL[0][1]
 
 
-def schedule_checks(
-    fs: FileSystemSpec, files: Iterable[Any], on_request: Callable[[], None] | None = None
-) -> None:
-    """Check the ``files`` (``FileInfo``) a reader is about to read in its next pass.
+class _Planned(Protocol):
+    """What a check needs of a planned file (a ``FileInfo``)."""
 
-    Every file is checked again: a new pass may follow a rewrite, and readers keep a few
-    files open across passes. Local files are checked here, one ``stat`` each; remote
-    files concurrently, each open then waiting for its own answer in
-    :func:`check_unchanged`. ``on_request`` is called once per remote metadata request
-    answered (the metrics count them).
+    @property
+    def size(self) -> int: ...
 
-    Raises:
-        FileChangedError: a local file changed (remote ones raise when opened).
-    """
-    if fs.is_local:
-        for info in {f.path: f for f in files}.values():
-            _check_now(fs, info.path, info.size, info.mtime)
-        return
-    pid = os.getpid()
-    with _LOCK:
-        pool = _pool()
-        for info in {f.path: f for f in files}.values():
-            key = (pid, fs.protocol, info.path, info.size, info.mtime)
-            _CHECKS[key] = pool.submit(_check_now, fs, info.path, info.size, info.mtime, on_request)
+    @property
+    def mtime(self) -> float | None: ...
 
 
-def check_unchanged(
-    fs: FileSystemSpec,
-    path: str,
-    size: int,
-    mtime: float | None,
-    on_request: Callable[[], None] | None = None,
-) -> None:
-    """Raise :class:`FileChangedError` when ``path`` is no longer the file that was planned.
+_OK = object()
+"""A file checked in this pass and found unchanged."""
+
+
+class FileChecks:
+    """Checks that the files one reader reads are still the planned ones (see the module).
+
+    One per reader; it holds only values when pickled to a DataLoader worker, and keeps
+    its pass in the process that reads (a process forked with a pass starts clean). Safe
+    to call from several threads.
 
     Args:
-        fs: The file's filesystem.
-        path: The file.
-        size: Its size in bytes when the dataset was built.
-        mtime: Its modification time then, or ``None`` when the storage gave none
-            (then only the size is compared).
-        on_request: Called when a remote metadata request is made here and answered
-            (a file no pass announced).
-
-    Raises:
-        FileChangedError: the size or modification time differs (both values named).
-        FileChangedError: the file was deleted.
-        ReadError: the storage could not be asked (file named, cause included).
+        fs: The files' filesystem.
+        files: The planned files by path (their ``size`` and ``mtime``).
+        ahead: Remote files checked ahead of the reads, at most (:data:`CHECKS_AHEAD`).
     """
-    if fs.is_local:
-        _check_now(fs, path, size, mtime)
-        return
-    key = (os.getpid(), fs.protocol, path, size, mtime)
-    with _LOCK:
-        check = _CHECKS.get(key)
-        if check is None:  # not announced: checked now, once in this process
-            check = _CHECKS[key] = Future()
-            owner = True
-        else:
-            owner = False
-    if owner:
-        try:
-            _check_now(fs, path, size, mtime, on_request)
-        except BaseException as exc:
-            check.set_exception(exc)
-            raise
-        check.set_result(None)
-    check.result()
+
+    def __init__(self, fs: FileSystemSpec, files: Mapping[str, _Planned], ahead: int = CHECKS_AHEAD) -> None:
+        if ahead < 1:
+            raise ValueError(f"ahead must be >= 1, got {ahead}")
+        self.fs = fs
+        self._files = files
+        self._ahead = ahead
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        # This pass: each file checked (_OK), being checked (its Future), or failed (its Future).
+        self._done: dict[str, Any] = {}
+        self._sent: set[str] = set()  # checks sent ahead whose file is not read yet
+        self._order: Iterator[str] | None = None  # the pass's files not yet sent, in order
+        self._on_request: Callable[[], None] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"fs": self.fs, "_files": self._files, "_ahead": self._ahead}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def _check_process(self) -> None:
+        if self._pid != os.getpid():
+            self._reset()
+
+    def schedule(self, paths: Iterable[str], on_request: Callable[[], None] | None = None) -> None:
+        """Start a pass: the files about to be read, in reading order (repeats allowed).
+
+        Every file of the pass is checked again, since a new pass may follow a rewrite.
+        ``paths`` is consumed as reading goes (remote files) or not at all (local files:
+        each is checked when first read). ``on_request`` is called once per remote
+        metadata request answered (the metrics count them).
+        """
+        self._check_process()
+        with self._lock:
+            for path in self._sent:  # the last pass's checks not read: not needed any more
+                check = self._done.get(path)
+                if isinstance(check, Future):
+                    check.cancel()
+            self._done = {}
+            self._sent = set()
+            self._order = None if self.fs.is_local else iter(paths)
+            self._on_request = on_request
+            self._send()
+
+    def _send(self) -> None:
+        """Send checks of the pass's next files until :attr:`_ahead` are out (under the lock)."""
+        order = self._order
+        if order is None:
+            return
+        pool: ThreadPoolExecutor | None = None
+        while len(self._sent) < self._ahead:
+            path = next(order, None)
+            if path is None:
+                self._order = None
+                return
+            if path in self._done:
+                continue
+            planned = self._files[path]
+            if pool is None:
+                pool = _pool()
+            self._done[path] = pool.submit(
+                _check_now, self.fs, path, planned.size, planned.mtime, self._on_request
+            )
+            self._sent.add(path)
+
+    def check(
+        self, path: str, size: int, mtime: float | None, on_request: Callable[[], None] | None = None
+    ) -> None:
+        """Raise :class:`FileChangedError` when ``path`` is no longer the file that was planned.
+
+        Called before every read of a chunk of ``path``: the file is checked at its
+        first read of the pass (or waited for, when its check was sent ahead); later
+        reads in the pass cost a dictionary lookup.
+
+        Args:
+            path: The file.
+            size: Its size in bytes when the dataset was built.
+            mtime: Its modification time then, or ``None`` when the storage gave none
+                (then only the size is compared).
+            on_request: Called when a remote metadata request is made here and answered
+                (a file read before its check was sent ahead).
+
+        Raises:
+            FileChangedError: the size or modification time differs (both values named).
+            FileChangedError: the file was deleted.
+            ReadError: the storage could not be asked (file named, cause included).
+        """
+        self._check_process()
+        done = self._done
+        found = done.get(path)
+        if found is _OK:
+            return
+        if self.fs.is_local:  # one stat, no thread: a race only checks twice
+            _check_now(self.fs, path, size, mtime)
+            done[path] = _OK
+            return
+        owner = False
+        with self._lock:
+            found = self._done.get(path)
+            if found is None:
+                found = self._done[path] = Future()
+                owner = True
+            self._sent.discard(path)
+            self._send()
+        if found is _OK:
+            return
+        if owner:
+            try:
+                _check_now(self.fs, path, size, mtime, on_request)
+            except BaseException as exc:
+                found.set_exception(exc)
+                raise
+            found.set_result(None)
+        found.result()  # raises the check's error, on every read of the file in this pass
+        with self._lock:
+            if self._done.get(path) is found:
+                self._done[path] = _OK
 
 
 def _check_now(

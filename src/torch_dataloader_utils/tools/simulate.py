@@ -59,7 +59,7 @@ from torch_dataloader_utils.runtime.calibrate import (
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.emit import FIRST_GROUP_BATCHES, GROUP_BYTES
 from torch_dataloader_utils.runtime.report import size
-from torch_dataloader_utils.storage.identity import CHECK_THREADS
+from torch_dataloader_utils.storage.identity import CHECK_THREADS, CHECKS_AHEAD
 from torch_dataloader_utils.tools.plan import PlanView, plan_of
 from torch_dataloader_utils.tools.source import Source, open_dataset
 from torch_dataloader_utils.transfer import pack_group
@@ -396,18 +396,30 @@ def simulate_worker(
     loop once ``first_rows`` rows are decoded (or its chunks end). Receiving a chunk's
     bytes costs the worker ``bytes / storage.receive_rate`` beside decoding; the first
     chunk fetched of a file costs ``footer_sec`` when it is fetched. Remote files
-    (``latency_sec > 0``) are checked once per pass, :data:`CHECK_THREADS` at once from
-    the start; a chunk is opened once its file's check answered.
+    (``latency_sec > 0``) are checked once per pass, :data:`CHECK_THREADS` at once: the
+    first :data:`CHECKS_AHEAD` files at the start, each next one when a file is first
+    opened; a chunk is opened once its file's check answered.
     """
     threads = [start] * max(1, storage.concurrency)
     heapq.heapify(threads)
     ready: dict[int, float] = {}
     fetched = [sum(r) for r in requests]
     receive = math.isfinite(storage.receive_rate) and storage.receive_rate > 0
+    remote = storage.latency_sec > 0
+    order = list(dict.fromkeys(c.path for c in chunks)) if remote else []
     checked: dict[str, float] = {}
-    if storage.latency_sec > 0:
-        for path in dict.fromkeys(c.path for c in chunks):
-            checked[path] = start + (len(checked) // CHECK_THREADS + 1) * storage.request_sec(0)
+    checkers = [start] * CHECK_THREADS
+
+    def send_check(k: int, at: float) -> None:
+        """Send the check of the pass's ``k``-th file at ``at`` (if it has a file, not sent yet)."""
+        if k < len(order) and order[k] not in checked:
+            done = max(at, heapq.heappop(checkers)) + storage.request_sec(0)
+            heapq.heappush(checkers, done)
+            checked[order[k]] = done
+
+    for k in range(min(CHECKS_AHEAD, len(order))):
+        send_check(k, start)
+    unread = {path: k for k, path in enumerate(order)}
     parsed: set[str] = set()
 
     def submit(i: int, at: float) -> float:
@@ -438,6 +450,11 @@ def simulate_worker(
             opened = submit(j, opened)
             pending += fetched[j]
             j += 1
+        k = unread.pop(chunk.path, -1)
+        if k >= 0:  # the file's first read of the pass: one more check goes out
+            if chunk.path not in checked:  # read before its check was sent: checked now
+                checked[chunk.path] = opened + storage.request_sec(0)
+            send_check(k + CHECKS_AHEAD, opened)
         t = max(opened, ready[i], checked.get(chunk.path, 0.0))
         wait += t - opened
         rows = chunk.num_rows or 0
