@@ -201,7 +201,7 @@ class StructuredDataset(PlannedDataset):
         found, issue = count_filtered(found, options.counts_rows, options.counting.count_rows)
         where = found.fs.display(_first(path))
         log_files(
-            found.files,
+            found.table if found.table is not None else found.files,
             f"found {len(found.files):,} {source.format.value} files under {where!r}",
             found.schema,
             _partition_names(found),

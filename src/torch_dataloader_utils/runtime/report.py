@@ -71,7 +71,11 @@ def describe_files(summary: FileSummary, what: str) -> str:
 
 
 def log_files(
-    files: Sequence[FileInfo], what: str, schema: pa.Schema, partitions: Sequence[str] = (), rank: int = 0
+    files: FileTable | Sequence[FileInfo],
+    what: str,
+    schema: pa.Schema,
+    partitions: Sequence[str] = (),
+    rank: int = 0,
 ) -> FileSummary | None:
     """Log what discovery found (rank 0, INFO); returns the summary when it logged."""
     if rank != 0 or not log.isEnabledFor(logging.INFO):
