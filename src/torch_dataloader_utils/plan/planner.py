@@ -660,12 +660,21 @@ def _own(share: _ShareRows, quota: int) -> list[Part]:
     """The share's parts a rank keeps: items up to the quota (and items of no rows)."""
     take = np.minimum(np.maximum(quota - share.before, 0), share.kept)
     zero = share.rows == 0
+    chosen = np.flatnonzero(zero | (take > 0))
+    table = share.table
     out: list[Part] = []
-    for k in np.flatnonzero(zero | (take > 0)).tolist():
-        if zero[k]:
-            out.append(Part(share.table, int(share.index[k]), 0, 0))
+    # One pass over plain ints: an item the span does not cut (most) is one part [0, take).
+    for k, i, n, cut in zip(
+        chosen.tolist(),
+        share.index[chosen].tolist(),
+        np.where(zero[chosen], 0, take[chosen]).tolist(),
+        (share.cut_hi[chosen] - share.cut_lo[chosen]).tolist(),
+        strict=True,
+    ):
+        if n == 0 or cut == 0:
+            out.append(Part(table, i, 0, n))
         else:
-            out.extend(_live(share, k, 0, int(take[k])))
+            out.extend(_live(share, k, 0, n))
     return out
 
 
