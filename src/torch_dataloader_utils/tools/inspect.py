@@ -206,7 +206,7 @@ def recommend(
 def inspect_dataset(request: InspectRequest) -> Inspection:
     """Build the dataset (metadata only) and describe it."""
     dataset = open_dataset(request.source, num_ranks=request.num_ranks, num_workers=request.num_workers)
-    files = summarize_files(dataset.files)
+    files = summarize_files(dataset.file_table)
     view = plan_of(dataset, 0, max(1, request.num_workers))
     shuffle = dataset.options.shuffle
     issues = layout_issues(

@@ -118,7 +118,7 @@ def compute(request: PlanRequest) -> PlanResult:
     """Build the dataset and the plans of the requested epochs."""
     workers = max(1, request.num_workers)
     dataset = open_dataset(request.source, num_ranks=request.num_ranks, num_workers=request.num_workers)
-    files = summarize_files(dataset.files)
+    files = summarize_files(dataset.file_table)
     shuffle = dataset.options.shuffle
     views, issues = [], []
     for epoch in range(request.epoch, request.epoch + request.epochs):
@@ -208,7 +208,7 @@ def render_text(request: PlanRequest, result: PlanResult) -> str:
     lines = [
         f"plan of {request.source.describe()} for {first.num_ranks:,} ranks x {first.num_workers} workers",
         f"options: {_options_line(dataset)}",
-        describe_files(summarize_files(dataset.files), _count(len(dataset.files), "file")),
+        describe_files(summarize_files(dataset.file_table), _count(len(dataset.files), "file")),
     ]
     for view, issues in zip(result.views, result.issues, strict=True):
         s = view.summary
@@ -296,7 +296,7 @@ def _chunk_json(c: Chunk) -> dict[str, Any]:
 def render_json(request: PlanRequest, result: PlanResult) -> str:
     """Everything, for machines: options, files, and per epoch the summary, issues and every chunk."""
     dataset = result.dataset
-    files = summarize_files(dataset.files)
+    files = summarize_files(dataset.file_table)
     epochs = []
     for view, issues in zip(result.views, result.issues, strict=True):
         s = view.summary
