@@ -275,8 +275,11 @@ def test_on_open_stops_on_a_file_rewritten_since(data: Path, tmp_path: Path) -> 
     os.replace(tmp_path / "new" / "part-0001.parquet", data / "part-0001.parquet")
     ds, requests, notes = _build(data, cache, metadata_cache_check="on_open")
     assert (requests, notes) == (0, [])  # trusted: nothing was listed
-    with pytest.raises(FileChangedError, match=r"part-0001\.parquet.* changed after the dataset was built"):
+    with pytest.raises(
+        FileChangedError, match=r"part-0001\.parquet.* changed after the dataset was built"
+    ) as err:
         _ids(ds)
+    assert "build it with metadata_cache_check='listing'" in str(err.value)  # the way out of a stale cache
     # The default check lists, sees the change and reads the footers again.
     ds, _, notes = _build(data, cache)
     assert len(notes) == 1

@@ -272,7 +272,7 @@ def _check_now(
     except FileNotFoundError as exc:
         raise FileChangedError(
             f"{fs.display(path)!r} was deleted after the dataset was built (it was {size} bytes); "
-            "build the dataset again to plan the files that exist now"
+            f"build the dataset again to plan the files that exist now{_CACHE_HINT}"
         ) from exc
     except OSError as exc:
         raise ReadError(
@@ -288,8 +288,15 @@ def _check_now(
             f"modified {_when(mtime)}, when planned, and is {now_size} bytes, modified "
             f"{_when(now_mtime)}, now. The plan's row groups and offsets no longer describe "
             "it, so it is not read; build the dataset again (create_dataloader / "
-            "StructuredDataset) to plan the new contents"
+            f"StructuredDataset) to plan the new contents{_CACHE_HINT}"
         )
+
+
+_CACHE_HINT = (
+    " (a dataset built with metadata_cache_check='on_open' trusts its metadata cache: build it "
+    "with metadata_cache_check='listing', which lists the files and rewrites a stale cache, or "
+    "delete the cache file)"
+)
 
 
 def check_size(display: str, planned: int, now: int) -> None:
