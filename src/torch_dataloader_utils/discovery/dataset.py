@@ -322,7 +322,6 @@ class _Head:
         note: Why the cache was ignored, when it was.
         manifest: ``(filesystem, root, manifest)`` of a resharded directory read from
             its manifest (then nothing else is set: no listing, no footers, no cache).
-        trusted: The listing is the cache's own (``metadata_cache_check="on_open"``).
     """
 
     listing: bytes
@@ -330,7 +329,6 @@ class _Head:
     cached: bytes | None
     note: str | None
     manifest: tuple[FileSystemSpec, str, Manifest] | None = None
-    trusted: bool = False
 
 
 def _cache_spec(
@@ -399,7 +397,7 @@ def _trusted_head(cache: tuple[FileSystemSpec, str], key: CacheKey, fetch: Fetch
         LISTING_SCHEMA
     )
     kept = table.drop_columns(list(_LISTING_COLUMNS))
-    return _Head(to_ipc(listing), loaded.first_footer, to_ipc(kept), None, trusted=True)
+    return _Head(to_ipc(listing), loaded.first_footer, to_ipc(kept), None)
 
 
 def _discover_parquet(

@@ -257,6 +257,13 @@ class FileChecks:
                 self._done[path] = _OK
 
 
+_CACHE_HINT = (
+    " (a dataset built with metadata_cache_check='on_open' trusts its metadata cache: build it "
+    "with metadata_cache_check='listing', which lists the files and rewrites a stale cache, or "
+    "delete the cache file)"
+)
+
+
 def _check_now(
     fs: FileSystemSpec,
     path: str,
@@ -290,13 +297,6 @@ def _check_now(
             "it, so it is not read; build the dataset again (create_dataloader / "
             f"StructuredDataset) to plan the new contents{_CACHE_HINT}"
         )
-
-
-_CACHE_HINT = (
-    " (a dataset built with metadata_cache_check='on_open' trusts its metadata cache: build it "
-    "with metadata_cache_check='listing', which lists the files and rewrites a stale cache, or "
-    "delete the cache file)"
-)
 
 
 def check_size(display: str, planned: int, now: int) -> None:
