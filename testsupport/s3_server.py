@@ -119,7 +119,9 @@ def start_seaweedfs(workdir: Path) -> tuple[S3Server, Callable[[], None]] | str:
     ports = dict(zip(names, free_ports(len(names)), strict=True))
     args = [exe, "mini", f"-dir={workdir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-bucket={BUCKET}"]
     args += [f"-{name}={port}" for name, port in ports.items()]
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET}
+    # TMPDIR: weed mini makes a scratch folder of its own in the temp dir and leaves it
+    # behind; inside workdir it goes when the server stops.
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "TMPDIR": str(workdir)}
     log = open(workdir / "weed.log", "wb")  # noqa: SIM115 - closed by stop()
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     endpoint = f"http://127.0.0.1:{ports['s3.port']}"
