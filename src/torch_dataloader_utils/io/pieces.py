@@ -16,9 +16,11 @@ are exact, else at its start, skipping what was emitted.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import with_flag
@@ -27,7 +29,7 @@ from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.shuffle import permutation
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo
 
-__all__ = ["MIX_WORKER_READ_ROWS", "piece_reads", "read_piece"]
+__all__ = ["MIX_WORKER_READ_ROWS", "Gather", "piece_reads", "read_piece", "read_piece_items"]
 
 MIX_WORKER_READ_ROWS = 32768
 """Rows per decoded batch of a mix's streams in DataLoader workers, for readers that can
@@ -35,6 +37,58 @@ choose (``with_read_rows``). With several streams read side by side, half the us
 65,536-row batches measured about 30 % less CPU in workers (fewer fresh large
 allocations: less system time) and halve the rows a mix holds; in the main process the
 usual size measured about 7 % faster (docs/benchmarks.md, row mixing)."""
+
+ROUND_POOL = pa.system_memory_pool()
+"""Where a mix's rounds are gathered: the C library's allocator, not Arrow's default pool.
+A mix allocates a round's columns (about 1 MB per 32,768 rows) and frees them a round
+later; from Arrow's default pool (mimalloc) that pattern measured twice the system time
+and 10 % more wall time per shuffled read. A window's one large gather stays in the
+default pool, which measured faster for it (docs/benchmarks.md, row mixing)."""
+
+WINDOW_YIELD_ROWS = 65536
+"""Rows per batch a shuffled window is cut into (zero-copy slices of its gather; cut to
+``batch_size`` later)."""
+
+
+def _gather(table: pa.Table, order: np.ndarray, pool: pa.MemoryPool | None = None) -> pa.Table:
+    """``table``'s rows in ``order``: one ``take`` into ``pool``, one chunk per column."""
+    return pc.take(table, pa.array(order), memory_pool=pool).combine_chunks(memory_pool=pool)
+
+
+@dataclass(frozen=True, slots=True)
+class Gather:
+    """Rows read but not yet gathered: a mix's round or a shuffled window.
+
+    :func:`read_piece_items` hands these on instead of gathering them itself, so that
+    when batches are decoded ahead (:mod:`~torch_dataloader_utils.io.ahead`) the thread
+    that converts the batches gathers them while the reading thread decodes the next
+    rows: the two costs overlap instead of adding up in one thread.
+
+    Attributes:
+        table: The rows read (zero-copy slices of the decoded batches).
+        order: Which rows of ``table``, in which order, are gathered.
+        spans: ``(offset, length)`` ranges of the gathered rows, in emission order.
+        pool: The memory pool the gather allocates from (``None``: Arrow's default).
+        max_rows: Rows per batch at most.
+    """
+
+    table: pa.Table
+    order: np.ndarray
+    spans: tuple[tuple[int, int], ...]
+    pool: pa.MemoryPool | None = None
+    max_rows: int | None = None
+
+    @property
+    def num_rows(self) -> int:
+        """Rows the gathered batches hold."""
+        return sum(length for _, length in self.spans)
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """Gather (one ``take``), then yield the spans as zero-copy batches."""
+        taken = _gather(self.table, self.order, self.pool)
+        for offset, length in self.spans:
+            if length:
+                yield from taken.slice(offset, length).to_batches(max_chunksize=self.max_rows)
 
 
 def read_piece(
@@ -48,12 +102,44 @@ def read_piece(
 ) -> Iterator[pa.RecordBatch]:
     """Yield a piece's rows in its emission order, restricted to ``[lo, hi)``.
 
+    The arguments are :func:`read_piece_items`'; its gathers are done here.
+    """
+    items = read_piece_items(
+        reader,
+        piece,
+        flag_column=flag_column,
+        batch_size=batch_size,
+        files=files,
+        mix_read_rows=mix_read_rows,
+    )
+    for item in items:
+        if isinstance(item, Gather):
+            yield from item.batches()
+        else:
+            yield item
+
+
+def read_piece_items(
+    reader: ChunkReader,
+    piece: Piece,
+    *,
+    flag_column: str | None = None,
+    batch_size: int = 65536,
+    files: Mapping[str, FileInfo] | None = None,
+    mix_read_rows: int | None = None,
+) -> Iterator[pa.RecordBatch | Gather]:
+    """A piece's rows in its emission order, restricted to ``[lo, hi)``, as items.
+
+    Batches, and the shuffles' rows as :class:`Gather` items, gathered by whoever
+    takes them.
+
     Args:
         reader: Reads one chunk.
         piece: What to read.
         flag_column: When set, a boolean column of that name marks each chunk's
             ``padding`` (``equal_batches='pad'``).
-        batch_size: Largest batch yielded from a window or a mix.
+        batch_size: The loader's batch size: a window's rows are cut into batches of
+            ``max(batch_size, WINDOW_YIELD_ROWS)`` rows.
         files: The files by path, given when row counts are exact (no uncounted row
             filter): a continued mix then starts reading at its cursor's round.
         mix_read_rows: Rows per decoded batch of a mix's streams, for readers that can
@@ -82,8 +168,8 @@ def read_piece(
     order = order[piece.lo : piece.hi]
     if not len(order):
         return
-    shuffled = table.take(order.astype(np.int64, copy=False))
-    yield from shuffled.to_batches(max_chunksize=batch_size)
+    order = order.astype(np.int64, copy=False)
+    yield Gather(table, order, ((0, len(order)),), max_rows=max(batch_size, WINDOW_YIELD_ROWS))
 
 
 def _rows_between(batches: Iterator[pa.RecordBatch], lo: int, hi: int | None) -> Iterator[pa.RecordBatch]:
@@ -181,7 +267,7 @@ def _read_mix(
     flag_column: str | None,
     batch_size: int,
     files: Mapping[str, FileInfo] | None,
-) -> Iterator[pa.RecordBatch]:
+) -> Iterator[Gather]:
     schedule = _schedule(piece)
     index, emitted = _start(piece, schedule, files)
 
@@ -202,14 +288,12 @@ def _read_mix(
             return
         start, stop = max(lo - emitted, 0), size if hi is None else min(size, hi - emitted)
         if start < stop:
-            yield from _round(parts, *schedule.rotation(index, lengths), start, stop)
+            yield _round(parts, *schedule.rotation(index, lengths), start, stop)
         emitted += size
         index += 1
 
 
-def _round(
-    parts: list[pa.RecordBatch], base: np.ndarray, shift: int, start: int, stop: int
-) -> Iterator[pa.RecordBatch]:
+def _round(parts: list[pa.RecordBatch], base: np.ndarray, shift: int, start: int, stop: int) -> Gather:
     """Rows ``[start, stop)`` of a round that emits ``base[shift:] + base[:shift]`` of its pool.
 
     The pool (the streams' slices) is gathered once in ``base`` order, one ``take``
@@ -217,13 +301,9 @@ def _round(
     caller cuts ``batch_size`` batches without copying (but at the two seams).
     """
     size = len(base)
+    table = pa.Table.from_batches(parts)
     if start == 0 and stop == size:
-        taken = pa.Table.from_batches(parts).take(base).combine_chunks()
-        pieces = [(shift, size - shift), (0, shift)]
-    else:  # a partly read round (resume, equal-batch cut): gather only its rows
-        wanted = np.concatenate((base[shift:], base[:shift]))[start:stop]
-        taken = pa.Table.from_batches(parts).take(wanted).combine_chunks()
-        pieces = [(0, stop - start)]
-    for offset, length in pieces:
-        if length:
-            yield from taken.slice(offset, length).to_batches()
+        return Gather(table, base, ((shift, size - shift), (0, shift)), ROUND_POOL)
+    # a partly read round (resume, equal-batch cut): gather only its rows
+    wanted = np.concatenate((base[shift:], base[:shift]))[start:stop]
+    return Gather(table, wanted, ((0, stop - start),), ROUND_POOL)

@@ -640,10 +640,12 @@ class PlannedDataset(IterableDataset[Any]):
             watch_parent()
         epoch = self.epoch
         pieces = self._worker_pieces(slot, epoch)
+        # Workers that already fill this rank's CPUs decode in their own thread, and
+        # only when asked; with a CPU to spare, batches are decoded ahead of the caller.
+        spare = slot.count < env.cpus_per_rank() if slot.in_worker else env.cpus_per_rank() > 1
         use_threads = getattr(self._reader, "use_threads", None)
         if slot.in_worker and use_threads is not None:
-            # Workers that already fill this rank's CPUs decode in their own thread.
-            use_threads(slot.count < env.cpus_per_rank())
+            use_threads(spare)
         files = None if self._row_count_issue else self._table
         batching = self._options.batching
         flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
@@ -653,7 +655,7 @@ class PlannedDataset(IterableDataset[Any]):
             schedule([c for piece in pieces for c in piece_reads(piece, files)])
         positions = Positions(self._state.token, slot.id, slot.count, rank=self.world.rank)
         mix_rows = MIX_WORKER_READ_ROWS if slot.in_worker else None
-        read = positions.read(self._reader, pieces, flag, batching.batch_size, files, mix_rows)
+        read = positions.read(self._reader, pieces, flag, batching.batch_size, files, mix_rows, ahead=spare)
         batches = rebatch(read, batching.batch_size, batching.drop_last)
         tagging = self._state.tagging
         if slot.in_worker and tagging:

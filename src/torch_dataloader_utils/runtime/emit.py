@@ -16,7 +16,6 @@ after its last group a worker sends one more item, with no batch, holding the re
 from __future__ import annotations
 
 import bisect
-import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -24,8 +23,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from torch_dataloader_utils.io.ahead import read_ahead
 from torch_dataloader_utils.io.base import ChunkReader
-from torch_dataloader_utils.io.pieces import read_piece
+from torch_dataloader_utils.io.pieces import Gather, read_piece_items
 from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.runtime.state import Tagged
@@ -84,40 +84,66 @@ class Positions:
         batch_size: int,
         files: Mapping[str, FileInfo] | None = None,
         mix_read_rows: int | None = None,
+        ahead: bool = False,
     ) -> Iterator[pa.RecordBatch]:
         """The pieces' batches, in order, counting the rows read before each piece.
 
         ``files`` (given when row counts are exact) and ``mix_read_rows``: see
-        :func:`~torch_dataloader_utils.io.pieces.read_piece`.
+        :func:`~torch_dataloader_utils.io.pieces.read_piece`. With ``ahead``, the pieces
+        are read by a background thread a few items ahead of the caller
+        (:func:`~torch_dataloader_utils.io.ahead.read_ahead`), and the shuffles' gathers
+        (:class:`~torch_dataloader_utils.io.pieces.Gather`) are done in the caller's
+        thread, beside the reading. The rows are counted as the caller takes them, so
+        the tags are the same either way.
         """
         debug = log.isEnabledFor(logging.DEBUG)
 
-        def counted(piece: Piece) -> Iterator[pa.RecordBatch]:
-            self._starts.append(self._read)
-            began = time.perf_counter() if debug else 0.0
-            batches = read_piece(
-                reader,
-                piece,
-                flag_column=flag_column,
-                batch_size=batch_size,
-                files=files,
-                mix_read_rows=mix_read_rows,
-            )
-            for batch in batches:
+        def produce() -> Iterator[tuple[int, pa.RecordBatch | Gather]]:
+            for index, piece in enumerate(pieces):
+                items = read_piece_items(
+                    reader,
+                    piece,
+                    flag_column=flag_column,
+                    batch_size=batch_size,
+                    files=files,
+                    mix_read_rows=mix_read_rows,
+                )
+                for item in items:
+                    yield index, item
+
+        began = time.perf_counter() if debug else 0.0
+
+        def reach(index: int) -> None:
+            """Count pieces up to ``index`` as begun (pieces with no rows too)."""
+            nonlocal began
+            while len(self._starts) <= index:
+                if debug and self._starts:
+                    self._log_piece(pieces, began)
+                    began = time.perf_counter()
+                self._starts.append(self._read)
+
+        items = read_ahead(produce(), name=f"read-ahead-w{self.worker}") if ahead else produce()
+        for index, item in items:
+            reach(index)
+            for batch in item.batches() if isinstance(item, Gather) else (item,):
                 self._read += batch.num_rows
                 yield batch
-            if debug:
-                log.debug(
-                    "rank %d worker %d read piece %d: %s, %d rows in %.3f s",
-                    self.rank,
-                    self.worker,
-                    len(self._starts) - 1,
-                    _describe(piece),
-                    self._read - self._starts[-1],
-                    time.perf_counter() - began,
-                )
+        reach(len(pieces) - 1)
+        if debug and pieces:
+            self._log_piece(pieces, began)
 
-        return itertools.chain.from_iterable(counted(p) for p in pieces)
+    def _log_piece(self, pieces: Sequence[Piece], began: float) -> None:
+        """The DEBUG record of the last piece begun, once it is read."""
+        index = len(self._starts) - 1
+        log.debug(
+            "rank %d worker %d read piece %d: %s, %d rows in %.3f s",
+            self.rank,
+            self.worker,
+            index,
+            _describe(pieces[index]),
+            self._read - self._starts[index],
+            time.perf_counter() - began,
+        )
 
     def tag(self, rows: int, nbytes: int = 0) -> Tag:
         """The position after a yielded batch of ``rows`` rows (and ``nbytes`` Arrow bytes)."""
