@@ -685,9 +685,12 @@ def parse_read_ahead(value: object) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class FetchConfig:
-    """How bytes are fetched from remote storage (object stores, any non-local fsspec).
+    """How bytes are fetched from remote storage, and whether batches are decoded ahead.
 
     Attributes:
+        decode_ahead: Whether a process that reads its own batches decodes them on a
+            background thread, a few batches ahead of the loop; ``None`` (automatic)
+            does when the process has a CPU to spare.
         read_ahead_bytes: Memory bound of the bytes of upcoming chunks fetched while the
             current one is decoded; ``0`` fetches a chunk only when it is read.
         retries: Retries of a request that failed with a transient error (HTTP 500/503,
@@ -705,8 +708,14 @@ class FetchConfig:
     retries: int = DEFAULT_RETRIES
     retry_backoff: float = DEFAULT_RETRY_BACKOFF
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    decode_ahead: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.decode_ahead is not None and not isinstance(self.decode_ahead, bool):
+            raise ConfigError(
+                f"decode_ahead={self.decode_ahead!r} must be True, False or None (automatic: "
+                "decode ahead when the reading process has a CPU to spare)"
+            )
         if isinstance(self.read_ahead_bytes, bool) or not isinstance(self.read_ahead_bytes, int):
             raise ConfigError(f"read_ahead_bytes={self.read_ahead_bytes!r} must be an int number of bytes")
         if self.read_ahead_bytes < 0:

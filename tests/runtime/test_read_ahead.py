@@ -95,3 +95,26 @@ def test_state_counts_the_batches_taken_not_those_decoded_ahead(root, stop_after
     again.load_state_dict(states[0])
     rest = [i for b in again for i in b["id"].tolist()]
     assert Counter(first + rest) == Counter(range(TOTAL))
+
+
+@pytest.mark.parametrize(("decode_ahead", "cpus", "expected"), [(False, "all", False), (True, "one", True)])
+def test_decode_ahead_overrides_the_automatic_choice(root, decode_ahead, cpus, expected):
+    before = os.sched_getaffinity(0)
+    if cpus == "one":
+        os.sched_setaffinity(0, {min(before)})
+    try:
+        if cpus == "all" and len(before) < 2:
+            pytest.skip("needs 2 CPUs for the automatic choice to be on")
+        batches, threaded = read(root, shuffle=True, decode_ahead=decode_ahead)
+    finally:
+        os.sched_setaffinity(0, before)
+    assert threaded is expected
+    assert sorted(i for b in batches for i in b) == list(range(TOTAL))
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, 0.5])
+def test_decode_ahead_is_checked(root, bad):
+    from torch_dataloader_utils.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"decode_ahead={bad!r} must be True, False or None"):
+        StructuredDataset(root, decode_ahead=bad)

@@ -646,6 +646,8 @@ class PlannedDataset(IterableDataset[Any]):
         use_threads = getattr(self._reader, "use_threads", None)
         if slot.in_worker and use_threads is not None:
             use_threads(spare)
+        ahead = self._options.fetch.decode_ahead
+        ahead = spare if ahead is None else ahead
         files = None if self._row_count_issue else self._table
         batching = self._options.batching
         flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
@@ -655,7 +657,7 @@ class PlannedDataset(IterableDataset[Any]):
             schedule([c for piece in pieces for c in piece_reads(piece, files)])
         positions = Positions(self._state.token, slot.id, slot.count, rank=self.world.rank)
         mix_rows = MIX_WORKER_READ_ROWS if slot.in_worker else None
-        read = positions.read(self._reader, pieces, flag, batching.batch_size, files, mix_rows, ahead=spare)
+        read = positions.read(self._reader, pieces, flag, batching.batch_size, files, mix_rows, ahead=ahead)
         batches = rebatch(read, batching.batch_size, batching.drop_last)
         tagging = self._state.tagging
         if slot.in_worker and tagging:

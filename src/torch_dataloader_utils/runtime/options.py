@@ -181,6 +181,13 @@ class ReadOptions(TypedDict, total=False):
     (needed by equal batches on several ranks, and by ``len()``). ``None`` (default)
     counts when equal batches need it; ``False`` never counts (then such a setup is a
     clear error)."""
+    decode_ahead: bool | None
+    """Whether a process that reads its own batches (the main process with
+    ``num_workers=0``, or each worker) decodes them on a background thread, at most 2
+    decoded batches ahead, so that decoding overlaps the conversion and the training
+    step. ``None`` (default): when the process has a CPU to spare (the main process
+    with 2+ CPUs per rank; workers fewer than the rank's CPUs). Batches, their order
+    and the resume state are the same either way."""
 
 
 class FileReadOptions(ReadOptions, total=False):
