@@ -38,6 +38,7 @@ def _serve(handle: Callable[[socket.socket], None]) -> Iterator[str]:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(64)
+    server.settimeout(0.05)  # closing a socket does not wake a thread blocked in accept()
     kept: list[socket.socket] = []
     stop = threading.Event()
 
@@ -45,16 +46,21 @@ def _serve(handle: Callable[[socket.socket], None]) -> Iterator[str]:
         while not stop.is_set():
             try:
                 conn, _ = server.accept()
+            except TimeoutError:
+                continue
             except OSError:
                 return
+            conn.settimeout(None)
             kept.append(conn)
             threading.Thread(target=handle, args=(conn,), daemon=True).start()
 
-    threading.Thread(target=accept, daemon=True).start()
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
     try:
         yield f"http://127.0.0.1:{server.getsockname()[1]}"
     finally:
         stop.set()
+        acceptor.join()
         server.close()
         for conn in kept:
             conn.close()
