@@ -7,6 +7,7 @@ The same loop runs
 * fed from memory (every batch already in a list): the floor, no loading at all;
 * fed by ``create_dataloader(num_workers=2)`` (new workers every epoch, and with
   ``persistent_workers=True``), ``shuffle=False`` and ``shuffle=True`` (row mixing),
+* with ``--in-process``, also fed by ``create_dataloader(num_workers=0)``,
 
 over ``--epochs`` epochs (``set_epoch`` each). Reported: wall time over the memory-fed
 loop (target: within 3 %), and the latency from ``iter(loader)`` to the first batch
@@ -166,6 +167,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "columns only) and a DataLoader whose workers yield tiny premade batches (no loading "
         "at all): the floors of any worker-process loader on this machine",
     )
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="also run the loop with num_workers=0 (the loop's own process reads; with a CPU "
+        "to spare, batches are decoded ahead by a thread while the step runs)",
+    )
     args = p.parse_args(argv)
     spec = common.spec_from_args(args)
     files = common.ensure_dataset(spec, args.data_dir)
@@ -179,17 +186,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     memory, _ = create_dataloader(str(data), columns=columns, batch_size=bs, num_workers=0)
     batches = [{k: v.clone() if hasattr(v, "clone") else list(v) for k, v in b.items()} for b in memory]
 
-    variants = {
+    variants: dict[str, dict[str, Any]] = {
         "new workers, shuffle=False": {"persistent_workers": False, "shuffle": False},
         "new workers, shuffle=True": {"persistent_workers": False, "shuffle": True},
         "persistent, shuffle=False": {"persistent_workers": True, "shuffle": False},
         "persistent, shuffle=True": {"persistent_workers": True, "shuffle": True},
     }
+    if args.in_process:  # the loop's own process reads (batches decoded ahead in a thread)
+        variants["num_workers=0, shuffle=False"] = {"num_workers": 0, "shuffle": False}
+        variants["num_workers=0, shuffle=True"] = {"num_workers": 0, "shuffle": True}
     loaders: dict[str, tuple[Any, Any]] = {}
     for name, opts in variants.items():
-        loaders[name] = create_dataloader(
-            str(data), columns=columns, batch_size=bs, num_workers=args.workers, **opts
-        )
+        opts = {"num_workers": args.workers, **opts}
+        loaders[name] = create_dataloader(str(data), columns=columns, batch_size=bs, **opts)
     if args.raw_workers:  # the floor: no library code, numeric columns only
         for persistent in (False, True):
             name = f"raw in DataLoader workers, {'persistent' if persistent else 'new workers'}"
