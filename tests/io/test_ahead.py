@@ -82,3 +82,24 @@ def test_stopping_early_stops_the_thread_and_closes_the_source() -> None:
 def test_depth_is_checked() -> None:
     with pytest.raises(ValueError, match="depth must be >= 1, got 0"):
         next(read_ahead(iter([1]), depth=0))
+
+
+def test_while_the_queue_is_full_the_thread_prepares_queued_items_newest_first() -> None:
+    prepared: list[int] = []
+    lock = threading.Lock()
+
+    def prepare(item: dict[str, int | bool]) -> bool:
+        with lock:
+            if item["ready"]:
+                return False
+            item["ready"] = True
+            prepared.append(int(item["n"]))
+            return True
+
+    items = read_ahead(iter([{"n": i, "ready": False} for i in range(6)]), depth=2, prepare=prepare)
+    first = next(items)
+    wait_for(lambda: len(prepared) >= 2)  # the queue is full: both queued items prepared
+    assert prepared[0] > prepared[1]  # newest first
+    rest = list(items)
+    assert [first["n"], *(i["n"] for i in rest)] == list(range(6))
+    assert {int(i["n"]) for i in [first, *rest] if i["ready"]} >= set(prepared[:2])

@@ -5,13 +5,16 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.data import write_parquet_files
 from torch_dataloader_utils.config import FileFormat, FileSourceConfig
 from torch_dataloader_utils.discovery import discover
-from torch_dataloader_utils.io.pieces import piece_reads, read_piece
+from torch_dataloader_utils.io.pieces import Gather, piece_reads, read_piece
 from torch_dataloader_utils.plan.mixing import RowMixing
 from torch_dataloader_utils.plan.pieces import advance, as_pieces, cut_piece, mix_pieces, piece_rows
 from torch_dataloader_utils.plan.splits import RowGroupSplit
@@ -86,3 +89,20 @@ def test_padding_flag_follows_each_stream(tmp_path):
     ]
     assert got == [(starts[p] + r, pad) for p, r, pad in planned]
     assert {flag for _, flag in got} == {True, False}
+
+
+def test_a_gather_is_done_once_by_whichever_thread_comes_first() -> None:
+    table = pa.table({"id": pa.array(range(10), pa.int64())})
+    order = np.array([3, 1, 4, 0, 9, 2, 6, 5, 8, 7], dtype=np.int64)
+    expected = [4, 0, 9, 2, 6, 5, 8, 7, 3, 1]  # spans (2, 8) then (0, 2)
+    lazy = Gather(table, order, ((2, 8), (0, 2)), max_rows=3)
+    assert lazy.num_rows == 10
+    assert [i for b in lazy.batches() for i in b.column(0).to_pylist()] == expected
+    early = Gather(table, order, ((2, 8), (0, 2)), max_rows=3)
+    assert early.prepare() is True  # gathered now (the read-ahead thread, waiting)
+    assert early.prepare() is False  # done already
+    batches = list(early.batches())
+    assert [b.num_rows for b in batches] == [3, 3, 2, 2]
+    assert [i for b in batches for i in b.column(0).to_pylist()] == expected
+    with pytest.raises(RuntimeError, match="taken twice"):
+        list(early.batches())

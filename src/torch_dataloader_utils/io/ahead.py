@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final, TypeVar
 
 __all__ = ["AHEAD_ITEMS", "read_ahead"]
@@ -44,21 +44,43 @@ class _End:
         self.error = error
 
 
-def read_ahead(source: Iterator[T], depth: int = AHEAD_ITEMS, name: str = "read-ahead") -> Iterator[T]:
+def read_ahead(
+    source: Iterator[T],
+    depth: int = AHEAD_ITEMS,
+    name: str = "read-ahead",
+    prepare: Callable[[T], bool] | None = None,
+) -> Iterator[T]:
     """``source``'s items, advanced by a background thread up to ``depth`` items ahead.
 
     Args:
         source: The iterator to run in the thread; nothing else may advance it.
         depth: Items held ready at most (>= 1).
         name: The thread's name (shown by debuggers and ``py-spy``).
+        prepare: Work the thread may do on a queued item while the queue is full (the
+            newest first); returns whether it did any. It must be safe to run beside
+            the reader's own use of the item.
     """
     if depth < 1:
         raise ValueError(f"depth must be >= 1, got {depth}")
     ready: queue.Queue[T | _End] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
+    def help_out() -> bool:
+        """Prepare one queued item, the newest first; whether there was one to prepare."""
+        if prepare is None:
+            return False
+        with ready.mutex:
+            queued = list(ready.queue)
+        return any(prepare(item) for item in reversed(queued) if not isinstance(item, _End))
+
     def put(item: T | _End) -> bool:
         while not stop.is_set():
+            try:
+                ready.put(item, block=False)
+                return True
+            except queue.Full:
+                if help_out():
+                    continue
             try:
                 ready.put(item, timeout=_POLL_SEC)
                 return True

@@ -15,8 +15,8 @@ are exact, else at its start, skipping what was emitted.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -55,16 +55,16 @@ def _gather(table: pa.Table, order: np.ndarray, pool: pa.MemoryPool | None = Non
     return pc.take(table, pa.array(order), memory_pool=pool).combine_chunks(memory_pool=pool)
 
 
-@dataclass(frozen=True, slots=True)
 class Gather:
     """Rows read but not yet gathered: a mix's round or a shuffled window.
 
-    :func:`read_piece_items` hands these on instead of gathering them itself, so that
-    when batches are decoded ahead (:mod:`~torch_dataloader_utils.io.ahead`) the thread
-    that converts the batches gathers them while the reading thread decodes the next
-    rows: the two costs overlap instead of adding up in one thread.
+    :func:`read_piece_items` hands these on instead of gathering them itself. When
+    batches are decoded ahead (:mod:`~torch_dataloader_utils.io.ahead`), the gather is
+    done by whichever thread is free first: the converting thread when it reaches the
+    item, or the reading thread while it waits for room ahead (:meth:`prepare`). Both
+    costs then overlap instead of adding up in one thread.
 
-    Attributes:
+    Args:
         table: The rows read (zero-copy slices of the decoded batches).
         order: Which rows of ``table``, in which order, are gathered.
         spans: ``(offset, length)`` ranges of the gathered rows, in emission order.
@@ -72,20 +72,52 @@ class Gather:
         max_rows: Rows per batch at most.
     """
 
-    table: pa.Table
-    order: np.ndarray
-    spans: tuple[tuple[int, int], ...]
-    pool: pa.MemoryPool | None = None
-    max_rows: int | None = None
+    __slots__ = ("_lock", "_taken", "max_rows", "order", "pool", "spans", "table")
+
+    def __init__(
+        self,
+        table: pa.Table,
+        order: np.ndarray,
+        spans: tuple[tuple[int, int], ...],
+        pool: pa.MemoryPool | None = None,
+        max_rows: int | None = None,
+    ) -> None:
+        self.table: pa.Table | None = table
+        self.order = order
+        self.spans = spans
+        self.pool = pool
+        self.max_rows = max_rows
+        self._taken: pa.Table | None = None
+        self._lock = threading.Lock()
 
     @property
     def num_rows(self) -> int:
         """Rows the gathered batches hold."""
         return sum(length for _, length in self.spans)
 
+    def prepare(self) -> bool:
+        """Gather now, unless done or under way in another thread: whether this call gathered."""
+        if self._taken is not None or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._taken is not None or self.table is None:
+                return False
+            self._taken = _gather(self.table, self.order, self.pool)
+            self.table = None  # the read rows are no longer needed
+            return True
+        finally:
+            self._lock.release()
+
     def batches(self) -> Iterator[pa.RecordBatch]:
-        """Gather (one ``take``), then yield the spans as zero-copy batches."""
-        taken = _gather(self.table, self.order, self.pool)
+        """The gathered rows (gathered here unless already done), the spans as zero-copy batches."""
+        with self._lock:
+            if self._taken is None and self.table is not None:
+                self._taken = _gather(self.table, self.order, self.pool)
+                self.table = None
+            taken = self._taken
+        if taken is None:
+            raise RuntimeError("a Gather's batches were taken twice")
+        self._taken = None
         for offset, length in self.spans:
             if length:
                 yield from taken.slice(offset, length).to_batches(max_chunksize=self.max_rows)

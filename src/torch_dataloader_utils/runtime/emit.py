@@ -122,7 +122,9 @@ class Positions:
                     began = time.perf_counter()
                 self._starts.append(self._read)
 
-        items = read_ahead(produce(), name=f"read-ahead-w{self.worker}") if ahead else produce()
+        items = (
+            read_ahead(produce(), name=f"read-ahead-w{self.worker}", prepare=_prepare) if ahead else produce()
+        )
         for index, item in items:
             reach(index)
             for batch in item.batches() if isinstance(item, Gather) else (item,):
@@ -150,6 +152,11 @@ class Positions:
         self._emitted += rows
         index = bisect.bisect_right(self._starts, self._emitted) - 1
         return (*self._prefix, index, self._emitted - self._starts[index], rows, nbytes)
+
+
+def _prepare(item: tuple[int, pa.RecordBatch | Gather]) -> bool:
+    """The read-ahead thread's work while it waits: a queued shuffle's gather."""
+    return isinstance(item[1], Gather) and item[1].prepare()
 
 
 def _describe(piece: Piece) -> str:
