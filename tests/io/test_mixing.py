@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tests.fixtures.data import write_parquet_files
 from torch_dataloader_utils.config import FileFormat, FileSourceConfig
 from torch_dataloader_utils.discovery import discover
-from torch_dataloader_utils.io.pieces import Gather, piece_reads, read_piece
+from torch_dataloader_utils.io.pieces import Gather, gathered, piece_reads, read_piece
 from torch_dataloader_utils.plan.mixing import RowMixing
 from torch_dataloader_utils.plan.pieces import advance, as_pieces, cut_piece, mix_pieces, piece_rows
 from torch_dataloader_utils.plan.splits import RowGroupSplit
@@ -53,22 +53,23 @@ def test_read_mix_is_the_planned_order(tmp_path_factory, rows, streams, split, s
     reader = make_reader(found, batch_size=16)
     chunks = RowGroupSplit(split_rows=split).split(list(found.files))
     pieces = mix_pieces(as_pieces(chunks), RowMixing(rows, streams), (seed, 1, 0), files)
-    everything = _ids(b for p in pieces for b in read_piece(reader, p, files=files))
+    everything = _ids(b for p in pieces for b in gathered(read_piece(reader, p, files=files)))
     assert sorted(everything) == list(range(sum(ROWS)))
     for piece in pieces:
         planned = [starts[path] + r for path, r, _ in piece_rows(piece, files)]
-        assert _ids(read_piece(reader, piece, batch_size=16, files=files)) == planned
-        assert _ids(read_piece(reader, piece, files=files, mix_read_rows=20)) == planned  # smaller decodes
+        assert _ids(gathered(read_piece(reader, piece, batch_size=16, files=files))) == planned
+        smaller = gathered(read_piece(reader, piece, files=files, mix_read_rows=20))  # smaller decodes
+        assert _ids(smaller) == planned
         # Continued after k rows (resume), and cut into a head and a tail (equal batches).
         k = data.draw(st.integers(0, len(planned)))
         rest = advance(piece, k, files, True)
         for given_files in (files, None):  # round jump with exact counts, else skip
-            got = [] if rest is None else _ids(read_piece(reader, rest, files=given_files))
+            got = [] if rest is None else _ids(gathered(read_piece(reader, rest, files=given_files)))
             assert got == planned[k:]
         if 0 < k < len(planned):
             head, tail = cut_piece(piece, k, files, True)
-            assert _ids(read_piece(reader, head, files=files)) == planned[:k]
-            assert _ids(read_piece(reader, tail, files=files)) == planned[k:]
+            assert _ids(gathered(read_piece(reader, head, files=files))) == planned[:k]
+            assert _ids(gathered(read_piece(reader, tail, files=files))) == planned[k:]
             # Read-ahead is told the chunks a continued mix opens: the cut streams only.
             opened = piece_reads(tail, files)
             assert sum(c.num_rows or 0 for c in opened) <= sum(c.num_rows or 0 for c in piece.chunks)
@@ -84,7 +85,7 @@ def test_padding_flag_follows_each_stream(tmp_path):
     planned = piece_rows(piece, files)
     got = [
         (i, flag)
-        for b in read_piece(reader, piece, flag_column="_is_padding", files=files)
+        for b in gathered(read_piece(reader, piece, flag_column="_is_padding", files=files))
         for i, flag in zip(b.column("id").to_pylist(), b.column("_is_padding").to_pylist(), strict=True)
     ]
     assert got == [(starts[p] + r, pad) for p, r, pad in planned]

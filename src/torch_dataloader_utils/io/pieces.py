@@ -16,7 +16,7 @@ are exact, else at its start, skipping what was emitted.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +29,7 @@ from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.shuffle import permutation
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo
 
-__all__ = ["MIX_WORKER_READ_ROWS", "Gather", "piece_reads", "read_piece", "read_piece_items"]
+__all__ = ["MIX_WORKER_READ_ROWS", "Gather", "gathered", "piece_reads", "read_piece"]
 
 MIX_WORKER_READ_ROWS = 32768
 """Rows per decoded batch of a mix's streams in DataLoader workers, for readers that can
@@ -58,7 +58,7 @@ def _gather(table: pa.Table, order: np.ndarray, pool: pa.MemoryPool | None = Non
 class Gather:
     """Rows read but not yet gathered: a mix's round or a shuffled window.
 
-    :func:`read_piece_items` hands these on instead of gathering them itself. When
+    :func:`read_piece` hands these on instead of gathering them itself. When
     batches are decoded ahead (:mod:`~torch_dataloader_utils.io.ahead`), the gather is
     done by whichever thread is free first: the converting thread when it reaches the
     item, or the reading thread while it waits for room ahead (:meth:`prepare`). Both
@@ -100,20 +100,22 @@ class Gather:
         if self._taken is not None or not self._lock.acquire(blocking=False):
             return False
         try:
-            if self._taken is not None or self.table is None:
-                return False
-            self._taken = _gather(self.table, self.order, self.pool)
-            self.table = None  # the read rows are no longer needed
-            return True
+            return self._fill()
         finally:
             self._lock.release()
+
+    def _fill(self) -> bool:
+        """Gather, under the lock, unless done: whether this call gathered."""
+        if self._taken is not None or self.table is None:
+            return False
+        self._taken = _gather(self.table, self.order, self.pool)
+        self.table = None  # the read rows are no longer needed
+        return True
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         """The gathered rows (gathered here unless already done), the spans as zero-copy batches."""
         with self._lock:
-            if self._taken is None and self.table is not None:
-                self._taken = _gather(self.table, self.order, self.pool)
-                self.table = None
+            self._fill()
             taken = self._taken
         if taken is None:
             raise RuntimeError("a Gather's batches were taken twice")
@@ -123,27 +125,8 @@ class Gather:
                 yield from taken.slice(offset, length).to_batches(max_chunksize=self.max_rows)
 
 
-def read_piece(
-    reader: ChunkReader,
-    piece: Piece,
-    *,
-    flag_column: str | None = None,
-    batch_size: int = 65536,
-    files: Mapping[str, FileInfo] | None = None,
-    mix_read_rows: int | None = None,
-) -> Iterator[pa.RecordBatch]:
-    """Yield a piece's rows in its emission order, restricted to ``[lo, hi)``.
-
-    The arguments are :func:`read_piece_items`'; its gathers are done here.
-    """
-    items = read_piece_items(
-        reader,
-        piece,
-        flag_column=flag_column,
-        batch_size=batch_size,
-        files=files,
-        mix_read_rows=mix_read_rows,
-    )
+def gathered(items: Iterable[pa.RecordBatch | Gather]) -> Iterator[pa.RecordBatch]:
+    """The batches of :func:`read_piece`'s ``items``, each :class:`Gather` gathered in turn."""
     for item in items:
         if isinstance(item, Gather):
             yield from item.batches()
@@ -151,7 +134,7 @@ def read_piece(
             yield item
 
 
-def read_piece_items(
+def read_piece(
     reader: ChunkReader,
     piece: Piece,
     *,

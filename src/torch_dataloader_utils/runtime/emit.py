@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from torch_dataloader_utils.io.ahead import read_ahead
 from torch_dataloader_utils.io.base import ChunkReader
-from torch_dataloader_utils.io.pieces import Gather, read_piece_items
+from torch_dataloader_utils.io.pieces import Gather, gathered, read_piece
 from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.runtime.state import Tagged
@@ -100,7 +100,7 @@ class Positions:
 
         def produce() -> Iterator[tuple[int, pa.RecordBatch | Gather]]:
             for index, piece in enumerate(pieces):
-                items = read_piece_items(
+                items = read_piece(
                     reader,
                     piece,
                     flag_column=flag_column,
@@ -127,7 +127,7 @@ class Positions:
         )
         for index, item in items:
             reach(index)
-            for batch in item.batches() if isinstance(item, Gather) else (item,):
+            for batch in gathered((item,)):
                 self._read += batch.num_rows
                 yield batch
         reach(len(pieces) - 1)
