@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -92,7 +93,8 @@ def test_order_is_the_same_in_another_process():
         "import json; from tests.plan.test_mixing import _order_of; "
         "print(json.dumps([_order_of(3, 1), _order_of(3, 2)]))"
     )
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    root = Path(__file__).resolve().parents[2]  # `tests` imports from the repository root
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=root)
     here = [_order_of(3, 1), _order_of(3, 2)]
     assert json.loads(out.stdout) == [[list(r) for r in o] for o in here]
     assert here[0] != here[1]  # every epoch mixes differently
