@@ -40,13 +40,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 def _collect_garbage_per_module() -> Iterator[None]:
     """Collect each test module's cyclic garbage when the module ends.
 
-    Two full runs out of about ten (2026-11-23) lost an xdist worker to a segmentation
-    fault while the cyclic garbage collector ran inside a later, unrelated test
-    (``test_layers.py``, ``test_orc.py``); which objects it was collecting the traceback
-    could not say. Collected here, a module's objects are freed at its own teardown, so
-    such a crash names that module in faulthandler's traceback, and objects holding
-    native resources (Arrow readers, S3 clients, shared memory) do not outlive their
-    module's threads and servers.
+    A few full runs (2026-11-23) lost an xdist worker to a segmentation fault while the
+    cyclic garbage collector ran inside a later, unrelated test (``test_layers.py``,
+    ``test_orc.py``), so the culprit's module was unknown. Collected here, a module's
+    objects are freed at its own teardown: such a crash is reported against that
+    module's last test (one was, in ``test_orc.py``), and objects holding native
+    resources (Arrow readers, S3 clients, shared memory) do not outlive their module's
+    threads and servers.
     """
     yield
     gc.collect()

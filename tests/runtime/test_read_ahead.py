@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 
@@ -24,13 +26,22 @@ def root(write_parquet, tmp_path):
     return str(tmp_path / "data")
 
 
+@contextlib.contextmanager
+def on_cpus(which: str) -> Iterator[None]:
+    """This process on ``"all"`` its CPUs, or on ``"one"``: no CPU to spare, nothing decoded ahead."""
+    before = os.sched_getaffinity(0)
+    if which == "one":
+        os.sched_setaffinity(0, {min(before)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 @pytest.fixture
 def one_cpu():
-    """This process on one CPU: no CPU to spare, so nothing is decoded ahead."""
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {min(before)})
-    yield
-    os.sched_setaffinity(0, before)
+    with on_cpus("one"):
+        yield
 
 
 def read(root, **opts):
@@ -76,10 +87,7 @@ def test_state_counts_the_batches_taken_not_those_decoded_ahead(root, stop_after
     opts = {"batch_size": 16, "shuffle": True, "shuffle_seed": 5, "split_rows": 60, "row_mixing": 40}
     states = []
     for affinity in ("all", "one"):
-        if affinity == "one":
-            before = os.sched_getaffinity(0)
-            os.sched_setaffinity(0, {min(before)})
-        try:
+        with on_cpus(affinity):
             loader, _ = StructuredDataset.create_dataloader(root, num_workers=0, **opts)
             first: list[int] = []
             for n, batch in enumerate(loader, start=1):
@@ -87,9 +95,6 @@ def test_state_counts_the_batches_taken_not_those_decoded_ahead(root, stop_after
                 if n == stop_after:
                     break
             states.append(json.loads(json.dumps(loader.state_dict())))
-        finally:
-            if affinity == "one":
-                os.sched_setaffinity(0, before)
     assert states[0] == states[1]
     again, _ = StructuredDataset.create_dataloader(root, num_workers=0, **opts)
     again.load_state_dict(states[0])
@@ -99,15 +104,10 @@ def test_state_counts_the_batches_taken_not_those_decoded_ahead(root, stop_after
 
 @pytest.mark.parametrize(("decode_ahead", "cpus", "expected"), [(False, "all", False), (True, "one", True)])
 def test_decode_ahead_overrides_the_automatic_choice(root, decode_ahead, cpus, expected):
-    before = os.sched_getaffinity(0)
-    if cpus == "one":
-        os.sched_setaffinity(0, {min(before)})
-    try:
-        if cpus == "all" and len(before) < 2:
-            pytest.skip("needs 2 CPUs for the automatic choice to be on")
+    if cpus == "all" and len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs for the automatic choice to be on")
+    with on_cpus(cpus):
         batches, threaded = read(root, shuffle=True, decode_ahead=decode_ahead)
-    finally:
-        os.sched_setaffinity(0, before)
     assert threaded is expected
     assert sorted(i for b in batches for i in b) == list(range(TOTAL))
 

@@ -90,11 +90,6 @@ class Gather:
         self._taken: pa.Table | None = None
         self._lock = threading.Lock()
 
-    @property
-    def num_rows(self) -> int:
-        """Rows the gathered batches hold."""
-        return sum(length for _, length in self.spans)
-
     def prepare(self) -> bool:
         """Gather now, unless done or under way in another thread: whether this call gathered."""
         if self._taken is not None or not self._lock.acquire(blocking=False):
@@ -170,7 +165,7 @@ def read_piece(
         narrow = getattr(reader, "with_read_rows", None)
         if narrow is not None and mix_read_rows is not None:
             reader = narrow(mix_read_rows)
-        yield from _read_mix(reader, piece, flag_column, batch_size, files)
+        yield from _read_mix(reader, piece, flag_column, files)
         return
     if piece.key is None:
         yield from _rows_between(chunk_batches(0), piece.lo, piece.hi)
@@ -280,7 +275,6 @@ def _read_mix(
     reader: ChunkReader,
     piece: Piece,
     flag_column: str | None,
-    batch_size: int,
     files: Mapping[str, FileInfo] | None,
 ) -> Iterator[Gather]:
     schedule = _schedule(piece)

@@ -91,10 +91,10 @@ class Positions:
         ``files`` (given when row counts are exact) and ``mix_read_rows``: see
         :func:`~torch_dataloader_utils.io.pieces.read_piece`. With ``ahead``, the pieces
         are read by a background thread a few items ahead of the caller
-        (:func:`~torch_dataloader_utils.io.ahead.read_ahead`), and the shuffles' gathers
-        (:class:`~torch_dataloader_utils.io.pieces.Gather`) are done in the caller's
-        thread, beside the reading. The rows are counted as the caller takes them, so
-        the tags are the same either way.
+        (:func:`~torch_dataloader_utils.io.ahead.read_ahead`), and each of the shuffles'
+        gathers (:class:`~torch_dataloader_utils.io.pieces.Gather`) is done by whichever
+        thread is free first. The rows are counted as the caller takes them, so the tags
+        are the same either way.
         """
         debug = log.isEnabledFor(logging.DEBUG)
 
