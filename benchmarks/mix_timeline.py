@@ -1,0 +1,111 @@
+"""Where a shuffled read's time goes at ``num_workers=0``: a diagnostic, not a ratio.
+
+    python benchmarks/mix_timeline.py [--rows 2000000] [--repeats 7]
+
+Reads the dataset of ``bench_shuffle.py`` (8 files, 65,536-row groups, the default
+split) with chunk order (``row_mixing=None``) and with the default row mixing,
+alternately, and prints per epoch (medians of ``--repeats``):
+
+* ``wall`` and ``cpu``: the epoch's wall time and the process's CPU time (all threads);
+* ``first wait``: how long the converting thread waited for its first item (a mix
+  needs every stream opened and decoded before its first round);
+* ``waits``: all the converting thread's waits for the read-ahead thread;
+* ``gathers here`` / ``gathers there``: time in the shuffles' gathers, in the
+  converting thread and in the read-ahead thread.
+
+It times library internals by wrapping them (``queue.Queue.get`` in the main thread,
+``Gather._fill``), so its own overhead is in the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_shuffle import write
+from torch_dataloader_utils import create_dataloader
+from torch_dataloader_utils.io import pieces
+
+MAIN = threading.main_thread()
+_events: dict[str, float] = {}
+_first: list[float] = []
+
+
+def _add(key: str, seconds: float) -> None:
+    _events[key] = _events.get(key, 0.0) + seconds
+
+
+def _instrument() -> None:
+    get = queue.Queue.get
+    fill = pieces.Gather._fill
+
+    def timed_get(self: queue.Queue[Any], *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        item = get(self, *args, **kwargs)
+        if threading.current_thread() is MAIN:
+            waited = time.perf_counter() - start
+            if not _first:
+                _first.append(waited)
+            _add("waits", waited)
+        return item
+
+    def timed_fill(self: pieces.Gather) -> bool:
+        start = time.perf_counter()
+        done = fill(self)
+        where = "gathers here" if threading.current_thread() is MAIN else "gathers there"
+        _add(where, time.perf_counter() - start)
+        return done
+
+    queue.Queue.get = timed_get  # type: ignore[method-assign]
+    pieces.Gather._fill = timed_fill  # type: ignore[method-assign]
+
+
+def epoch(root: Path, mixing: bool) -> dict[str, float]:
+    _events.clear()
+    _first.clear()
+    options: dict[str, Any] = {} if mixing else {"row_mixing": None}
+    wall, cpu = time.perf_counter(), time.process_time()
+    loader, _ = create_dataloader(
+        str(root), batch_size=1024, num_workers=0, shuffle=True, shuffle_seed=1, **options
+    )
+    for batch in loader:
+        batch["id"]
+    out = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+    out["first wait"] = _first[0] if _first else 0.0
+    for key in ("waits", "gathers here", "gathers there"):
+        out[key] = _events.get(key, 0.0)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    _instrument()
+    runs: dict[str, list[dict[str, float]]] = {"chunk order": [], "row mixing (default)": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        write(root, args.rows)
+        for mixing in (False, True):  # warm-up
+            epoch(root, mixing)
+        for _ in range(args.repeats):
+            runs["chunk order"].append(epoch(root, False))
+            runs["row mixing (default)"].append(epoch(root, True))
+    keys = ["wall", "cpu", "first wait", "waits", "gathers here", "gathers there"]
+    print(f"rows={args.rows} repeats={args.repeats} (medians, ms)")
+    print("| read | " + " | ".join(keys) + " |")
+    print("|---|" + "---|" * len(keys))
+    for name, rows in runs.items():
+        cells = [f"{statistics.median(r[k] for r in rows) * 1000:.1f}" for k in keys]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
