@@ -13,6 +13,10 @@ alternately, and prints per epoch (medians of ``--repeats``):
 * ``gathers here`` / ``gathers there``: time in the shuffles' gathers, in the
   converting thread and in the read-ahead thread.
 
+A reference row, ``pyarrow, 8 files side by side``, opens every file with
+``ParquetFile.iter_batches`` (65,536 rows) and decodes them round-robin: its ``first
+wait`` is the time to every file's first batch, what a mix needs before its first round.
+
 It times library internals by wrapping them (``queue.Queue.get`` in the main thread,
 ``Gather._fill``), so its own overhead is in the figures.
 """
@@ -27,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import pyarrow.parquet as pq
 
 from bench_shuffle import write
 from torch_dataloader_utils import create_dataloader
@@ -83,19 +89,35 @@ def epoch(root: Path, mixing: bool) -> dict[str, float]:
     return out
 
 
+def side_by_side(root: Path) -> dict[str, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    streams = [pq.ParquetFile(path).iter_batches(batch_size=65536) for path in sorted(root.glob("*.parquet"))]
+    live = [next(stream, None) is not None for stream in streams]
+    first = time.perf_counter() - wall
+    while any(live):
+        live = [alive and next(stream, None) is not None for alive, stream in zip(live, streams, strict=True)]
+    out = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu, "first wait": first}
+    return out | {"waits": 0.0, "gathers here": 0.0, "gathers there": 0.0}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     _instrument()
-    runs: dict[str, list[dict[str, float]]] = {"chunk order": [], "row mixing (default)": []}
+    runs: dict[str, list[dict[str, float]]] = {
+        "pyarrow, 8 files side by side": [],
+        "chunk order": [],
+        "row mixing (default)": [],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         write(root, args.rows)
         for mixing in (False, True):  # warm-up
             epoch(root, mixing)
         for _ in range(args.repeats):
+            runs["pyarrow, 8 files side by side"].append(side_by_side(root))
             runs["chunk order"].append(epoch(root, False))
             runs["row mixing (default)"].append(epoch(root, True))
     keys = ["wall", "cpu", "first wait", "waits", "gathers here", "gathers there"]
