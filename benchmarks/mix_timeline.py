@@ -1,6 +1,6 @@
 """Where a shuffled read's time goes at ``num_workers=0``: a diagnostic, not a ratio.
 
-    python benchmarks/mix_timeline.py [--rows 2000000] [--repeats 7]
+    python benchmarks/mix_timeline.py [--rows 2000000] [--repeats 7] [--streams 8]
 
 Reads the dataset of ``bench_shuffle.py`` (8 files, 65,536-row groups, the default
 split) with chunk order (``row_mixing=None``) and with the default row mixing,
@@ -16,6 +16,10 @@ alternately, and prints per epoch (medians of ``--repeats``):
 A reference row, ``pyarrow, 8 files side by side``, opens every file with
 ``ParquetFile.iter_batches`` (65,536 rows) and decodes them round-robin: its ``first
 wait`` is the time to every file's first batch, what a mix needs before its first round.
+
+``--streams N`` mixes N chunks side by side instead of the default 8 (it changes
+``RowMixing``'s default, which has no option of its own), and adds the mixing measure
+of ``bench_shuffle.py`` (same-file pairs in a batch) to show what fewer streams give up.
 
 It times library internals by wrapping them (``queue.Queue.get`` in the main thread,
 ``Gather._fill``), so its own overhead is in the figures.
@@ -34,9 +38,11 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from bench_shuffle import mixing as mixing_measure
 from bench_shuffle import write
 from torch_dataloader_utils import create_dataloader
 from torch_dataloader_utils.io import pieces
+from torch_dataloader_utils.plan.mixing import DEFAULT_MIX_ROWS, DEFAULT_MIX_STREAMS, RowMixing
 
 MAIN = threading.main_thread()
 _events: dict[str, float] = {}
@@ -80,9 +86,9 @@ def epoch(root: Path, mixing: bool) -> dict[str, float]:
     loader, _ = create_dataloader(
         str(root), batch_size=1024, num_workers=0, shuffle=True, shuffle_seed=1, **options
     )
-    for batch in loader:
-        batch["id"]
+    ids = [batch["id"].numpy() for batch in loader]
     out = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+    out["same-file pairs"] = mixing_measure(ids, sum(len(i) for i in ids))["same-file pairs"]
     out["first wait"] = _first[0] if _first else 0.0
     for key in ("waits", "gathers here", "gathers there"):
         out[key] = _events.get(key, 0.0)
@@ -97,14 +103,16 @@ def side_by_side(root: Path) -> dict[str, float]:
     while any(live):
         live = [alive and next(stream, None) is not None for alive, stream in zip(live, streams, strict=True)]
     out = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu, "first wait": first}
-    return out | {"waits": 0.0, "gathers here": 0.0, "gathers there": 0.0}
+    return out | {"waits": 0.0, "gathers here": 0.0, "gathers there": 0.0, "same-file pairs": float("nan")}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--streams", type=int, default=DEFAULT_MIX_STREAMS)
     args = parser.parse_args()
+    RowMixing.__init__.__defaults__ = (DEFAULT_MIX_ROWS, args.streams)  # type: ignore[attr-defined]
     _instrument()
     runs: dict[str, list[dict[str, float]]] = {
         "pyarrow, 8 files side by side": [],
@@ -121,11 +129,12 @@ def main() -> None:
             runs["chunk order"].append(epoch(root, False))
             runs["row mixing (default)"].append(epoch(root, True))
     keys = ["wall", "cpu", "first wait", "waits", "gathers here", "gathers there"]
-    print(f"rows={args.rows} repeats={args.repeats} (medians, ms)")
-    print("| read | " + " | ".join(keys) + " |")
-    print("|---|" + "---|" * len(keys))
+    print(f"rows={args.rows} repeats={args.repeats} streams={args.streams} (medians, ms)")
+    print("| read | " + " | ".join(keys) + " | same-file pairs |")
+    print("|---|" + "---|" * (len(keys) + 1))
     for name, rows in runs.items():
         cells = [f"{statistics.median(r[k] for r in rows) * 1000:.1f}" for k in keys]
+        cells.append(f"{rows[0]['same-file pairs']:.3f}")
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
