@@ -76,8 +76,9 @@ class IcebergOracle:
         worker.start()
         worker.join(self.timeout)
         if not box:  # no answer in time: kill the process (which ends the read) and retry
-            self.close()
+            process.kill()
             worker.join(10.0)
+            self.close()
             return None
         answer = box[0]
         if isinstance(answer, BaseException):
