@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
+import posixpath
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from torch_dataloader_utils.discovery.cache import (
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
 from torch_dataloader_utils.discovery.exchange import LOCAL, Exchange
 from torch_dataloader_utils.discovery.listing import list_files
-from torch_dataloader_utils.discovery.manifest import Manifest, find_manifest
+from torch_dataloader_utils.discovery.manifest import MANIFEST_NAME, Manifest, find_manifest
 from torch_dataloader_utils.discovery.metadata import (
     FILES_SCHEMA,
     FOOTER_COLUMN,
@@ -94,6 +95,9 @@ class Discovered:
         table: Parquet: the same files as the planner's columns (:class:`FileTable`);
             ``files`` is then its view, each ``FileInfo`` built when read (``None``
             once ``files`` changed, and for other formats).
+        manifest: The reshard manifest the files were planned from, as shown to users
+            (``None``: planned from a listing). Readers name it as stale when a file
+            no longer matches it.
     """
 
     fs: FileSystemSpec
@@ -108,6 +112,7 @@ class Discovered:
     extra: Mapping[str, Any] = field(default_factory=dict)
     metadata: pa.Table | None = None
     table: FileTable | None = None
+    manifest: str | None = None
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -614,5 +619,6 @@ def _discover_manifest(
         files=files,
         partitions=partitions,
         extra={"manifest": manifest},
+        manifest=fs.display(posixpath.join(root, MANIFEST_NAME)),
         **request._asdict(),
     )

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -11,8 +12,10 @@ import pyarrow.parquet as pq
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
 from torch_dataloader_utils.io.prefetch import ChunkSource, FetchStats, column_ranges
-from torch_dataloader_utils.plan.types import Chunk, RowGroup
-from torch_dataloader_utils.storage.identity import FileChecks
+from torch_dataloader_utils.plan.types import Chunk, FileInfo, RowGroup
+from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.handles import too_many_open_files
+from torch_dataloader_utils.storage.identity import FileChecks, check_footer, stale_advice
 
 __all__ = ["READ_BATCH_ROWS", "ParquetReader"]
 
@@ -53,14 +56,20 @@ class ParquetReader:
         self._batch_size = request.batch_size
         self._read_rows = max(request.batch_size, READ_BATCH_ROWS)
         self._use_threads = use_threads
-        self._open = OpenFiles(self._open_parquet)
-        self._checks = FileChecks(request.fs, request.files)  # never read a rewritten file
-        # Remote files: bytes come from the source (read-ahead, retries); see io/prefetch.py.
-        self._source = source
-        self._local_stats = FetchStats()
         # Files counted by discovery.counts: row positions count only rows that pass the
         # filter, so a row group is filtered first and sliced after.
         self._filtered_positions = filtered_positions
+        self._manifest = request.manifest
+        # Local files, kept open (the opener holds no reference to this reader, so the
+        # files close as soon as the dataset is deleted).
+        self._open = OpenFiles(
+            functools.partial(_open_checked, request.fs, request.files, filtered_positions, request.manifest)
+        )
+        # Never read a rewritten file.
+        self._checks = FileChecks(request.fs, request.files, manifest=request.manifest)
+        # Remote files: bytes come from the source (read-ahead, retries); see io/prefetch.py.
+        self._source = source
+        self._local_stats = FetchStats()
 
     def use_threads(self, on: bool) -> None:
         """Decode with Arrow's thread pool (``True``, the default) or in the calling thread.
@@ -82,7 +91,7 @@ class ParquetReader:
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next, in order (remote read-ahead)."""
-        self._checks.schedule((c.path for c in chunks), self._metadata_request)
+        self._checks.schedule((c.path for c in chunks), self._metadata_request())
         if self._source is not None:
             self._source.schedule(chunks)
 
@@ -100,13 +109,13 @@ class ParquetReader:
         stats = self._source.stats if self._source is not None else self._local_stats
         return stats.totals()
 
-    def _metadata_request(self) -> None:
-        """A remote file's size and time were asked (is it the planned file?): one request."""
-        stats = self._source.stats if self._source is not None else self._local_stats
-        stats.add(0)
+    def _metadata_request(self) -> functools.partial[None]:
+        """Counts one request: a remote file's size and time were asked (is it the planned file?).
 
-    def _open_parquet(self, path: str) -> pq.ParquetFile:
-        return pq.ParquetFile(path, filesystem=self._fs.arrow())
+        Bound to the statistics, not to this reader: the file checks keep it.
+        """
+        stats = self._source.stats if self._source is not None else self._local_stats
+        return functools.partial(stats.add, 0)
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the chunk's rows (filtered, projected) in file order."""
@@ -115,7 +124,7 @@ class ParquetReader:
         if not groups:
             return
         try:
-            self._checks.check(chunk.path, info.size, info.mtime, self._metadata_request)
+            self._checks.check(chunk.path, info.size, info.mtime, self._metadata_request())
             if self._source is not None:
                 pf = self._source.open(chunk)
             else:
@@ -144,8 +153,10 @@ class ParquetReader:
                 for batch in table.slice(lo, hi - lo).to_batches(max_chunksize=self._read_rows):
                     yield self._finish(batch, chunk.path)
         except (OSError, pa.ArrowException) as exc:
+            descriptors = too_many_open_files(exc)
             raise ReadError(
                 f"reading {self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop}) failed: {exc}"
+                + ("" if descriptors is None else f": {descriptors}")
             ) from exc
 
     def _read_filtered(
@@ -162,7 +173,7 @@ class ParquetReader:
                 raise ReadError(
                     f"row group {g.index} of {self._fs.display(chunk.path)!r} has {passing} rows passing "
                     f"filters={self._filters} but {g.num_rows} were counted when the dataset was built; "
-                    "the file changed since then: build the dataset again"
+                    f"the file changed since then: {stale_advice(self._manifest)}"
                 )
             if lo == 0 and hi == g.num_rows:
                 yield from parts
@@ -172,3 +183,16 @@ class ParquetReader:
 
     def _finish(self, batch: pa.RecordBatch, path: str) -> pa.RecordBatch:
         return self._finisher(batch, path)
+
+
+def _open_checked(
+    fs: FileSystemSpec, files: Mapping[str, FileInfo], filtered: bool, manifest: str | None, path: str
+) -> pq.ParquetFile:
+    """Open a local Parquet file and check its footer against the plan (:func:`check_footer`)."""
+    pf = pq.ParquetFile(path, filesystem=fs.arrow())
+    try:
+        check_footer(fs.display(path), files[path], pf.metadata, filtered=filtered, manifest=manifest)
+    except BaseException:
+        pf.close()
+        raise
+    return pf

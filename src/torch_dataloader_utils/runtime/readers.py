@@ -32,8 +32,10 @@ def make_reader(found: Discovered, batch_size: int, fetch: FetchConfig | None = 
         partition_columns=found.partition_columns,
         filters=found.filters,
         output_schema=found.output_schema,
+        manifest=found.manifest,
     )
     if found.format is FileFormat.PARQUET:
+        filtered = bool(found.extra.get("filtered_positions", False))
         source = None
         if not found.fs.is_local:
             source = ChunkSource(
@@ -42,10 +44,10 @@ def make_reader(found: Discovered, batch_size: int, fetch: FetchConfig | None = 
                 columns=found.data_columns,
                 footers=found.extra.get("parquet_footers"),
                 config=fetch,
+                filtered=filtered,
+                manifest=found.manifest,
             )
-        return ParquetReader(
-            request, source=source, filtered_positions=bool(found.extra.get("filtered_positions", False))
-        )
+        return ParquetReader(request, source=source, filtered_positions=filtered)
     if found.format is FileFormat.ORC:
         return OrcReader(request)
     if found.format in (FileFormat.CSV, FileFormat.JSONL):

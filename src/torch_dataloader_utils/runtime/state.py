@@ -161,9 +161,6 @@ class ResumeTracker:
         options: The options a state is tied to (JSON values), part of the fingerprint.
         world: The ranks this dataset plans for.
         seed: The shuffle seed (saved in the state).
-        piece_rows: ``(epoch, num_workers, segments)`` -> the rows of each piece of each
-            worker of this rank in that pass (``None`` when unknown), so a state records
-            the rows each worker has left.
     """
 
     def __init__(
@@ -172,10 +169,8 @@ class ResumeTracker:
         options: Mapping[str, Any],
         world: World,
         seed: int,
-        piece_rows: Callable[[int, int, list[dict[str, Any]]], Sequence[Sequence[int]] | None] | None = None,
     ) -> None:
         self._files = files
-        self._piece_rows = piece_rows
         self._options = dict(options)
         self._world = world
         self._seed = seed
@@ -236,8 +231,18 @@ class ResumeTracker:
             self.progress.done = True
         self._token.fill_(0)
 
-    def state_dict(self, epoch: int) -> dict[str, Any]:
-        """This rank's state: what the loop consumed of ``epoch`` (plain JSON values)."""
+    def state_dict(
+        self,
+        epoch: int,
+        piece_rows: Callable[[int, int, list[dict[str, Any]]], Sequence[Sequence[int]] | None] | None = None,
+    ) -> dict[str, Any]:
+        """This rank's state: what the loop consumed of ``epoch`` (plain JSON values).
+
+        ``piece_rows(epoch, num_workers, segments)`` gives the rows of each piece of each
+        worker of this rank in that pass (``None`` when unknown), so the state records
+        the rows each worker has left. It is passed here, not kept: the dataset that owns
+        this tracker is then freed as soon as it is deleted (no reference cycle).
+        """
         progress = self.progress
         segments = progress.base if progress is not None else self.live_segments(epoch) or []
         state: dict[str, Any] = {
@@ -252,8 +257,8 @@ class ResumeTracker:
         if progress is None:
             return state
         rows = None
-        if self._piece_rows is not None and not progress.done:
-            rows = self._piece_rows(epoch, progress.num_workers, progress.base)
+        if piece_rows is not None and not progress.done:
+            rows = piece_rows(epoch, progress.num_workers, progress.base)
         segment = {
             "num_ranks": self._world.num_ranks,
             "ranks": {str(self._world.rank): progress.entry(rows)},

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +23,7 @@ import fsspec
 import pyarrow.fs as pafs
 
 from torch_dataloader_utils.errors import ConfigError
+from torch_dataloader_utils.storage.handles import Handles
 from torch_dataloader_utils.storage.redact import RedactedRepr, redact
 
 __all__ = ["METADATA_CONCURRENCY", "FileSystemSpec", "check_storage_options", "native_s3_options", "resolve"]
@@ -32,10 +31,6 @@ __all__ = ["METADATA_CONCURRENCY", "FileSystemSpec", "check_storage_options", "n
 _LOCAL = frozenset({"file", "local"})
 _S3 = frozenset({"s3", "s3a"})
 _CLIENTS: dict[tuple[int, str, str], Any] = {}
-_HANDLES: OrderedDict[tuple[int, str, str], Any] = OrderedDict()
-_HANDLES_LOCK = threading.Lock()
-_OPEN_HANDLES = 256
-"""Open native input files kept per process: opening one costs a HEAD request on S3."""
 METADATA_CONCURRENCY = 64
 """Metadata requests (Parquet footers) in flight at once per process, and so the size of
 the s3fs (botocore) connection pool, which is 10 unless ``storage_options`` set
@@ -244,7 +239,14 @@ class FileSystemSpec(RedactedRepr):
         return client
 
     def read_range(
-        self, path: str, start: int, stop: int, size: int | None = None, *, metadata: bool = False
+        self,
+        path: str,
+        start: int,
+        stop: int,
+        size: int | None = None,
+        *,
+        metadata: bool = False,
+        handles: Handles | None = None,
     ) -> bytes:
         """Bytes ``[start, stop)`` of ``path`` in one request (no retries here).
 
@@ -252,33 +254,27 @@ class FileSystemSpec(RedactedRepr):
             path: The file on this filesystem.
             start: First byte.
             stop: One past the last byte (clipped to the file's end).
-            size: The file's size, when known.
+            size: The file's planned size, when known.
             metadata: A one-off read (a footer): on object stores fsspec serves it in one
                 GET, where opening a native file would first cost a HEAD request.
+            handles: The reader's open files (:class:`~.handles.Handles`), where a native
+                file is kept open for the next reads; without them, the file is opened
+                for this read and closed.
+
+        Raises:
+            FileChangedError: a native file opened now is not ``size`` bytes.
         """
         if stop <= start:
             return b""
         if self.native and not (metadata and not self.is_local):
-            handle = self._handle(path)
-            return bytes(handle.read_at(stop - start, start))  # type: ignore[call-arg]
+            shown = self.display(path)
+            if handles is not None:
+                handle = handles.get(path, size, self.arrow().open_input_file, shown)
+                return bytes(handle.read_at(stop - start, start))
+            with self.arrow().open_input_file(path) as handle:
+                return bytes(handle.read_at(stop - start, start))  # type: ignore[call-arg]
         data = self.fsspec().cat_file(path, start=start, end=stop)
         return bytes(data)
-
-    def _handle(self, path: str) -> Any:
-        """This process's open native input file of ``path`` (kept in a small LRU)."""
-        pid, kind, options = self._key("handle")
-        key = (pid, kind, f"{options}|{path}")
-        with _HANDLES_LOCK:
-            handle = _HANDLES.pop(key, None)
-            if handle is not None:
-                _HANDLES[key] = handle
-                return handle
-        handle = self.arrow().open_input_file(path)
-        with _HANDLES_LOCK:
-            _HANDLES[key] = handle
-            while len(_HANDLES) > _OPEN_HANDLES:
-                _HANDLES.popitem(last=False)
-        return handle
 
     def display(self, path: str) -> str:
         """``path`` as a URL a user recognizes (with its scheme when not local)."""
