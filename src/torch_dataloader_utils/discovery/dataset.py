@@ -56,6 +56,7 @@ from torch_dataloader_utils.discovery.text import TextDiscovery, TextOptions, di
 from torch_dataloader_utils.errors import ConfigError, DiscoveryError, SchemaError, SchemaMismatchError
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import FileInfo
+from torch_dataloader_utils.storage.expressions import filter_key
 from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
 from torch_dataloader_utils.storage.schemas import nullable_type, same_but_nullability
 
@@ -413,6 +414,7 @@ def _discover_parquet(
         filters="" if source.filters is None else str(source.filters),
         partitioning=source.partitioning or "",
         source="" if listed is None else listed[1],
+        filters_key=filter_key(source.filters) or "",
     )
 
     def head() -> _Head:

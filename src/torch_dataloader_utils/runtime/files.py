@@ -28,6 +28,7 @@ from torch_dataloader_utils.runtime.options import (
 )
 from torch_dataloader_utils.runtime.readers import make_reader
 from torch_dataloader_utils.runtime.report import log_files
+from torch_dataloader_utils.storage.expressions import filter_identity
 
 __all__ = ["StructuredDataset", "create_dataloader"]
 
@@ -219,8 +220,8 @@ class StructuredDataset(PlannedDataset):
             identity={
                 "format": source.format.value,
                 "columns": list(found.output_columns),
-                "filters": None if found.filters is None else str(found.filters),
                 "partitioning": source.partitioning,
+                **filter_identity(found.filters),
             },
         )
 

@@ -30,6 +30,7 @@ from torch_dataloader_utils.plan.state import (
 )
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import FileInfo, World
+from torch_dataloader_utils.storage.expressions import lossless_text
 
 __all__ = ["EpochProgress", "ResumeTracker", "Stateful", "Tagged", "complete_state", "gather_state"]
 
@@ -288,6 +289,8 @@ class ResumeTracker:
         saved = plain.get("fingerprint") if isinstance(plain, dict) else None
         if isinstance(saved, dict) and "files_digest" not in saved and "files_sha256" in saved:
             expected = {**expected, "files_sha256": legacy_files_sha256(self._files)}  # an older state
+        if isinstance(saved, dict):
+            expected = _older_filter(saved.get("options"), expected)
         checked = normalize(check_state(plain, expected))
         epoch = int(checked["epoch"])
         segments = checked["segments"]
@@ -302,3 +305,20 @@ class ResumeTracker:
         self.loaded = {"epoch": epoch, "segments": segments, "token": token}
         self._token.fill_(token)
         return epoch
+
+
+def _older_filter(saved: object, expected: dict[str, Any]) -> dict[str, Any]:
+    """``expected`` for a state saved before filters had a lossless key (``filters_sha256``).
+
+    Such a state recorded only the filter's text. It is accepted when that text is this
+    dataset's filter shown whole; an abbreviated text (pyarrow prints long lists as
+    ``...``) cannot tell two filters apart, so the key is then required.
+    """
+    options = expected["options"]
+    if not isinstance(saved, dict) or "filters_sha256" in saved or "filters_sha256" not in options:
+        return expected
+    text = saved.get("filters")
+    if isinstance(text, str) and text == options.get("filters") and lossless_text(text):
+        trimmed = {k: v for k, v in options.items() if k != "filters_sha256"}
+        return {**expected, "options": trimmed}
+    return expected

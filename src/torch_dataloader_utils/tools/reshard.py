@@ -70,6 +70,7 @@ from torch_dataloader_utils.plan.shards import ReduceShard, Run, cut_shards, pla
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
 from torch_dataloader_utils.runtime import env, share
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
+from torch_dataloader_utils.storage.expressions import filter_identity
 from torch_dataloader_utils.storage.fs import resolve
 from torch_dataloader_utils.storage.redact import redact
 from torch_dataloader_utils.tools.checksum import Checksums, key_hashes
@@ -276,7 +277,7 @@ class SourceSpec:
             "src": self.src if isinstance(self.src, str) else list(self.src),
             "format": self.format,
             "columns": None if self.columns is None else list(self.columns),
-            "filters": None if self.filters is None else str(self.filters),
+            **filter_identity(self.filters),
             "partitioning": self.partitioning,
         }  # the snapshot read is in the source's fingerprint
 
