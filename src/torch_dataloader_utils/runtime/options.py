@@ -21,7 +21,11 @@ from typing import Any, Literal, TypedDict, TypeVar
 import pyarrow as pa
 
 from torch_dataloader_utils.config import (
+    DEFAULT_COMPRESSION,
+    DEFAULT_RANK_TIMEOUT,
+    DEFAULT_ROW_GROUP_BYTES,
     DEFAULT_SPLIT_BYTES,
+    DEFAULT_TARGET_FILE_SIZE,
     BatchConfig,
     CountConfig,
     EqualBatches,
@@ -35,6 +39,8 @@ from torch_dataloader_utils.config import (
     OutputFormat,
     ProgressConfig,
     RaggedLayout,
+    ReshardConfig,
+    ReshardSourceConfig,
     ShuffleConfig,
     SplitConfig,
     SplitKind,
@@ -60,6 +66,7 @@ from torch_dataloader_utils.plan.splits import (
 from torch_dataloader_utils.plan.types import World
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.iceberg_props import catalog_properties
+from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
 
 __all__ = [
     "FileLoaderOptions",
@@ -69,7 +76,10 @@ __all__ = [
     "LoaderOptions",
     "Options",
     "ReadOptions",
+    "ReshardKeywords",
+    "ReshardRequest",
     "build_options",
+    "reshard_request",
 ]
 
 
@@ -476,3 +486,177 @@ def build_strategy(
             f"split_strategy ({type(given).__name__}) sizes its own chunks"
         )
     return resolve_strategy(given)
+
+
+# -- reshard ---------------------------------------------------------------------------
+
+
+class ReshardKeywords(TypedDict, total=False):
+    """Keywords of :func:`~torch_dataloader_utils.reshard` (beside ``src`` and ``dst``)."""
+
+    format: str
+    """The source's format: ``"parquet"`` (default), ``"orc"``, ``"csv"``, ``"jsonl"``, or
+    ``"iceberg"`` (``src`` is then a table name)."""
+    columns: Sequence[str] | None
+    """Columns to keep (default: all)."""
+    filters: Any
+    """A ``pyarrow.compute.Expression``: only rows passing it are written."""
+    storage_options: Mapping[str, Any] | None
+    """The source's filesystem options (credentials, endpoint); also used for ``dst`` when
+    it is on the same kind of filesystem."""
+    partitioning: str | None
+    """``"hive"`` reads the source's ``key=value`` directories as columns."""
+    schema: pa.Schema | None
+    """CSV / JSONL: the column types."""
+    catalog_config: Mapping[str, Any] | None
+    """Iceberg: ``pyiceberg.catalog.load_catalog`` properties."""
+    snapshot_id: int | None
+    """Iceberg: the snapshot to read (default: the current one)."""
+    dst_storage_options: Mapping[str, Any] | None
+    """The output's filesystem options, when they differ from the source's."""
+    target_file_size: int | str
+    """Bytes of every shard but the last (an int, or ``"256MiB"``, the default). Shards come
+    within about 10% of it when rows have similar sizes; with ``group_by`` a shard holds
+    whole groups, with ``partition_by`` each partition has its own last shard."""
+    row_group_bytes: int | str | None
+    """Bytes per row group (default 32 MiB), e.g. ``"16MiB"``."""
+    row_group_rows: int | None
+    """Rows per row group, instead of ``row_group_bytes``."""
+    compression: str
+    """``"zstd"`` (default), ``"snappy"``, ``"lz4"``, ``"gzip"``, ``"brotli"`` or ``"none"``."""
+    sort_by: str | Sequence[str] | None
+    """Column(s) each shard is sorted by (the shard is sorted in memory)."""
+    group_by: str | Sequence[str] | None
+    """Column(s) whose equal values stay in one shard, in consecutive rows."""
+    partition_by: str | Sequence[str] | None
+    """Column(s) written as ``key=value`` directories (not in the files); integers,
+    strings, booleans or dates."""
+    workers: int | None
+    """Worker processes per rank (default 1; ``None``: the CPUs of this rank)."""
+    verify: bool
+    """After writing, read source and output again and compare row counts, an
+    order-independent checksum of every column and one of whole rows."""
+    rank_timeout: float
+    """Seconds a rank waits for the others at a barrier, when reshard starts the process
+    group itself (torchrun without one; default 24 hours)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReshardRequest:
+    """A reshard job's keywords, checked and coerced: what the edge hands to the job.
+
+    Attributes:
+        source: What is read.
+        job: How the output is written.
+        dst_fs: The output's filesystem.
+        dst_root: The output directory on it (no trailing slash).
+    """
+
+    source: ReshardSourceConfig
+    job: ReshardConfig
+    dst_fs: FileSystemSpec
+    dst_root: str
+
+
+def _reshard_size(value: object, param: str) -> int:
+    size = parse_size(value, param)
+    if size is None:
+        raise ConfigError(f"{param}=None is not a size; pass bytes as an int or a string like '256MiB'")
+    return size
+
+
+def _reshard_codec(value: object) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(
+            f"compression={value!r} must be one of 'none', 'snappy', 'gzip', 'brotli', 'lz4', 'zstd'"
+        )
+    name = value.strip().lower()
+    return "none" if name == "uncompressed" else name
+
+
+def _column_names(value: object, param: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        if len(set(value)) != len(value):
+            raise ConfigError(f"{param}={list(value)!r} names a column twice")
+        return tuple(value)
+    raise ConfigError(f"{param}={value!r} must be a column name or a list of column names")
+
+
+def _protocol(path: str) -> str:
+    return path.split("://", 1)[0].lower() if "://" in path else "file"
+
+
+def _reshard_source(src: object, given: Mapping[str, Any]) -> ReshardSourceConfig:
+    columns = given.get("columns")
+    if isinstance(columns, str):
+        raise ConfigError(f"columns={columns!r} must be a list of column names, e.g. ['{columns}']")
+    if isinstance(src, (list, tuple)):
+        value: str | tuple[str, ...] = tuple(src)
+    elif isinstance(src, str):
+        value = src
+    else:
+        raise ConfigError(f"src={src!r} must be a path, a URL, a list of them, or an Iceberg table name")
+    fmt = given.get("format", "parquet")
+    return ReshardSourceConfig(
+        src=value,
+        format=fmt.strip().lower() if isinstance(fmt, str) else fmt,
+        columns=None if columns is None else tuple(columns),
+        filters=given.get("filters"),
+        storage_options=given.get("storage_options"),
+        partitioning=given.get("partitioning"),
+        schema=given.get("schema"),
+        catalog_config=given.get("catalog_config"),
+        snapshot_id=given.get("snapshot_id"),
+    )
+
+
+def _reshard_job(given: Mapping[str, Any]) -> ReshardConfig:
+    rows = given.get("row_group_rows")
+    group_bytes = given.get("row_group_bytes")
+    if rows is None or group_bytes is not None:
+        group_bytes = _reshard_size(
+            group_bytes if group_bytes is not None else DEFAULT_ROW_GROUP_BYTES, "row_group_bytes"
+        )
+    workers = given.get("workers", 1)
+    return ReshardConfig(
+        target_file_size=_reshard_size(
+            given.get("target_file_size", DEFAULT_TARGET_FILE_SIZE), "target_file_size"
+        ),
+        row_group_bytes=group_bytes,
+        row_group_rows=rows,
+        compression=_reshard_codec(given.get("compression", DEFAULT_COMPRESSION)),
+        sort_by=_column_names(given.get("sort_by"), "sort_by"),
+        group_by=_column_names(given.get("group_by"), "group_by"),
+        partition_by=_column_names(given.get("partition_by"), "partition_by"),
+        workers=env.cpus_per_rank() if workers is None else workers,
+        verify=given.get("verify", False),
+        rank_timeout=given.get("rank_timeout", DEFAULT_RANK_TIMEOUT),
+    )
+
+
+def reshard_request(src: object, dst: object, given: Mapping[str, Any]) -> ReshardRequest:
+    """Check and coerce :func:`~torch_dataloader_utils.reshard`'s arguments once.
+
+    ``dst_storage_options`` defaults to ``storage_options`` when the output is on the
+    same kind of filesystem as the source (not for Iceberg, whose storage is the
+    catalog's).
+
+    Raises:
+        UnknownOptionError: a keyword is not an option of ``reshard``.
+        ConfigError: a value is invalid (named, echoed, with the fix).
+        IncompatibleOptionsError: options that do not go together.
+    """
+    check_keywords(given, ReshardKeywords, "reshard")
+    job = _reshard_job(given)
+    source = _reshard_source(src, given)
+    if not isinstance(dst, str) or not dst:
+        raise ConfigError(f"dst={dst!r} must be a directory path or URL")
+    dst_options = given.get("dst_storage_options")
+    if dst_options is None and _protocol(dst) == _protocol(source.first_path) and source.format != "iceberg":
+        dst_options = source.storage_options
+    fs, root = resolve(dst, dst_options)
+    return ReshardRequest(source=source, job=job, dst_fs=fs, dst_root=root.rstrip("/") or "/")

@@ -37,17 +37,26 @@ import logging
 import math
 import multiprocessing
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from torch_dataloader_utils.config import check_bool, check_int, parse_size
+from torch_dataloader_utils.config import (
+    COMPRESSIONS,
+    DEFAULT_COMPRESSION,
+    DEFAULT_RANK_TIMEOUT,
+    DEFAULT_ROW_GROUP_BYTES,
+    DEFAULT_TARGET_FILE_SIZE,
+    RESHARD_SOURCE_FORMATS,
+    ReshardConfig,
+    ReshardSourceConfig,
+)
 from torch_dataloader_utils.discovery.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -61,17 +70,16 @@ from torch_dataloader_utils.errors import (
     ConfigError,
     DestinationConflictError,
     FileChangedError,
-    IncompatibleOptionsError,
     ReshardError,
     SourceChangedError,
     UnknownColumnError,
 )
 from torch_dataloader_utils.plan.shards import ReduceShard, Run, cut_shards, plan_reduce
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
-from torch_dataloader_utils.runtime import env, share
+from torch_dataloader_utils.runtime import share
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
+from torch_dataloader_utils.runtime.options import ReshardKeywords, reshard_request
 from torch_dataloader_utils.storage.expressions import filter_identity
-from torch_dataloader_utils.storage.fs import resolve
 from torch_dataloader_utils.storage.redact import redact
 from torch_dataloader_utils.tools.checksum import Checksums, key_hashes
 from torch_dataloader_utils.tools.reshard_io import (
@@ -89,25 +97,16 @@ __all__ = [
     "DEFAULT_RANK_TIMEOUT",
     "DEFAULT_ROW_GROUP_BYTES",
     "DEFAULT_TARGET_FILE_SIZE",
-    "ReshardOptions",
+    "SOURCE_FORMATS",
     "ReshardReport",
     "SizePlan",
+    "open_source",
     "reshard",
+    "source_identity",
 ]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TARGET_FILE_SIZE = 256 * 1024**2
-"""Size of every output shard but the last (256 MiB) when ``target_file_size`` is not given."""
-DEFAULT_ROW_GROUP_BYTES = 32 * 1024**2
-"""Size of a row group (32 MiB) when neither ``row_group_bytes`` nor ``row_group_rows`` is given:
-several per shard, so the loader can split a shard among workers."""
-DEFAULT_COMPRESSION = "zstd"
-"""Parquet codec of the shards when ``compression`` is not given."""
-COMPRESSIONS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
-"""The Parquet codecs ``compression`` accepts."""
-DEFAULT_RANK_TIMEOUT = 24 * 3600.0
-"""Seconds a rank waits for the others at a barrier, when ``reshard`` starts the process group."""
 SAMPLE_ROWS = 65536
 """Rows of the source written in memory to measure bytes per row (before planning)."""
 SAMPLE_CHUNKS = 16
@@ -120,166 +119,48 @@ MAX_BUCKETS = 1 << 20
 """Upper bound of the hash buckets of a ``group_by`` job."""
 VERIFY_TASKS_PER_WORKER = 4
 """Groups of chunks ``verify`` reads per worker process (fewer, longer tasks: read-ahead works)."""
-SOURCE_FORMATS = ("parquet", "orc", "csv", "jsonl", "iceberg")
+SOURCE_FORMATS = RESHARD_SOURCE_FORMATS
 """What ``format`` accepts; ``"iceberg"`` makes ``src`` a table name."""
 
 
-def _names(value: object, param: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        if len(set(value)) != len(value):
-            raise ConfigError(f"{param}={list(value)!r} names a column twice")
-        return tuple(value)
-    raise ConfigError(f"{param}={value!r} must be a column name or a list of column names")
+def open_source(source: ReshardSourceConfig) -> PlannedDataset:
+    """The source as the loader opens it: one process, every chunk, Arrow batches."""
+    common: dict[str, Any] = {
+        "columns": None if source.columns is None else list(source.columns),
+        "filters": source.filters,
+        "storage_options": source.storage_options,
+        "equal_batches": "off",
+        "num_workers": 0,
+        "output_format": "arrow",
+        "count_rows": True,
+    }
+    if source.format == "iceberg":
+        from torch_dataloader_utils.runtime.iceberg import IcebergDataset
 
-
-@dataclass(frozen=True, kw_only=True)
-class ReshardOptions:
-    """The checked options of a reshard job (built once from :func:`reshard`'s keywords).
-
-    Attributes:
-        target_file_size: Bytes of every shard but the last (and but each partition's last).
-        row_group_bytes: Bytes per row group, or ``None`` when ``row_group_rows`` is set.
-        row_group_rows: Rows per row group, or ``None`` (sized by ``row_group_bytes``).
-        compression: Parquet codec, one of :data:`COMPRESSIONS`.
-        sort_by: Columns each shard is sorted by.
-        group_by: Columns whose rows stay together in one shard, contiguous.
-        partition_by: Columns written as ``key=value`` directories.
-        workers: Local worker processes per rank.
-        verify: Compare row counts and per-column checksums of source and output.
-        rank_timeout: Seconds a rank waits at a barrier (process group started by reshard).
-    """
-
-    target_file_size: int = DEFAULT_TARGET_FILE_SIZE
-    row_group_bytes: int | None = DEFAULT_ROW_GROUP_BYTES
-    row_group_rows: int | None = None
-    compression: str = DEFAULT_COMPRESSION
-    sort_by: tuple[str, ...] = ()
-    group_by: tuple[str, ...] = ()
-    partition_by: tuple[str, ...] = ()
-    workers: int = 1
-    verify: bool = False
-    rank_timeout: float = DEFAULT_RANK_TIMEOUT
-
-    def __post_init__(self) -> None:
-        check_int(self.target_file_size, "target_file_size", 1, hint=" (bytes, or a string like '256MiB')")
-        check_int(self.row_group_bytes, "row_group_bytes", 1, optional=True)
-        check_int(self.row_group_rows, "row_group_rows", 1, optional=True)
-        if (self.row_group_bytes is None) == (self.row_group_rows is None):
-            raise IncompatibleOptionsError(
-                f"pass one of row_group_bytes and row_group_rows (got row_group_bytes="
-                f"{self.row_group_bytes!r}, row_group_rows={self.row_group_rows!r})"
-            )
-        if self.compression not in COMPRESSIONS:
-            raise ConfigError(
-                f"compression={self.compression!r} is not supported; use one of "
-                + ", ".join(repr(c) for c in COMPRESSIONS)
-            )
-        check_int(self.workers, "workers", 1, hint=" (worker processes per rank)")
-        check_bool(self.verify, "verify")
-        timeout = self.rank_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ConfigError(f"rank_timeout={timeout!r} must be a number of seconds > 0")
-        both = sorted(set(self.sort_by) & set(self.partition_by))
-        if both:
-            raise IncompatibleOptionsError(
-                f"sort_by and partition_by both name {both}: a partition column is constant "
-                "within a shard; drop it from sort_by"
-            )
-
-    @property
-    def grouped(self) -> bool:
-        """Whether the job runs a map and a reduce phase (``group_by`` or ``partition_by``)."""
-        return bool(self.group_by or self.partition_by)
-
-    def identity(self) -> dict[str, Any]:
-        """The options that decide the output (a rerun must pass the same)."""
-        return {
-            "target_file_size": self.target_file_size,
-            "row_group_bytes": self.row_group_bytes,
-            "row_group_rows": self.row_group_rows,
-            "compression": self.compression,
-            "sort_by": list(self.sort_by),
-            "group_by": list(self.group_by),
-            "partition_by": list(self.partition_by),
-        }
-
-
-@dataclass(frozen=True)
-class SourceSpec:
-    """The source of a job as values: what :meth:`open` hands to the loader's datasets."""
-
-    src: str | tuple[str, ...]
-    format: str
-    columns: tuple[str, ...] | None = None
-    filters: Any = None
-    storage_options: Mapping[str, Any] | None = None
-    partitioning: str | None = None
-    schema: pa.Schema | None = None
-    catalog_config: Mapping[str, Any] | None = None
-    snapshot_id: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.format not in SOURCE_FORMATS:
-            raise ConfigError(
-                f"format={self.format!r} is not supported; use one of "
-                + ", ".join(repr(f) for f in SOURCE_FORMATS)
-            )
-        iceberg = self.format == "iceberg"
-        for name, value in (("catalog_config", self.catalog_config), ("snapshot_id", self.snapshot_id)):
-            if value is not None and not iceberg:
-                raise IncompatibleOptionsError(
-                    f"{name}= applies to format='iceberg' (got format={self.format!r}); drop it"
-                )
-        if iceberg:
-            for name, given in (("partitioning", self.partitioning), ("schema", self.schema)):
-                if given is not None:
-                    raise IncompatibleOptionsError(f"{name}= does not apply to format='iceberg'; drop it")
-        if iceberg and not isinstance(self.src, str):
-            raise ConfigError(
-                f"format='iceberg' needs src= to be a table name like 'db.events', got {self.src!r}"
-            )
-
-    def open(self) -> PlannedDataset:
-        """The source as the loader opens it: one process, every chunk, Arrow batches."""
-        common: dict[str, Any] = {
-            "columns": None if self.columns is None else list(self.columns),
-            "filters": self.filters,
-            "storage_options": self.storage_options,
-            "equal_batches": "off",
-            "num_workers": 0,
-            "output_format": "arrow",
-            "count_rows": True,
-        }
-        if self.format == "iceberg":
-            from torch_dataloader_utils.runtime.iceberg import IcebergDataset
-
-            assert isinstance(self.src, str)
-            return IcebergDataset(
-                self.src, catalog_config=self.catalog_config, snapshot_id=self.snapshot_id, **common
-            )
-        from torch_dataloader_utils.runtime.files import StructuredDataset
-
-        return StructuredDataset(
-            self.src if isinstance(self.src, str) else list(self.src),
-            format=self.format,
-            partitioning=self.partitioning,
-            schema=self.schema,
-            **common,
+        assert isinstance(source.src, str)
+        return IcebergDataset(
+            source.src, catalog_config=source.catalog_config, snapshot_id=source.snapshot_id, **common
         )
+    from torch_dataloader_utils.runtime.files import StructuredDataset
 
-    def identity(self) -> dict[str, Any]:
-        """What was read (a rerun must name the same source)."""
-        return {
-            "src": self.src if isinstance(self.src, str) else list(self.src),
-            "format": self.format,
-            "columns": None if self.columns is None else list(self.columns),
-            **filter_identity(self.filters),
-            "partitioning": self.partitioning,
-        }  # the snapshot read is in the source's fingerprint
+    return StructuredDataset(
+        source.src if isinstance(source.src, str) else list(source.src),
+        format=source.format,
+        partitioning=source.partitioning,
+        schema=source.schema,
+        **common,
+    )
+
+
+def source_identity(source: ReshardSourceConfig) -> dict[str, Any]:
+    """What was read, as a rerun must name it (the snapshot read is in the source's fingerprint)."""
+    return {
+        "src": source.src if isinstance(source.src, str) else list(source.src),
+        "format": source.format,
+        "columns": None if source.columns is None else list(source.columns),
+        **filter_identity(source.filters),
+        "partitioning": source.partitioning,
+    }
 
 
 @dataclass(frozen=True)
@@ -349,30 +230,7 @@ class ReshardReport:
         )
 
 
-def reshard(
-    src: str | Sequence[str],
-    dst: str,
-    *,
-    format: str = "parquet",
-    columns: Sequence[str] | None = None,
-    filters: Any = None,
-    storage_options: Mapping[str, Any] | None = None,
-    partitioning: str | None = None,
-    schema: pa.Schema | None = None,
-    catalog_config: Mapping[str, Any] | None = None,
-    snapshot_id: int | None = None,
-    dst_storage_options: Mapping[str, Any] | None = None,
-    target_file_size: int | str = DEFAULT_TARGET_FILE_SIZE,
-    row_group_bytes: int | str | None = None,
-    row_group_rows: int | None = None,
-    compression: str = DEFAULT_COMPRESSION,
-    sort_by: str | Sequence[str] | None = None,
-    group_by: str | Sequence[str] | None = None,
-    partition_by: str | Sequence[str] | None = None,
-    workers: int | None = 1,
-    verify: bool = False,
-    rank_timeout: float = DEFAULT_RANK_TIMEOUT,
-) -> ReshardReport:
+def reshard(src: str | Sequence[str], dst: str, **options: Unpack[ReshardKeywords]) -> ReshardReport:
     """Rewrite a dataset into Parquet shards of a target size, with a manifest the loader opens.
 
     Every source row lands in exactly one shard. The job is restartable: run the same
@@ -385,39 +243,21 @@ def reshard(
             ``"parquet"``, ``"orc"``, ``"csv"``, ``"jsonl"``), local or on object storage,
             or an Iceberg table name with ``format="iceberg"``.
         dst: The output directory (local or a URL). It must be new or empty, or hold an
-            interrupted job with the same source and options.
-        format: The source's format, or ``"iceberg"``.
-        columns: Columns to keep (default: all).
-        filters: A ``pyarrow.compute.Expression``: only rows passing it are written.
-        storage_options: The source's filesystem options (credentials, endpoint); also
-            used for ``dst`` when it is on the same kind of filesystem.
-        partitioning: ``"hive"`` reads the source's ``key=value`` directories as columns.
-        schema: CSV / JSONL: the column types.
-        catalog_config: Iceberg: ``pyiceberg.catalog.load_catalog`` properties.
-        snapshot_id: Iceberg: the snapshot to read (default: the current one).
-        dst_storage_options: The output's filesystem options, when they differ.
-        target_file_size: Bytes of every shard but the last (an int, or ``"256MiB"``).
-            Shards come within about 10% of it when rows have similar sizes; with
-            ``group_by`` a shard holds whole groups, with ``partition_by`` each partition
-            has its own last shard.
-        row_group_bytes: Bytes per row group (default 32 MiB), e.g. ``"16MiB"``.
-        row_group_rows: Rows per row group, instead of ``row_group_bytes``.
-        compression: ``"zstd"`` (default), ``"snappy"``, ``"lz4"``, ``"gzip"``,
-            ``"brotli"`` or ``"none"``.
-        sort_by: Column(s) each shard is sorted by (the shard is sorted in memory).
-        group_by: Column(s) whose equal values stay in one shard, in consecutive rows.
-        partition_by: Column(s) written as ``key=value`` directories (not in the files);
-            integers, strings, booleans or dates.
-        workers: Worker processes per rank (``None``: the CPUs of this rank).
-        verify: After writing, read source and output again and compare row counts and
-            an order-independent checksum of every column.
-        rank_timeout: Seconds a rank waits for the others at a barrier, when reshard
-            starts the process group itself (torchrun without one).
+            interrupted job with the same source and options; it may not be inside the
+            source, nor hold it.
+        **options: Every keyword of
+            :class:`~torch_dataloader_utils.runtime.options.ReshardKeywords`: the
+            source's (``format``, ``columns``, ``filters``, ``storage_options``,
+            ``partitioning``, ``schema``, ``catalog_config``, ``snapshot_id``), the
+            output's (``dst_storage_options``, ``target_file_size``, ``row_group_bytes``
+            or ``row_group_rows``, ``compression``, ``sort_by``, ``group_by``,
+            ``partition_by``) and the job's (``workers``, ``verify``, ``rank_timeout``).
 
     Returns:
         A :class:`ReshardReport` with the manifest.
 
     Raises:
+        UnknownOptionError: a keyword is not an option of ``reshard``.
         ConfigError: an option has an invalid value.
         UnknownColumnError: ``sort_by`` / ``group_by`` / ``partition_by`` name a missing column.
         DestinationConflictError: ``dst`` holds other files, or another job's shards.
@@ -426,89 +266,20 @@ def reshard(
             difference.
     """
     started = time.perf_counter()
-    if workers is None:
-        workers = env.cpus_per_rank()
-    options = ReshardOptions(
-        target_file_size=_size(target_file_size, "target_file_size"),
-        row_group_bytes=(
-            None
-            if row_group_rows is not None and row_group_bytes is None
-            else _size(
-                row_group_bytes if row_group_bytes is not None else DEFAULT_ROW_GROUP_BYTES, "row_group_bytes"
-            )
-        ),
-        row_group_rows=row_group_rows,
-        compression=_codec(compression),
-        sort_by=_names(sort_by, "sort_by"),
-        group_by=_names(group_by, "group_by"),
-        partition_by=_names(partition_by, "partition_by"),
-        workers=workers,
-        verify=verify,
-        rank_timeout=rank_timeout,
-    )
-    if isinstance(columns, str):
-        raise ConfigError(f"columns={columns!r} must be a list of column names, e.g. ['{columns}']")
-    if isinstance(src, (list, tuple)):
-        src_value: str | tuple[str, ...] = tuple(src)
-    elif isinstance(src, str):
-        src_value = src
-    else:
-        raise ConfigError(f"src={src!r} must be a path, a URL, a list of them, or an Iceberg table name")
-    source = SourceSpec(
-        src=src_value,
-        format=format.strip().lower() if isinstance(format, str) else format,
-        columns=None if columns is None else tuple(columns),
-        filters=filters,
-        storage_options=storage_options,
-        partitioning=partitioning,
-        schema=schema,
-        catalog_config=catalog_config,
-        snapshot_id=snapshot_id,
-    )
-    if not isinstance(dst, str) or not dst:
-        raise ConfigError(f"dst={dst!r} must be a directory path or URL")
-    if (
-        dst_storage_options is None
-        and _protocol(dst) == _protocol(_first(src_value))
-        and source.format != "iceberg"
-    ):
-        dst_storage_options = storage_options
-    spec, root = resolve(dst, dst_storage_options)
-    dest = Destination(spec, root.rstrip("/") or "/")
-    with share.job_world(options.rank_timeout) as world:
-        dataset = source.open()
-        job = _Job(dataset, source, options, dest, world.rank, world.num_ranks)
-        report = job.run()
+    request = reshard_request(src, dst, options)
+    dest = Destination(request.dst_fs, request.dst_root)
+    with share.job_world(request.job.rank_timeout) as world:
+        dataset = open_source(request.source)
+        job = _Job(dataset, request.source, request.job, dest, world.rank, world.num_ranks)
+        manifest, written, skipped, verified = job.run()
     return ReshardReport(
         destination=dest.display(),
-        manifest=report[0],
-        shards_written=report[1],
-        shards_skipped=report[2],
+        manifest=manifest,
+        shards_written=written,
+        shards_skipped=skipped,
         seconds=time.perf_counter() - started,
-        verified=report[3],
+        verified=verified,
     )
-
-
-def _size(value: object, param: str) -> int:
-    size = parse_size(value, param)
-    if size is None:
-        raise ConfigError(f"{param}=None is not a size; pass bytes as an int or a string like '256MiB'")
-    return size
-
-
-def _codec(value: object) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(f"compression={value!r} must be one of " + ", ".join(repr(c) for c in COMPRESSIONS))
-    name = value.strip().lower()
-    return "none" if name == "uncompressed" else name
-
-
-def _first(src: str | tuple[str, ...]) -> str:
-    return src if isinstance(src, str) else (src[0] if src else "")
-
-
-def _protocol(path: str) -> str:
-    return path.split("://", 1)[0].lower() if "://" in path else "file"
 
 
 # -- worker processes -----------------------------------------------------------------
@@ -570,8 +341,8 @@ class _Job:
     """One reshard job in one process: the source, the plan, and every step."""
 
     dataset: PlannedDataset
-    source: SourceSpec
-    options: ReshardOptions
+    source: ReshardSourceConfig
+    options: ReshardConfig
     dest: Destination
     rank: int
     num_ranks: int
@@ -613,7 +384,7 @@ class _Job:
     def identity(self) -> dict[str, Any]:
         """Source and options, as a rerun must repeat them (JSON values)."""
         values: dict[str, Any] = json.loads(
-            json.dumps({**self.source.identity(), **self.options.identity()}, default=str)
+            json.dumps({**source_identity(self.source), **self.options.identity()}, default=str)
         )
         return values
 
