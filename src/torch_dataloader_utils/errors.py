@@ -190,7 +190,8 @@ class ReshardError(DataLoaderUtilsError):
 class DestinationConflictError(ReshardError):
     """The destination holds files reshard did not write, or another job's shards.
 
-    Nothing is overwritten: choose a new destination, or delete it to start over.
+    Also: the destination is inside the source or holds it, or another job claimed it
+    first. Nothing is overwritten: choose a new destination, or delete it to start over.
     """
 
 

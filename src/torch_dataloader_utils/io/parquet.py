@@ -63,7 +63,14 @@ class ParquetReader:
         # Local files, kept open (the opener holds no reference to this reader, so the
         # files close as soon as the dataset is deleted).
         self._open = OpenFiles(
-            functools.partial(_open_checked, request.fs, request.files, filtered_positions, request.manifest)
+            functools.partial(
+                _open_checked,
+                request.fs,
+                request.files,
+                filtered_positions,
+                request.manifest,
+                tuple(request.data_columns),
+            )
         )
         # Never read a rewritten file.
         self._checks = FileChecks(request.fs, request.files, manifest=request.manifest)
@@ -186,12 +193,18 @@ class ParquetReader:
 
 
 def _open_checked(
-    fs: FileSystemSpec, files: Mapping[str, FileInfo], filtered: bool, manifest: str | None, path: str
+    fs: FileSystemSpec,
+    files: Mapping[str, FileInfo],
+    filtered: bool,
+    manifest: str | None,
+    columns: Sequence[str],
+    path: str,
 ) -> pq.ParquetFile:
     """Open a local Parquet file and check its footer against the plan (:func:`check_footer`)."""
     pf = pq.ParquetFile(path, filesystem=fs.arrow())
     try:
-        check_footer(fs.display(path), files[path], pf.metadata, filtered=filtered, manifest=manifest)
+        shown = fs.display(path)
+        check_footer(shown, files[path], pf.metadata, filtered=filtered, manifest=manifest, columns=columns)
     except BaseException:
         pf.close()
         raise

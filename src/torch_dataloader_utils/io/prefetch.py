@@ -420,7 +420,12 @@ class ChunkSource:
                 f"since the dataset was built: {stale_advice(self._manifest)}"
             ) from exc
         check_footer(
-            self.fs.display(path), self._files[path], meta, filtered=self._filtered, manifest=self._manifest
+            self.fs.display(path),
+            self._files[path],
+            meta,
+            filtered=self._filtered,
+            manifest=self._manifest,
+            columns=self._columns,
         )
         self._remember(path, meta)
         return meta

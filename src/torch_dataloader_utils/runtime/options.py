@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import fnmatch
 import os
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -52,7 +53,12 @@ from torch_dataloader_utils.config import (
     parse_read_ahead,
     parse_size,
 )
-from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError, UnknownOptionError
+from torch_dataloader_utils.errors import (
+    ConfigError,
+    DestinationConflictError,
+    IncompatibleOptionsError,
+    UnknownOptionError,
+)
 from torch_dataloader_utils.plan.splits import (
     ByteRangeSplit,
     FileSplit,
@@ -659,4 +665,69 @@ def reshard_request(src: object, dst: object, given: Mapping[str, Any]) -> Resha
     if dst_options is None and _protocol(dst) == _protocol(source.first_path) and source.format != "iceberg":
         dst_options = source.storage_options
     fs, root = resolve(dst, dst_options)
-    return ReshardRequest(source=source, job=job, dst_fs=fs, dst_root=root.rstrip("/") or "/")
+    root = root.rstrip("/") or "/"
+    _check_apart(source, job, fs, root)
+    return ReshardRequest(source=source, job=job, dst_fs=fs, dst_root=root)
+
+
+def _directory_of(path: str) -> str:
+    """The directory a source path lists: itself, or for a glob the part before its first wildcard."""
+    cut = min((path.find(ch) for ch in "*?[" if ch in path), default=-1)
+    if cut < 0:
+        return path.rstrip("/") or "/"
+    return path[:cut].rsplit("/", 1)[0] or "/"
+
+
+def _inside(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _glob_matches(pattern: list[str], parts: list[str]) -> bool:
+    """Whether ``/``-separated ``parts`` match ``pattern`` (``*`` within a part, ``**`` across)."""
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_glob_matches(pattern[1:], parts[i:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _glob_matches(pattern[1:], parts[1:])
+
+
+def _lists(src: str, shard: str) -> bool:
+    """Whether listing ``src`` (a directory, recursively, or a glob) would find ``shard``."""
+    if not any(ch in src for ch in "*?["):
+        return _inside(shard, src)
+    return _glob_matches(src.split("/"), shard.split("/"))
+
+
+def _check_apart(
+    source: ReshardSourceConfig, job: ReshardConfig, dst_fs: FileSystemSpec, dst_root: str
+) -> None:
+    """Refuse a destination whose shards the source would list, or a source inside the destination.
+
+    The source would then read the shards too (every row twice, on a rerun or for the
+    loader), or the shards would be written among the source's files.
+
+    Raises:
+        DestinationConflictError: naming both paths and the fix.
+    """
+    if source.format == "iceberg":
+        return
+    paths = [source.src] if isinstance(source.src, str) else list(source.src)
+    dst = os.path.realpath(dst_root) if dst_fs.is_local else dst_root
+    # A shard as it will be named: dst/[key=value/...]part-00000.parquet.
+    shard = "/".join([dst, *(f"{name}=v" for name in job.partition_by), "part-00000.parquet"])
+    for given in paths:
+        fs, stripped = resolve(given, source.storage_options)
+        if fs.protocol != dst_fs.protocol:
+            continue
+        src = os.path.realpath(stripped) if fs.is_local and stripped == _directory_of(stripped) else stripped
+        if _lists(src, shard):
+            where = "inside the source"
+        elif _inside(_directory_of(src), dst):
+            where = "a directory that holds the source"
+        else:
+            continue
+        raise DestinationConflictError(
+            f"dst={dst_fs.display(dst_root)!r} is {where} (src={given!r}): the source would then "
+            "list the shards too, and its rows would be read twice; choose a dst outside the "
+            "source (e.g. a sibling directory)"
+        )

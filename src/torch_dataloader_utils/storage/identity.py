@@ -43,7 +43,7 @@ from typing import Any, Protocol
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from torch_dataloader_utils.errors import FileChangedError, ReadError
+from torch_dataloader_utils.errors import FileChangedError, ReadError, SchemaMismatchError
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 
 __all__ = [
@@ -379,6 +379,7 @@ def check_footer(
     *,
     filtered: bool = False,
     manifest: str | None = None,
+    columns: Sequence[str] | None = None,
 ) -> None:
     """Raise :class:`FileChangedError` when a footer's row groups are not the planned ones.
 
@@ -394,7 +395,24 @@ def check_footer(
         filtered: The plan counts only rows passing a filter (``count_rows``): then
             only the row groups' existence is compared.
         manifest: The reshard manifest the file was planned from, if any.
+        columns: Top-level columns the reader reads from the file: each must be in it.
+
+    Raises:
+        FileChangedError: the rows or row groups differ from the plan.
+        SchemaMismatchError: a column to read is not in the file (a manifest whose
+            schema was edited, or a file replaced with another schema).
     """
+    if columns:
+        names = meta.schema.to_arrow_schema().names
+        missing = [c for c in columns if c not in names]
+        if missing:
+            where = (
+                f"the manifest {manifest!r} lists" if manifest is not None else "the dataset was planned with"
+            )
+            raise SchemaMismatchError(
+                f"{shown!r} has no column {missing[0]!r}, which {where} (its columns: {names}); "
+                f"{stale_advice(manifest)}"
+            )
     problem = _footer_problem(planned, meta, filtered)
     if problem is not None:
         raise FileChangedError(

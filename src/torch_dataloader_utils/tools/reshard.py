@@ -30,13 +30,16 @@ also carry failures (``runtime.share.all_ok``), and rank 0 merges the manifest.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
 import logging
 import math
 import multiprocessing
+import re
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -57,10 +60,12 @@ from torch_dataloader_utils.config import (
     ReshardConfig,
     ReshardSourceConfig,
 )
+from torch_dataloader_utils.discovery.listing import list_files
 from torch_dataloader_utils.discovery.manifest import (
     MANIFEST_NAME,
     Manifest,
     ShardEntry,
+    check_directory_names,
     check_partition_field,
     hive_directory,
     partition_value,
@@ -89,6 +94,7 @@ from torch_dataloader_utils.tools.reshard_io import (
     conform,
     read_spill,
     write_spill,
+    writing,
 )
 
 __all__ = [
@@ -334,6 +340,11 @@ class _State:
 
     plan: SizePlan | None = None
     manifest: bytes | None = None
+    job_id: str = ""
+
+
+JOB_FILE = f"{STATE_DIR}/job.json"
+"""The job's claim on its destination: its id, options, source and plan (created exclusively)."""
 
 
 @dataclass
@@ -353,6 +364,9 @@ class _Job:
     partitions: list[tuple[object, ...]] = field(default_factory=list)
     output: PlannedDataset | None = None
     verify_groups: tuple[list[list[Chunk]], list[list[Chunk]]] = ([], [])
+    job_id: str = ""
+    """The id of the job at the destination, carried by its done markers (``""``: a job of
+    an earlier version, whose markers carry none)."""
 
     def __post_init__(self) -> None:
         schema = self.dataset.schema
@@ -418,6 +432,7 @@ class _Job:
             return manifest, 0, len(manifest.shards), verified
         assert state.plan is not None
         self.plan = state.plan
+        self.job_id = state.job_id
         if self.options.grouped:
             written, skipped = self._run_grouped()
         else:
@@ -435,29 +450,52 @@ class _Job:
             manifest = Manifest.from_json(found, self.dest.display(MANIFEST_NAME))
             self._check_same(dict(manifest.options), dict(manifest.source), identity, now, "a finished")
             return _State(manifest=found)
-        job = self.dest.read_json(f"{STATE_DIR}/job.json")
+        job = self.dest.read_json(JOB_FILE)
         if job is not None:
-            self._check_same(job["options"], job["source"], identity, now, "an interrupted")
-            return _State(plan=SizePlan(**job["plan"]))
+            return self._join(job, identity, now, "an interrupted")
         self._check_empty()
         plan = self._calibrate()
-        doc = {"options": identity, "source": now, "plan": asdict(plan)}
-        try:
-            self.dest.write_json(f"{STATE_DIR}/job.json", doc)
-        except OSError as exc:
-            raise ReshardError(
-                f"cannot write to the destination {self.dest.display()!r} ({exc}); check that it "
-                "is writable (permissions, credentials in dst_storage_options) or choose another"
-            ) from exc
+        job_id = uuid.uuid4().hex[:16]
+        doc = {"job_id": job_id, "options": identity, "source": now, "plan": asdict(plan)}
+        if not self._claim(doc):
+            # Another job claimed the destination since it was found empty: one started
+            # at the same moment. Join it if it is this job, else stop without writing.
+            return self._join(self.dest.read_json(JOB_FILE), identity, now, "a running or interrupted")
         log.info(
-            "reshard %s -> %s: %s rows, %d rows per shard, %d rows per row group",
+            "reshard %s -> %s: %s rows, %d rows per shard, %d rows per row group (job %s)",
             self.source.src,
             self.dest.display(),
             plan.total_rows,
             plan.shard_rows,
             plan.row_group_rows,
+            job_id,
         )
-        return _State(plan=plan)
+        return _State(plan=plan, job_id=job_id)
+
+    def _claim(self, doc: dict[str, Any]) -> bool:
+        """Create the job file exclusively; whether this job holds the destination now."""
+        data = json.dumps(doc, indent=1).encode("utf-8")
+        try:
+            created = self.dest.create_exclusive(JOB_FILE, data)
+        except OSError as exc:
+            raise ReshardError(
+                f"cannot write to the destination {self.dest.display()!r} ({exc}); check that it "
+                "is writable (permissions, credentials in dst_storage_options) or choose another"
+            ) from exc
+        if not created:
+            return False
+        back = self.dest.read_json(JOB_FILE)  # a storage without exclusive creates: who won?
+        return isinstance(back, dict) and back.get("job_id") == doc["job_id"]
+
+    def _join(self, job: Any, identity: dict[str, Any], now: dict[str, Any], what: str) -> _State:
+        """Continue the job whose file is at the destination, if it is this one."""
+        if not isinstance(job, dict) or not {"options", "source", "plan"} <= set(job):
+            raise DestinationConflictError(
+                f"dst={self.dest.display()!r} holds a reshard job file {self.dest.display(JOB_FILE)!r} "
+                "that cannot be read; nothing was overwritten: delete dst to start over"
+            )
+        self._check_same(job["options"], job["source"], identity, now, what)
+        return _State(plan=SizePlan(**job["plan"]), job_id=str(job.get("job_id", "")))
 
     def _check_empty(self) -> None:
         try:
@@ -600,13 +638,17 @@ class _Job:
 
     # -- done markers ---------------------------------------------------------------------
     def _done(self, kind: str) -> set[int]:
+        """Items of ``kind`` this job marked done (markers of another job are not its)."""
         names = self.dest.entries(f"{STATE_DIR}/done")
-        prefix = f"{kind}-"
-        return {int(n[len(prefix) : -5]) for n in names if n.startswith(prefix) and n.endswith(".json")}
+        pattern = re.compile(rf"{kind}-(\d{{6}}){re.escape(self._suffix)}\.json")
+        return {int(m.group(1)) for m in map(pattern.fullmatch, names) if m is not None}
 
-    @staticmethod
-    def _marker(kind: str, index: int) -> str:
-        return f"{STATE_DIR}/done/{kind}-{index:06d}.json"
+    @property
+    def _suffix(self) -> str:
+        return f".{self.job_id}" if self.job_id else ""
+
+    def _marker(self, kind: str, index: int) -> str:
+        return f"{STATE_DIR}/done/{kind}-{index:06d}{self._suffix}.json"
 
     def _shard_path(self, index: int, partition: tuple[object, ...]) -> str:
         name = f"part-{index:05d}.parquet"
@@ -648,24 +690,25 @@ class _Job:
         sorting = [
             c for c in (*self.options.group_by, *self.options.sort_by) if c not in self.options.partition_by
         ]
-        with self.dest.open_output(temp) as out:
-            writer = ShardWriter(
-                out,
-                self.file_schema,
-                compression=self.options.compression,
-                row_group_rows=self.plan.row_group_rows,
-                sorting=list(dict.fromkeys(sorting)),
-            )
-            if isinstance(table_or_batches, pa.Table):
-                writer.write_table(table_or_batches)
-            else:
-                for batch in table_or_batches:
-                    writer.write(batch)
-            meta = writer.close()
-            size = int(out.tell())
-        self.dest.commit(temp, rel)
+        with writing(self.dest, rel):
+            with self.dest.open_output(temp) as out:
+                writer = ShardWriter(
+                    out,
+                    self.file_schema,
+                    compression=self.options.compression,
+                    row_group_rows=self.plan.row_group_rows,
+                    sorting=list(dict.fromkeys(sorting)),
+                )
+                if isinstance(table_or_batches, pa.Table):
+                    writer.write_table(table_or_batches)
+                else:
+                    for batch in table_or_batches:
+                        writer.write(batch)
+                meta = writer.close()
+                size = int(out.tell())
+            self.dest.commit(temp, rel)
         entry = ShardEntry(rel, meta.num_rows, size, row_groups(meta), partition)
-        self.dest.write_json(self._marker("shard", index), entry.to_json())
+        self.dest.write_json(self._marker("shard", index), {**entry.to_json(), "job": self.job_id})
 
     def _sorted(self, table: pa.Table) -> pa.Table:
         keys = [
@@ -708,12 +751,12 @@ class _Job:
             unique, pid = np.unique(np.stack(codes, axis=1), axis=0, return_inverse=True)
             pid = pid.reshape(-1)
             for row in unique:
-                partitions.append(
-                    [
-                        None if code < 0 else partition_value(d[code])
-                        for code, d in zip(row, dictionaries, strict=True)
-                    ]
-                )
+                values = [
+                    None if code < 0 else partition_value(d[code])
+                    for code, d in zip(row, dictionaries, strict=True)
+                ]
+                check_directory_names(opts.partition_by, values)
+                partitions.append(values)
         bucket = np.zeros(n, dtype=np.int64)
         if opts.group_by and n:
             bucket = (key_hashes(table, opts.group_by) % np.uint64(self.plan.buckets)).astype(np.int64)
@@ -730,7 +773,8 @@ class _Job:
         spill = f"{STATE_DIR}/spill/map-{index:06d}.arrow"
         write_spill(self.dest, spill, self.file_schema, batches)
         self.dest.write_json(
-            self._marker("map", index), {"spill": spill, "partitions": partitions, "runs": runs}
+            self._marker("map", index),
+            {"spill": spill, "partitions": partitions, "runs": runs, "job": self.job_id},
         )
 
     def _plan_reduce(self) -> tuple[list[ReduceShard], list[tuple[object, ...]]]:
@@ -780,20 +824,29 @@ class _Job:
             return list(pool.map(one, range(count)))
 
     def _finish(self) -> bytes:
-        """Rank 0: merge the done markers into the manifest; remove the job's own files."""
+        """Rank 0: merge the done markers into the manifest; remove the job's own files.
+
+        Before the manifest is written, the shards must hold the planned rows and be on
+        storage as their markers describe them (sizes from one listing, whose
+        modification times the manifest records): a job that lost a race for the
+        destination, or whose shards were overwritten, stops here instead of publishing
+        a manifest of other files.
+        """
         assert self.plan is not None
         count = len(self.reduce) if self.options.grouped else len(self.shards)
         entries = [ShardEntry.from_json(doc) for doc in self._read_markers("shard", count)]
+        self._check_rows(entries)
         manifest = Manifest(
             schema=self.manifest_schema,
             partition_by=self.options.partition_by,
-            shards=tuple(entries),
+            shards=tuple(self._as_listed(entries)),
             source=self.fingerprint(),
             options=self.identity(),
             plan=asdict(self.plan),
         )
         data = manifest.to_json()
-        self.dest.write_atomic(MANIFEST_NAME, data)
+        with writing(self.dest, MANIFEST_NAME):
+            self.dest.write_atomic(MANIFEST_NAME, data)
         self.dest.remove_tree(STATE_DIR)
         log.info(
             "wrote %s: %d shards, %d rows, %d bytes",
@@ -803,6 +856,38 @@ class _Job:
             manifest.num_bytes,
         )
         return data
+
+    def _check_rows(self, entries: Sequence[ShardEntry]) -> None:
+        """The shards' rows add up to the plan's (when every chunk's rows are known)."""
+        assert self.plan is not None
+        if any(c.num_rows is None for c in self.chunks):
+            return
+        written = sum(e.rows for e in entries)
+        if written != self.plan.total_rows:
+            raise ReshardError(
+                f"the {len(entries)} shards of {self.dest.display()!r} hold {written} rows but the job "
+                f"planned {self.plan.total_rows}: another job wrote to the same destination, or its "
+                "shards were changed; no manifest was written: delete dst and run the command again"
+            )
+
+    def _as_listed(self, entries: Sequence[ShardEntry]) -> list[ShardEntry]:
+        """``entries`` with the modification times a listing gives (sizes checked against it)."""
+        listing = list_files(self.dest.display(), dict(self.dest.fs.storage_options) or None)
+        if not listing.fs.is_local:  # the manifest is written next: no stale listing cache
+            listing.fs.fsspec().invalidate_cache()
+        found = {f.path: f for f in listing.files}
+        out = []
+        for entry in entries:
+            listed = found.get(self.dest.path(entry.path))
+            if listed is None or listed.size != entry.bytes:
+                now = "missing" if listed is None else f"{listed.size} bytes"
+                raise ReshardError(
+                    f"shard {self.dest.display(entry.path)!r} is {now} but was written with {entry.bytes} "
+                    "bytes: another job wrote to the same destination, or the shard was changed; no "
+                    "manifest was written: delete dst and run the command again"
+                )
+            out.append(dataclasses.replace(entry, mtime=listed.mtime))
+        return out
 
     # -- verify ---------------------------------------------------------------------------
     def _groups(self, chunks: Sequence[Chunk]) -> list[list[Chunk]]:
@@ -862,7 +947,7 @@ class _Job:
             raise ReshardError(
                 f"verify: {self.dest.display()!r} does not hold the source's rows: " + "; ".join(problems[:5])
             )
-        log.info("verify: %d rows and every column's checksum match the source", source.rows)
+        log.info("verify: %d rows, every column's checksum and the whole rows' match the source", source.rows)
         return True
 
     def _mine(self, count: int) -> list[int]:
