@@ -447,7 +447,9 @@ class ProgressConfig:
             percentage), updated in the main process as batches arrive: a ``tqdm`` bar
             on a terminal, log lines otherwise.
         progress_interval_sec: Seconds between two progress lines when standard error
-            is not a terminal (> 0); bars refresh on their own.
+            is not a terminal (>= 0); ``0`` writes a line for every batch (and redraws a
+            bar at every batch), as 0.2.0's ``progress_interval_sec=0`` refreshed its bars
+            at every batch.
         progress_all_ranks: Show progress on every rank (each line prefixed with its
             rank), not only on rank 0.
     """
@@ -460,8 +462,11 @@ class ProgressConfig:
         check_bool(self.show_progress, "show_progress")
         check_bool(self.progress_all_ranks, "progress_all_ranks")
         interval = self.progress_interval_sec
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
-            raise ConfigError(f"progress_interval_sec={interval!r} must be a number of seconds > 0")
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval < 1e9:
+            raise ConfigError(
+                f"progress_interval_sec={interval!r} must be a number of seconds >= 0 (0: a line "
+                "for every batch)"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -117,7 +117,8 @@ class ReadOptions(TypedDict, total=False):
     ``False``)."""
     progress_interval_sec: float
     """Seconds between two progress lines when standard error is not a terminal
-    (default 120; a line is also written at the end of each pass)."""
+    (default 120; a line is also written at the end of each pass); ``0`` writes a line
+    for every batch (and redraws a bar at every batch, as 0.2.0 did)."""
     progress_all_ranks: bool
     """Show progress on every rank, each prefixed with its rank (default ``False``:
     rank 0 only)."""
