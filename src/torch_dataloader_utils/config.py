@@ -19,7 +19,12 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-from torch_dataloader_utils.errors import ConfigError, DistributedConfigError, IncompatibleOptionsError
+from torch_dataloader_utils.errors import (
+    ConfigError,
+    DistributedConfigError,
+    IncompatibleOptionsError,
+    OptionTypeError,
+)
 from torch_dataloader_utils.plan.mixing import DEFAULT_MIX_ROWS, RowMixing
 from torch_dataloader_utils.plan.types import EqualBatches  # defined in pure plan/, coerced here
 from torch_dataloader_utils.storage.redact import RedactedRepr, redact
@@ -763,6 +768,37 @@ METADATA_CACHE_CHECKS = ("listing", "on_open")
 """The values of ``metadata_cache_check``."""
 
 
+def _check_filesystem(filesystem: object, storage_options: Mapping[str, Any] | None) -> None:
+    """``filesystem=``: a filesystem instance, and no ``storage_options`` beside it.
+
+    Raises:
+        OptionTypeError: not an fsspec or pyarrow filesystem instance.
+        IncompatibleOptionsError: ``storage_options`` given too (they would be ignored).
+    """
+    import fsspec
+    import pyarrow.fs as pafs
+
+    if not isinstance(filesystem, (fsspec.AbstractFileSystem, pafs.FileSystem)) and not hasattr(
+        filesystem,
+        "protocols",  # already wrapped by the library (storage.userfs.UserFileSystem)
+    ):
+        shown = (
+            f"the class {filesystem.__name__}" if isinstance(filesystem, type) else type(filesystem).__name__
+        )
+        raise OptionTypeError(
+            f"filesystem={filesystem!r} is not a filesystem instance ({shown}); pass an fsspec "
+            "AbstractFileSystem (e.g. s3fs.S3FileSystem(...), fsspec.filesystem('memory')) or a "
+            "pyarrow.fs.FileSystem (e.g. pyarrow.fs.S3FileSystem(...))"
+        )
+    if storage_options:
+        raise IncompatibleOptionsError(
+            f"filesystem={type(filesystem).__name__} and storage_options="
+            f"{redact(dict(storage_options))!r} were both given: the filesystem object is used for "
+            "every request, so storage_options would be ignored; configure the filesystem object "
+            "instead, or drop filesystem="
+        )
+
+
 @dataclass(frozen=True, kw_only=True, repr=False)
 class FileSourceConfig(RedactedRepr):
     """Which files are read, and how (the source options of :class:`StructuredDataset`).
@@ -774,6 +810,9 @@ class FileSourceConfig(RedactedRepr):
             statistics and partition values for pruning), or ``None``.
         partitioning: ``"hive"`` to read ``key=value`` directories as columns, or ``None``.
         storage_options: Options of the fsspec filesystem (credentials, endpoint...).
+        filesystem: A filesystem object (an fsspec ``AbstractFileSystem`` or a
+            ``pyarrow.fs.FileSystem`` instance) used for every request instead of one the
+            library builds from ``storage_options``, or ``None``.
         schema: CSV / JSONL: a ``pyarrow.Schema`` for every file, or ``None`` to infer.
         quoted_newlines: CSV: quoted fields may hold newlines (such files are read whole).
         metadata_cache: Parquet: a file (local path or URL) keeping the files' metadata
@@ -792,6 +831,7 @@ class FileSourceConfig(RedactedRepr):
     filters: Any = None
     partitioning: str | None = None
     storage_options: Mapping[str, Any] | None = None
+    filesystem: Any = None
     schema: Any = None
     quoted_newlines: bool = False
     metadata_cache: str | None = None
@@ -817,6 +857,8 @@ class FileSourceConfig(RedactedRepr):
                 f"storage_options={redact(self.storage_options)!r} must be a dict of filesystem "
                 "options, e.g. {'key': ..., 'secret': ..., 'endpoint_url': ...}"
             )
+        if self.filesystem is not None:
+            _check_filesystem(self.filesystem, self.storage_options)
         check_bool(self.quoted_newlines, "quoted_newlines")
         if self.use_manifest is not None:
             check_bool(self.use_manifest, "use_manifest")

@@ -156,7 +156,9 @@ def test_show_progress_without_tqdm_is_an_import_error(data: str, monkeypatch: p
     from torch_dataloader_utils.runtime import env
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tqdm" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "tqdm" else real(name, *a)
+    )
     monkeypatch.setattr(env, "stderr_is_terminal", lambda: True)
     with pytest.raises(ImportError, match="tqdm") as caught:  # as 0.2.0 raised
         StructuredDataset.create_dataloader(data, "parquet", show_progress=True, num_workers=0)

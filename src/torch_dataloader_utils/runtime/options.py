@@ -196,6 +196,15 @@ class FileReadOptions(ReadOptions, total=False):
 
     storage_options: Mapping[str, Any] | None
     """Filesystem options (credentials, endpoint), used for listing, footers and reading."""
+    filesystem: Any
+    """A filesystem object used for every request (listing, footers, file checks, reads,
+    the ``metadata_cache``): an fsspec ``AbstractFileSystem`` (``s3fs.S3FileSystem(...)``,
+    ``gcsfs``, ``adlfs``, ``memory``...) or a ``pyarrow.fs.FileSystem`` instance. The
+    library then builds no filesystem of its own (``storage_options`` must be left out);
+    ``path`` is on it, with its scheme or none. DataLoader workers rebuild it from its
+    pickle. Bytes take pyarrow's native client only where it provably reaches the same
+    storage with the same credentials, else the object itself (logged at INFO; see
+    docs/object-storage.md). Default ``None``."""
     partitioning: str | None
     """``"hive"`` reads ``key=value`` directories as typed columns."""
     schema: pa.Schema | None

@@ -46,7 +46,8 @@ def intercepted() -> str | None:
         return None
     from botocore.handlers import BUILTIN_HANDLERS
 
-    for event, handler in BUILTIN_HANDLERS:
+    for entry in BUILTIN_HANDLERS:
+        event, handler = entry[0], entry[1]
         if event.startswith("before-send") and getattr(handler, "enabled", True):
             name = f"{type(handler).__module__}.{type(handler).__qualname__}"
             return f"botocore's requests are intercepted by {name} (a mock such as moto's mock_aws)"
@@ -124,7 +125,10 @@ def check_native(
     if why is not None:
         return None, f"s3fs ({why})"
     if "endpoint_override" in native:
-        return native, f"pyarrow's native S3 client (endpoint {native['scheme']}://{native['endpoint_override']})"
+        return (
+            native,
+            f"pyarrow's native S3 client (endpoint {native['scheme']}://{native['endpoint_override']})",
+        )
     configured = configured_endpoint(options)
     if configured is None:
         return native, "pyarrow's native S3 client (AWS's endpoint)"

@@ -36,7 +36,7 @@ from torch_dataloader_utils.storage.calls import describe_endpoint
 from torch_dataloader_utils.storage.fs import native_s3_options
 from torch_dataloader_utils.storage.native_s3 import check_native
 
-__all__ = ["UserFileSystem", "check_filesystem"]
+__all__ = ["UserFileSystem"]
 
 _ARROW_PROTOCOLS = {
     "local": ("file", "local"),
@@ -45,22 +45,6 @@ _ARROW_PROTOCOLS = {
     "abfs": ("abfs", "az", "abfss"),
     "hdfs": ("hdfs",),
 }
-
-
-def check_filesystem(value: object) -> None:
-    """Refuse anything but an fsspec or pyarrow filesystem instance.
-
-    Raises:
-        OptionTypeError: naming the type given and what to pass.
-    """
-    if isinstance(value, (fsspec.AbstractFileSystem, pafs.FileSystem)):
-        return
-    shown = f"the class {value.__name__}" if isinstance(value, type) else f"a {type(value).__name__}"
-    raise OptionTypeError(
-        f"filesystem={value!r} is {shown}; pass a filesystem instance: an fsspec "
-        "AbstractFileSystem (e.g. s3fs.S3FileSystem(...), fsspec.filesystem('memory')) or a "
-        "pyarrow.fs.FileSystem (e.g. pyarrow.fs.S3FileSystem(...))"
-    )
 
 
 def _class_name(obj: object) -> str:
@@ -72,6 +56,19 @@ def _fsspec_protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
     protocol = fs.protocol
     names = protocol if isinstance(protocol, (tuple, list)) else (protocol,)
     return tuple(str(n) for n in names)
+
+
+def _arrow_endpoint(filesystem: pafs.FileSystem) -> dict[str, Any]:
+    """``{"endpoint_url": ...}`` of a pyarrow S3 filesystem with an endpoint override (for messages)."""
+    try:
+        reduced = filesystem.__reduce__()
+        kwargs = reduced[1][0] if isinstance(reduced[1][0], dict) else {}
+    except Exception:
+        return {}
+    host = kwargs.get("endpoint_override")
+    if not host:
+        return {}
+    return {"endpoint_url": host if "://" in host else f"{kwargs.get('scheme') or 'https'}://{host}"}
 
 
 class UserFileSystem:
@@ -92,7 +89,10 @@ class UserFileSystem:
     """
 
     def __init__(self, filesystem: Any) -> None:
-        check_filesystem(filesystem)
+        if not isinstance(filesystem, (fsspec.AbstractFileSystem, pafs.FileSystem)):
+            raise OptionTypeError(
+                f"filesystem={filesystem!r} is not an fsspec or pyarrow filesystem instance"
+            )
         self._given: Any = filesystem
         self._pid = os.getpid()
         self._local: dict[str, Any] = {}
@@ -108,7 +108,7 @@ class UserFileSystem:
         if isinstance(filesystem, pafs.FileSystem) and inner is None:
             self.kind = "arrow"
             self.protocols = _ARROW_PROTOCOLS.get(filesystem.type_name, (filesystem.type_name,))
-            self.options: dict[str, Any] = {}
+            self.options: dict[str, Any] = _arrow_endpoint(filesystem)
         else:
             assert inner is not None
             self.kind = "fsspec"
@@ -234,10 +234,16 @@ class UserFileSystem:
                 f"{', '.join(p + '://' for p in self.protocols)}; pass a path on that filesystem "
                 "(with its scheme or none)"
             )
-        if self.kind == "fsspec":
-            return str(self.fsspec()._strip_protocol(path))
         stripped = rest if sep else path
+        if self.kind == "fsspec":
+            return str(self.fsspec()._strip_protocol(stripped))
         return os.path.abspath(stripped) if self.is_local else stripped.rstrip("/")
 
     def __repr__(self) -> str:
         return f"UserFileSystem({self.name}, data_path={self.data_path!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UserFileSystem) and other.token == self.token
+
+    def __hash__(self) -> int:
+        return hash(self.token)

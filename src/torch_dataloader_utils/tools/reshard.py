@@ -72,6 +72,7 @@ from torch_dataloader_utils.runtime import env, share
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.storage.fs import resolve
 from torch_dataloader_utils.storage.redact import redact
+from torch_dataloader_utils.storage.userfs import UserFileSystem
 from torch_dataloader_utils.tools.checksum import Checksums, key_hashes
 from torch_dataloader_utils.tools.reshard_io import (
     STATE_DIR,
@@ -220,6 +221,7 @@ class SourceSpec:
     schema: pa.Schema | None = None
     catalog_config: Mapping[str, Any] | None = None
     snapshot_id: int | None = None
+    filesystem: Any = None
 
     def __post_init__(self) -> None:
         if self.format not in SOURCE_FORMATS:
@@ -234,7 +236,11 @@ class SourceSpec:
                     f"{name}= applies to format='iceberg' (got format={self.format!r}); drop it"
                 )
         if iceberg:
-            for name, given in (("partitioning", self.partitioning), ("schema", self.schema)):
+            for name, given in (
+                ("partitioning", self.partitioning),
+                ("schema", self.schema),
+                ("filesystem", self.filesystem),
+            ):
                 if given is not None:
                     raise IncompatibleOptionsError(f"{name}= does not apply to format='iceberg'; drop it")
         if iceberg and not isinstance(self.src, str):
@@ -262,6 +268,8 @@ class SourceSpec:
             )
         from torch_dataloader_utils.runtime.files import StructuredDataset
 
+        if self.filesystem is not None:
+            common["filesystem"] = self.filesystem
         return StructuredDataset(
             self.src if isinstance(self.src, str) else list(self.src),
             format=self.format,
@@ -348,6 +356,24 @@ class ReshardReport:
         )
 
 
+def _destination_filesystem(
+    dst: str, filesystem: Any, dst_filesystem: Any, dst_storage_options: Mapping[str, Any] | None
+) -> UserFileSystem | None:
+    """The user's filesystem object for ``dst``: ``dst_filesystem``, else ``filesystem`` on its scheme."""
+    if dst_filesystem is not None:
+        if dst_storage_options:
+            raise IncompatibleOptionsError(
+                "dst_filesystem and dst_storage_options were both given; configure the filesystem "
+                "object instead, or drop dst_filesystem"
+            )
+        return UserFileSystem(dst_filesystem)
+    if filesystem is None or dst_storage_options is not None:
+        return None
+    wrapped = UserFileSystem(filesystem)
+    scheme, sep, _ = dst.partition("://")
+    return wrapped if not sep or scheme in wrapped.protocols else None
+
+
 def reshard(
     src: str | Sequence[str],
     dst: str,
@@ -371,6 +397,8 @@ def reshard(
     workers: int | None = 1,
     verify: bool = False,
     rank_timeout: float = DEFAULT_RANK_TIMEOUT,
+    filesystem: Any = None,
+    dst_filesystem: Any = None,
 ) -> ReshardReport:
     """Rewrite a dataset into Parquet shards of a target size, with a manifest the loader opens.
 
@@ -412,6 +440,10 @@ def reshard(
             an order-independent checksum of every column.
         rank_timeout: Seconds a rank waits for the others at a barrier, when reshard
             starts the process group itself (torchrun without one).
+        filesystem: The source's filesystem object (an fsspec or pyarrow filesystem
+            instance, as the loader's ``filesystem=``) instead of ``storage_options``;
+            also used for ``dst`` when ``dst`` has no scheme or the filesystem's.
+        dst_filesystem: The output's filesystem object, when it differs.
 
     Returns:
         A :class:`ReshardReport` with the manifest.
@@ -463,16 +495,18 @@ def reshard(
         schema=schema,
         catalog_config=catalog_config,
         snapshot_id=snapshot_id,
+        filesystem=filesystem,
     )
     if not isinstance(dst, str) or not dst:
         raise ConfigError(f"dst={dst!r} must be a directory path or URL")
+    dst_given = _destination_filesystem(dst, filesystem, dst_filesystem, dst_storage_options)
     if (
         dst_storage_options is None
         and _protocol(dst) == _protocol(_first(src_value))
         and source.format != "iceberg"
     ):
         dst_storage_options = storage_options
-    spec, root = resolve(dst, dst_storage_options)
+    spec, root = resolve(dst, dst_storage_options, filesystem=dst_given)
     dest = Destination(spec, root.rstrip("/") or "/")
     with share.job_world(options.rank_timeout) as world:
         dataset = source.open()
@@ -1061,6 +1095,7 @@ class _Job:
         self.output = StructuredDataset(
             self.dest.display(),
             storage_options=dict(self.dest.fs.storage_options) or None,
+            filesystem=self.dest.fs.user,
             use_manifest=True,
             equal_batches="off",
             num_workers=0,
