@@ -129,9 +129,8 @@ def remote_request(fs: FileSystemSpec, config: FetchConfig, path: str, call: Cal
                 "(key, secret, token) in storage_options and that they may list this bucket"
             ) from error
         raise DiscoveryError(
-            f"{where} failed {failed.how(config)}; check that endpoint_url in storage_options "
-            "points at a running storage server reachable from here, or raise request_timeout= "
-            "/ retries="
+            f"{where} failed {failed.how(config)}; check that {fs.where_to_fix} points at a running "
+            "storage server reachable from here, or raise request_timeout= / retries="
         ) from error
 
 

@@ -194,10 +194,12 @@ def fetch_range(
         return retry_call(attempt, config, on_retry)
     except GaveUp as failed:
         endpoint = fs.endpoint or "its storage"
+        where = "in storage_options" if fs.user is None else f"of filesystem={fs.user.name}"
+        advice = "" if fs.user is None else fs.user.advice
         hint = (
-            f"; check that {endpoint} is up and reachable, or raise retries= / request_timeout="
+            f"; check that {endpoint} is up and reachable, or raise retries= / request_timeout={advice}"
             if failed.transient
-            else f"; check the path, the credentials and the endpoint ({endpoint}) in storage_options"
+            else f"; check the path, the credentials and the endpoint ({endpoint}) {where}"
         )
         raise ReadError(
             f"reading {fs.display(path)!r} bytes [{start}, {stop}) failed {failed.how(config)}{hint}"

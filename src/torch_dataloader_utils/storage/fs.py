@@ -157,11 +157,14 @@ class GivenFileSystem(Protocol):
     """
 
     token: str
+    name: str
     protocols: tuple[str, ...]
     is_local: bool
     data_path: str
     kind: str
     """``"fsspec"`` or ``"arrow"`` (a pyarrow filesystem: every read goes through it)."""
+    advice: str
+    """What to change when its requests time out, for known traps (or ``""``)."""
 
     @property
     def native(self) -> bool:
@@ -295,6 +298,13 @@ class FileSystemSpec(RedactedRepr):
         if self.is_local:
             return None
         return describe_endpoint(self.protocol, self.storage_options)
+
+    @property
+    def where_to_fix(self) -> str:
+        """Where the endpoint is configured, for error messages."""
+        if self.user is not None:
+            return f"the filesystem object's settings (filesystem={self.user.name}){self.user.advice}"
+        return "endpoint_url in storage_options"
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("_options_key", "_native_decision")}

@@ -71,6 +71,19 @@ def _arrow_endpoint(filesystem: pafs.FileSystem) -> dict[str, Any]:
     return {"endpoint_url": host if "://" in host else f"{kwargs.get('scheme') or 'https'}://{host}"}
 
 
+def _advice(inner: fsspec.AbstractFileSystem | None, options: dict[str, Any]) -> str:
+    """What to change when requests through ``inner`` time out, for known traps ('' if none)."""
+    if type(inner).__name__ == "ExtendedGcsFileSystem":
+        endpoint = str(options.get("endpoint_url") or "")
+        if endpoint and "googleapis.com" not in endpoint:
+            return (
+                "; gcsfs's default class (ExtendedGcsFileSystem) first asks Google's gRPC API for "
+                f"the bucket's layout, which {endpoint} does not answer: pass "
+                "gcsfs.core.GCSFileSystem(...) instead, or set GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false"
+            )
+    return ""
+
+
 class UserFileSystem:
     """A filesystem instance given by the user, usable in this process and rebuilt in others.
 
@@ -83,6 +96,7 @@ class UserFileSystem:
         name: The object's class, for messages.
         data_path: How data bytes are read, and why (``"pyarrow's native S3 client (...)"``,
             ``"the filesystem object (...)"``).
+        advice: What to change when its requests time out, for known traps (or ``""``).
 
     Raises:
         OptionTypeError: ``filesystem`` is not a filesystem instance.
@@ -119,6 +133,7 @@ class UserFileSystem:
         )
         self._native_s3: dict[str, Any] | None = None
         self.data_path = self._decide(filesystem, inner)
+        self.advice = _advice(inner, self.options)
 
     @staticmethod
     def _fsspec_of(filesystem: Any) -> fsspec.AbstractFileSystem | None:
