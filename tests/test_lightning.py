@@ -23,6 +23,15 @@ pytest.importorskip("lightning")
 from tests.fixtures.data import WriteParquet
 from tests.fixtures.e2e import assert_exactly_once
 from tests.fixtures.s3 import free_ports
+from torch_dataloader_utils.runtime.loader import ResumableDataLoader
+
+# The data module builds on the loader's trainer-facing promises of issue 28 items 1-2
+# (len() the full epoch after load_state_dict, remaining_batches, sampler.set_epoch),
+# built on another branch: without them Lightning cuts the resumed epochs short.
+pytestmark = pytest.mark.skipif(
+    not hasattr(ResumableDataLoader, "remaining_batches"),
+    reason="needs the loader's full-epoch len() and sampler.set_epoch (issue 28 items 1-2)",
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "lightning_scripts" / "fit.py"
