@@ -215,7 +215,6 @@ def discover(
         return _discover_parquet(path, source, fetch or FetchConfig(), share, user)
     listing = list_files(path, fs_options, fetch, filesystem=user)
     fs = listing.fs
-    _log_data_path(fs)
     partitions = infer_partitions(listing.files) if partitioning == "hive" else None
     if format is FileFormat.ORC:
         footers = read_orc_footers(fs, listing.files)
@@ -233,10 +232,6 @@ def given_filesystem(source: FileSourceConfig) -> GivenFileSystem | None:
     if given is None or isinstance(given, UserFileSystem):
         return given
     return UserFileSystem(given)
-
-
-def _log_data_path(fs: FileSystemSpec) -> None:
-    log.info("data bytes of %s are read through %s", fs.protocol, fs.data_path_description)
 
 
 def _discover_text(
@@ -480,7 +475,6 @@ def _discover_parquet(
     # Rank 0 lists (and reads the cache); every rank receives the listing.
     got = share.from_rank0(head)
     if got.manifest is not None:
-        _log_data_path(got.manifest[0])
         if source.metadata_cache is not None:
             log.info(
                 "metadata_cache=%r is not used: the dataset is read from its reshard manifest",
@@ -497,7 +491,6 @@ def _discover_parquet(
         deadline=fetch.request_timeout,
         filesystem=user,
     )[0]
-    _log_data_path(fs)
     listing = from_ipc(got.listing)
     partitions = infer_partitions(listed_files(listing)) if source.partitioning == "hive" else None
     resolved: list[tuple[Reference, _Request]] = []
