@@ -32,9 +32,9 @@ Example::
     data = StructuredDataModule("s3://bucket/train/", val="s3://bucket/val/",
                                 batch_size=256, shuffle=True, num_workers=4)
     trainer = L.Trainer(max_epochs=3, callbacks=[L.pytorch.callbacks.ModelCheckpoint(
-        every_n_train_steps=500, save_top_k=-1)])
-    trainer.fit(model, datamodule=data)                            # preempted...
-    trainer.fit(model, datamodule=data, ckpt_path="last.ckpt")    # ...resumed exactly
+        dirpath="ckpt/", every_n_train_steps=500, save_last=True)])
+    trainer.fit(model, datamodule=data)                              # preempted...
+    trainer.fit(model, datamodule=data, ckpt_path="ckpt/last.ckpt")  # ...resumed exactly
 """
 
 from __future__ import annotations
