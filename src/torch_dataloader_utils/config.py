@@ -19,7 +19,12 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-from torch_dataloader_utils.errors import ConfigError, DistributedConfigError, IncompatibleOptionsError
+from torch_dataloader_utils.errors import (
+    ConfigError,
+    DistributedConfigError,
+    IncompatibleOptionsError,
+    OptionTypeError,
+)
 from torch_dataloader_utils.plan.mixing import DEFAULT_MIX_ROWS, RowMixing
 from torch_dataloader_utils.plan.types import EqualBatches  # defined in pure plan/, coerced here
 from torch_dataloader_utils.storage.redact import RedactedRepr, redact
@@ -455,7 +460,9 @@ class ProgressConfig:
             percentage), updated in the main process as batches arrive: a ``tqdm`` bar
             on a terminal, log lines otherwise.
         progress_interval_sec: Seconds between two progress lines when standard error
-            is not a terminal (> 0); bars refresh on their own.
+            is not a terminal (>= 0); ``0`` writes a line for every batch (and redraws a
+            bar at every batch), as 0.2.0's ``progress_interval_sec=0`` refreshed its bars
+            at every batch.
         progress_all_ranks: Show progress on every rank (each line prefixed with its
             rank), not only on rank 0.
     """
@@ -468,8 +475,11 @@ class ProgressConfig:
         check_bool(self.show_progress, "show_progress")
         check_bool(self.progress_all_ranks, "progress_all_ranks")
         interval = self.progress_interval_sec
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
-            raise ConfigError(f"progress_interval_sec={interval!r} must be a number of seconds > 0")
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval < 1e9:
+            raise ConfigError(
+                f"progress_interval_sec={interval!r} must be a number of seconds >= 0 (0: a line "
+                "for every batch)"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -766,6 +776,37 @@ METADATA_CACHE_CHECKS = ("listing", "on_open")
 """The values of ``metadata_cache_check``."""
 
 
+def _check_filesystem(filesystem: object, storage_options: Mapping[str, Any] | None) -> None:
+    """``filesystem=``: a filesystem instance, and no ``storage_options`` beside it.
+
+    Raises:
+        OptionTypeError: not an fsspec or pyarrow filesystem instance.
+        IncompatibleOptionsError: ``storage_options`` given too (they would be ignored).
+    """
+    import fsspec
+    import pyarrow.fs as pafs
+
+    if not isinstance(filesystem, (fsspec.AbstractFileSystem, pafs.FileSystem)) and not hasattr(
+        filesystem,
+        "protocols",  # already wrapped by the library (storage.userfs.UserFileSystem)
+    ):
+        shown = (
+            f"the class {filesystem.__name__}" if isinstance(filesystem, type) else type(filesystem).__name__
+        )
+        raise OptionTypeError(
+            f"filesystem={filesystem!r} is not a filesystem instance ({shown}); pass an fsspec "
+            "AbstractFileSystem (e.g. s3fs.S3FileSystem(...), fsspec.filesystem('memory')) or a "
+            "pyarrow.fs.FileSystem (e.g. pyarrow.fs.S3FileSystem(...))"
+        )
+    if storage_options:
+        raise IncompatibleOptionsError(
+            f"filesystem={type(filesystem).__name__} and storage_options="
+            f"{redact(dict(storage_options))!r} were both given: the filesystem object is used for "
+            "every request, so storage_options would be ignored; configure the filesystem object "
+            "instead, or drop filesystem="
+        )
+
+
 @dataclass(frozen=True, kw_only=True, repr=False)
 class FileSourceConfig(RedactedRepr):
     """Which files are read, and how (the source options of :class:`StructuredDataset`).
@@ -777,6 +818,9 @@ class FileSourceConfig(RedactedRepr):
             statistics and partition values for pruning), or ``None``.
         partitioning: ``"hive"`` to read ``key=value`` directories as columns, or ``None``.
         storage_options: Options of the fsspec filesystem (credentials, endpoint...).
+        filesystem: A filesystem object (an fsspec ``AbstractFileSystem`` or a
+            ``pyarrow.fs.FileSystem`` instance) used for every request instead of one the
+            library builds from ``storage_options``, or ``None``.
         schema: CSV / JSONL: a ``pyarrow.Schema`` for every file, or ``None`` to infer.
         quoted_newlines: CSV: quoted fields may hold newlines (such files are read whole).
         metadata_cache: Parquet: a file (local path or URL) keeping the files' metadata
@@ -795,6 +839,7 @@ class FileSourceConfig(RedactedRepr):
     filters: Any = None
     partitioning: str | None = None
     storage_options: Mapping[str, Any] | None = None
+    filesystem: Any = None
     schema: Any = None
     quoted_newlines: bool = False
     metadata_cache: str | None = None
@@ -820,6 +865,8 @@ class FileSourceConfig(RedactedRepr):
                 f"storage_options={redact(self.storage_options)!r} must be a dict of filesystem "
                 "options, e.g. {'key': ..., 'secret': ..., 'endpoint_url': ...}"
             )
+        if self.filesystem is not None:
+            _check_filesystem(self.filesystem, self.storage_options)
         check_bool(self.quoted_newlines, "quoted_newlines")
         if self.use_manifest is not None:
             check_bool(self.use_manifest, "use_manifest")
@@ -959,6 +1006,7 @@ class ReshardSourceConfig(RedactedRepr):
         schema: CSV / JSONL: the column types.
         catalog_config: Iceberg: ``pyiceberg.catalog.load_catalog`` properties.
         snapshot_id: Iceberg: the snapshot to read (default: the current one).
+        filesystem: The source's filesystem object (fsspec or pyarrow), or ``None``.
     """
 
     src: str | tuple[str, ...]
@@ -970,6 +1018,7 @@ class ReshardSourceConfig(RedactedRepr):
     schema: Any = None
     catalog_config: Mapping[str, Any] | None = None
     snapshot_id: int | None = None
+    filesystem: Any = None
 
     def __post_init__(self) -> None:
         if self.format not in RESHARD_SOURCE_FORMATS:
@@ -984,7 +1033,11 @@ class ReshardSourceConfig(RedactedRepr):
                     f"{name}= applies to format='iceberg' (got format={self.format!r}); drop it"
                 )
         if iceberg:
-            for name, given in (("partitioning", self.partitioning), ("schema", self.schema)):
+            for name, given in (
+                ("partitioning", self.partitioning),
+                ("schema", self.schema),
+                ("filesystem", self.filesystem),
+            ):
                 if given is not None:
                     raise IncompatibleOptionsError(f"{name}= does not apply to format='iceberg'; drop it")
         if iceberg and not isinstance(self.src, str):

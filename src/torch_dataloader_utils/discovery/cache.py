@@ -140,7 +140,7 @@ def _read(fs: FileSystemSpec, path: str, config: FetchConfig) -> bytes:
         with open(path, "rb") as f:
             return f.read()
     try:  # one GET, retried within the request's time budget
-        return bytes(retry_call(lambda: fs.fsspec().cat_file(path), config))
+        return bytes(retry_call(lambda: fs.call("cat_file", path), config))
     except GaveUp as failed:
         if isinstance(failed.error, FileNotFoundError):
             raise failed.error from None
@@ -253,7 +253,7 @@ def save_cache(fs: FileSystemSpec, path: str, data: bytes, fetch: FetchConfig | 
     if not fs.is_local:
         config = fetch or FetchConfig()
         try:  # one PUT, retried within the request's time budget
-            retry_call(lambda: fs.fsspec().pipe_file(path, data), config)
+            retry_call(lambda: fs.call("pipe_file", path, data), config)
         except GaveUp as failed:
             raise OSError(f"writing it failed {failed.how(config)}") from failed.error
         return

@@ -45,7 +45,7 @@ from torch_dataloader_utils.config import FetchConfig
 from torch_dataloader_utils.discovery.listing import remote_request
 from torch_dataloader_utils.errors import ConfigError, CorruptFileError
 from torch_dataloader_utils.plan.types import FileInfo, RowGroup
-from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
+from torch_dataloader_utils.storage.fs import FileSystemSpec, GivenFileSystem, resolve
 from torch_dataloader_utils.storage.partitions import Partitions
 
 __all__ = [
@@ -370,6 +370,7 @@ def find_manifest(
     *,
     required: bool,
     fetch: FetchConfig | None = None,
+    filesystem: GivenFileSystem | None = None,
 ) -> tuple[FileSystemSpec, str, Manifest] | None:
     """The manifest of ``path`` (a resharded directory, or its ``_manifest.json``), if any.
 
@@ -391,7 +392,13 @@ def find_manifest(
     if not required and not _probe(path):
         return None
     config = fetch or FetchConfig()
-    spec, stripped = resolve(path, storage_options, timeout=config.attempt_timeout)
+    spec, stripped = resolve(
+        path,
+        storage_options,
+        timeout=config.attempt_timeout,
+        deadline=config.request_timeout,
+        filesystem=filesystem,
+    )
     if posixpath.basename(stripped.rstrip("/")) == MANIFEST_NAME:
         manifest_path = stripped
         root = posixpath.dirname(stripped) if not spec.is_local else os.path.dirname(stripped)
@@ -406,7 +413,7 @@ def find_manifest(
         else:
             # Looking for the manifest is the first request of listing the directory: a
             # failure is reported as the listing's (the directory named, within its budget).
-            data = remote_request(spec, config, root, lambda: bytes(spec.fsspec().cat_file(manifest_path)))
+            data = remote_request(spec, config, root, lambda: bytes(spec.call("cat_file", manifest_path)))
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
         if required:
             raise ConfigError(

@@ -73,6 +73,7 @@ from torch_dataloader_utils.plan.types import World
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.iceberg_props import catalog_properties
 from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
+from torch_dataloader_utils.storage.userfs import UserFileSystem
 
 __all__ = [
     "FileLoaderOptions",
@@ -133,7 +134,8 @@ class ReadOptions(TypedDict, total=False):
     ``False``)."""
     progress_interval_sec: float
     """Seconds between two progress lines when standard error is not a terminal
-    (default 120; a line is also written at the end of each pass)."""
+    (default 120; a line is also written at the end of each pass); ``0`` writes a line
+    for every batch (and redraws a bar at every batch, as 0.2.0 did)."""
     progress_all_ranks: bool
     """Show progress on every rank, each prefixed with its rank (default ``False``:
     rank 0 only)."""
@@ -211,6 +213,15 @@ class FileReadOptions(ReadOptions, total=False):
 
     storage_options: Mapping[str, Any] | None
     """Filesystem options (credentials, endpoint), used for listing, footers and reading."""
+    filesystem: Any
+    """A filesystem object used for every request (listing, footers, file checks, reads,
+    the ``metadata_cache``): an fsspec ``AbstractFileSystem`` (``s3fs.S3FileSystem(...)``,
+    ``gcsfs``, ``adlfs``, ``memory``...) or a ``pyarrow.fs.FileSystem`` instance. The
+    library then builds no filesystem of its own (``storage_options`` must be left out);
+    ``path`` is on it, with its scheme or none. DataLoader workers rebuild it from its
+    pickle. Bytes take pyarrow's native client only where it provably reaches the same
+    storage with the same credentials, else the object itself (logged at INFO; see
+    docs/object-storage.md). Default ``None``."""
     partitioning: str | None
     """``"hive"`` reads ``key=value`` directories as typed columns."""
     schema: pa.Schema | None
@@ -545,6 +556,12 @@ class ReshardKeywords(TypedDict, total=False):
     rank_timeout: float
     """Seconds a rank waits for the others at a barrier, when reshard starts the process
     group itself (torchrun without one; default 24 hours)."""
+    filesystem: Any
+    """The source's filesystem object (an fsspec or pyarrow filesystem instance, as the
+    loader's ``filesystem=``) instead of ``storage_options``; also used for ``dst`` when
+    ``dst`` has no scheme or the filesystem's."""
+    dst_filesystem: Any
+    """The output's filesystem object, when it differs from the source's."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -617,6 +634,7 @@ def _reshard_source(src: object, given: Mapping[str, Any]) -> ReshardSourceConfi
         schema=given.get("schema"),
         catalog_config=given.get("catalog_config"),
         snapshot_id=given.get("snapshot_id"),
+        filesystem=given.get("filesystem"),
     )
 
 
@@ -662,12 +680,31 @@ def reshard_request(src: object, dst: object, given: Mapping[str, Any]) -> Resha
     if not isinstance(dst, str) or not dst:
         raise ConfigError(f"dst={dst!r} must be a directory path or URL")
     dst_options = given.get("dst_storage_options")
+    dst_given = _destination_filesystem(dst, source.filesystem, given.get("dst_filesystem"), dst_options)
     if dst_options is None and _protocol(dst) == _protocol(source.first_path) and source.format != "iceberg":
         dst_options = source.storage_options
-    fs, root = resolve(dst, dst_options)
+    fs, root = resolve(dst, dst_options, filesystem=dst_given)
     root = root.rstrip("/") or "/"
     _check_apart(source, job, fs, root)
     return ReshardRequest(source=source, job=job, dst_fs=fs, dst_root=root)
+
+
+def _destination_filesystem(
+    dst: str, filesystem: Any, dst_filesystem: Any, dst_storage_options: Mapping[str, Any] | None
+) -> UserFileSystem | None:
+    """The user's filesystem object for ``dst``: ``dst_filesystem``, else ``filesystem`` on its scheme."""
+    if dst_filesystem is not None:
+        if dst_storage_options:
+            raise IncompatibleOptionsError(
+                "dst_filesystem and dst_storage_options were both given; configure the filesystem "
+                "object instead, or drop dst_filesystem"
+            )
+        return UserFileSystem(dst_filesystem)
+    if filesystem is None or dst_storage_options is not None:
+        return None
+    wrapped = UserFileSystem(filesystem)
+    scheme, sep, _ = dst.partition("://")
+    return wrapped if not sep or scheme in wrapped.protocols else None
 
 
 def _directory_of(path: str) -> str:
@@ -716,7 +753,8 @@ def _check_apart(
     # A shard as it will be named: dst/[key=value/...]part-00000.parquet.
     shard = "/".join([dst, *(f"{name}=v" for name in job.partition_by), "part-00000.parquet"])
     for given in paths:
-        fs, stripped = resolve(given, source.storage_options)
+        user = None if source.filesystem is None else UserFileSystem(source.filesystem)
+        fs, stripped = resolve(given, source.storage_options, filesystem=user)
         if fs.protocol != dst_fs.protocol:
             continue
         src = os.path.realpath(stripped) if fs.is_local and stripped == _directory_of(stripped) else stripped

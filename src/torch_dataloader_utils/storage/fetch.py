@@ -200,12 +200,15 @@ def fetch_range(
     except GaveUp as failed:
         endpoint = fs.endpoint or "its storage"
         descriptors = too_many_open_files(failed.error)
+        where = "in storage_options" if fs.user is None else f"of filesystem={fs.user.name}"
+        advice = "" if fs.user is None else fs.user.advice
         if descriptors is not None:
             hint = f": {descriptors}"
         elif failed.transient:
             hint = f"; check that {endpoint} is up and reachable, or raise retries= / request_timeout="
+            hint += advice
         else:
-            hint = f"; check the path, the credentials and the endpoint ({endpoint}) in storage_options"
+            hint = f"; check the path, the credentials and the endpoint ({endpoint}) {where}"
         raise ReadError(
             f"reading {fs.display(path)!r} bytes [{start}, {stop}) failed {failed.how(config)}{hint}"
         ) from failed.error

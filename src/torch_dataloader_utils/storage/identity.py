@@ -93,9 +93,8 @@ def current_state(fs: FileSystemSpec, path: str) -> tuple[int, float | None]:
             raise FileNotFoundError(path)
         mtime = info.mtime.timestamp() if info.mtime is not None else None
         return int(info.size or 0), mtime
-    client = fs.fsspec()
-    client.invalidate_cache(path)
-    details = client.info(path)
+    fs.fsspec().invalidate_cache(path)
+    details = fs.call("info", path)
     return int(details.get("size") or 0), mtime_of(details)
 
 

@@ -149,6 +149,8 @@ def open_source(source: ReshardSourceConfig) -> PlannedDataset:
         )
     from torch_dataloader_utils.runtime.files import StructuredDataset
 
+    if source.filesystem is not None:
+        common["filesystem"] = source.filesystem
     return StructuredDataset(
         source.src if isinstance(source.src, str) else list(source.src),
         format=source.format,
@@ -254,8 +256,9 @@ def reshard(src: str | Sequence[str], dst: str, **options: Unpack[ReshardKeyword
         **options: Every keyword of
             :class:`~torch_dataloader_utils.runtime.options.ReshardKeywords`: the
             source's (``format``, ``columns``, ``filters``, ``storage_options``,
-            ``partitioning``, ``schema``, ``catalog_config``, ``snapshot_id``), the
-            output's (``dst_storage_options``, ``target_file_size``, ``row_group_bytes``
+            ``partitioning``, ``schema``, ``catalog_config``, ``snapshot_id``,
+            ``filesystem``), the output's (``dst_storage_options``, ``dst_filesystem``,
+            ``target_file_size``, ``row_group_bytes``
             or ``row_group_rows``, ``compression``, ``sort_by``, ``group_by``,
             ``partition_by``) and the job's (``workers``, ``verify``, ``rank_timeout``).
 
@@ -872,7 +875,9 @@ class _Job:
 
     def _as_listed(self, entries: Sequence[ShardEntry]) -> list[ShardEntry]:
         """``entries`` with the modification times a listing gives (sizes checked against it)."""
-        listing = list_files(self.dest.display(), dict(self.dest.fs.storage_options) or None)
+        listing = list_files(
+            self.dest.display(), dict(self.dest.fs.storage_options) or None, filesystem=self.dest.fs.user
+        )
         if not listing.fs.is_local:  # the manifest is written next: no stale listing cache
             listing.fs.fsspec().invalidate_cache()
         found = {f.path: f for f in listing.files}
@@ -918,6 +923,7 @@ class _Job:
         self.output = StructuredDataset(
             self.dest.display(),
             storage_options=dict(self.dest.fs.storage_options) or None,
+            filesystem=self.dest.fs.user,
             use_manifest=True,
             equal_batches="off",
             num_workers=0,
