@@ -21,7 +21,7 @@ from torch.utils.data import IterableDataset
 
 from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches, check_int
 from torch_dataloader_utils.convert import BatchConverter
-from torch_dataloader_utils.errors import IncompatibleOptionsError, UnknownLengthError
+from torch_dataloader_utils.errors import IncompatibleOptionsError, ResumeStateError, UnknownLengthError
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
@@ -37,7 +37,7 @@ from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics,
 from torch_dataloader_utils.runtime.options import Options
 from torch_dataloader_utils.runtime.progress import Progress
 from torch_dataloader_utils.runtime.report import report_plan
-from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged, complete_state
+from torch_dataloader_utils.runtime.state import EpochProgress, ResumeTracker, Tagged, complete_state
 from torch_dataloader_utils.runtime.watchdog import watch_parent
 from torch_dataloader_utils.runtime.workstats import WorkStats
 from torch_dataloader_utils.transfer import SegmentPool, pack
@@ -161,6 +161,7 @@ class PlannedDataset(IterableDataset[Any]):
         self._piece_rows: dict[tuple[int, int, int], list[list[int]] | None] = {}
         self._last_rows: tuple[list[dict[str, Any]], int, int, list[list[int]] | None] | None = None
         self._logged: set[int] = set()
+        self._warned_repeat = False
         self.metrics = MetricsRecorder(options.progress)
         """Per-worker counters of the batches received (see :meth:`get_metrics`)."""
         self.transport: SegmentPool | None = None
@@ -231,9 +232,54 @@ class PlannedDataset(IterableDataset[Any]):
         ``DistributedSampler.set_epoch``). Works with persistent workers.
         """
         check_int(epoch, "epoch", 0)
+        loaded = self._state.unread_loaded_epoch()
+        if loaded is not None and loaded != epoch:
+            self._warn_dropped_state(loaded, epoch)
         self._epoch.fill_(epoch)
         self._state.on_set_epoch(epoch)
         self.metrics.reset()
+
+    def _warn_dropped_state(self, loaded: int, epoch: int) -> None:
+        """``set_epoch(epoch)`` drops a state loaded for epoch ``loaded`` before any of it was read."""
+        consumed = ""
+        try:
+            total, done = self._progress_rows(loaded, self._readers(None))
+        except Exception:  # a figure for the message only
+            total, done = None, 0
+        if total is not None:
+            consumed = f" ({done:,} of this rank's {total:,} rows of epoch {loaded} had been consumed)"
+        what = (
+            f"epoch {epoch} is read in full and the rest of epoch {loaded} is never read"
+            if epoch > loaded
+            else f"epoch {epoch} is read in full, then epoch {loaded} from its start: its consumed rows "
+            "are read again"
+        )
+        warnings.warn(
+            f"set_epoch({epoch}) drops the resume state loaded for epoch {loaded} before any of it was "
+            f"read{consumed}: {what}. A resumed loop continues at the state's epoch: call "
+            f"set_epoch({loaded}) (dataset.epoch after load_state_dict) and count epochs from there",
+            UserWarning,
+            stacklevel=3,
+        )
+
+    def begin_pass(self, num_workers: int) -> EpochProgress:
+        """Main process: a pass over the current epoch starts; returns its record.
+
+        Warns once when ``shuffle=True`` and a pass over the same epoch already ran to its
+        end with no ``set_epoch`` since: every epoch would repeat one order.
+        """
+        state = self._state
+        if state.completed_pass and self._options.shuffle.shuffle and not self._warned_repeat:
+            self._warned_repeat = True
+            warnings.warn(
+                f"a second pass over epoch {self.epoch} starts with shuffle=True and no set_epoch() "
+                "since the first one ended: it repeats the same order. Call loader.set_epoch(epoch) "
+                "(or dataset.set_epoch, or loader.sampler.set_epoch, which Lightning calls) before "
+                "every epoch",
+                UserWarning,
+                stacklevel=4,
+            )
+        return state.begin(num_workers, self.epoch)
 
     # -- metrics ----------------------------------------------------------------
     def get_metrics(self) -> list[WorkerMetrics]:
@@ -559,23 +605,50 @@ class PlannedDataset(IterableDataset[Any]):
         return rows
 
     def num_batches(self, epoch: int | None = None, num_workers: int | None = None) -> int:
-        """Batches this rank yields in ``epoch`` with ``num_workers`` DataLoader workers.
+        """Batches this rank yields in a full pass over ``epoch`` with ``num_workers`` workers.
 
-        With ``equal_batches`` on, the count is the same on every rank and for any
-        ``num_workers``; otherwise each worker's last batch may be short, so it depends
-        on ``num_workers`` (default: the dataset's).
+        The whole epoch's count, also after ``load_state_dict`` (as torchdata's
+        ``StatefulDataLoader`` reports ``len()``): trainers read it once and keep it for
+        later epochs. The batches left of a resumed or running pass are
+        :attr:`remaining_batches`. With ``equal_batches`` on, the count is the same on
+        every rank and for any ``num_workers``; otherwise each worker's last batch may be
+        short, so it depends on ``num_workers`` (default: the dataset's).
 
         Raises:
             UnknownLengthError: row counts are unknown before reading (a ``TypeError``).
         """
+        epoch = self.epoch if epoch is None else epoch
+        return self._pass_batches(epoch, self._readers(num_workers), None)
+
+    @property
+    def remaining_batches(self) -> int:
+        """Batches left in the current epoch from the consumed (or loaded) position.
+
+        During a pass: the batches that pass has still to yield. Between passes: what
+        the next pass yields, the rest of the epoch after ``load_state_dict``, or the
+        full epoch (``len()``); 0 once a pass ran to its end, until ``set_epoch`` (a new
+        pass over the same epoch then reads it whole again).
+
+        Raises:
+            UnknownLengthError: row counts are unknown before reading (a ``TypeError``).
+        """
+        epoch = self.epoch
+        progress = self._state.progress
+        if progress is None:
+            workers = self._readers(None)
+            return self._pass_batches(epoch, workers, self._state.live_segments(epoch))
+        if progress.done:
+            return 0
+        total = self._pass_batches(epoch, progress.num_workers, progress.base or None)
+        return max(0, total - progress.batches)
+
+    def _pass_batches(self, epoch: int, workers: int, segments: list[dict[str, Any]] | None) -> int:
+        """Batches of a pass over ``epoch`` by ``workers`` readers: whole, or after ``segments``."""
         if self._row_count_issue:
             raise UnknownLengthError(
                 f"the number of batches is unknown before reading: {self._row_count_issue}. "
                 "Iterate to count, or drop the row filter to get len()"
             )
-        epoch = self.epoch if epoch is None else epoch
-        workers = self._readers(num_workers)
-        segments = self._state.live_segments(epoch)
         if segments:
             rows: list[int | None] = [
                 None if any(p.num_rows is None for p in pieces) else sum(p.num_rows or 0 for p in pieces)
@@ -598,7 +671,7 @@ class PlannedDataset(IterableDataset[Any]):
         return total
 
     def __len__(self) -> int:
-        """Batches this rank yields in the current epoch (see :meth:`num_batches`)."""
+        """Batches this rank yields in a full pass over the current epoch (see :meth:`num_batches`)."""
         return self.num_batches()
 
     # -- reading ----------------------------------------------------------------
@@ -675,16 +748,17 @@ class PlannedDataset(IterableDataset[Any]):
             yield from self._tagged(batches, positions, work)
             return
         # Iterated directly in the main process: record what the loop consumes here.
-        self._state.begin(1, epoch)
+        progress = self.begin_pass(1)
         self.begin_metrics(0)
         completed = False
         try:
             for item in stall_clock(self._tagged(batches, positions, work), self.metrics):
                 self.metrics.record(item.tag)
-                yield self._state.consume(item)
-            self._state.finish()
+                yield self._state.consume(item, progress)
+            self._state.finish(progress)
             completed = True
         finally:
+            self._state.end(progress)
             self.metrics.finish(completed)
 
     def _tagged(
@@ -739,6 +813,12 @@ class PlannedDataset(IterableDataset[Any]):
         It is tied to the files and options (``fingerprint``) and is small: a cursor
         ``(piece, row offset)`` per worker, per interrupted segment of the epoch.
         """
+        if env.worker_slot().in_worker:
+            raise ResumeStateError(
+                "state_dict() was called in a DataLoader worker, which does not know what the "
+                "training loop consumed (batches count as consumed when the loop receives them, in "
+                "the main process); call loader.state_dict() in the training loop"
+            )
         return self._state.state_dict(self.epoch)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
