@@ -89,18 +89,23 @@ class _Receiver:
         self.thread.join()
 
 
+def superseded() -> IncompatibleOptionsError:
+    """The error of a pass whose persistent workers a newer pass took over."""
+    return IncompatibleOptionsError(
+        "this pass over the loader was ended by a new pass over the same loader: with "
+        "persistent_workers=True every pass uses the same workers, so a pass started inside "
+        "another (e.g. an evaluation over the training loader) ends the outer one. Evaluate "
+        "with a loader of its own, or use persistent_workers=False (each pass then has its "
+        "own workers and the resume state keeps describing the outer pass)"
+    )
+
+
 def received(receiver: _Receiver) -> Iterator[Any]:
     """The items of ``receiver``, in order; its error, raised here; never a silent hang."""
     try:
         while True:
             if receiver.superseded:
-                raise IncompatibleOptionsError(
-                    "this pass over the loader was ended by a new pass over the same loader: with "
-                    "persistent_workers=True every pass uses the same workers, so a pass started inside "
-                    "another (e.g. an evaluation over the training loader) ends the outer one. Evaluate "
-                    "with a loader of its own, or use persistent_workers=False (each pass then has its "
-                    "own workers and the resume state keeps describing the outer pass)"
-                )
+                raise superseded()
             try:
                 kind, value = receiver.queue.get(timeout=1.0)
             except queue.Empty:
@@ -228,10 +233,17 @@ class ResumableDataLoader(DataLoader[Any]):
         # len() may differ between epochs (equal_batches='off' deals them anew); drop torch's cached value.
         self._IterableDataset_len_called = None
         metrics = self.dataset.metrics
+        consume = self.dataset._state.consume
         completed: list[bool] = []
+        passes: list[EpochProgress] = []
         try:
             # The loop's wait is timed around this loader's batches, up to StopIteration.
-            yield from stall_clock(self._batches(completed), metrics)
+            for item in stall_clock(self._batches(completed, passes), metrics):
+                # A batch counts as consumed here, in the generator the loop resumes, with
+                # nothing that can raise between the record and the hand-over: torch's SIGCHLD
+                # handler raises in the main thread wherever it runs (a worker died), and a
+                # batch recorded but never handed over would be skipped by a resume.
+                yield consume(item, passes[0])
         finally:
             metrics.finish(bool(completed))
 
@@ -276,10 +288,12 @@ class ResumableDataLoader(DataLoader[Any]):
             except Exception:  # already shut down or half gone: nothing left to stop
                 log.debug("shutting down the workers of a failed pass", exc_info=True)
 
-    def _batches(self, completed: list[bool]) -> Iterator[Any]:
+    def _batches(self, completed: list[bool], passes: list[EpochProgress]) -> Iterator[Any]:
+        """This pass's items, tagged (``__iter__`` records them); its record goes to ``passes``."""
         state = self.dataset._state
         metrics = self.dataset.metrics
         progress = self._progress = self.dataset.begin_pass(self.num_workers)
+        passes.append(progress)
         self.dataset.begin_metrics(self.num_workers)
         state.tagging = True  # set before workers start: they pickle the dataset
         pool = self._lease_transport()
@@ -306,12 +320,14 @@ class ResumableDataLoader(DataLoader[Any]):
                     if item.work is not None:
                         metrics.add_work(*item.work)
                     for batch, tag in zip(item.batch, item.tag, strict=True):
+                        if receiver is not None and receiver.superseded:
+                            raise superseded()
                         metrics.record(tag)  # type: ignore[arg-type]
-                        yield state.consume(Tagged(batch, tag), progress)  # type: ignore[arg-type]
+                        yield Tagged(batch, tag)  # type: ignore[arg-type]
                 else:
                     if isinstance(item, Tagged):
                         metrics.record(item.tag)
-                    yield state.consume(item, progress)
+                    yield item
             state.finish(progress)
             completed.append(True)
         except GeneratorExit:  # the loop left the pass early (break, close): workers stay

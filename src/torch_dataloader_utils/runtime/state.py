@@ -72,8 +72,11 @@ class EpochProgress:
     def record(self, tag: Sequence[int]) -> None:
         """Note that the batch carrying ``tag`` reached the loop."""
         _, worker, workers, piece, offset = (int(v) for v in tag[:5])
+        cursor = (piece, offset)
+        # Plain stores last, no call after them: an exception raised asynchronously in the
+        # main thread (a signal handler) cannot land between the record and the hand-over.
+        self.cursors[worker] = cursor
         self.num_workers = workers
-        self.cursors[worker] = (piece, offset)
         self.batches += 1
 
     def entry(self, piece_rows: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
