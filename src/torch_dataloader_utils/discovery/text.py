@@ -280,7 +280,10 @@ def _inspect(
     return meta, _sample_schema(sample, is_csv, display)
 
 
-_COLUMNAR_MAGIC = (("parquet", "a Parquet", b"PAR1", slice(-4, None)), ("orc", "an ORC", b"ORC", slice(-4, -1)))
+_COLUMNAR_MAGIC = (
+    ("parquet", "a Parquet", b"PAR1", slice(-4, None)),
+    ("orc", "an ORC", b"ORC", slice(-4, -1)),
+)
 """``(format, name, magic, where the magic sits in the last 4 bytes)``: Parquet files begin
 and end with ``PAR1``; ORC files begin with ``ORC`` and their postscript, before its
 length byte, ends with it."""
