@@ -90,6 +90,13 @@ def _non_negative_number(text: str) -> float:
     return value
 
 
+def _positive_number(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{text!r} must be a number > 0")
+    return value
+
+
 def _dataset_arguments(p: argparse.ArgumentParser) -> None:
     """The options that shape a plan: the source, its reading options, the world."""
     from torch_dataloader_utils.tools import source
@@ -504,12 +511,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument(
         "--bandwidth-mib",
-        type=float,
+        type=_typed(_positive_number, "number"),
         help="MiB/s of one request (default: unlimited)",
     )
     sim.add_argument(
         "--receive-mib",
-        type=float,
+        type=_typed(_positive_number, "number"),
         help="MiB/s one core can receive (copies, TLS): fetching takes CPU from decoding (default: free)",
     )
     sim.add_argument(
@@ -519,9 +526,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests in flight per worker",
     )
     sim.add_argument(
-        "--decode-rate", type=float, help="rows/s of one reading process (default: measured on one chunk)"
+        "--decode-rate",
+        type=_typed(_positive_number, "number"),
+        help="rows/s of one reading process (default: measured on one chunk)",
     )
-    sim.add_argument("--cores-per-rank", type=float, default=1.0, help="cores each rank's processes share")
+    sim.add_argument(
+        "--cores-per-rank",
+        type=_typed(_positive_number, "number"),
+        default=1.0,
+        help="cores each rank's processes share",
+    )
     sim.add_argument(
         "--worker-start",
         type=_typed(_non_negative_number, "number"),

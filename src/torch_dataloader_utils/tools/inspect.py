@@ -103,6 +103,7 @@ class Inspection:
             "bytes": f.bytes,
             "rows": f.rows,
             "live_rows": f.live_rows,
+            "deleted_rows": f.deleted_rows,
             "row_groups": f.row_groups,
             "file_size": {**f.size_spread.as_dict(), "median": f.median_size},
             "file_size_histogram": [list(b) for b in histogram(f.sizes, SIZE_BINS)],

@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 
 from torch_dataloader_utils.config import DEFAULT_READ_AHEAD_BYTES
 from torch_dataloader_utils.discovery.parquet import METADATA_THREADS
+from torch_dataloader_utils.errors import ConfigError
 from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.parquet import READ_BATCH_ROWS
 from torch_dataloader_utils.io.prefetch import FETCH_THREADS, MAX_PART_BYTES, coalesce, column_ranges
@@ -83,6 +84,19 @@ MEASURE_SEC = 0.3
 """A decode measurement repeats the chunk until this long has passed (and at least twice)."""
 
 
+def _at_least(name: str, value: float, flag: str, *, zero: bool = False, infinite: bool = False) -> None:
+    """Refuse a model figure that is negative, not a number, zero (unless ``zero``) or infinite.
+
+    Raises:
+        ConfigError: naming the figure, its value, its command-line flag and what is allowed.
+    """
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and (value > 0 or (zero and value == 0)) and (infinite or math.isfinite(value)):
+        return
+    allowed = ">= 0" if zero else "> 0"
+    raise ConfigError(f"{name}={value!r} must be a finite number {allowed} ({flag})")
+
+
 @dataclass(frozen=True)
 class StorageModel:
     """Where the bytes come from.
@@ -101,6 +115,18 @@ class StorageModel:
     concurrency: int = FETCH_THREADS
     read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES
     receive_rate: float = math.inf
+
+    def __post_init__(self) -> None:
+        _at_least("latency_sec", self.latency_sec, "--latency-ms", zero=True)
+        _at_least("bandwidth", self.bandwidth, "--bandwidth-mib; leave it out for no limit", infinite=True)
+        _at_least("receive_rate", self.receive_rate, "--receive-mib; leave it out for free", infinite=True)
+        _at_least("read_ahead_bytes", self.read_ahead_bytes, "--read-ahead", zero=True)
+        if (
+            isinstance(self.concurrency, bool)
+            or not isinstance(self.concurrency, int)
+            or self.concurrency < 1
+        ):
+            raise ConfigError(f"concurrency={self.concurrency!r} must be an int >= 1 (--concurrency)")
 
     def request_sec(self, nbytes: int) -> float:
         """Time of one request of ``nbytes``."""
@@ -578,6 +604,14 @@ class SimulateRequest:
     step_sec: float = 0.0
     detail: int = 16
     as_json: bool = False
+
+    def __post_init__(self) -> None:
+        if self.decode_rate is not None:
+            _at_least("decode_rate", self.decode_rate, "--decode-rate; leave it out to measure it")
+        _at_least("cores_per_rank", self.cores_per_rank, "--cores-per-rank")
+        if self.worker_start_sec is not None:
+            _at_least("worker_start_sec", self.worker_start_sec, "--worker-start", zero=True)
+        _at_least("step_sec", self.step_sec, "--step-ms", zero=True)
 
 
 def _median_chunk(view: PlanView) -> Chunk | None:
