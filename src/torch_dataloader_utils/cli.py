@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -582,11 +583,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         quiet_library_logs(args.verbose)
     try:
-        return int(args.fn(args))
+        with warnings.catch_warnings():
+            # The library's warnings (a layout that mixes badly, ...) as one line each.
+            warnings.showwarning = _warning_line(f"{PROG} {args.command}")
+            return int(args.fn(args))
     except argparse.ArgumentTypeError as exc:
         return _fail(f"{PROG} {args.command}", str(exc))
     except (DataLoaderUtilsError, OSError) as exc:
         return _fail(f"{PROG} {args.command}", f"{type(exc).__name__}: {exc}")
+
+
+def _warning_line(prog: str) -> Callable[..., None]:
+    def show(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+        print(f"{prog}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    return show
 
 
 def _fail(prog: str, message: str) -> int:

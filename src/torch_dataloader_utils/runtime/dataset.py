@@ -8,6 +8,7 @@ data and hand the core its files, a reader and the output schema.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -15,6 +16,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset
@@ -29,6 +31,8 @@ from torch_dataloader_utils.plan.mixing import RowMixing
 from torch_dataloader_utils.plan.pieces import Piece, as_pieces, mix_pieces, window_pieces
 from torch_dataloader_utils.plan.planner import Planner, PlanSpec, RankPlan, nondeterministic
 from torch_dataloader_utils.plan.resume import Resumer
+from torch_dataloader_utils.plan.splits import RankAwareStrategy, Splitter
+from torch_dataloader_utils.plan.spread import FileSpread
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
 from torch_dataloader_utils.runtime import env
@@ -37,6 +41,12 @@ from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics,
 from torch_dataloader_utils.runtime.options import Options
 from torch_dataloader_utils.runtime.progress import Progress
 from torch_dataloader_utils.runtime.report import report_plan
+from torch_dataloader_utils.runtime.split_choice import (
+    MIN_TEXT_SPLIT_BYTES,
+    finer_split,
+    need_of,
+    strategy_for,
+)
 from torch_dataloader_utils.runtime.state import EpochProgress, ResumeTracker, Tagged, complete_state
 from torch_dataloader_utils.runtime.watchdog import watch_parent
 from torch_dataloader_utils.runtime.workstats import WorkStats
@@ -118,24 +128,6 @@ class PlannedDataset(IterableDataset[Any]):
         if table is not None and len(table) != len(self._files):
             raise ValueError(f"a file table of {len(table)} files for {len(self._files)} files")
         self._table = table if table is not None else FileTable.from_infos(self._files)
-        self._state = ResumeTracker(
-            self._table,
-            {
-                "split_strategy": strategy,
-                "shuffle": shuffle.shuffle,
-                "shuffle_seed": shuffle.shuffle_seed,
-                "batch_size": batching.batch_size,
-                "drop_last": batching.drop_last,
-                "equal_batches": batching.equal_batches.value,
-                "row_shuffle_window": shuffle.row_window,
-                # Only when in effect: states of unshuffled (or chunk-only) reads stay valid.
-                **({} if shuffle.mixing is None else {"row_mixing": shuffle.mixing.rows}),
-                **identity,
-            },
-            options.world,
-            shuffle.shuffle_seed,
-            piece_rows=self._rows_per_piece,
-        )
         self._planner = Planner(
             PlanSpec(
                 files=self._table,
@@ -148,6 +140,27 @@ class PlannedDataset(IterableDataset[Any]):
                 batch_size=batching.batch_size,
                 verify=options.split.verify_plan,
             )
+        )
+        self._split_auto = self._choose_split()
+        self._state = ResumeTracker(
+            self._table,
+            {
+                "split_strategy": strategy,
+                "shuffle": shuffle.shuffle,
+                "shuffle_seed": shuffle.shuffle_seed,
+                "batch_size": batching.batch_size,
+                "drop_last": batching.drop_last,
+                "equal_batches": batching.equal_batches.value,
+                "row_shuffle_window": shuffle.row_window,
+                # Only when in effect: states of unshuffled (or chunk-only) reads stay valid.
+                **({} if shuffle.mixing is None else {"row_mixing": shuffle.mixing.rows}),
+                # Only when the library split finer for the mixing (see split_choice).
+                **({} if self._split_auto is None else {"split_auto": self._split_auto}),
+                **identity,
+            },
+            options.world,
+            shuffle.shuffle_seed,
+            piece_rows=self._rows_per_piece,
         )
         # What the main process planned for an epoch, for its DataLoader workers (shared
         # memory, so persistent workers see it): [epoch + 1, num_workers, digest of a custom
@@ -169,6 +182,117 @@ class PlannedDataset(IterableDataset[Any]):
         workers = options.loader.num_workers
         self._num_workers = self._auto_workers() if workers is None else workers
         self._check_plan()
+        self._check_mixing()
+
+    # -- the split --------------------------------------------------------------
+    def _choose_split(self) -> dict[str, int] | None:
+        """Split finer than the default when the row mixing needs more chunks; the sizes chosen.
+
+        Only when the split is left to the library (see :mod:`.split_choice`); the readers
+        are this world's ranks times the workers asked for (automatic: the most it may pick).
+        """
+        workers = self._options.loader.num_workers
+        readers = max(1, min(env.cpus_per_rank(), MAX_AUTO_WORKERS) if workers is None else workers)
+        need = need_of(self._options, readers)
+        table = self._planner.chunk_table()
+        if need is None or table is None or need.met_by(table):
+            return None
+        strategy, sizes = finer_split(self._options.strategy, self._table, need)
+        self._planner = Planner(dataclasses.replace(self._planner.spec, strategy=strategy))
+        log.info(
+            "split %s for the row mixing: %d readers (ranks x workers) mix %d chunks each, and the default "
+            "split gives %d chunks",
+            ", ".join(f"{k}={v:,}" for k, v in sizes.items()),
+            need.readers,
+            need.streams,
+            len(table),
+        )
+        return sizes
+
+    @property
+    def split_strategy(self) -> Splitter | RankAwareStrategy:
+        """The split strategy planned with: the options', or a finer one the row mixing needed."""
+        return self._planner.spec.strategy
+
+    def _use_split(self, strategy: Splitter | RankAwareStrategy, sizes: dict[str, int] | None) -> None:
+        """Plan with ``strategy`` from now on (a loaded state's automatic split); caches dropped."""
+        self._planner = Planner(dataclasses.replace(self._planner.spec, strategy=strategy))
+        self._split_auto = sizes
+        self._state.set_option("split_auto", sizes)
+        self._plans, self._resumers, self._piece_rows, self._last_rows = {}, {}, {}, None
+        self._logged = set()
+
+    def _adopt_split(self, state: Mapping[str, Any]) -> tuple[Splitter | RankAwareStrategy, Any] | None:
+        """Take the automatic split ``state`` was saved with, when ours differs; returns ours."""
+        workers = self._options.loader.num_workers
+        if need_of(self._options, max(1, workers or 1)) is None:
+            return None  # the split is the user's: a state of another split is a mismatch
+        fingerprint = state.get("fingerprint") if isinstance(state, Mapping) else None
+        saved = fingerprint.get("options") if isinstance(fingerprint, Mapping) else None
+        if not isinstance(saved, Mapping) or "split_strategy" not in saved:
+            return None
+        sizes = saved.get("split_auto")
+        if sizes == self._split_auto:
+            return None
+        strategy = strategy_for(self._options.strategy, sizes)
+        if strategy is None:
+            return None
+        previous = (self._planner.spec.strategy, self._split_auto)
+        self._use_split(strategy, dict(sizes) if sizes is not None else None)
+        log.info(
+            "the resume state was saved with split %s; this dataset reads with it", sizes or "by default"
+        )
+        return previous
+
+    def _check_mixing(self) -> None:
+        """Warn (rank 0) when the readers get fewer chunks than the row mixing draws from."""
+        workers = self._readers(None)
+        need = need_of(self._options, workers, library_only=False)
+        table = self._planner.chunk_table()
+        if need is None or table is None or self.world.rank != 0 or len(table) >= need.chunks:
+            return
+        mean = self.files_per_batch(0, workers, ranks=1)
+        figure = "" if mean is None else f"; a batch draws from about {mean:.1f} files"
+        split = self._options.split
+        groups = int(np.diff(self._table.group_offsets)[self._table.has_groups].sum())
+        if split.split_bytes is not None or split.split_rows is not None:
+            limit = "split_bytes / split_rows give"
+            fix = "Lower split_bytes / split_rows, or leave them out: the library then splits as needed"
+        elif groups:
+            limit = f"the files' {groups:,} row groups (stripes), the smallest unit of a chunk, give"
+            fix = (
+                "Rewrite the files with smaller row groups, or into more files (`torch-dataloader-utils "
+                "reshard`), or read with fewer workers"
+            )
+        else:
+            limit = f"the {len(self._table):,} files give"
+            fix = (
+                "Split the data into more files (compressed files and CSV with quoted_newlines are read "
+                f"whole; byte ranges are at least {MIN_TEXT_SPLIT_BYTES // 2**20} MiB), or use fewer workers"
+            )
+        warnings.warn(
+            f"shuffle=True mixes the rows of {need.streams} chunks per reader, but {limit} the "
+            f"{need.readers:,} readers ({self.world.num_ranks:,} ranks x {workers} workers) only "
+            f"{len(table):,} chunks, about {len(table) / need.readers:.1f} each{figure}. {fix}",
+            UserWarning,
+            stacklevel=5,
+        )
+
+    def files_per_batch(
+        self, epoch: int = 0, num_workers: int | None = None, ranks: int | None = None
+    ) -> float | None:
+        """Expected distinct files in a batch of ``epoch``, over the readers of the first ``ranks`` ranks.
+
+        From the plan alone (:mod:`~torch_dataloader_utils.plan.spread`): a batch of a
+        piece read in file order holds one file, one of a mix or window the files of its
+        chunks in proportion to their rows. ``None`` when no rows are planned.
+        """
+        workers = self._readers(num_workers)
+        count = self.world.num_ranks if ranks is None else min(ranks, self.world.num_ranks)
+        spread = FileSpread(self._options.batching.batch_size)
+        for rank in range(count):
+            spread.add_all([self._reader_pieces(epoch, rank, w, workers) for w in range(workers)])
+        return spread.mean
 
     # -- values -----------------------------------------------------------------
     @property
@@ -564,10 +688,18 @@ class PlannedDataset(IterableDataset[Any]):
         segments = self._state.live_segments(epoch)
         if segments:
             return self._pieces(epoch, slot.count, segments)[slot.id]
-        pieces = as_pieces(self.rank_plan(epoch, slot.count).chunks_for(slot.id))
+        return self._reader_pieces(epoch, self.world.rank, slot.id, slot.count)
+
+    def _reader_pieces(self, epoch: int, rank: int, worker: int, workers: int) -> tuple[Piece, ...]:
+        """The pieces worker ``worker`` of ``workers`` of ``rank`` reads in a full pass over ``epoch``."""
+        if rank == self.world.rank:
+            plan = self.rank_plan(epoch, workers)
+        else:
+            plan = self._planner.rank_plan(epoch, rank, workers)
+        pieces = as_pieces(plan.chunks_for(worker))
         # Only this worker's windows / mixes, keyed as the Resumer keys segment 0.
         shuffle = self._options.shuffle
-        key = (shuffle.shuffle_seed if shuffle.shuffle else 0, epoch, 0, self.world.rank, slot.id)
+        key = (shuffle.shuffle_seed if shuffle.shuffle else 0, epoch, 0, rank, worker)
         if self.row_shuffle_window is not None:
             return tuple(window_pieces(pieces, self.row_shuffle_window, key))
         return tuple(mix_pieces(pieces, self.row_mixing, key, self._table))
@@ -839,9 +971,15 @@ class PlannedDataset(IterableDataset[Any]):
             StateMismatchError: saved for other files or options (says what changed).
         """
         state = complete_state(state, self.world)
-        epoch = self._state.load(
-            state, lambda epoch, segments: self._pieces(epoch, self._num_workers, segments)
-        )
+        previous = self._adopt_split(state)
+        try:
+            epoch = self._state.load(
+                state, lambda epoch, segments: self._pieces(epoch, self._num_workers, segments)
+            )
+        except BaseException:
+            if previous is not None:  # a refused state changes nothing
+                self._use_split(*previous)
+            raise
         self._epoch.fill_(epoch)
 
 

@@ -201,6 +201,14 @@ class ResumeTracker:
         self.tagging = False
         """Set while a loader from create_dataloader iterates: batches are then tagged."""
 
+    def set_option(self, name: str, value: Any) -> None:
+        """Set (``None``: remove) one option a state is tied to; the fingerprint is computed again."""
+        if value is None:
+            self._options.pop(name, None)
+        else:
+            self._options[name] = value
+        self._fingerprint = None
+
     @property
     def token(self) -> int:
         """Which loaded state is live (0: none)."""
