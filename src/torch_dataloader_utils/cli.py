@@ -6,6 +6,7 @@ Commands (their logic lives in :mod:`torch_dataloader_utils.tools`, one module e
     torch-dataloader-utils plan PATH --epochs 3 --picture plan.png
     torch-dataloader-utils inspect PATH --num-ranks 64 --num-workers 4
     torch-dataloader-utils simulate PATH --num-ranks 64 --num-workers 4 --latency-ms 30
+    torch-dataloader-utils simulate PATH --num-ranks 8 --picture epoch.png
     torch-dataloader-utils reshard SRC DST --target-file-size 256MiB --workers 8
     torch-dataloader-utils demo
 
@@ -290,6 +291,8 @@ def _simulate(args: argparse.Namespace) -> int:
         step_sec=args.step_ms / 1000,
         detail=args.detail,
         as_json=args.json,
+        picture=Path(args.picture) if args.picture else None,
+        picture_ranks=args.picture_ranks,
     )
     print(run_simulate(request))
     return 0
@@ -549,6 +552,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the training step per batch, ms",
     )
     sim.add_argument("--detail", type=int, default=16, help="ranks listed (-1: all)")
+    sim.add_argument(
+        "--picture",
+        metavar="FILE",
+        help="draw the predicted epoch, a timeline per rank and worker, to FILE (.png, .svg or .pdf; "
+        "needs matplotlib) (default: none)",
+    )
+    sim.add_argument("--picture-ranks", type=_typed(_positive, "int"), default=16, help="ranks drawn at most")
     sim.set_defaults(fn=_simulate)
 
     _add_reshard(sub)

@@ -38,6 +38,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -591,6 +592,9 @@ class SimulateRequest:
         step_sec: The training step per batch (0: predict the loading alone).
         detail: Ranks listed (``-1``: all).
         as_json: Print JSON.
+        picture: Draw the predicted epoch to this ``.png`` / ``.svg`` / ``.pdf`` file
+            (a timeline per rank and worker, :func:`~.picture.draw_timeline`).
+        picture_ranks: Ranks drawn at most.
     """
 
     source: Source
@@ -604,6 +608,8 @@ class SimulateRequest:
     step_sec: float = 0.0
     detail: int = 16
     as_json: bool = False
+    picture: Path | None = None
+    picture_ranks: int = 16
 
     def __post_init__(self) -> None:
         if self.decode_rate is not None:
@@ -706,4 +712,19 @@ def render_text(request: SimulateRequest, sim: Simulation) -> str:
 def run_simulate(request: SimulateRequest) -> str:
     """Simulate and return the report (text or JSON)."""
     _, sim = run_simulation(request)
-    return json.dumps(sim.as_dict(), indent=1) if request.as_json else render_text(request, sim)
+    note = ""
+    if request.picture is not None:
+        from torch_dataloader_utils.tools.picture import draw_timeline
+
+        drawn = draw_timeline(
+            sim.workers,
+            [(r.rank, r.epoch_sec) for r in sim.ranks],
+            request.picture,
+            max_ranks=request.picture_ranks,
+            title=request.source.describe(),
+        )
+        lanes = len({(b.rank, b.worker) for b in drawn})
+        note = f"\npicture: {request.picture} ({lanes:,} workers drawn)"
+    if request.as_json:
+        return json.dumps(sim.as_dict(), indent=1)
+    return render_text(request, sim) + note
