@@ -56,7 +56,8 @@ def test_text_report_with_partitions_warnings_and_advice(
     assert "warning: 6 files with a median size of " in out
     # 12 row groups of 50 rows: split_rows=38 cannot cut them, so each reader gets 3 chunks, not 4.
     assert (
-        "recommendation:\n  split_rows=38 gives each of the 4 readers (ranks x workers) about 3 chunks" in out
+        "recommendation:\n  split_rows=38 gives each of the 4 readers (ranks x workers) about 3.0 chunks"
+        in out
     )
     assert "the row groups allow no more (12 in all: a chunk holds whole row groups)" in out
     assert (
@@ -74,7 +75,7 @@ def test_recommendation_respects_the_smallest_unit_and_shows_files_per_batch(
     out, err = capsys.readouterr()
     assert "inspect: warning: shuffle=True mixes the rows of 8 chunks per reader" in err
     assert "about 4.0 each" in err
-    assert "about 4 chunks" in out
+    assert "about 4.0 chunks" in out
     assert "the row groups allow no more (32 in all" in out
     assert "expected files per batch: " in out
     payload = json.loads(run(capsys, *argv, "--json"))

@@ -20,7 +20,11 @@ from dataclasses import dataclass
 
 from torch_dataloader_utils.plan.pieces import Piece
 
-__all__ = ["FileSpread", "piece_files_per_batch"]
+__all__ = ["SPREAD_RANKS", "FileSpread", "piece_files_per_batch"]
+
+SPREAD_RANKS = 64
+"""Ranks whose readers a figure of a large job is computed over (the first ones): enough to
+be representative, few enough to plan at once."""
 
 
 def piece_files_per_batch(piece: Piece, batch_size: int) -> float:

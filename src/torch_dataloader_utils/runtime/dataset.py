@@ -32,7 +32,7 @@ from torch_dataloader_utils.plan.pieces import Piece, as_pieces, mix_pieces, win
 from torch_dataloader_utils.plan.planner import Planner, PlanSpec, RankPlan, nondeterministic
 from torch_dataloader_utils.plan.resume import Resumer
 from torch_dataloader_utils.plan.splits import RankAwareStrategy, Splitter
-from torch_dataloader_utils.plan.spread import FileSpread
+from torch_dataloader_utils.plan.spread import SPREAD_RANKS, FileSpread
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
 from torch_dataloader_utils.runtime import env
@@ -251,7 +251,7 @@ class PlannedDataset(IterableDataset[Any]):
         table = self._planner.chunk_table()
         if need is None or table is None or self.world.rank != 0 or len(table) >= need.chunks:
             return
-        mean = self.files_per_batch(0, workers, ranks=1)
+        mean = self.files_per_batch(0, workers, ranks=SPREAD_RANKS)
         figure = "" if mean is None else f"; a batch draws from about {mean:.1f} files"
         split = self._options.split
         groups = int(np.diff(self._table.group_offsets)[self._table.has_groups].sum())

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from torch_dataloader_utils.plan.chunks import build_chunks
 from torch_dataloader_utils.plan.splits import ByteRangeSplit, RowGroupSplit
+from torch_dataloader_utils.plan.spread import SPREAD_RANKS
 from torch_dataloader_utils.plan.summary import (
     RESHARD_TARGET_BYTES,
     SMALL_FILES_MAX_BYTES,
@@ -35,7 +36,7 @@ from torch_dataloader_utils.plan.summary import (
 )
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.report import describe_files, size
-from torch_dataloader_utils.tools.plan import SPREAD_RANKS, _strategy, plan_of
+from torch_dataloader_utils.tools.plan import _strategy, plan_of
 from torch_dataloader_utils.tools.source import Source, open_dataset
 
 __all__ = ["CHUNKS_PER_READER", "InspectRequest", "Inspection", "inspect_dataset", "run_inspect"]
@@ -203,9 +204,12 @@ def recommend(
     if "split_rows" in split and count is None:
         chunks = wanted
     each = chunks / max(1, readers)
-    shown = f"{max(1, round(each)):,}" if each >= 1 else f"{each:.1f}"
+    limited = (
+        count is not None and chunks < wanted and bool(group_bytes) and count({"split_rows": 1}) <= chunks
+    )
+    shown = f"{each:.1f}" if limited or each < 1 else f"{max(1, round(each)):,}"
     text = f"{said} gives each of the {readers:,} readers (ranks x workers) about {shown} chunks{small}"
-    if count is not None and chunks < wanted and group_bytes and count({"split_rows": 1}) <= chunks:
+    if limited:
         text += (
             f"; the row groups allow no more ({len(group_bytes):,} in all: a chunk holds whole row "
             f"groups), fewer than the {per_reader} per reader aimed at"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torch_dataloader_utils.plan.spread import SPREAD_RANKS
 from torch_dataloader_utils.plan.summary import (
     LayoutIssue,
     PlanSummary,
@@ -38,9 +39,6 @@ DETAIL_CHUNKS = 3
 
 HISTOGRAM_BINS = 10
 """Bins of the rows-per-rank histogram printed for large jobs."""
-
-SPREAD_RANKS = 64
-"""Ranks whose readers the expected files per batch is computed over (the first ones)."""
 
 
 @dataclass(frozen=True)
