@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.fixtures.data import write_parquet_files
 
 ROWS = [6000, 5000, 7000, 6000]
@@ -59,6 +61,7 @@ print(json.dumps(report))
 """
 
 
+@pytest.mark.slow
 def test_28_14_sigkilled_persistent_worker_is_an_error_every_time_and_never_a_hang(tmp_path: Path) -> None:
     root = tmp_path / "data"
     write_parquet_files(root, ROWS, row_group_size=1000, with_strings=False)

@@ -35,7 +35,7 @@ from torch_dataloader_utils.plan.splits import RankAwareStrategy, Splitter
 from torch_dataloader_utils.plan.spread import SPREAD_RANKS, FileSpread
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
-from torch_dataloader_utils.runtime import env
+from torch_dataloader_utils.runtime import env, share
 from torch_dataloader_utils.runtime.emit import ArrowBytes, Positions, grouped
 from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics, WorkerMetrics, stall_clock
 from torch_dataloader_utils.runtime.options import Options
@@ -188,14 +188,20 @@ class PlannedDataset(IterableDataset[Any]):
     def _choose_split(self) -> dict[str, int] | None:
         """Split finer than the default when the row mixing needs more chunks; the sizes chosen.
 
-        Only when the split is left to the library (see :mod:`.split_choice`); the readers
-        are this world's ranks times the workers asked for (automatic: the most it may pick).
+        Only when the split is left to the library (see :mod:`.split_choice`). The readers
+        are this world's ranks times the workers asked for (``num_workers=None``: the most
+        the automatic choice may pick, a constant, as the CPUs may differ between nodes);
+        under a process group every rank takes rank 0's figure, so all plan alike.
         """
         workers = self._options.loader.num_workers
-        readers = max(1, min(env.cpus_per_rank(), MAX_AUTO_WORKERS) if workers is None else workers)
-        need = need_of(self._options, readers)
+        need = need_of(self._options, MAX_AUTO_WORKERS if workers is None else max(1, workers))
         table = self._planner.chunk_table()
-        if need is None or table is None or need.met_by(table):
+        if need is None or table is None:
+            return None
+        if self.world.num_ranks > 1:
+            chosen = need
+            need = share.from_rank0(lambda: chosen)
+        if need.met_by(table):
             return None
         strategy, sizes = finer_split(self._options.strategy, self._table, need)
         self._planner = Planner(dataclasses.replace(self._planner.spec, strategy=strategy))
