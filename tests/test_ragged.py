@@ -604,3 +604,34 @@ def test_named_tuples_keep_their_type_unless_local() -> None:
     plain = _roundtrip(pack({"p": Local(torch.arange(2))}))  # a local class cannot be pickled
     assert type(plain["p"]) is tuple
     assert plain["p"][0].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_jagged_batches_pad_to_their_longest_row(tmp_path: Path, num_workers: int) -> None:
+    """Issue 28, item 3: ``to_padded_tensor`` gave ``[32, 9180]`` (the batch's items) for ``[32, ~590]``."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 60, size=320)
+    tokens = [list(range(n)) for n in lengths]
+    path = tmp_path / "tokens.parquet"
+    pq.write_table(pa.table({"id": np.arange(320), "tokens": tokens}), path, row_group_size=100)
+    loader, _ = create_dataloader(str(path), batch_size=32, num_workers=num_workers)
+    batches = 0
+    for batch in loader:
+        ids = batch["id"].tolist()
+        padded = torch.nested.to_padded_tensor(batch["tokens"], 0)
+        longest = int(max(lengths[ids]))
+        assert padded.shape == (len(ids), longest)
+        assert batch["tokens"]._maybe_max_seqlen == longest  # what attention kernels read
+        assert batch["tokens"]._maybe_min_seqlen == int(min(lengths[ids]))
+        batches += 1
+    assert batches == 10
+
+
+def test_jagged_from_offsets_knows_its_bounds() -> None:
+    from torch_dataloader_utils.upstream.torch import jagged
+
+    empty_rows = jagged(torch.zeros(0), torch.tensor([0, 0, 0]))
+    assert torch.nested.to_padded_tensor(empty_rows, 0.0).shape == (2, 0)
+    assert jagged(torch.zeros(0), torch.tensor([0])).size(0) == 0  # no rows
+    moved = _roundtrip(jagged(torch.arange(10.0), torch.tensor([0, 3, 5, 10])))
+    assert torch.nested.to_padded_tensor(moved, 0.0).shape == (3, 5)

@@ -246,6 +246,31 @@ def _same(a: object, b: object) -> bool:
     return a == b
 
 
+def _integral_floats(state: Mapping[str, Any], shown: int = 3) -> list[str]:
+    """Where ``state`` holds whole-number floats (up to ``shown`` places), as ``field=value``.
+
+    A real state holds no float at all; the fingerprint's options (the user's own
+    values) are left out. Iterative and bounded in depth, so a hostile state cannot
+    recurse without end here.
+    """
+    found: list[str] = []
+    stack: list[tuple[object, str, int]] = [(state, "state", 0)]
+    while stack and len(found) < shown:
+        value, where, depth = stack.pop()
+        if isinstance(value, float) and value.is_integer():
+            found.append(f"{where}={value!r}")
+        elif depth >= 8:
+            continue
+        elif isinstance(value, Mapping):
+            items = [
+                (k, v) for k, v in value.items() if not (where == "state.fingerprint" and k == "options")
+            ]
+            stack.extend((v, f"{where}.{k}", depth + 1) for k, v in reversed(items))
+        elif isinstance(value, list):
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in reversed(list(enumerate(value))))
+    return found
+
+
 def check_shape(state: object, *, complete: bool = True) -> dict[str, Any]:
     """Validate ``state`` against :data:`STATE_SCHEMA` and the rules between its fields.
 
@@ -276,6 +301,14 @@ def check_shape(state: object, *, complete: bool = True) -> dict[str, Any]:
         raise ResumeStateError(
             f"not a torch_dataloader_utils resume state (expected a dict with format={STATE_FORMAT!r}, "
             f"got {type(state).__name__}); pass what loader.state_dict() returned"
+        )
+    floats = _integral_floats(state)
+    if floats:
+        raise ResumeStateError(
+            f"the resume state's integers became floats ({', '.join(floats)}): it went through a "
+            "tool that stores every number as a float (a JSON library of another language, a YAML "
+            "or config store). Save it as loader.state_dict() returned it (json.dump, torch.save), "
+            "or turn whole-number floats back into ints before loading"
         )
     if not _same(state.get("version"), STATE_VERSION):
         raise ResumeStateError(

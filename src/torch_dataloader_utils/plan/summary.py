@@ -119,10 +119,13 @@ class FileSummary:
         files: Number of files.
         bytes: Their total size.
         rows: Rows in them (``None`` when a count is unknown: text before counting).
-        live_rows: Rows in row groups left after pruning by ``filters`` (``None``: unknown).
+        live_rows: Rows the plan deals out: in row groups left after pruning by ``filters``,
+            less deleted positions (``None``: unknown).
         row_groups: Unpruned row groups (or stripes); 0 when the format has none.
         sizes: File sizes in bytes, in the files' order.
         empty_files: Files with no live rows.
+        deleted_rows: Row positions excluded one by one: Iceberg deletes (position and
+            equality delete files), and the rows a counted row filter drops there.
     """
 
     files: int
@@ -132,13 +135,14 @@ class FileSummary:
     row_groups: int
     sizes: tuple[int, ...] = field(repr=False)
     empty_files: int = 0
+    deleted_rows: int = 0
 
     @property
     def pruned_rows(self) -> int | None:
         """Rows in row groups pruned by statistics or partition values (``None``: unknown)."""
         if self.rows is None or self.live_rows is None:
             return None
-        return self.rows - self.live_rows
+        return self.rows - self.live_rows - self.deleted_rows
 
     @property
     def size_spread(self) -> Spread:
@@ -157,8 +161,10 @@ def summarize_files(files: FileTable | Sequence[FileInfo]) -> FileSummary:
         return _summarize_table(files)
     rows: int | None = 0
     live: int | None = 0
-    groups = empty = 0
+    groups = empty = deleted = 0
     for f in files:
+        positions = getattr(f, "deleted", None)
+        deleted += 0 if positions is None else len(positions)
         if rows is not None:
             rows = None if f.num_rows is None else rows + f.num_rows
         live_rows = f.live_rows
@@ -168,7 +174,7 @@ def summarize_files(files: FileTable | Sequence[FileInfo]) -> FileSummary:
         if live_rows == 0:
             empty += 1
     sizes = tuple(f.size for f in files)
-    return FileSummary(len(files), sum(sizes), rows, live, groups, sizes, empty)
+    return FileSummary(len(files), sum(sizes), rows, live, groups, sizes, empty, deleted)
 
 
 def _summarize_table(table: FileTable) -> FileSummary:
@@ -177,8 +183,9 @@ def _summarize_table(table: FileTable) -> FileSummary:
     live = None if bool(np.any(table.live < 0)) else int(table.live.sum())
     groups = int(np.diff(table.group_offsets)[table.has_groups].sum())  # as FileInfo.row_groups
     sizes = tuple(table.size.tolist())
+    deleted = 0 if table.deleted is None else len(table.deleted)
     return FileSummary(
-        len(table), sum(sizes), rows, live, groups, sizes, int(np.count_nonzero(table.live == 0))
+        len(table), sum(sizes), rows, live, groups, sizes, int(np.count_nonzero(table.live == 0)), deleted
     )
 
 

@@ -8,6 +8,7 @@ data and hand the core its files, a reader and the output schema.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -15,13 +16,14 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset
 
 from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches, check_int
 from torch_dataloader_utils.convert import BatchConverter
-from torch_dataloader_utils.errors import IncompatibleOptionsError, UnknownLengthError
+from torch_dataloader_utils.errors import IncompatibleOptionsError, ResumeStateError, UnknownLengthError
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
@@ -30,15 +32,23 @@ from torch_dataloader_utils.plan.mixing import RowMixing
 from torch_dataloader_utils.plan.pieces import Piece, as_pieces, mix_pieces, window_pieces
 from torch_dataloader_utils.plan.planner import Planner, PlanSpec, RankPlan, nondeterministic
 from torch_dataloader_utils.plan.resume import Resumer
+from torch_dataloader_utils.plan.splits import RankAwareStrategy, Splitter
+from torch_dataloader_utils.plan.spread import SPREAD_RANKS, FileSpread
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
-from torch_dataloader_utils.runtime import env
+from torch_dataloader_utils.runtime import env, share
 from torch_dataloader_utils.runtime.emit import ArrowBytes, Positions, grouped
 from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics, WorkerMetrics, stall_clock
 from torch_dataloader_utils.runtime.options import Options
 from torch_dataloader_utils.runtime.progress import Progress
 from torch_dataloader_utils.runtime.report import report_plan
-from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged, complete_state
+from torch_dataloader_utils.runtime.split_choice import (
+    MIN_TEXT_SPLIT_BYTES,
+    finer_split,
+    need_of,
+    strategy_for,
+)
+from torch_dataloader_utils.runtime.state import EpochProgress, ResumeTracker, Tagged, complete_state
 from torch_dataloader_utils.runtime.watchdog import watch_parent
 from torch_dataloader_utils.runtime.workstats import WorkStats
 from torch_dataloader_utils.transfer import SegmentPool, pack
@@ -119,23 +129,6 @@ class PlannedDataset(IterableDataset[Any]):
         if table is not None and len(table) != len(self._files):
             raise ValueError(f"a file table of {len(table)} files for {len(self._files)} files")
         self._table = table if table is not None else FileTable.from_infos(self._files)
-        self._state = ResumeTracker(
-            self._table,
-            {
-                "split_strategy": strategy,
-                "shuffle": shuffle.shuffle,
-                "shuffle_seed": shuffle.shuffle_seed,
-                "batch_size": batching.batch_size,
-                "drop_last": batching.drop_last,
-                "equal_batches": batching.equal_batches.value,
-                "row_shuffle_window": shuffle.row_window,
-                # Only when in effect: states of unshuffled (or chunk-only) reads stay valid.
-                **({} if shuffle.mixing is None else {"row_mixing": shuffle.mixing.rows}),
-                **identity,
-            },
-            options.world,
-            shuffle.shuffle_seed,
-        )
         self._planner = Planner(
             PlanSpec(
                 files=self._table,
@@ -149,6 +142,26 @@ class PlannedDataset(IterableDataset[Any]):
                 verify=options.split.verify_plan,
             )
         )
+        self._split_auto = self._choose_split()
+        self._state = ResumeTracker(
+            self._table,
+            {
+                "split_strategy": strategy,
+                "shuffle": shuffle.shuffle,
+                "shuffle_seed": shuffle.shuffle_seed,
+                "batch_size": batching.batch_size,
+                "drop_last": batching.drop_last,
+                "equal_batches": batching.equal_batches.value,
+                "row_shuffle_window": shuffle.row_window,
+                # Only when in effect: states of unshuffled (or chunk-only) reads stay valid.
+                **({} if shuffle.mixing is None else {"row_mixing": shuffle.mixing.rows}),
+                # Only when the library split finer for the mixing (see split_choice).
+                **({} if self._split_auto is None else {"split_auto": self._split_auto}),
+                **identity,
+            },
+            options.world,
+            shuffle.shuffle_seed,
+        )
         # What the main process planned for an epoch, for its DataLoader workers (shared
         # memory, so persistent workers see it): [epoch + 1, num_workers, digest of a custom
         # strategy's chunks]; and, for a rank-aware strategy with equal batches, every rank's rows.
@@ -161,6 +174,7 @@ class PlannedDataset(IterableDataset[Any]):
         self._piece_rows: BoundedDict[tuple[int, int, int], list[list[int]] | None] = BoundedDict(4)
         self._last_rows: tuple[list[dict[str, Any]], int, int, list[list[int]] | None] | None = None
         self._logged: set[int] = set()
+        self._warned_repeat = False
         self.metrics = MetricsRecorder(options.progress)
         """Per-worker counters of the batches received (see :meth:`get_metrics`)."""
         self.transport: SegmentPool | None = None
@@ -168,6 +182,123 @@ class PlannedDataset(IterableDataset[Any]):
         workers = options.loader.num_workers
         self._num_workers = self._auto_workers() if workers is None else workers
         self._check_plan()
+        self._check_mixing()
+
+    # -- the split --------------------------------------------------------------
+    def _choose_split(self) -> dict[str, int] | None:
+        """Split finer than the default when the row mixing needs more chunks; the sizes chosen.
+
+        Only when the split is left to the library (see :mod:`.split_choice`). The readers
+        are this world's ranks times the workers asked for (``num_workers=None``: the most
+        the automatic choice may pick, a constant, as the CPUs may differ between nodes);
+        under a process group every rank takes rank 0's figure, so all plan alike.
+        """
+        workers = self._options.loader.num_workers
+        need = need_of(self._options, MAX_AUTO_WORKERS if workers is None else max(1, workers))
+        table = self._planner.chunk_table()
+        if need is None or table is None:
+            return None
+        if self.world.num_ranks > 1:
+            chosen = need
+            need = share.from_rank0(lambda: chosen)
+        if need.met_by(table):
+            return None
+        strategy, sizes = finer_split(self._options.strategy, self._table, need)
+        self._planner = Planner(dataclasses.replace(self._planner.spec, strategy=strategy))
+        log.info(
+            "split %s for the row mixing: %d readers (ranks x workers) mix %d chunks each, and the default "
+            "split gives %d chunks",
+            ", ".join(f"{k}={v:,}" for k, v in sizes.items()),
+            need.readers,
+            need.streams,
+            len(table),
+        )
+        return sizes
+
+    @property
+    def split_strategy(self) -> Splitter | RankAwareStrategy:
+        """The split strategy planned with: the options', or a finer one the row mixing needed."""
+        return self._planner.spec.strategy
+
+    def _use_split(self, strategy: Splitter | RankAwareStrategy, sizes: dict[str, int] | None) -> None:
+        """Plan with ``strategy`` from now on (a loaded state's automatic split); caches dropped."""
+        self._planner = Planner(dataclasses.replace(self._planner.spec, strategy=strategy))
+        self._split_auto = sizes
+        self._state.set_option("split_auto", sizes)
+        self._plans, self._resumers, self._piece_rows, self._last_rows = {}, {}, {}, None
+        self._logged = set()
+
+    def _adopt_split(self, state: Mapping[str, Any]) -> tuple[Splitter | RankAwareStrategy, Any] | None:
+        """Take the automatic split ``state`` was saved with, when ours differs; returns ours."""
+        workers = self._options.loader.num_workers
+        if need_of(self._options, max(1, workers or 1)) is None:
+            return None  # the split is the user's: a state of another split is a mismatch
+        fingerprint = state.get("fingerprint") if isinstance(state, Mapping) else None
+        saved = fingerprint.get("options") if isinstance(fingerprint, Mapping) else None
+        if not isinstance(saved, Mapping) or "split_strategy" not in saved:
+            return None
+        sizes = saved.get("split_auto")
+        if sizes == self._split_auto:
+            return None
+        strategy = strategy_for(self._options.strategy, sizes)
+        if strategy is None:
+            return None
+        previous = (self._planner.spec.strategy, self._split_auto)
+        self._use_split(strategy, dict(sizes) if sizes is not None else None)
+        log.info(
+            "the resume state was saved with split %s; this dataset reads with it", sizes or "by default"
+        )
+        return previous
+
+    def _check_mixing(self) -> None:
+        """Warn (rank 0) when the readers get fewer chunks than the row mixing draws from."""
+        workers = self._readers(None)
+        need = need_of(self._options, workers, library_only=False)
+        table = self._planner.chunk_table()
+        if need is None or table is None or self.world.rank != 0 or len(table) >= need.chunks:
+            return
+        mean = self.files_per_batch(0, workers, ranks=SPREAD_RANKS)
+        figure = "" if mean is None else f"; a batch draws from about {mean:.1f} files"
+        split = self._options.split
+        groups = int(np.diff(self._table.group_offsets)[self._table.has_groups].sum())
+        if split.split_bytes is not None or split.split_rows is not None:
+            limit = "split_bytes / split_rows give"
+            fix = "Lower split_bytes / split_rows, or leave them out: the library then splits as needed"
+        elif groups:
+            limit = f"the files' {groups:,} row groups (stripes), the smallest unit of a chunk, give"
+            fix = (
+                "Rewrite the files with smaller row groups, or into more files (`torch-dataloader-utils "
+                "reshard`), or read with fewer workers"
+            )
+        else:
+            limit = f"the {len(self._table):,} files give"
+            fix = (
+                "Split the data into more files (compressed files and CSV with quoted_newlines are read "
+                f"whole; byte ranges are at least {MIN_TEXT_SPLIT_BYTES // 2**20} MiB), or use fewer workers"
+            )
+        warnings.warn(
+            f"shuffle=True mixes the rows of {need.streams} chunks per reader, but {limit} the "
+            f"{need.readers:,} readers ({self.world.num_ranks:,} ranks x {workers} workers) only "
+            f"{len(table):,} chunks, about {len(table) / need.readers:.1f} each{figure}. {fix}",
+            UserWarning,
+            stacklevel=5,
+        )
+
+    def files_per_batch(
+        self, epoch: int = 0, num_workers: int | None = None, ranks: int | None = None
+    ) -> float | None:
+        """Expected distinct files in a batch of ``epoch``, over the readers of the first ``ranks`` ranks.
+
+        From the plan alone (:mod:`~torch_dataloader_utils.plan.spread`): a batch of a
+        piece read in file order holds one file, one of a mix or window the files of its
+        chunks in proportion to their rows. ``None`` when no rows are planned.
+        """
+        workers = self._readers(num_workers)
+        count = self.world.num_ranks if ranks is None else min(ranks, self.world.num_ranks)
+        spread = FileSpread(self._options.batching.batch_size)
+        for rank in range(count):
+            spread.add_all([self._reader_pieces(epoch, rank, w, workers) for w in range(workers)])
+        return spread.mean
 
     # -- values -----------------------------------------------------------------
     @property
@@ -231,9 +362,54 @@ class PlannedDataset(IterableDataset[Any]):
         ``DistributedSampler.set_epoch``). Works with persistent workers.
         """
         check_int(epoch, "epoch", 0)
+        loaded = self._state.unread_loaded_epoch()
+        if loaded is not None and loaded != epoch:
+            self._warn_dropped_state(loaded, epoch)
         self._epoch.fill_(epoch)
         self._state.on_set_epoch(epoch)
         self.metrics.reset()
+
+    def _warn_dropped_state(self, loaded: int, epoch: int) -> None:
+        """``set_epoch(epoch)`` drops a state loaded for epoch ``loaded`` before any of it was read."""
+        consumed = ""
+        try:
+            total, done = self._progress_rows(loaded, self._readers(None))
+        except Exception:  # a figure for the message only
+            total, done = None, 0
+        if total is not None:
+            consumed = f" ({done:,} of this rank's {total:,} rows of epoch {loaded} had been consumed)"
+        what = (
+            f"epoch {epoch} is read in full and the rest of epoch {loaded} is never read"
+            if epoch > loaded
+            else f"epoch {epoch} is read in full, then epoch {loaded} from its start: its consumed rows "
+            "are read again"
+        )
+        warnings.warn(
+            f"set_epoch({epoch}) drops the resume state loaded for epoch {loaded} before any of it was "
+            f"read{consumed}: {what}. A resumed loop continues at the state's epoch: call "
+            f"set_epoch({loaded}) (dataset.epoch after load_state_dict) and count epochs from there",
+            UserWarning,
+            stacklevel=3,
+        )
+
+    def begin_pass(self, num_workers: int) -> EpochProgress:
+        """Main process: a pass over the current epoch starts; returns its record.
+
+        Warns once when ``shuffle=True`` and a pass over the same epoch already ran to its
+        end with no ``set_epoch`` since: every epoch would repeat one order.
+        """
+        state = self._state
+        if state.completed_pass and self._options.shuffle.shuffle and not self._warned_repeat:
+            self._warned_repeat = True
+            warnings.warn(
+                f"a second pass over epoch {self.epoch} starts with shuffle=True and no set_epoch() "
+                "since the first one ended: it repeats the same order. Call loader.set_epoch(epoch) "
+                "(or dataset.set_epoch, or loader.sampler.set_epoch, which Lightning calls) before "
+                "every epoch",
+                UserWarning,
+                stacklevel=4,
+            )
+        return state.begin(num_workers, self.epoch)
 
     # -- metrics ----------------------------------------------------------------
     def get_metrics(self) -> list[WorkerMetrics]:
@@ -516,10 +692,18 @@ class PlannedDataset(IterableDataset[Any]):
         segments = self._state.live_segments(epoch)
         if segments:
             return self._pieces(epoch, slot.count, segments)[slot.id]
-        pieces = as_pieces(self.rank_plan(epoch, slot.count).chunks_for(slot.id))
+        return self._reader_pieces(epoch, self.world.rank, slot.id, slot.count)
+
+    def _reader_pieces(self, epoch: int, rank: int, worker: int, workers: int) -> tuple[Piece, ...]:
+        """The pieces worker ``worker`` of ``workers`` of ``rank`` reads in a full pass over ``epoch``."""
+        if rank == self.world.rank:
+            plan = self.rank_plan(epoch, workers)
+        else:
+            plan = self._planner.rank_plan(epoch, rank, workers)
+        pieces = as_pieces(plan.chunks_for(worker))
         # Only this worker's windows / mixes, keyed as the Resumer keys segment 0.
         shuffle = self._options.shuffle
-        key = (shuffle.shuffle_seed if shuffle.shuffle else 0, epoch, 0, self.world.rank, slot.id)
+        key = (shuffle.shuffle_seed if shuffle.shuffle else 0, epoch, 0, rank, worker)
         if self.row_shuffle_window is not None:
             return tuple(window_pieces(pieces, self.row_shuffle_window, key))
         return tuple(mix_pieces(pieces, self.row_mixing, key, self._table))
@@ -555,23 +739,50 @@ class PlannedDataset(IterableDataset[Any]):
         return rows
 
     def num_batches(self, epoch: int | None = None, num_workers: int | None = None) -> int:
-        """Batches this rank yields in ``epoch`` with ``num_workers`` DataLoader workers.
+        """Batches this rank yields in a full pass over ``epoch`` with ``num_workers`` workers.
 
-        With ``equal_batches`` on, the count is the same on every rank and for any
-        ``num_workers``; otherwise each worker's last batch may be short, so it depends
-        on ``num_workers`` (default: the dataset's).
+        The whole epoch's count, also after ``load_state_dict`` (as torchdata's
+        ``StatefulDataLoader`` reports ``len()``): trainers read it once and keep it for
+        later epochs. The batches left of a resumed or running pass are
+        :attr:`remaining_batches`. With ``equal_batches`` on, the count is the same on
+        every rank and for any ``num_workers``; otherwise each worker's last batch may be
+        short, so it depends on ``num_workers`` (default: the dataset's).
 
         Raises:
             UnknownLengthError: row counts are unknown before reading (a ``TypeError``).
         """
+        epoch = self.epoch if epoch is None else epoch
+        return self._pass_batches(epoch, self._readers(num_workers), None)
+
+    @property
+    def remaining_batches(self) -> int:
+        """Batches left in the current epoch from the consumed (or loaded) position.
+
+        During a pass: the batches that pass has still to yield. Between passes: what
+        the next pass yields, the rest of the epoch after ``load_state_dict``, or the
+        full epoch (``len()``); 0 once a pass ran to its end, until ``set_epoch`` (a new
+        pass over the same epoch then reads it whole again).
+
+        Raises:
+            UnknownLengthError: row counts are unknown before reading (a ``TypeError``).
+        """
+        epoch = self.epoch
+        progress = self._state.progress
+        if progress is None:
+            workers = self._readers(None)
+            return self._pass_batches(epoch, workers, self._state.live_segments(epoch))
+        if progress.done:
+            return 0
+        total = self._pass_batches(epoch, progress.num_workers, progress.base or None)
+        return max(0, total - progress.batches)
+
+    def _pass_batches(self, epoch: int, workers: int, segments: list[dict[str, Any]] | None) -> int:
+        """Batches of a pass over ``epoch`` by ``workers`` readers: whole, or after ``segments``."""
         if self._row_count_issue:
             raise UnknownLengthError(
                 f"the number of batches is unknown before reading: {self._row_count_issue}. "
                 "Iterate to count, or drop the row filter to get len()"
             )
-        epoch = self.epoch if epoch is None else epoch
-        workers = self._readers(num_workers)
-        segments = self._state.live_segments(epoch)
         if segments:
             rows: list[int | None] = [
                 None if any(p.num_rows is None for p in pieces) else sum(p.num_rows or 0 for p in pieces)
@@ -594,7 +805,7 @@ class PlannedDataset(IterableDataset[Any]):
         return total
 
     def __len__(self) -> int:
-        """Batches this rank yields in the current epoch (see :meth:`num_batches`)."""
+        """Batches this rank yields in a full pass over the current epoch (see :meth:`num_batches`)."""
         return self.num_batches()
 
     # -- reading ----------------------------------------------------------------
@@ -671,16 +882,17 @@ class PlannedDataset(IterableDataset[Any]):
             yield from self._tagged(batches, positions, work)
             return
         # Iterated directly in the main process: record what the loop consumes here.
-        self._state.begin(1, epoch)
+        progress = self.begin_pass(1)
         self.begin_metrics(0)
         completed = False
         try:
             for item in stall_clock(self._tagged(batches, positions, work), self.metrics):
                 self.metrics.record(item.tag)
-                yield self._state.consume(item)
-            self._state.finish()
+                yield self._state.consume(item, progress)
+            self._state.finish(progress)
             completed = True
         finally:
+            self._state.end(progress)
             self.metrics.finish(completed)
 
     def _tagged(
@@ -735,6 +947,12 @@ class PlannedDataset(IterableDataset[Any]):
         It is tied to the files and options (``fingerprint``) and is small: a cursor
         ``(piece, row offset)`` per worker, per interrupted segment of the epoch.
         """
+        if env.worker_slot().in_worker:
+            raise ResumeStateError(
+                "state_dict() was called in a DataLoader worker, which does not know what the "
+                "training loop consumed (batches count as consumed when the loop receives them, in "
+                "the main process); call loader.state_dict() in the training loop"
+            )
         return self._state.state_dict(self.epoch, self._rows_per_piece)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -755,9 +973,15 @@ class PlannedDataset(IterableDataset[Any]):
             StateMismatchError: saved for other files or options (says what changed).
         """
         state = complete_state(state, self.world)
-        epoch = self._state.load(
-            state, lambda epoch, segments: self._pieces(epoch, self._num_workers, segments)
-        )
+        previous = self._adopt_split(state)
+        try:
+            epoch = self._state.load(
+                state, lambda epoch, segments: self._pieces(epoch, self._num_workers, segments)
+            )
+        except BaseException:
+            if previous is not None:  # a refused state changes nothing
+                self._use_split(*previous)
+            raise
         self._epoch.fill_(epoch)
 
 

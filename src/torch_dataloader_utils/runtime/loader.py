@@ -8,22 +8,32 @@ building the tensors happen behind the step, and the loop takes a batch that is 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import logging
 import queue
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
 from torch_dataloader_utils.config import LoaderConfig
+from torch_dataloader_utils.errors import IncompatibleOptionsError
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.metrics import LoaderMetrics, gather_metrics, stall_clock
-from torch_dataloader_utils.runtime.state import Tagged
+from torch_dataloader_utils.runtime.state import EpochProgress, Tagged
 from torch_dataloader_utils.transfer import BatchGroup, SegmentPool
 from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
 
-__all__ = ["RECEIVE_AHEAD", "SPARE_SEGMENTS", "ResumableDataLoader", "make_loader", "received"]
+__all__ = [
+    "RECEIVE_AHEAD",
+    "SPARE_SEGMENTS",
+    "EpochSampler",
+    "ResumableDataLoader",
+    "make_loader",
+    "received",
+]
 
 RECEIVE_AHEAD = 2
 """Items (groups of batches) the receiving thread holds ready beyond the one in use."""
@@ -35,6 +45,8 @@ thread holds, the one being yielded and the previous one, which the loop may sti
 
 _POLL = 0.05
 
+log = logging.getLogger(__name__)
+
 
 class _Receiver:
     """A thread that takes items from a DataLoader iterator into a small queue."""
@@ -42,6 +54,8 @@ class _Receiver:
     def __init__(self, source: Iterator[Any], ahead: int) -> None:
         self.queue: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=max(1, ahead))
         self.stopped = threading.Event()
+        self.superseded = False
+        """Set when a new pass took over the persistent workers this thread reads from."""
         self.thread = threading.Thread(
             target=self._run, args=(source,), name="torch_dataloader_utils-receive", daemon=True
         )
@@ -75,10 +89,23 @@ class _Receiver:
         self.thread.join()
 
 
+def superseded() -> IncompatibleOptionsError:
+    """The error of a pass whose persistent workers a newer pass took over."""
+    return IncompatibleOptionsError(
+        "this pass over the loader was ended by a new pass over the same loader: with "
+        "persistent_workers=True every pass uses the same workers, so a pass started inside "
+        "another (e.g. an evaluation over the training loader) ends the outer one. Evaluate "
+        "with a loader of its own, or use persistent_workers=False (each pass then has its "
+        "own workers and the resume state keeps describing the outer pass)"
+    )
+
+
 def received(receiver: _Receiver) -> Iterator[Any]:
     """The items of ``receiver``, in order; its error, raised here; never a silent hang."""
     try:
         while True:
+            if receiver.superseded:
+                raise superseded()
             try:
                 kind, value = receiver.queue.get(timeout=1.0)
             except queue.Empty:
@@ -95,6 +122,29 @@ def received(receiver: _Receiver) -> Iterator[Any]:
                 raise value
     finally:
         receiver.stop()
+
+
+class EpochSampler(Sampler[None]):
+    """``loader.sampler``: the object trainers call ``set_epoch`` on; it reaches the dataset.
+
+    Lightning calls ``loader.sampler.set_epoch(epoch)`` at every epoch (and
+    ``loader.batch_sampler.sampler``, which this loader has none of); HF Trainer and
+    Accelerate call ``loader.set_epoch``. Both select the dataset's epoch, so each epoch
+    gets its own order with ``shuffle=True``. Iterated, it yields ``None`` forever, as the
+    sampler torch gives an ``IterableDataset`` does (the DataLoader draws one per batch
+    and ignores it).
+    """
+
+    def __init__(self, dataset: PlannedDataset) -> None:
+        super().__init__()
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[None]:
+        return itertools.repeat(None)
+
+    def set_epoch(self, epoch: int) -> None:
+        """``dataset.set_epoch(epoch)``: the epoch the next pass reads."""
+        self.dataset.set_epoch(epoch)
 
 
 def _passthrough(batch: Any) -> Any:
@@ -121,6 +171,48 @@ class ResumableDataLoader(DataLoader[Any]):
 
     dataset: PlannedDataset
     _receiver: _Receiver | None = None
+    _progress: EpochProgress | None = None
+    _epoch_sampler: EpochSampler | None = None
+
+    @property  # type: ignore[override]
+    def sampler(self) -> EpochSampler:
+        """An :class:`EpochSampler`: ``loader.sampler.set_epoch(epoch)`` selects the dataset's epoch."""
+        if self._epoch_sampler is None:
+            self._epoch_sampler = EpochSampler(self.dataset)
+        return self._epoch_sampler
+
+    @sampler.setter
+    def sampler(self, value: object) -> None:
+        # DataLoader.__init__ assigns the sampler torch gives an IterableDataset (None
+        # forever); EpochSampler iterates the same way and forwards set_epoch. After
+        # __init__ torch's __setattr__ refuses the assignment, as for any DataLoader.
+        self._epoch_sampler = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next pass reads (``dataset.set_epoch``); call it before every epoch."""
+        self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        """Batches of a full pass over the current epoch on this rank, also after ``load_state_dict``.
+
+        As torchdata's ``StatefulDataLoader`` reports it: trainers read ``len()`` once and
+        keep it for every epoch. The batches left of a resumed or running pass are
+        :attr:`remaining_batches`.
+
+        Raises:
+            UnknownLengthError: row counts are unknown before reading (a ``TypeError``).
+        """
+        return self.dataset.num_batches()
+
+    @property
+    def remaining_batches(self) -> int:
+        """Batches left in the current epoch from the consumed (or loaded) position.
+
+        During a pass, what it has still to yield; after ``load_state_dict``, the batches
+        of the resumed rest of the epoch; otherwise the full epoch (``len()``); 0 once a
+        pass ran to its end, until ``set_epoch``. See :attr:`PlannedDataset.remaining_batches`.
+        """
+        return self.dataset.remaining_batches
 
     _transport: SegmentPool | None = None
 
@@ -137,25 +229,71 @@ class ResumableDataLoader(DataLoader[Any]):
         return self._transport if self._transport.lease() else None
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        if self._receiver is not None and self.persistent_workers:
-            # A pass left early: its thread must be out of the persistent iterator first
-            # (without persistent workers each pass has its own iterator and thread).
-            self._receiver.join()
-        self._receiver = None
-        # len() may differ between a resumed pass and a full one; drop torch's cached value.
+        self._end_previous_pass()
+        # len() may differ between epochs (equal_batches='off' deals them anew); drop torch's cached value.
         self._IterableDataset_len_called = None
         metrics = self.dataset.metrics
+        consume = self.dataset._state.consume
         completed: list[bool] = []
+        passes: list[EpochProgress] = []
         try:
             # The loop's wait is timed around this loader's batches, up to StopIteration.
-            yield from stall_clock(self._batches(completed), metrics)
+            for item in stall_clock(self._batches(completed, passes), metrics):
+                # A batch counts as consumed here, in the generator the loop resumes, with
+                # nothing that can raise between the record and the hand-over: torch's SIGCHLD
+                # handler raises in the main thread wherever it runs (a worker died), and a
+                # batch recorded but never handed over would be skipped by a resume.
+                yield consume(item, passes[0])
         finally:
             metrics.finish(bool(completed))
 
-    def _batches(self, completed: list[bool]) -> Iterator[Any]:
+    def _end_previous_pass(self) -> None:
+        """With persistent workers: the previous pass's thread out of the shared iterator first.
+
+        A pass that is still running (not exhausted, closed or failed) is ended: it raises
+        if it is used again. The thread is waited for while the workers live; if one died,
+        the thread may never return (a read the dead worker left half written), so the
+        workers are dropped instead (:meth:`_drop_workers`). Without persistent workers
+        each pass has its own iterator and thread, and passes may nest.
+        """
+        receiver, progress = self._receiver, self._progress
+        self._receiver = self._progress = None
+        if receiver is None or not self.persistent_workers:
+            return
+        receiver.superseded = True
+        if progress is not None:
+            self.dataset._state.end(progress)
+        receiver.stop()
+        while receiver.thread.is_alive():
+            receiver.thread.join(_POLL)
+            workers = getattr(self._iterator, "_workers", ())
+            if any(not w.is_alive() for w in workers):
+                self._drop_workers()
+                return
+
+    def _drop_workers(self) -> None:
+        """Shut down the persistent workers; the next pass starts new ones.
+
+        After a pass failed (a worker died or raised): reusing its workers would hang or
+        fail again (torch waits for every worker to acknowledge the new pass). The
+        failed pass's thread is not waited for.
+        """
+        iterator, self._iterator = self._iterator, None
+        self._receiver = self._progress = None
+        self._transport = None  # the failed pass's segments may still be leased
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception:  # already shut down or half gone: nothing left to stop
+                log.debug("shutting down the workers of a failed pass", exc_info=True)
+
+    def _batches(self, completed: list[bool], passes: list[EpochProgress]) -> Iterator[Any]:
+        """This pass's items, tagged (``__iter__`` records them); its record goes to ``passes``."""
         state = self.dataset._state
         metrics = self.dataset.metrics
-        state.begin(self.num_workers, self.dataset.epoch)
+        progress = self._progress = self.dataset.begin_pass(self.num_workers)
+        passes.append(progress)
         self.dataset.begin_metrics(self.num_workers)
         state.tagging = True  # set before workers start: they pickle the dataset
         pool = self._lease_transport()
@@ -182,15 +320,24 @@ class ResumableDataLoader(DataLoader[Any]):
                     if item.work is not None:
                         metrics.add_work(*item.work)
                     for batch, tag in zip(item.batch, item.tag, strict=True):
+                        if receiver is not None and receiver.superseded:
+                            raise superseded()
                         metrics.record(tag)  # type: ignore[arg-type]
-                        yield state.consume(Tagged(batch, tag))  # type: ignore[arg-type]
+                        yield Tagged(batch, tag)  # type: ignore[arg-type]
                 else:
                     if isinstance(item, Tagged):
                         metrics.record(item.tag)
-                    yield state.consume(item)
-            state.finish()
+                    yield item
+            state.finish(progress)
             completed.append(True)
+        except GeneratorExit:  # the loop left the pass early (break, close): workers stay
+            raise
+        except BaseException:
+            if self.persistent_workers and (receiver is None or not receiver.superseded):
+                self._drop_workers()  # the next pass starts new workers, never a hang
+            raise
         finally:
+            state.end(progress)
             state.tagging = False
             if receiver is not None:  # this pass's thread (another pass may have started since)
                 receiver.stop()

@@ -49,25 +49,36 @@ class Tagged(NamedTuple):
 
 @dataclass
 class EpochProgress:
-    """Cursors of the batches the loop received in the current pass over an epoch.
+    """Cursors of the batches the loop received in one pass over an epoch.
 
     Attributes:
         num_workers: Workers of this pass (1 when reading in the main process).
         cursors: ``worker -> (piece, offset)`` after the last batch received from it.
         done: The pass ran to its end (every piece consumed).
         base: The interrupted segments this pass resumed from (``[]`` for a full epoch).
+        batches: Batches the loop received in this pass.
+        running: The pass has not ended yet (not exhausted, closed, or failed).
+        tracked: This pass is the one the resume state describes (a pass started while
+            another one runs, e.g. an evaluation over the training loader, is not).
     """
 
     num_workers: int
     base: list[dict[str, Any]] = field(default_factory=list)
     cursors: dict[int, tuple[int, int]] = field(default_factory=dict)
     done: bool = False
+    batches: int = 0
+    running: bool = True
+    tracked: bool = True
 
     def record(self, tag: Sequence[int]) -> None:
         """Note that the batch carrying ``tag`` reached the loop."""
         _, worker, workers, piece, offset = (int(v) for v in tag[:5])
+        cursor = (piece, offset)
+        # Plain stores last, no call after them: an exception raised asynchronously in the
+        # main thread (a signal handler) cannot land between the record and the hand-over.
+        self.cursors[worker] = cursor
         self.num_workers = workers
-        self.cursors[worker] = (piece, offset)
+        self.batches += 1
 
     def entry(self, piece_rows: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
         """This rank's part of a state segment (JSON values).
@@ -180,8 +191,19 @@ class ResumeTracker:
         """A loaded state's epoch, segments and token (pickled to workers)."""
         self._token = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self.progress: EpochProgress | None = None
+        """The pass the resume state describes (``None``: no pass since the epoch was set)."""
+        self.completed_pass = False
+        """A tracked pass over the current epoch ran to its end since it was set or loaded."""
         self.tagging = False
         """Set while a loader from create_dataloader iterates: batches are then tagged."""
+
+    def set_option(self, name: str, value: Any) -> None:
+        """Set (``None``: remove) one option a state is tied to; the fingerprint is computed again."""
+        if value is None:
+            self._options.pop(name, None)
+        else:
+            self._options[name] = value
+        self._fingerprint = None
 
     @property
     def token(self) -> int:
@@ -207,30 +229,64 @@ class ResumeTracker:
             )
         return list(self.loaded["segments"]) if self.loaded["epoch"] == epoch else None
 
+    def unread_loaded_epoch(self) -> int | None:
+        """The epoch of a loaded state that no pass has started reading yet, else ``None``."""
+        if self.loaded is None or self.token == 0 or self.loaded["token"] != self.token:
+            return None
+        if self.progress is not None:
+            return None
+        return int(self.loaded["epoch"])
+
     def on_set_epoch(self, epoch: int) -> None:
         """A new epoch was selected: a loaded state of another epoch is dropped."""
         self.progress = None
+        self.completed_pass = False
         if self.loaded is not None and self.loaded["epoch"] != epoch:
             self._token.fill_(0)
 
     def begin(self, num_workers: int, epoch: int) -> EpochProgress:
-        """Start recording a pass over ``epoch`` read by ``num_workers`` workers."""
-        self.progress = EpochProgress(max(1, num_workers), base=self.live_segments(epoch) or [])
-        return self.progress
+        """Start recording a pass over ``epoch`` read by ``num_workers`` workers.
 
-    def consume(self, item: Any) -> Any:
-        """Main process: record a tagged batch as consumed and return the batch."""
+        A pass started while the tracked pass still runs (a loop over the same loader
+        nested in the training loop, e.g. an evaluation) gets its own, untracked record:
+        the resume state keeps describing the pass it was started inside, and the nested
+        pass reaching its end does not finish the epoch.
+        """
+        base = self.live_segments(epoch) or []
+        current = self.progress
+        nested = current is not None and current.running and not current.done
+        progress = EpochProgress(max(1, num_workers), base=base, tracked=not nested)
+        if not nested:
+            self.progress = progress
+        return progress
+
+    def consume(self, item: Any, progress: EpochProgress | None = None) -> Any:
+        """Main process: record a tagged batch as consumed by ``progress``'s pass; return the batch.
+
+        ``progress`` defaults to the tracked pass.
+        """
         if not isinstance(item, Tagged):
             return item
-        if self.progress is not None:
-            self.progress.record(item.tag)
+        progress = self.progress if progress is None else progress
+        if progress is not None:
+            progress.record(item.tag)
         return item.batch
 
-    def finish(self) -> None:
-        """The pass ran to its end: the next pass is a full epoch."""
-        if self.progress is not None:
-            self.progress.done = True
-        self._token.fill_(0)
+    def finish(self, progress: EpochProgress | None = None) -> None:
+        """``progress``'s pass ran to its end; if it is the tracked one, the next pass is a full epoch."""
+        progress = self.progress if progress is None else progress
+        if progress is None:
+            self._token.fill_(0)
+            return
+        progress.done = True
+        if progress.tracked:
+            self.completed_pass = True
+            self._token.fill_(0)
+
+    @staticmethod
+    def end(progress: EpochProgress) -> None:
+        """``progress``'s pass ended (exhausted, closed or failed): a later pass is not nested in it."""
+        progress.running = False
 
     def state_dict(
         self,
@@ -297,6 +353,7 @@ class ResumeTracker:
         if segments:
             validate(epoch, segments)
         self.progress = None
+        self.completed_pass = False
         if not segments:
             self.loaded = None
             self._token.fill_(0)

@@ -399,7 +399,7 @@ class FileSystemSpec(RedactedRepr):
 
     def display(self, path: str) -> str:
         """``path`` as a URL a user recognizes (with its scheme when not local)."""
-        if self.is_local:
+        if self.is_local or "://" in path:  # http(s) filesystems keep the whole URL as the path
             return path
         return f"{self.protocol}://{path.lstrip('/')}"
 

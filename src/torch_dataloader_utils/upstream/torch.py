@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["jagged", "jagged_parts", "new_shared_bytes", "prepare_jagged"]
+__all__ = ["jagged", "jagged_parts", "new_shared_bytes", "prepare_jagged", "seqlens"]
 
 
 def new_shared_bytes(nbytes: int) -> torch.Tensor:
@@ -97,12 +97,39 @@ def jagged(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """
     if not _prepared:
         prepare_jagged()
+    shortest, longest = seqlens(offsets)
     if _NestedTensor is not None:
         try:
-            return _NestedTensor(values, offsets)  # type: ignore[no-any-return]
+            cache = (
+                {"min_seqlen": _stored(shortest), "max_seqlen": _stored(longest)} if len(offsets) > 1 else {}
+            )
+            return _NestedTensor(values, offsets, _metadata_cache=cache)  # type: ignore[no-any-return]
         except TypeError:  # pragma: no cover - another signature: the public path
             pass
-    return torch.nested.nested_tensor_from_jagged(values, offsets)
+    return torch.nested.nested_tensor_from_jagged(
+        values,
+        offsets,
+        min_seqlen=shortest if len(offsets) > 1 else None,
+        max_seqlen=longest if len(offsets) > 1 else None,
+    )
+
+
+def seqlens(offsets: torch.Tensor) -> tuple[int, int]:
+    """``(shortest, longest)`` row of a jagged layout, from its offsets (``(0, 0)`` without rows).
+
+    Handed to the nested tensor, so that ``torch.nested.to_padded_tensor`` pads to the
+    longest row (without it torch 2.13 pads every row to the batch's total item count)
+    and attention kernels get their bounds without a pass over the lengths.
+    """
+    if len(offsets) < 2:
+        return 0, 0
+    shortest, longest = torch.aminmax(offsets[1:] - offsets[:-1])
+    return int(shortest), int(longest)
+
+
+def _stored(value: int) -> torch.Tensor:
+    """A sequence length as torch's nested tensors cache it: the size of an empty tensor."""
+    return torch.empty(value, 0)
 
 
 def jagged_parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
