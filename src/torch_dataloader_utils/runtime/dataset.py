@@ -225,7 +225,10 @@ class PlannedDataset(IterableDataset[Any]):
         self._planner = Planner(dataclasses.replace(self._planner.spec, strategy=strategy))
         self._split_auto = sizes
         self._state.set_option("split_auto", sizes)
-        self._plans, self._resumers, self._piece_rows, self._last_rows = {}, {}, {}, None
+        self._plans.clear()
+        self._resumers.clear()
+        self._piece_rows.clear()
+        self._last_rows = None
         self._logged = set()
 
     def _adopt_split(self, state: Mapping[str, Any]) -> tuple[Splitter | RankAwareStrategy, Any] | None:
