@@ -458,20 +458,27 @@ class BatchConverter:
         dtype = pack.numpy_dtype
         specs = []
         for column, index in zip(pack.columns, indices, strict=True):
-            dims, _ = _dense_shape(self._schema.field(column).type)
-            specs.append((column, index, dims[0] if dims else 1))
-        width = sum(w for _, _, w in specs)
+            dims, inner = _dense_shape(self._schema.field(column).type)
+            bounds = _narrowing(_np_dtype(inner), dtype)
+            specs.append((column, index, dims[0] if dims else 1, bounds))
+        width = sum(w for _, _, w, _ in specs)
+
+        def dense(column: str, array: Any, n: int, w: int, bounds: tuple[int, int] | None) -> np.ndarray:
+            arr = self._dense(column, array).reshape(n, w)
+            if bounds is not None:
+                _check_range(column, arr, bounds, pack)
+            return arr
 
         def stack(columns: list[Any]) -> Any:
             n = len(columns[specs[0][1]])
             if len(specs) == 1:  # one column: a view where its dtype is the target's
-                column, index, w = specs[0]
-                arr = self._dense(column, columns[index]).reshape(n, w)
+                column, index, w, bounds = specs[0]
+                arr = dense(column, columns[index], n, w, bounds)
                 return self._tensor(arr if arr.dtype == dtype else arr.astype(dtype))
             out = np.empty((n, width), dtype=dtype)
             at = 0
-            for column, index, w in specs:
-                out[:, at : at + w] = self._dense(column, columns[index]).reshape(n, w)
+            for column, index, w, bounds in specs:
+                out[:, at : at + w] = dense(column, columns[index], n, w, bounds)
                 at += w
             return self._tensor(out)
 
@@ -527,6 +534,35 @@ class BatchConverter:
             else:
                 out[name] = fn(columns[index])
         return out
+
+
+def _narrowing(source: np.dtype[Any], target: np.dtype[Any]) -> tuple[int, int] | None:
+    """The target's ``(min, max)`` when an integer ``source`` may not fit integer ``target``, else ``None``.
+
+    numpy's casts wrap such values silently (int64 ``2**31 + 5`` -> int32 ``-2147483643``;
+    uint64 above int64's max -> negative), so a pack that narrows integers checks them.
+    """
+    if source.kind in "iu" and target.kind in "iu" and not np.can_cast(source, target, "safe"):
+        info = np.iinfo(target)
+        return int(info.min), int(info.max)
+    return None
+
+
+def _check_range(column: str, arr: np.ndarray, bounds: tuple[int, int], pack: FeaturePack) -> None:
+    """:class:`ConversionError` unless every value of ``arr`` lies within ``bounds``."""
+    if not arr.size:
+        return
+    lo, hi = bounds
+    low, high = int(arr.min()), int(arr.max())
+    if low >= lo and high <= hi:
+        return
+    value = low if low < lo else high
+    raise ConversionError(
+        f"pack_features column {column!r} holds the value {value}, which does not fit "
+        f"dtype={pack.dtype!r} of the pack {pack.key!r} (range {lo}..{hi}); numpy would wrap it "
+        "silently. Pass a wider dtype (e.g. FeaturePack(..., dtype='int64') or 'float64'), leave "
+        "the column out of the pack, or cast it when writing the data"
+    )
 
 
 def _fill_type(t: pa.DataType) -> pa.DataType | None:
