@@ -57,6 +57,7 @@ from torch_dataloader_utils.upstream.torch import jagged, prepare_jagged
 
 __all__ = [
     "BatchConverter",
+    "DeferredPack",
     "DeferredText",
     "FlatList",
     "JaggedParts",
@@ -66,7 +67,7 @@ __all__ = [
     "text_parts",
 ]
 
-ColumnFn = Callable[[Any], Any]
+ColumnFn = Callable[..., Any]
 
 
 class PaddedList(NamedTuple):
@@ -469,17 +470,20 @@ class BatchConverter:
                 _check_range(column, arr, bounds, pack)
             return arr
 
-        def stack(columns: list[Any]) -> Any:
+        def stack(columns: list[Any], defer: bool = False) -> Any:
             n = len(columns[specs[0][1]])
             if len(specs) == 1:  # one column: a view where its dtype is the target's
                 column, index, w, bounds = specs[0]
                 arr = dense(column, columns[index], n, w, bounds)
-                return self._tensor(arr if arr.dtype == dtype else arr.astype(dtype))
+                if arr.dtype == dtype:
+                    return self._tensor(arr)
+                if not (defer and self._to_torch):
+                    return self._tensor(arr.astype(dtype))
+            parts = [(dense(column, columns[i], n, w, bounds), w) for column, i, w, bounds in specs]
+            if defer and self._to_torch:  # stacked where it travels: one copy, not two
+                return DeferredPack(parts, n, width, dtype)
             out = np.empty((n, width), dtype=dtype)
-            at = 0
-            for column, index, w, bounds in specs:
-                out[:, at : at + w] = dense(column, columns[index], n, w, bounds)
-                at += w
+            _stack_into(out, parts)
             return self._tensor(out)
 
         return stack
@@ -523,7 +527,7 @@ class BatchConverter:
                 values, offsets = fn(columns[index])
                 out[name] = self._ragged_out(values, offsets, defer)
             elif kind == _PACK:
-                out[name] = fn(columns)
+                out[name] = fn(columns, defer)
             elif (
                 kind == _TEXT
                 and defer_text
@@ -669,6 +673,57 @@ class DeferredText:
     def materialize(self) -> Any:
         """The column as the converter would have returned it."""
         return text_out(self.array, self.to_torch)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _identity, (self.materialize(),)
+
+
+def _stack_into(out: np.ndarray, parts: list[tuple[np.ndarray, int]]) -> None:
+    """Write ``parts`` (``[rows, width]`` arrays) side by side into ``out``, cast to its dtype."""
+    at = 0
+    for arr, width in parts:
+        out[:, at : at + width] = arr
+        at += width
+
+
+class DeferredPack:
+    """A feature pack bound for another process, stacked only where it travels.
+
+    :func:`~torch_dataloader_utils.transfer.pack` has it write its columns straight
+    into the transfer buffer (:meth:`write`): one copy of each value instead of two
+    (stacking, then copying the stack). Pickled alone it becomes the stacked tensor.
+
+    Args:
+        parts: ``([rows, width] array, width)`` per packed column, in order.
+        rows: Rows of the batch.
+        width: Features in all.
+        dtype: The pack's dtype.
+    """
+
+    __slots__ = ("dtype", "parts", "rows", "width")
+
+    def __init__(
+        self, parts: list[tuple[np.ndarray, int]], rows: int, width: int, dtype: np.dtype[Any]
+    ) -> None:
+        self.parts = parts
+        self.rows = rows
+        self.width = width
+        self.dtype = dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stacked ``[rows, width]`` array."""
+        return self.rows * self.width * self.dtype.itemsize
+
+    def write(self, dst: np.ndarray) -> None:
+        """Stack into ``dst``, ``nbytes`` bytes (uint8, aligned to the dtype)."""
+        _stack_into(dst.view(self.dtype).reshape(self.rows, self.width), self.parts)
+
+    def materialize(self) -> torch.Tensor:
+        """The column as the converter would have returned it."""
+        out = np.empty((self.rows, self.width), dtype=self.dtype)
+        _stack_into(out, self.parts)
+        return torch.from_numpy(out)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return _identity, (self.materialize(),)
