@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from tests.fixtures.data import write_parquet_files
 from torch_dataloader_utils.config import FileFormat, FileSourceConfig
 from torch_dataloader_utils.discovery import discover
+from torch_dataloader_utils.errors import ReadError
+from torch_dataloader_utils.io.helpers import Helpers, helpers
 from torch_dataloader_utils.io.pieces import Gather, gathered, piece_reads, read_piece
 from torch_dataloader_utils.plan.mixing import RowMixing
 from torch_dataloader_utils.plan.pieces import advance, as_pieces, cut_piece, mix_pieces, piece_rows
@@ -21,6 +23,7 @@ from torch_dataloader_utils.plan.splits import RowGroupSplit
 from torch_dataloader_utils.runtime.readers import make_reader
 
 ROWS = [130, 7, 260, 0, 91]
+HELPERS = Helpers(3)
 
 
 def _setup(root: Path):
@@ -58,6 +61,8 @@ def test_read_mix_is_the_planned_order(tmp_path_factory, rows, streams, split, s
     for piece in pieces:
         planned = [starts[path] + r for path, r, _ in piece_rows(piece, files)]
         assert _ids(gathered(read_piece(reader, piece, batch_size=16, files=files))) == planned
+        # Streams decoded ahead and rounds gathered on helper threads: the same order.
+        assert _ids(gathered(read_piece(reader, piece, files=files, helpers=HELPERS))) == planned
         smaller = gathered(read_piece(reader, piece, files=files, mix_read_rows=20))  # smaller decodes
         assert _ids(smaller) == planned
         # Continued after k rows (resume), and cut into a head and a tail (equal batches).
@@ -116,3 +121,44 @@ def test_a_gather_outside_the_rows_read_raises_instead_of_reading_memory(bad: in
     order = np.array([3, 1, bad, 0], dtype=np.int64)
     with pytest.raises(IndexError, match=r"gather positions outside 0\.\.9"):
         list(Gather(table, order, ((0, 4),)).batches())
+
+
+def test_helpers_are_per_process_and_sized_by_spare_cpus() -> None:
+    assert helpers(0) is None
+    assert helpers(-3) is None
+    assert helpers(2) is helpers(2)
+    assert helpers(100) is helpers(8)  # at most one per stream of the default mixing
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        Helpers(0)
+
+
+def test_a_stream_decoded_on_a_helper_raises_its_error_where_it_is_needed(tmp_path):
+    found, _ = _setup(tmp_path)
+    files = {f.path: f for f in found.files}
+    reader = make_reader(found, batch_size=16)
+    chunks = RowGroupSplit(split_rows=40).split(list(found.files))
+    (piece, *_) = mix_pieces(as_pieces(chunks), RowMixing(30, 4), (0, 0, 0), files)
+    planned = _ids(gathered(read_piece(reader, piece, files=files)))
+    bad = piece.chunks[2].path
+    Path(bad).write_bytes(Path(bad).read_bytes()[:40])  # truncated since it was planned
+    got: list[int] = []
+
+    def read_all() -> None:
+        for batch in gathered(read_piece(reader, piece, files=files, helpers=HELPERS)):
+            got.extend(batch.column("id").to_pylist())
+
+    with pytest.raises(ReadError, match=Path(bad).name):
+        read_all()
+    assert got == planned[: len(got)]
+
+
+def test_stopping_a_mix_early_waits_for_its_helpers(tmp_path):
+    found, _ = _setup(tmp_path)
+    files = {f.path: f for f in found.files}
+    reader = make_reader(found, batch_size=16)
+    chunks = RowGroupSplit(split_rows=20).split(list(found.files))
+    pieces = mix_pieces(as_pieces(chunks), RowMixing(12, 8), (1, 0, 0), files)
+    for _ in range(20):  # stop after the first round, while the next decodes are in flight
+        items = read_piece(reader, pieces[0], files=files, helpers=HELPERS)
+        next(gathered(items))
+        items.close()  # no "generator already executing" from a stream a helper still runs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -84,23 +85,33 @@ class OpenFiles(Generic[T]):
         self._size = size
         self._closer = closer
         self._open: OrderedDict[str, T] = OrderedDict()
+        self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_open"] = OrderedDict()
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._open)
 
     def get(self, path: str) -> T:
-        """The open file of ``path`` (opened now if it is not in the cache)."""
-        handle = self._open.pop(path, None)
+        """The open file of ``path`` (opened now if it is not in the cache); safe from several threads."""
+        with self._lock:
+            handle = self._open.pop(path, None)
         if handle is None:
             handle = self._opener(path)
-        self._open[path] = handle
-        while len(self._open) > self._size:
-            _, old = self._open.popitem(last=False)
-            if self._closer is not None:
+        dropped = []
+        with self._lock:
+            self._open[path] = handle
+            while len(self._open) > self._size:
+                dropped.append(self._open.popitem(last=False)[1])
+        if self._closer is not None:
+            for old in dropped:
                 self._closer(old)
         return handle

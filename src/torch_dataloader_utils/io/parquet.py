@@ -87,6 +87,14 @@ class ParquetReader:
             self._source.schedule(chunks)
 
     @property
+    def decodes_in_threads(self) -> bool:
+        """Whether several chunks may be decoded at once on other threads (local files).
+
+        Remote files come through the read-ahead fetcher, in the order it was given.
+        """
+        return self._source is None
+
+    @property
     def fetches_ahead(self) -> bool:
         """Whether bytes come from remote storage through a read-ahead fetcher (thread pool)."""
         return self._source is not None
