@@ -107,7 +107,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--skip-floor", action="store_true")
     args = p.parse_args(argv)
     configs = [(64, 8192), (1, 8192), (1, 524288)]
-    rows_for = {c: args.mb * 1_000_000 // (4 * c) // (FILES * 8192) * FILES * 8192 for c, _ in configs}
+    rows_for = {
+        c: max(1, args.mb * 1_000_000 // (4 * c) // (FILES * 8192)) * FILES * 8192 for c, _ in configs
+    }
     results = []
     for columns, batch in configs:
         rows = rows_for[columns]

@@ -66,7 +66,9 @@ facts() {
   git log --oneline -1 2>/dev/null || true
 }
 
-step facts 30 facts
+export -f facts
+export PY
+step facts 30 bash -c facts
 # --noconftest: the suite's fixture plugins need packages this machine lacks (pyiceberg,
 # s3fs); these two files need none of them.
 step cuda_tests "$T_TESTS" $PY -m pytest -q -p no:cacheprovider --noconftest -rs \

@@ -157,7 +157,7 @@ def test_device_hands_over_equal_values_in_order(data: Path, options: dict[str, 
 def test_cuda_batches_are_safe_on_the_current_stream(data: Path) -> None:
     """The step runs on a stream of its own; the handed batch is ready there, and its memory kept."""
     loader = _loader(data, device="cuda", num_workers=2, pin_memory=True)
-    expected = [_plain(b) for b in _loader(data, num_workers=0)]
+    expected = [_plain(b) for b in _loader(data, num_workers=2)]
     step = torch.cuda.Stream()
     sums = []
     with torch.cuda.stream(step):
@@ -167,6 +167,18 @@ def test_cuda_batches_are_safe_on_the_current_stream(data: Path) -> None:
             del batch
     torch.cuda.synchronize()
     assert [float(s) for s in sums] == [2 * float(np.sum(b["a"][1])) for b in expected]
+
+
+@needs_cuda
+def test_pinned_segments_with_new_workers_every_epoch(data: Path) -> None:
+    """Workers forked after segments were page-locked never write through the locked mapping."""
+    loader, dataset = create_dataloader(
+        str(data), batch_size=128, num_workers=2, device="cuda", shuffle=True, timeout=60
+    )
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        ids = [i for b in loader for i in b["id"].tolist()]
+        assert sorted(ids) == list(range(ROWS))
 
 
 @needs_cuda
