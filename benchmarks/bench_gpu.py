@@ -52,10 +52,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "src"))
+from torch_dataloader_utils import FeaturePack, create_dataloader
 
-from torch_dataloader_utils import FeaturePack, create_dataloader  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 FEATURES = [f"f{i:02d}" for i in range(32)]
 FILES = 16

@@ -14,9 +14,11 @@ Configurations (about ``--mb`` MB each):
 * 1 column, batch 8,192 (32 KiB per batch): the per-batch cost with one column;
 * 1 column, batch 524,288 (2 MiB per batch): per GB at the 64-column batch's size.
 
-The floor, in the same run: torch's own DataLoader with the same workers handing over
+The floors, in the same run: torch's own DataLoader with the same workers handing over
 premade batches of the same shapes (a dict of tensors; torch's default transfer) and
-loading nothing: what a DataLoader's main process costs per batch by itself.
+loading nothing; and the same DataLoader handing over one int per item: what torch's
+worker machinery costs the main process per hand-off by itself (the library sends a
+group of batches, about 8 MiB, per hand-off; its s/GB column is that cost per 8 MiB).
 """
 
 from __future__ import annotations
@@ -38,10 +40,9 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "src"))
+from torch_dataloader_utils import create_dataloader
 
-from torch_dataloader_utils import create_dataloader  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 FILES = 8
 
@@ -67,6 +68,17 @@ def write(root: Path, columns: int, rows: int) -> Path:
     return target
 
 
+class Ints(IterableDataset[int]):
+    """Each worker yields its share of ``items`` ints: torch's per-hand-off cost alone."""
+
+    def __init__(self, items: int) -> None:
+        self.items = items
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        yield from range(info.id, self.items, info.num_workers) if info is not None else range(self.items)
+
+
 class Premade(IterableDataset[dict[str, torch.Tensor]]):
     """Each worker yields its share of ``batches`` premade batches: no loading at all."""
 
@@ -90,7 +102,10 @@ def epochs(loader: Any, repeats: int) -> tuple[list[float], list[float], int, in
         batches = nbytes = 0
         for batch in loader:
             batches += 1
-            nbytes += sum(v.numel() * v.element_size() for v in batch.values())
+            if isinstance(batch, dict):
+                nbytes += sum(v.numel() * v.element_size() for v in batch.values())
+            else:
+                nbytes += 8 << 20  # one library group's worth
         if epoch:  # the first epoch starts the workers
             cpu.append(main_cpu() - c0)
             wall.append(time.perf_counter() - t0)
@@ -135,6 +150,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             entry.update(cpu_s=cpu, wall_s=wall, batches=fb, bytes=fbytes)
             results.append(entry)
         print(json.dumps(results[-2:] if not args.skip_floor else results[-1:]), flush=True)
+    if not args.skip_floor:
+        ints = DataLoader(Ints(2000), batch_size=None, num_workers=args.workers, persistent_workers=True)
+        cpu, wall, items, _ = epochs(ints, args.repeats)
+        del ints
+        entry = {"loop": "torch DataLoader, an int per hand-off", "columns": 0, "batch_size": 0}
+        entry.update(cpu_s=cpu, wall_s=wall, batches=items, bytes=items * (8 << 20))
+        results.append(entry)
     load = os.getloadavg()
     lines = [
         f"num_workers={args.workers} persistent, {args.repeats} epochs after a warm-up, medians; "
