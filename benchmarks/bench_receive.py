@@ -14,6 +14,11 @@ Configurations (about ``--mb`` MB each):
 * 1 column, batch 8,192 (32 KiB per batch): the per-batch cost with one column;
 * 1 column, batch 524,288 (2 MiB per batch): per GB at the 64-column batch's size.
 
+The main process also has a fixed cost per epoch (planning the epoch, restarting the
+persistent workers' iterators): ``fixed ms/epoch`` is measured on the same loader
+settings over a dataset of one batch per file, and ``us/batch beyond`` is the rest
+divided by the batches, the cost that grows with the data.
+
 The floors, in the same run: torch's own DataLoader with the same workers handing over
 premade batches of the same shapes (a dict of tensors; torch's default transfer) and
 loading nothing; and the same DataLoader handing over one int per item: what torch's
@@ -134,8 +139,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         cpu, wall, batches, nbytes = epochs(loader, args.repeats)
         del loader
+        tiny = write(args.data_dir, columns, FILES * batch)  # one batch per file
+        small, _ = create_dataloader(
+            str(tiny), batch_size=batch, num_workers=args.workers, persistent_workers=True, timeout=120
+        )
+        fixed, _, _, _ = epochs(small, args.repeats)
+        del small
         entry = {"loop": "loader", "columns": columns, "batch_size": batch, "cpu_s": cpu, "wall_s": wall}
-        entry.update(batches=batches, bytes=nbytes)
+        entry.update(batches=batches, bytes=nbytes, fixed_cpu_s=fixed)
         results.append(entry)
         if not args.skip_floor:
             premade = DataLoader(
@@ -163,15 +174,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{len(os.sched_getaffinity(0))} CPUs, torch {torch.__version__}, pyarrow {pa.__version__}, "
         f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
         "",
-        "| loop | columns | batch | MB/batch | batches | main CPU s/GB | main CPU us/batch | wall GB/s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| loop | columns | batch | MB/batch | batches/epoch | main CPU s/GB | main CPU us/batch "
+        "| fixed ms/epoch | us/batch beyond | wall GB/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         cpu, wall = statistics.median(r["cpu_s"]), statistics.median(r["wall_s"])
         gb = r["bytes"] / 1e9
+        fixed = statistics.median(r["fixed_cpu_s"]) if "fixed_cpu_s" in r else None
+        shown = "-" if fixed is None else f"{fixed * 1e3:.1f}"
+        beyond = "-" if fixed is None else f"{(cpu - fixed) / r['batches'] * 1e6:.1f}"
         lines.append(
             f"| {r['loop']} | {r['columns']} | {r['batch_size']} | {r['bytes'] / r['batches'] / 2**20:.2f} | "
-            f"{r['batches']} | {cpu / gb:.4f} | {cpu / r['batches'] * 1e6:.1f} | {gb / wall:.2f} |"
+            f"{r['batches']} | {cpu / gb:.4f} | {cpu / r['batches'] * 1e6:.1f} | {shown} | {beyond} | "
+            f"{gb / wall:.2f} |"
         )
     md = "\n".join(lines) + "\n"
     print(md)

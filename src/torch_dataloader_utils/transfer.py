@@ -75,6 +75,7 @@ __all__ = [
     "PooledBatch",
     "SegmentPool",
     "SegmentWriter",
+    "can_pin_segments",
     "pack",
     "pack_group",
     "unpack",

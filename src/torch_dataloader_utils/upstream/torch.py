@@ -40,6 +40,9 @@ def new_shared_bytes(nbytes: int) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
+_REGISTER_PORTABLE = 1
+
+
 class CudaHostPinner:
     """Page-locks host ranges with ``cudaHostRegister``, once each, and keeps count of them.
 
@@ -57,7 +60,8 @@ class CudaHostPinner:
         Raises:
             RuntimeError: CUDA refused (the error code named).
         """
-        code = self._cudart.cudaHostRegister(address, nbytes, 0)
+        # cudaHostRegisterPortable: pinned for every CUDA context (any GPU of the process).
+        code = self._cudart.cudaHostRegister(address, nbytes, _REGISTER_PORTABLE)
         if int(getattr(code, "value", code)) != 0:
             raise RuntimeError(f"cudaHostRegister of {nbytes} bytes at {address:#x} failed: {code}")
         self.registered[address] = nbytes
