@@ -502,10 +502,12 @@ class BatchConverter:
 
         The same as calling the converter, except that string and binary columns
         without nulls (``strings='list'``) stay Arrow arrays (wrapped in
-        :class:`DeferredText`) and jagged list columns stay values + offsets
-        (:class:`JaggedParts`): :func:`pack` sends their buffers, and :func:`unpack`
-        builds the ``list`` (or object array) or the nested tensor in the receiving
-        process, which is cheaper than pickling Python strings or a tensor per row.
+        :class:`DeferredText`), jagged list columns stay values + offsets
+        (:class:`JaggedParts`) and feature packs that need a copy stay their columns
+        (:class:`DeferredPack`): :func:`pack` sends their buffers (stacking a pack
+        straight into its buffer), and :func:`unpack` builds the ``list`` (or object
+        array) or the nested tensor in the receiving process, which is cheaper than
+        pickling Python strings or a tensor per row.
         """
         if self._output is OutputFormat.ARROW or self._output is OutputFormat.DICT:
             return self(batch)

@@ -164,8 +164,10 @@ def test_helper_threads_change_nothing_but_when_the_work_is_done(root, monkeypat
     assert sorted(i for b in got for i in b) == list(range(TOTAL))
 
 
-def test_resume_with_helper_threads_is_exact(root, many_cpus):
+@pytest.mark.parametrize("extra", [{}, {"row_shuffle_window": 150}], ids=["mixing", "window"])
+def test_resume_with_helper_threads_is_exact(root, many_cpus, extra):
     opts = {"batch_size": 16, "shuffle": True, "shuffle_seed": 2, "split_rows": 60, "equal_batches": "off"}
+    opts.update(extra)
     loader, _ = StructuredDataset.create_dataloader(root, num_workers=2, **opts)
     first: list[int] = []
     for n, batch in enumerate(loader, start=1):
