@@ -377,7 +377,10 @@ class HostPinner(Protocol):
         """Page-lock ``nbytes`` bytes at ``address`` (page-aligned)."""
 
     def unregister(self, address: int) -> None:
-        """Release the range registered at ``address``."""
+        """Release the range registered at ``address`` (no copy reads it any more)."""
+
+    def synchronize(self) -> None:
+        """Wait until no queued copy reads a registered range (before releasing them all)."""
 
 
 class _PinnedViews:
@@ -392,6 +395,7 @@ class _PinnedViews:
         self.pinner = pinner
         self.views: dict[int, np.ndarray[Any, Any]] = {}  # slot -> the second mapping's bytes
         self.locked: set[int] = set()  # slots whose mapping is page-locked
+        self.warned = False
 
     def set(self, slot: int, segment: torch.Tensor) -> None:
         """Map ``segment`` (a new one, or one replacing the slot's old one) and page-lock it.
@@ -400,20 +404,30 @@ class _PinnedViews:
         synchronous), with one warning.
         """
         self.drop(slot)
-        fd, size = segment.untyped_storage()._share_fd_cpu_()
-        view = np.frombuffer(mmap.mmap(fd, size), dtype=np.uint8)  # the mapping lives with its arrays
+        try:
+            fd, size = segment.untyped_storage()._share_fd_cpu_()
+            view = np.frombuffer(mmap.mmap(fd, size), dtype=np.uint8)  # the mapping lives with its arrays
+        except (OSError, RuntimeError, ValueError) as exc:  # not shared by file descriptor
+            self._unpinned(segment.numel(), exc)
+            self.views[slot] = segment.numpy()
+            return
         self.views[slot] = view
         try:
             self.pinner.register(view.ctypes.data, size)
         except RuntimeError as exc:
-            warnings.warn(
-                f"pin_memory: a {size}-byte shared-memory segment could not be page-locked ({exc}); "
-                "batches in it are not pinned, so their copies to the GPU are synchronous",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            self._unpinned(size, exc)
             return
         self.locked.add(slot)
+
+    def _unpinned(self, size: int, exc: BaseException) -> None:
+        if not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"pin_memory: a {size}-byte shared-memory segment could not be page-locked ({exc}); "
+                "batches in such segments are not pinned, so their copies to the GPU are synchronous",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def drop(self, slot: int) -> None:
         old = self.views.pop(slot, None)
@@ -422,6 +436,8 @@ class _PinnedViews:
             self.pinner.unregister(old.ctypes.data)
 
     def close(self) -> None:
+        if self.locked:
+            self.pinner.synchronize()
         for slot in list(self.views):
             self.drop(slot)
 
@@ -456,12 +472,18 @@ class SegmentPool:
         pinner: Page-locks the segments in the main process (``pin_memory=True`` with
             CUDA); every group then travels in a segment, whatever its size. Released
             by :meth:`close`, or when the pool is collected.
+        min_segment: Bytes of a new segment at least: room for a full group from the
+            start, so that segments are not replaced (and registered again) as a
+            worker's first groups grow.
     """
 
-    def __init__(self, workers: int, slots_per_worker: int, pinner: HostPinner | None = None) -> None:
+    def __init__(
+        self, workers: int, slots_per_worker: int, pinner: HostPinner | None = None, min_segment: int = 0
+    ) -> None:
         self.pool_id = next(_pool_ids)
         self.slots_per_worker = slots_per_worker
         self.every_size = pinner is not None
+        self.min_segment = min_segment
         self.flags = new_shared_bytes(workers * slots_per_worker)
         self.flags.zero_()
         self.segments: list[torch.Tensor | None] = [None] * (workers * slots_per_worker)
@@ -550,6 +572,7 @@ class SegmentPool:
             self.flags,
             list(self.segments),
             self.every_size,
+            self.min_segment,
         )
 
 
@@ -559,11 +582,13 @@ def _pool_in_worker(
     flags: torch.Tensor,
     segments: list[torch.Tensor | None],
     every_size: bool = False,
+    min_segment: int = 0,
 ) -> SegmentPool:
     pool = SegmentPool.__new__(SegmentPool)
     pool.pool_id = pool_id
     pool.slots_per_worker = slots_per_worker
     pool.every_size = every_size
+    pool.min_segment = min_segment
     pool.flags = flags
     pool.segments = segments
     pool._owner_pid = -1  # never frees
@@ -605,7 +630,7 @@ class SegmentWriter:
         if spare is None:
             return None
         # A new segment (the main process knows the others): it travels with this group.
-        seg = new_shared_bytes(_segment_bytes(total))
+        seg = new_shared_bytes(max(_segment_bytes(total), self._pool.min_segment))
         segments[spare] = seg
         self._flags[spare] = _BUSY
         return spare, seg.numpy(), seg

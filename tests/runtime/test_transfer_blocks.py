@@ -171,6 +171,9 @@ class RecordingPinner:
         del self.registered[address]
         self.calls.append(("unregister", address))
 
+    def synchronize(self) -> None:
+        self.calls.append(("synchronize", 0))
+
 
 def test_pinned_pool_builds_batches_over_its_registered_mapping() -> None:
     pinner = RecordingPinner()
@@ -201,6 +204,26 @@ def test_pinned_pool_builds_batches_over_its_registered_mapping() -> None:
     pool.close()
     assert pinner.registered == {}
     assert torch.equal(got[1]["a"][:3], torch.arange(3))  # batches outlive the unregistration
+
+
+def test_pinned_pool_segments_hold_a_full_group_from_the_start() -> None:
+    pinner = RecordingPinner()
+    pool = SegmentPool(workers=1, slots_per_worker=1, pinner=pinner, min_segment=4 << 20)
+    assert pool.lease()
+    writer = pool.writer(0)
+    first = pack_group([_wide(1, 10)], writer)
+    assert isinstance(first, PooledBatch)
+    assert first.segment is not None
+    assert first.segment.numel() >= 4 << 20
+    _roundtrip(first)
+    gc.collect()  # the first group is gone: its slot is free again
+    bigger = pack_group([{"a": torch.arange((3 << 20) // 8)}], writer)
+    assert isinstance(bigger, PooledBatch)
+    assert bigger.segment is None  # no new segment, no second registration
+    assert torch.equal(_roundtrip(bigger)[0]["a"][-2:], torch.arange((3 << 20) // 8)[-2:])
+    assert [kind for kind, _ in pinner.calls] == ["register"]
+    pool.close()
+    assert [kind for kind, _ in pinner.calls] == ["register", "synchronize", "unregister"]
 
 
 def test_pinned_pool_releases_its_ranges_when_collected() -> None:

@@ -33,7 +33,14 @@ from torch_dataloader_utils.transfer import BatchGroup, HostPinner, SegmentPool,
 from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
 from torch_dataloader_utils.upstream.torch import CudaHostPinner
 
-__all__ = ["RECEIVE_AHEAD", "SPARE_SEGMENTS", "ResumableDataLoader", "make_loader", "received"]
+__all__ = [
+    "PINNED_SEGMENT_BYTES",
+    "RECEIVE_AHEAD",
+    "SPARE_SEGMENTS",
+    "ResumableDataLoader",
+    "make_loader",
+    "received",
+]
 
 RECEIVE_AHEAD = 2
 """Items (groups of batches) the receiving thread holds ready beyond the one in use."""
@@ -42,6 +49,11 @@ SPARE_SEGMENTS = RECEIVE_AHEAD + 2
 """Shared-memory segments per worker beyond ``prefetch_factor``: the groups the receiving
 thread holds, the one being yielded and the previous one, which the loop may still hold
 (see ``transfer.SegmentPool``)."""
+
+PINNED_SEGMENT_BYTES = 10 << 20
+"""A page-locked pool's segments hold at least this much: a full group (``GROUP_BYTES``,
+8 MiB) and a quarter more, so a worker's first, growing groups do not replace (and
+register again) its segments."""
 
 _POLL = 0.05
 
@@ -170,7 +182,8 @@ class ResumableDataLoader(DataLoader[Any]):
 
         if self._transport is None:
             slots = (self.prefetch_factor or 2) + SPARE_SEGMENTS
-            self._transport = SegmentPool(self.num_workers, slots, pinner=self._pinner)
+            least = PINNED_SEGMENT_BYTES if self._pinner is not None else 0
+            self._transport = SegmentPool(self.num_workers, slots, pinner=self._pinner, min_segment=least)
             if self._pinner is not None:  # page-locked memory goes back with the loader
                 weakref.finalize(self, self._transport.close).atexit = False
         return self._transport if self._transport.lease() else None

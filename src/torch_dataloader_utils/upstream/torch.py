@@ -67,14 +67,13 @@ class CudaHostPinner:
         self.registered[address] = nbytes
 
     def unregister(self, address: int) -> None:
-        """Release the range registered at ``address`` (nothing if it is not registered).
-
-        Waits for the device first: a copy still queued from the range must not read it
-        unpinned (this runs when a segment is replaced or the loader goes away, rarely).
-        """
+        """Release the range registered at ``address`` (nothing if it is not registered)."""
         if self.registered.pop(address, None) is not None:
-            torch.cuda.synchronize()
             self._cudart.cudaHostUnregister(address)
+
+    def synchronize(self) -> None:
+        """Wait for every queued copy of this process (before the ranges are released)."""
+        torch.cuda.synchronize()
 
 
 _FX_LOGGER = "torch.fx._symbolic_trace"
