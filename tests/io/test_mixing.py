@@ -15,6 +15,7 @@ from tests.fixtures.data import write_parquet_files
 from torch_dataloader_utils.config import FileFormat, FileSourceConfig
 from torch_dataloader_utils.discovery import discover
 from torch_dataloader_utils.errors import ReadError
+from torch_dataloader_utils.io import parquet
 from torch_dataloader_utils.io.helpers import Helpers, helpers
 from torch_dataloader_utils.io.pieces import Gather, gathered, piece_reads, read_piece
 from torch_dataloader_utils.plan.mixing import RowMixing
@@ -162,3 +163,53 @@ def test_stopping_a_mix_early_waits_for_its_helpers(tmp_path):
         items = read_piece(reader, pieces[0], files=files, helpers=HELPERS)
         next(gathered(items))
         items.close()  # no "generator already executing" from a stream a helper still runs
+
+
+def test_streams_of_one_file_decode_side_by_side(tmp_path, monkeypatch):
+    # Eight streams of one local file, each decoded on a helper with Arrow's threads on:
+    # pyarrow's ParquetFile is not safe to read from two threads at once (8 threads
+    # iterating one ParquetFile crashed the interpreter here), so each stream reads through
+    # a file reader of its own (ParquetReader.for_threads). The race is not deterministic:
+    # this test checks the rows; the reader's own files are checked below.
+    write_parquet_files(tmp_path, [40_000], row_group_size=200, with_strings=True)
+    found = discover(str(tmp_path), FileSourceConfig(format=FileFormat.PARQUET))
+    files = {f.path: f for f in found.files}
+    monkeypatch.setattr(parquet, "READ_BATCH_ROWS", 16)  # many small decodes, side by side
+    reader = make_reader(found, batch_size=16)
+    chunks = RowGroupSplit(split_rows=5000).split(list(found.files))
+    [piece] = mix_pieces(as_pieces(chunks), RowMixing(64, 8), (0, 0, 0), files)
+    assert len({c.path for c in piece.chunks}) == 1 < len(piece.chunks) == 8
+    planned = [r for _, r, _ in piece_rows(piece, files)]
+    for _ in range(3):
+        got = gathered(read_piece(reader, piece, files=files, helpers=Helpers(8), mix_read_rows=16))
+        assert _ids(got) == planned
+
+
+def test_a_reader_for_threads_reads_each_chunk_through_a_file_of_its_own(tmp_path, monkeypatch):
+    found, starts = _setup(tmp_path)
+    reader = make_reader(found, batch_size=16)
+    chunk = RowGroupSplit(split_rows=60).split(list(found.files))[0]
+    expected = list(range(starts[chunk.path] + chunk.start, starts[chunk.path] + chunk.stop))
+    opened: list[object] = []
+    footers: list[bool] = []  # whether each was opened with the footer already read
+    real = parquet.pq.ParquetFile
+
+    def recording(*args, **kwargs):
+        opened.append(real(*args, **kwargs))
+        footers.append(kwargs.get("metadata") is not None)
+        return opened[-1]
+
+    monkeypatch.setattr(parquet.pq, "ParquetFile", recording)
+    own = reader.for_threads()
+    assert own is not reader
+    assert reader.decodes_in_threads
+    first, second = own.read(chunk), own.read(chunk)
+    head = next(first)
+    assert _ids([head]) == _ids([next(second)])  # both reading at once
+    assert len(opened) == 3  # the cached file (its footer), then one reader per read
+    assert opened[1] is not opened[2]
+    assert footers == [False, True, True]
+    assert _ids([head, *first]) == expected
+    second.close()
+    assert _ids(reader.read(chunk)) == expected
+    assert len(opened) == 3  # the plain reader reads through the cached file

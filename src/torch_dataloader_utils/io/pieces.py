@@ -343,6 +343,8 @@ def _read_mix(
     schedule = _schedule(piece)
     index, emitted = _start(piece, schedule, files)
     decoders = helpers if getattr(reader, "decodes_in_threads", False) else None
+    if decoders is not None:
+        reader = reader.for_threads()  # type: ignore[attr-defined]
 
     def open_stream(chunk: Chunk | None) -> _Stream:
         if chunk is None:
