@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -94,7 +95,11 @@ def test_order_is_the_same_in_another_process():
         "print(json.dumps([_order_of(3, 1), _order_of(3, 2)]))"
     )
     root = Path(__file__).resolve().parents[2]  # `tests` imports from the repository root
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=root)
+    # This checkout's sources first, as pytest has them (an installed copy may be another's).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=root, env=env
+    )
     here = [_order_of(3, 1), _order_of(3, 2)]
     assert json.loads(out.stdout) == [[list(r) for r in o] for o in here]
     assert here[0] != here[1]  # every epoch mixes differently
