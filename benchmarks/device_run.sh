@@ -21,9 +21,11 @@ OUT=${OUT:?set OUT to the output directory}
 DEVICE=${DEVICE:-cuda}
 SMALL=${SMALL:-0}
 DEADLINE_S=${DEADLINE_S:-400}
-PY=${PYTHON:-python}
+PY=${PYTHON:-$(command -v python || command -v python3)}
 mkdir -p "$OUT"
-DATA="$OUT/.data"
+# Generated data (about 1.5 GB for the real run) stays out of $OUT, so a run cut off
+# before its end does not send it back with the results.
+DATA=${DATA_DIR:-/tmp/tdu-device-data}
 mkdir -p "$DATA"
 START=$(date +%s)
 LOG="$OUT/steps.log"
@@ -63,6 +65,7 @@ facts() {
   df -h /dev/shm || true
   ulimit -l
   $PY -c "import sys, torch, pyarrow, numpy; print(sys.version); print('torch', torch.__version__, torch.version.cuda, torch.cuda.is_available()); print('pyarrow', pyarrow.__version__, 'numpy', numpy.__version__)"
+  $PY -c "import pytest; print('pytest', pytest.__version__)" || echo "no pytest: cuda_tests cannot run"
   git log --oneline -1 2>/dev/null || true
 }
 
