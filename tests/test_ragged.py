@@ -381,6 +381,50 @@ def test_feature_pack_errors() -> None:
     assert out["f0"].shape == (3, 2)
 
 
+@pytest.mark.parametrize(
+    ("array", "dtype", "value"),
+    [
+        (pa.array([1, 2**31 + 5, 3], pa.int64()), "int32", 2**31 + 5),
+        (pa.array([1, -(2**31) - 1], pa.int64()), "int32", -(2**31) - 1),
+        (pa.array([0, 2**63 + 7], pa.uint64()), "int64", 2**63 + 7),
+        (pa.array([[1, 2], [300, 4]], pa.list_(pa.int32(), 2)), "int8", 300),
+        (pa.array([1, 40000], pa.uint16()), "int16", 40000),
+    ],
+)
+@pytest.mark.parametrize("together", [False, True])
+def test_feature_pack_refuses_integers_that_do_not_fit(
+    array: pa.Array,  # type: ignore[type-arg]
+    dtype: str,
+    value: int,
+    together: bool,
+) -> None:
+    # numpy would wrap them (2**31 + 5 -> -2147483643): a silent wrong value.
+    batch = pa.record_batch({"a": array, "b": pa.array([7] * len(array), pa.int8())})
+    columns = ["b", "a"] if together else ["a"]
+    conv = _converter(batch.schema, pack_features=(FeaturePack(columns, key="x", dtype=dtype),))
+    expected = rf"column 'a' holds the value {value}, which does not fit"
+    for convert in (conv, conv.convert_for_transfer):
+        with pytest.raises(ConversionError, match=expected) as exc:
+            convert(batch)
+        assert f"dtype={dtype!r} of the pack 'x'" in str(exc.value)
+        assert "dtype='int64'" in str(exc.value)
+
+
+def test_feature_pack_narrows_integers_that_fit() -> None:
+    batch = pa.record_batch(
+        {
+            "a": pa.array([-(2**31), 2**31 - 1], pa.int64()),
+            "u": pa.array([0, 2**63 - 1], pa.uint64()),
+            "f": pa.array([True, False]),
+        }
+    )
+    out = _converter(batch.schema, pack_features=(FeaturePack(["a"], key="x", dtype="int32"),))(batch)
+    assert out["x"].dtype == torch.int32
+    assert out["x"].tolist() == [[-(2**31)], [2**31 - 1]]
+    both = _converter(batch.schema, pack_features=(FeaturePack(["u", "f"], key="y", dtype="int64"),))(batch)
+    assert both["y"].tolist() == [[0, 1], [2**63 - 1, 0]]
+
+
 # -- strings -------------------------------------------------------------------------------
 
 TEXTS = {

@@ -646,10 +646,12 @@ class DistributedConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderConfig:
-    """Options passed through to ``torch.utils.data.DataLoader``.
+    """Options passed through to ``torch.utils.data.DataLoader``, and where batches are handed over.
 
     ``num_workers=None`` means automatic: the dataset resolves it once (CPUs per rank,
-    at most one per chunk, at most 8), before the loader is built.
+    at most one per chunk, at most 8), before the loader is built. ``device`` (a
+    ``torch.device``, resolved and checked at the edge from ``'cuda'``, ``'auto'``...):
+    the loader copies batches there ahead of the loop (``None``: it does not).
     """
 
     num_workers: int | None = None
@@ -658,10 +660,16 @@ class LoaderConfig:
     prefetch_factor: int | None = None
     timeout: float = 0
     multiprocessing_context: Any = None
+    device: torch.device | None = None
 
     def __post_init__(self) -> None:
         check_int(self.num_workers, "num_workers", 0, optional=True, hint=" (or None for automatic)")
         check_bool(self.pin_memory, "pin_memory")
+        if self.device is not None and type(self.device).__name__ != "device":
+            raise ConfigError(
+                f"device={self.device!r} must be a torch.device here; create_dataloader(device=...) "
+                "also takes 'cuda', 'cuda:N', 'auto' and 'cpu'"
+            )
         check_bool(self.persistent_workers, "persistent_workers")
         if self.num_workers == 0:  # (None: decided later, checked again then)
             if self.persistent_workers:

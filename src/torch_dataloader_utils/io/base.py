@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
@@ -87,6 +88,7 @@ class OpenFiles(Generic[T]):
         self._size = size
         self._closer = closer
         self._open = self._empty()
+        self._lock = threading.Lock()
 
     def _empty(self) -> BoundedDict[str, T]:
         closer = self._closer
@@ -95,23 +97,27 @@ class OpenFiles(Generic[T]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_open"] = None
+        del state["_lock"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._open = self._empty()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._open)
 
     def get(self, path: str) -> T:
-        """The open file of ``path`` (opened now if it is not in the cache)."""
-        handle = self._open.get(path)
-        if handle is None:
-            handle = self._opener(path)
-            self._open[path] = handle
+        """The open file of ``path`` (opened now if it is not in the cache); safe from several threads."""
+        with self._lock:
+            handle = self._open.get(path)
+            if handle is None:
+                handle = self._opener(path)
+                self._open[path] = handle
         return handle
 
     def close(self) -> None:
         """Drop (and close, with a ``closer``) every open file."""
-        self._open.clear()
+        with self._lock:
+            self._open.clear()

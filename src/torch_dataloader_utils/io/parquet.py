@@ -77,6 +77,7 @@ class ParquetReader:
         # Remote files: bytes come from the source (read-ahead, retries); see io/prefetch.py.
         self._source = source
         self._local_stats = FetchStats()
+        self._private_files = False  # see for_threads
 
     def use_threads(self, on: bool) -> None:
         """Decode with Arrow's thread pool (``True``, the default) or in the calling thread.
@@ -101,6 +102,27 @@ class ParquetReader:
         self._checks.schedule((c.path for c in chunks), self._metadata_request())
         if self._source is not None:
             self._source.schedule(chunks)
+
+    @property
+    def decodes_in_threads(self) -> bool:
+        """Whether several chunks may be decoded at once on other threads (local files).
+
+        Remote files come through the read-ahead fetcher, in the order it was given.
+        Use the reader :meth:`for_threads` returns.
+        """
+        return self._source is None
+
+    def for_threads(self) -> ParquetReader:
+        """This reader, each chunk read through a file reader of its own.
+
+        pyarrow's ``ParquetFile`` is not safe to iterate from two threads at once (its
+        read cache is shared: "ReadRangeCache did not find matching cache entry"), and
+        two streams of a mix may read one file. A chunk's reader shares the cached
+        file's parsed footer, so the footer is not read again.
+        """
+        own = copy.copy(self)
+        own._private_files = True
+        return own
 
     @property
     def fetches_ahead(self) -> bool:
@@ -130,12 +152,15 @@ class ParquetReader:
         groups = info.groups_in(chunk.start, chunk.stop)
         if not groups:
             return
+        own: pq.ParquetFile | None = None  # this read's own file reader (for_threads), closed after
         try:
             self._checks.check(chunk.path, info.size, info.mtime, self._metadata_request())
             if self._source is not None:
                 pf = self._source.open(chunk)
             else:
                 pf = self._open.get(chunk.path)
+                if self._private_files:
+                    pf = own = pq.ParquetFile(chunk.path, filesystem=self._fs.arrow(), metadata=pf.metadata)
                 needed = column_ranges(pf.metadata, [g.index for g in groups], self._data_columns)
                 nbytes = sum(hi - lo for lo, hi in needed)
                 self._local_stats.read(nbytes, nbytes)
@@ -165,6 +190,9 @@ class ParquetReader:
                 f"reading {self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop}) failed: {exc}"
                 + ("" if descriptors is None else f": {descriptors}")
             ) from exc
+        finally:
+            if own is not None:
+                own.close()
 
     def _read_filtered(
         self, pf: pq.ParquetFile, chunk: Chunk, groups: Sequence[RowGroup]

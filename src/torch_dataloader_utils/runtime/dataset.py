@@ -26,6 +26,7 @@ from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.errors import IncompatibleOptionsError, ResumeStateError, UnknownLengthError
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
+from torch_dataloader_utils.io.helpers import Helpers, helpers
 from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
 from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.mixing import RowMixing
@@ -867,7 +868,16 @@ class PlannedDataset(IterableDataset[Any]):
             schedule([c for piece in pieces for c in piece_reads(piece, files)])
         positions = Positions(self._state.token, slot.id, slot.count, rank=self.world.rank)
         mix_rows = MIX_WORKER_READ_ROWS if slot.in_worker else None
-        read = positions.read(self._reader, pieces, flag, batching.batch_size, files, mix_rows, ahead=ahead)
+        read = positions.read(
+            self._reader,
+            pieces,
+            flag,
+            batching.batch_size,
+            files,
+            mix_rows,
+            ahead=ahead,
+            helpers=self._helpers(slot),
+        )
         batches = rebatch(read, batching.batch_size, batching.drop_last)
         tagging = self._state.tagging
         if slot.in_worker and tagging:
@@ -897,6 +907,18 @@ class PlannedDataset(IterableDataset[Any]):
         finally:
             self._state.end(progress)
             self.metrics.finish(completed)
+
+    def _helpers(self, slot: env.WorkerSlot) -> Helpers | None:
+        """Threads for a shuffle's decoding and gathers, when this process has CPUs to spare.
+
+        A worker gets its share of the rank's CPUs less its own thread; the main process
+        all of them less its own and the read-ahead thread. None on small machines.
+        """
+        if self.row_mixing is None and self.row_shuffle_window is None:
+            return None
+        cpus = env.cpus_per_rank()
+        spare = cpus // slot.count - 1 if slot.in_worker else cpus - 2
+        return helpers(spare)
 
     def _tagged(
         self, batches: Iterator[pa.RecordBatch], positions: Positions, work: WorkStats

@@ -3,6 +3,13 @@
 With workers, a thread of the main process receives their batches while the training
 step runs (:func:`received`): unpickling a group, the shared-memory handshake and
 building the tensors happen behind the step, and the loop takes a batch that is ready.
+
+``pin_memory=True`` with CUDA and workers: the workers' shared-memory segments are
+page-locked once in the main process (``transfer.SegmentPool`` with a
+:class:`~torch_dataloader_utils.upstream.torch.CudaHostPinner`), so batches arrive in
+pinned memory with no copy and no pin thread. ``device=``: the receiving thread also
+queues each group's copy to the GPU on a stream of its own (:mod:`.device`), and the
+loop gets batches already on the device.
 """
 
 from __future__ import annotations
@@ -13,20 +20,24 @@ import logging
 import queue
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Sampler
 
 from torch_dataloader_utils.config import LoaderConfig
 from torch_dataloader_utils.errors import IncompatibleOptionsError
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
+from torch_dataloader_utils.runtime.device import DeviceStage, OnDevice, copied_ahead
 from torch_dataloader_utils.runtime.metrics import LoaderMetrics, gather_metrics, stall_clock
 from torch_dataloader_utils.runtime.state import EpochProgress, Tagged
-from torch_dataloader_utils.transfer import BatchGroup, SegmentPool
+from torch_dataloader_utils.transfer import BatchGroup, HostPinner, SegmentPool, can_pin_segments
 from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
+from torch_dataloader_utils.upstream.torch import CudaHostPinner
 
 __all__ = [
+    "PINNED_SEGMENT_BYTES",
     "RECEIVE_AHEAD",
     "SPARE_SEGMENTS",
     "EpochSampler",
@@ -43,19 +54,35 @@ SPARE_SEGMENTS = RECEIVE_AHEAD + 2
 thread holds, the one being yielded and the previous one, which the loop may still hold
 (see ``transfer.SegmentPool``)."""
 
+PINNED_SEGMENT_BYTES = 10 << 20
+"""A page-locked pool's segments hold at least this much: a full group (``GROUP_BYTES``,
+8 MiB) and a quarter more, so a worker's first, growing groups do not replace (and
+register again) its segments."""
+
 _POLL = 0.05
 
 log = logging.getLogger(__name__)
 
 
-class _Receiver:
-    """A thread that takes items from a DataLoader iterator into a small queue."""
+def _host_pinner() -> HostPinner | None:
+    """What page-locks the workers' segments: CUDA's host registration, when there is CUDA."""
+    return CudaHostPinner() if torch.cuda.is_available() else None
 
-    def __init__(self, source: Iterator[Any], ahead: int) -> None:
+
+class _Receiver:
+    """A thread that takes items from a DataLoader iterator into a small queue.
+
+    ``prepare``, when given, is applied to each item in the thread (the device copy).
+    """
+
+    def __init__(
+        self, source: Iterator[Any], ahead: int, prepare: Callable[[Any], Any] | None = None
+    ) -> None:
         self.queue: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=max(1, ahead))
         self.stopped = threading.Event()
         self.superseded = False
         """Set when a new pass took over the persistent workers this thread reads from."""
+        self.prepare = prepare
         self.thread = threading.Thread(
             target=self._run, args=(source,), name="torch_dataloader_utils-receive", daemon=True
         )
@@ -72,8 +99,9 @@ class _Receiver:
 
     def _run(self, source: Iterator[Any]) -> None:
         try:
+            prepare = self.prepare
             for item in source:
-                if not self._put(0, item):
+                if not self._put(0, item if prepare is None else prepare(item)):
                     return
             self._put(1, None)
         except BaseException as exc:  # handed to the loop, raised there
@@ -147,6 +175,17 @@ class EpochSampler(Sampler[None]):
         self.dataset.set_epoch(epoch)
 
 
+def _copier(stage: DeviceStage) -> Callable[[Any], Any]:
+    """Queue the device copy of a tagged batch or group (nothing else is copied)."""
+
+    def copy(item: Any) -> Any:
+        if isinstance(item, Tagged) and not (isinstance(item.batch, BatchGroup) and not item.batch):
+            return item._replace(batch=stage.copy(item.batch))
+        return item
+
+    return copy
+
+
 def _passthrough(batch: Any) -> Any:
     """DataLoader ``collate_fn``: batches are already built by the dataset."""
     return batch
@@ -215,6 +254,9 @@ class ResumableDataLoader(DataLoader[Any]):
         return self.dataset.remaining_batches
 
     _transport: SegmentPool | None = None
+    device: torch.device | None = None
+    """Where batches are handed over (``device=``); ``None``: where they were built."""
+    _pinner: HostPinner | None = None
 
     def _lease_transport(self) -> SegmentPool | None:
         """The segments this iteration's workers send batches in (see ``transfer``)."""
@@ -225,8 +267,16 @@ class ResumableDataLoader(DataLoader[Any]):
         import numpy.random  # noqa: F401
 
         if self._transport is None:
-            self._transport = SegmentPool(self.num_workers, (self.prefetch_factor or 2) + SPARE_SEGMENTS)
+            slots = (self.prefetch_factor or 2) + SPARE_SEGMENTS
+            least = PINNED_SEGMENT_BYTES if self._pinner is not None else 0
+            self._transport = SegmentPool(self.num_workers, slots, pinner=self._pinner, min_segment=least)
+            if self._pinner is not None:  # page-locked memory goes back with the loader
+                weakref.finalize(self, self._transport.close).atexit = False
         return self._transport if self._transport.lease() else None
+
+    def _device_stage(self) -> DeviceStage | None:
+        device = self.device
+        return DeviceStage(device) if device is not None and device.type == "cuda" else None
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._end_previous_pass()
@@ -299,6 +349,7 @@ class ResumableDataLoader(DataLoader[Any]):
         pool = self._lease_transport()
         self.dataset.transport = pool  # the workers starting now take it
         receiver: _Receiver | None = None
+        stage: DeviceStage | None = None
         try:
             try:
                 source: Iterator[Any] = super().__iter__()  # starts (or resets) the workers, here
@@ -310,10 +361,18 @@ class ResumableDataLoader(DataLoader[Any]):
             if pool is not None:
                 # Free for the next iteration once this one's workers are gone.
                 weakref.finalize(source, pool.release)
+            stage = self._device_stage()
+            copy = None if stage is None else _copier(stage)
             if self.num_workers > 0:
-                receiver = self._receiver = _Receiver(source, RECEIVE_AHEAD)
+                receiver = self._receiver = _Receiver(source, RECEIVE_AHEAD, copy)
                 source = received(receiver)
+            elif copy is not None:
+                source = copied_ahead(source, copy)
             for item in source:
+                if stage is not None and isinstance(item, Tagged) and isinstance(item.batch, OnDevice):
+                    on = item.batch
+                    handed = stage.hand(on)
+                    item = item._replace(batch=BatchGroup(handed) if on.group else handed[0])
                 if isinstance(item, Tagged) and isinstance(item.batch, BatchGroup):
                     # Several batches of one worker that travelled together, and the
                     # worker's timers and counters since its previous group.
@@ -341,6 +400,8 @@ class ResumableDataLoader(DataLoader[Any]):
             state.tagging = False
             if receiver is not None:  # this pass's thread (another pass may have started since)
                 receiver.stop()
+            if stage is not None:
+                stage.close()
 
     def metrics(self, gather: bool = False, group: Any = None) -> LoaderMetrics:
         """What the loader did since the last ``set_epoch``, ``reset_metrics`` or ``get_metrics``.
@@ -390,13 +451,21 @@ def make_loader(dataset: PlannedDataset, loader: LoaderConfig) -> ResumableDataL
         kwargs["prefetch_factor"] = config.prefetch_factor
     if config.multiprocessing_context is not None:
         kwargs["multiprocessing_context"] = config.multiprocessing_context
-    return ResumableDataLoader(
+    device = config.device
+    # Workers' segments page-locked once: with pin_memory=True, or when batches are
+    # copied to a GPU (its copies are then asynchronous). Otherwise torch pins (a copy).
+    wants_pinned = config.pin_memory or (device is not None and device.type == "cuda")
+    pinner = _host_pinner() if wants_pinned and dataset.num_workers > 0 and can_pin_segments() else None
+    result = ResumableDataLoader(
         dataset,
         batch_size=None,
         num_workers=dataset.num_workers,
         collate_fn=_passthrough,
-        pin_memory=config.pin_memory,
+        pin_memory=config.pin_memory and pinner is None,
         persistent_workers=config.persistent_workers,
         timeout=config.timeout,
         **kwargs,
     )
+    result.device = device
+    result._pinner = pinner
+    return result

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any, Literal, TypedDict, TypeVar
 
 import pyarrow as pa
+import torch
 
 from torch_dataloader_utils.config import (
     DEFAULT_COMPRESSION,
@@ -71,6 +72,7 @@ from torch_dataloader_utils.plan.splits import (
 )
 from torch_dataloader_utils.plan.types import World
 from torch_dataloader_utils.runtime import env
+from torch_dataloader_utils.runtime.device import resolve_device
 from torch_dataloader_utils.runtime.iceberg_props import catalog_properties
 from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
 from torch_dataloader_utils.storage.userfs import UserFileSystem
@@ -289,7 +291,9 @@ class LoaderOptions(TypedDict, total=False):
     """Options passed to ``torch.utils.data.DataLoader``."""
 
     pin_memory: bool
-    """DataLoader passthrough."""
+    """Batches in page-locked memory, for asynchronous copies to a GPU. With workers and
+    CUDA, the workers' shared-memory segments are page-locked once and batches are built
+    over them (no copy, no pin thread); otherwise torch's DataLoader pins them (a copy)."""
     persistent_workers: bool
     """DataLoader passthrough; ``set_epoch`` still reaches them."""
     prefetch_factor: int | None
@@ -298,6 +302,15 @@ class LoaderOptions(TypedDict, total=False):
     """DataLoader passthrough."""
     multiprocessing_context: Any
     """DataLoader passthrough (``"fork"``, ``"spawn"``...)."""
+    device: str | torch.device | None
+    """Hand batches over on this device: ``"cuda"`` (the current GPU), ``"cuda:N"``, a
+    ``torch.device``, ``"auto"`` (the GPU of this process's ``LOCAL_RANK``, the CPU
+    without CUDA) or ``"cpu"`` (batches stay where they are). The loader copies each
+    batch (with workers, each group of batches, in one transfer) to the GPU on a CUDA
+    stream of its own while the training step runs, and hands it over safe to use on
+    the current stream. Strings stay on the host. With CUDA and workers it page-locks
+    the workers' shared memory, as ``pin_memory=True`` does. ``None`` (default): no
+    device stage."""
 
 
 class FileLoaderOptions(FileReadOptions, LoaderOptions, total=False):
@@ -362,6 +375,7 @@ _COERCE: dict[str, Callable[[Any], object]] = {
     "read_ahead_bytes": parse_read_ahead,
     "count_cache_dir": _fspath,
     "metadata_cache": _fspath,
+    "device": resolve_device,
 }
 
 C = TypeVar("C")
@@ -415,17 +429,36 @@ def build_options(
     batching = _pick(BatchConfig, values)
     split = _pick(SplitConfig, values)
     world = env.resolve_world(values.get("num_ranks"), values.get("rank"))  # type: ignore[arg-type]
+    output = _pick(OutputConfig, values)
+    loader = _pick(LoaderConfig, values)
+    _check_device(loader, output, given)
     return Options(
         split=split,
         strategy=build_strategy(split, format, shown=given),
         shuffle=_pick(ShuffleConfig, values),
         batching=batching,
-        output=_pick(OutputConfig, values),
+        output=output,
         counting=_pick(CountConfig, values),
         fetch=_pick(FetchConfig, values),
-        loader=_pick(LoaderConfig, values),
+        loader=loader,
         progress=_pick(ProgressConfig, values),
         world=world,
+    )
+
+
+def _check_device(loader: LoaderConfig, output: OutputConfig, given: Mapping[str, object]) -> None:
+    """A GPU ``device`` moves torch tensors: other output formats have none.
+
+    Raises:
+        IncompatibleOptionsError: ``device`` is a GPU and ``output_format`` is not ``'torch'``.
+    """
+    device = loader.device
+    if device is None or device.type == "cpu" or output.output_format is OutputFormat.TORCH:
+        return
+    raise IncompatibleOptionsError(
+        f"device={given.get('device')!r} copies torch tensors to the GPU, but "
+        f"output_format={output.output_format.value!r} gives no tensors; use output_format='torch' "
+        "or leave device unset"
     )
 
 

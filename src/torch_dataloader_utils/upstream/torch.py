@@ -14,6 +14,10 @@ come with it), and torch.fx logs a one-time warning about ``is_fx_tracing`` on t
 Taking a jagged tensor apart for a transfer reads its private ``_values`` / ``_offsets``
 attributes, so that a worker never runs a nested-tensor operation (which would import
 the same modules there).
+
+Page-locking memory that is already allocated (a shared-memory segment) has no public
+torch API; ``torch.cuda.cudart()`` exposes the CUDA runtime's ``cudaHostRegister`` and
+``cudaHostUnregister`` (:class:`CudaHostPinner`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["jagged", "jagged_parts", "new_shared_bytes", "prepare_jagged", "seqlens"]
+__all__ = ["CudaHostPinner", "jagged", "jagged_parts", "new_shared_bytes", "prepare_jagged", "seqlens"]
 
 
 def new_shared_bytes(nbytes: int) -> torch.Tensor:
@@ -34,6 +38,42 @@ def new_shared_bytes(nbytes: int) -> torch.Tensor:
     except (AttributeError, RuntimeError):  # the private API is gone: the public path, one copy more
         return torch.empty(nbytes, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call,no-any-return]
     return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+_REGISTER_PORTABLE = 1
+
+
+class CudaHostPinner:
+    """Page-locks host ranges with ``cudaHostRegister``, once each, and keeps count of them.
+
+    ``registered`` maps each range's address to its size until it is unregistered: what
+    is left there is page-locked memory not yet given back.
+    """
+
+    def __init__(self) -> None:
+        self._cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+        self.registered: dict[int, int] = {}
+
+    def register(self, address: int, nbytes: int) -> None:
+        """Page-lock ``nbytes`` bytes at ``address``.
+
+        Raises:
+            RuntimeError: CUDA refused (the error code named).
+        """
+        # cudaHostRegisterPortable: pinned for every CUDA context (any GPU of the process).
+        code = self._cudart.cudaHostRegister(address, nbytes, _REGISTER_PORTABLE)
+        if int(getattr(code, "value", code)) != 0:
+            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes at {address:#x} failed: {code}")
+        self.registered[address] = nbytes
+
+    def unregister(self, address: int) -> None:
+        """Release the range registered at ``address`` (nothing if it is not registered)."""
+        if self.registered.pop(address, None) is not None:
+            self._cudart.cudaHostUnregister(address)
+
+    def synchronize(self) -> None:
+        """Wait for every queued copy of this process (before the ranges are released)."""
+        torch.cuda.synchronize()
 
 
 _FX_LOGGER = "torch.fx._symbolic_trace"
