@@ -341,7 +341,7 @@ def test_fuzz_resume_state_is_read_exactly_or_refused(
         return
     event("loaded")
     checked = dataset._state.loaded
-    segments = checked["segments"] if checked is not None else []
+    segments = checked.segments if checked is not None else ()
     expected = _expected_rest(dataset, {"epoch": dataset.epoch, "segments": segments})
     rest = sorted(_ids(iter(dataset)))
     assert rest == expected, mutations

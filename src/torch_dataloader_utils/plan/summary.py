@@ -289,7 +289,7 @@ def summarize_plan(plan: EpochPlan) -> PlanSummary:
     """The figures of ``plan`` (only its ``num_ranks``, ``num_workers``, ``chunks_for`` and ``dropped``).
 
     A plan of the :class:`~.planner.Planner` (whose ranks are planned when read) is
-    summarized from each rank's parts as columns (:meth:`~.planner.RankPlan.columns`):
+    summarized from each rank's chunks as columns (:meth:`~.planner.RankPlan.columns`):
     no chunk is built but the largest. Any other plan in one pass over its chunks. The
     rest is vectorized.
     """
@@ -313,7 +313,7 @@ def summarize_plan(plan: EpochPlan) -> PlanSummary:
 
 
 def _summarize_columns(plan: EpochPlan, ranks: LazyRanks) -> PlanSummary:
-    """:func:`summarize_plan` of a planner's plan, from its ranks' parts as columns."""
+    """:func:`summarize_plan` of a planner's plan, from its ranks' chunks as columns."""
     plans = [ranks.rank_plan(r) for r in range(plan.num_ranks)]
     cols = [p.columns() for p in plans]
     counts = np.concatenate([c.counts for c in cols]) if cols else np.zeros(0, dtype=np.int64)
@@ -334,10 +334,10 @@ def _summarize_columns(plan: EpochPlan, ranks: LazyRanks) -> PlanSummary:
     def chunk_at(k: int) -> Chunk:
         rank = int(np.searchsorted(starts, k, side="right")) - 1
         j = k - int(starts[rank])
-        for parts in plans[rank].workers:
-            if j < len(parts):
-                return parts[j].chunk()
-            j -= len(parts)
+        for w, spans in enumerate(plans[rank].workers):
+            if j < len(spans):
+                return plans[rank].chunk(w, j)
+            j -= len(spans)
         raise IndexError(k)
 
     return _summary(plan, counts, rows, nbytes, padding, files, chunk_at)

@@ -8,7 +8,6 @@ data and hand the core its files, a reader and the output schema.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import warnings
@@ -26,9 +25,10 @@ from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
 from torch_dataloader_utils.plan.mixing import RowMixing
-from torch_dataloader_utils.plan.pieces import Piece, as_pieces, mix_pieces, window_pieces
+from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.planner import Planner, PlanSpec, RankPlan, nondeterministic
-from torch_dataloader_utils.plan.resume import Resumer
+from torch_dataloader_utils.plan.resume import Resumer, group
+from torch_dataloader_utils.plan.state import Segment, segments_of
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
 from torch_dataloader_utils.runtime import env
@@ -159,7 +159,7 @@ class PlannedDataset(IterableDataset[Any]):
         self._plans: dict[tuple[int, int], EpochPlan] = {}
         self._resumers: dict[tuple[int, int, int], Resumer] = {}
         self._piece_rows: dict[tuple[int, int, int], list[list[int]] | None] = {}
-        self._last_rows: tuple[list[dict[str, Any]], int, int, list[list[int]] | None] | None = None
+        self._last_rows: tuple[tuple[Segment, ...], int, int, list[list[int]] | None] | None = None
         self._logged: set[int] = set()
         self.metrics = MetricsRecorder(options.progress)
         """Per-worker counters of the batches received (see :meth:`get_metrics`)."""
@@ -262,7 +262,7 @@ class PlannedDataset(IterableDataset[Any]):
         epoch = self.epoch
         workers = self._readers(num_workers)
         segments = self._state.live_segments(epoch)
-        self._rows_per_piece(epoch, workers, segments or [])
+        self._rows_per_piece(epoch, workers, segments or ())
         self._state.fingerprint()
         config = self._options.progress
         rank = self.world.rank
@@ -359,8 +359,7 @@ class PlannedDataset(IterableDataset[Any]):
         if not in_worker:
             self._digest[0], self._digest[1], self._digest[2] = epoch + 1, plan.num_workers, digest
             if self._totals is not None:
-                shares = self._planner.shares(epoch, plan.num_workers)
-                self._totals[1:] = torch.as_tensor(shares.totals())
+                self._totals[1:] = torch.as_tensor(self._planner.totals(epoch, plan.num_workers))
                 self._totals[0] = epoch + 1
             return
         published = self._digest.tolist()
@@ -399,9 +398,9 @@ class PlannedDataset(IterableDataset[Any]):
         when = (
             f"in epoch {epoch} (other rows in other epochs: shuffle=True)"
             if shuffle
-            else "in every epoch (shuffle=False: the last rows in file order)"
+            else "in every epoch (shuffle=False: the last rows of the last rank's share)"
             if policy is EqualBatches.DROP
-            else "in every epoch (shuffle=False: the first rows in file order)"
+            else "in every epoch (shuffle=False: the first rows of rank 0's share)"
         )
         log.log(
             level,
@@ -489,8 +488,8 @@ class PlannedDataset(IterableDataset[Any]):
                 stacklevel=5,
             )
 
-    def _resumer(self, epoch: int, workers: int, segments: list[dict[str, Any]]) -> Resumer:
-        key = (epoch, workers, _segments_key(segments))
+    def _resumer(self, epoch: int, workers: int, segments: tuple[Segment, ...]) -> Resumer:
+        key = (epoch, workers, hash(segments))
         found = self._resumers.get(key)
         if found is None or found.levels != len(segments):
             found = Resumer(
@@ -509,25 +508,23 @@ class PlannedDataset(IterableDataset[Any]):
         return found
 
     def _pieces(
-        self, epoch: int, workers: int, segments: list[dict[str, Any]]
+        self, epoch: int, workers: int, segments: Sequence[Segment | Mapping[str, Any]]
     ) -> tuple[tuple[Piece, ...], ...]:
         """This rank's pieces per worker after the resumed ``segments`` (or with a row window)."""
-        return self._resumer(epoch, workers, segments).rank(self.world.rank)
+        return self._resumer(epoch, workers, segments_of(segments)).rank(self.world.rank)
 
     def _worker_pieces(self, slot: env.WorkerSlot, epoch: int) -> tuple[Piece, ...]:
         segments = self._state.live_segments(epoch)
         if segments:
             return self._pieces(epoch, slot.count, segments)[slot.id]
-        pieces = as_pieces(self.rank_plan(epoch, slot.count).chunks_for(slot.id))
+        pieces = self.rank_plan(epoch, slot.count).pieces_for(slot.id)
         # Only this worker's windows / mixes, keyed as the Resumer keys segment 0.
         shuffle = self._options.shuffle
         key = (shuffle.shuffle_seed if shuffle.shuffle else 0, epoch, 0, self.world.rank, slot.id)
-        if self.row_shuffle_window is not None:
-            return tuple(window_pieces(pieces, self.row_shuffle_window, key))
-        return tuple(mix_pieces(pieces, self.row_mixing, key, self._table))
+        return tuple(group(pieces, self.row_shuffle_window, self.row_mixing, key, self._table))
 
     def _rows_per_piece(
-        self, epoch: int, workers: int, segments: list[dict[str, Any]]
+        self, epoch: int, workers: int, segments: tuple[Segment, ...]
     ) -> list[list[int]] | None:
         """Rows of each piece of each worker of this rank (``None`` if a count is unknown).
 
@@ -538,14 +535,15 @@ class PlannedDataset(IterableDataset[Any]):
         last = self._last_rows
         if last is not None and last[0] is segments and last[1:3] == (epoch, workers):
             return last[3]  # state_dict() during a pass: no hashing of the segments
-        key = (epoch, workers, _segments_key(segments))
+        key = (epoch, workers, hash(segments))
         if key in self._piece_rows:
             self._last_rows = (segments, epoch, workers, self._piece_rows[key])
             return self._piece_rows[key]
         rows: list[list[int]] | None = []
+        counts: list[list[int | None]]
         if not segments and self.row_shuffle_window is None and self.row_mixing is None:
             plan = self.rank_plan(epoch, workers)  # a piece is a chunk: no pieces built
-            counts = [[p.rows for p in plan.workers[w]] for w in range(workers)]
+            counts = [plan.piece_rows(w) for w in range(workers)]
         else:
             counts = [[p.num_rows for p in ps] for ps in self._pieces(epoch, workers, segments)]
         if any(n is None for ps in counts for n in ps):
@@ -763,8 +761,3 @@ class PlannedDataset(IterableDataset[Any]):
             state, lambda epoch, segments: self._pieces(epoch, self._num_workers, segments)
         )
         self._epoch.fill_(epoch)
-
-
-def _segments_key(segments: list[dict[str, Any]]) -> int:
-    """A cache key of a state's segments (0: none)."""
-    return hash(json.dumps(segments, sort_keys=True)) if segments else 0
