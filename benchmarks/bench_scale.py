@@ -345,16 +345,20 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
             def counted(epoch: int, workers: int) -> list[list[int]]:
                 plan = planner.rank_plan(epoch, rank, workers)
                 mixing = _mixing(args)
+                spans = hasattr(plan, "piece_rows")  # the one dealer's plan (else: parts with lo, hi)
                 if mixing is None:
+                    if spans:
+                        return [[n or 0 for n in plan.piece_rows(w)] for w in range(workers)]
                     return [[p.hi - p.lo for p in plan.workers[w]] for w in range(workers)]
                 from torch_dataloader_utils.plan.pieces import as_pieces, mix_pieces
+
+                def pieces(w: int) -> Any:
+                    return plan.pieces_for(w) if spans else as_pieces(plan.chunks_for(w))
 
                 return [  # what the dataset counts: rows per mix (the pieces its cursors point into)
                     [
                         p.num_rows or 0
-                        for p in mix_pieces(
-                            as_pieces(plan.chunks_for(w)), mixing, (7, epoch, 0, rank, w), planner.files
-                        )
+                        for p in mix_pieces(pieces(w), mixing, (7, epoch, 0, rank, w), planner.files)
                     ]
                     for w in range(workers)
                 ]

@@ -408,7 +408,9 @@ def test_a_rank_claiming_no_rows_left_is_checked_by_one_rank():
 def test_a_state_of_version_1_is_refused_with_what_to_do():
     """Version 2 deals a fresh epoch's dropped and padding rows differently: old cursors cannot resume."""
     fp = fingerprint((FileInfo("a", 80, 10),), {})
-    with pytest.raises(ResumeStateError, match=r"version 1 was saved by torch-dataloader-utils 0\.5 or earlier"):
+    with pytest.raises(
+        ResumeStateError, match=r"version 1 was saved by torch-dataloader-utils 0\.5 or earlier"
+    ):
         check_state({**_state(fp, 3), "version": 1}, fp)
     with pytest.raises(ResumeStateError, match=r"finish epoch 3 with the version that saved it"):
         check_state({**_state(fp, 3), "version": 1}, fp)

@@ -120,8 +120,13 @@ class PlannedDataset(IterableDataset[Any]):
         self._table = table if table is not None else FileTable.from_infos(self._files)
         self._state = ResumeTracker(
             self._table,
-            {
+            lambda: {
                 "split_strategy": strategy,
+                **(
+                    {}
+                    if (chunks := self._planner.strategy_digest()) is None
+                    else {"split_strategy_chunks": chunks}
+                ),
                 "shuffle": shuffle.shuffle,
                 "shuffle_seed": shuffle.shuffle_seed,
                 "batch_size": batching.batch_size,

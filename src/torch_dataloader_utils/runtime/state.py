@@ -189,6 +189,10 @@ class ResumeTracker:
         self.tagging = False
         """Set while a loader from create_dataloader iterates: batches are then tagged."""
 
+    def __getstate__(self) -> dict[str, Any]:
+        self.fingerprint()  # options given as a callable are resolved before travelling
+        return {**self.__dict__, "_options": {}}
+
     @property
     def token(self) -> int:
         """Which loaded state is live (0: none)."""
