@@ -472,17 +472,27 @@ class BatchConfig:
         batch_size: Rows per batch.
         drop_last: Drop each worker's last, short batch.
         equal_batches: The equal-batches policy across ranks.
+        canonical_ranks: Elastic order: plan every epoch for this many canonical ranks,
+            shared by the physical ranks (``None``: plan for the physical ranks).
     """
 
     batch_size: int = DEFAULT_BATCH_SIZE
     drop_last: bool = False
     equal_batches: EqualBatches = DEFAULT_EQUAL_BATCHES
+    canonical_ranks: int | None = None
 
     def __post_init__(self) -> None:
         check_int(self.batch_size, "batch_size", 1, hint=" (rows per batch)")
         check_bool(self.drop_last, "drop_last")
         if not isinstance(self.equal_batches, EqualBatches):
             coerce_equal_batches(self.equal_batches)  # raises, naming the choices
+        hint = " (canonical streams every epoch is planned for; any world size dividing it)"
+        check_int(self.canonical_ranks, "canonical_ranks", 1, optional=True, hint=hint)
+        if self.canonical_ranks is not None and self.equal_batches is EqualBatches.OFF:
+            raise IncompatibleOptionsError(
+                f"canonical_ranks={self.canonical_ranks} gives every canonical stream the same rows, "
+                "which equal_batches='off' does not; pass equal_batches='drop' or 'pad'"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,14 +24,16 @@ from torch_dataloader_utils.errors import IncompatibleOptionsError, UnknownLengt
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
+from torch_dataloader_utils.plan.elastic import Canonical
 from torch_dataloader_utils.plan.mixing import RowMixing
 from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.planner import Planner, PlanSpec, RankPlan, nondeterministic
 from torch_dataloader_utils.plan.resume import Resumer, group
 from torch_dataloader_utils.plan.state import Segment, segments_of
 from torch_dataloader_utils.plan.table import FileTable
-from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
+from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, WorkerChunks, World
 from torch_dataloader_utils.runtime import env
+from torch_dataloader_utils.runtime.elastic import ElasticPlans, Joiner, StreamPositions, interleave
 from torch_dataloader_utils.runtime.emit import ArrowBytes, Positions, grouped
 from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics, WorkerMetrics, stall_clock
 from torch_dataloader_utils.runtime.options import Options
@@ -51,6 +53,11 @@ MAX_AUTO_WORKERS = 8
 
 REPORT_MAX_RANKS = 256
 """Worlds of up to this many ranks get the plan summary and layout warnings on rank 0 when built."""
+
+
+def _as_is(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A worker's part of a batch travels as Arrow, joined and converted in the main process."""
+    return batch
 
 
 def batch_schema(schema: pa.Schema, equal: EqualBatches) -> pa.Schema:
@@ -129,7 +136,14 @@ class PlannedDataset(IterableDataset[Any]):
                 ),
                 "shuffle": shuffle.shuffle,
                 "shuffle_seed": shuffle.shuffle_seed,
-                "batch_size": batching.batch_size,
+                **(
+                    {"batch_size": batching.batch_size}
+                    if options.canonical is None  # elastic order: any world at the same global batch
+                    else {
+                        "canonical_ranks": options.canonical,
+                        "global_batch_size": batching.batch_size * options.world.num_ranks,
+                    }
+                ),
                 "drop_last": batching.drop_last,
                 "equal_batches": batching.equal_batches.value,
                 "row_shuffle_window": shuffle.row_window,
@@ -154,6 +168,17 @@ class PlannedDataset(IterableDataset[Any]):
                 verify=options.split.verify_plan,
             )
         )
+        self._elastic: ElasticPlans | None = None
+        if options.canonical is not None:
+            self._elastic = ElasticPlans(
+                self._planner,
+                Canonical(options.canonical, options.world.num_ranks, batching.batch_size),
+                options.world.rank,
+                window_rows=shuffle.row_window,
+                mixing=shuffle.mixing,
+                seed=shuffle.shuffle_seed if shuffle.shuffle else 0,
+            )
+        self._joiner: Joiner | None = None
         # What the main process planned for an epoch, for its DataLoader workers (shared
         # memory, so persistent workers see it): [epoch + 1, num_workers, digest of a custom
         # strategy's chunks]; and, for a rank-aware strategy with equal batches, every rank's rows.
@@ -269,6 +294,11 @@ class PlannedDataset(IterableDataset[Any]):
         segments = self._state.live_segments(epoch)
         self._rows_per_piece(epoch, workers, segments or ())
         self._state.fingerprint()
+        self._joiner = None
+        if self._elastic is not None and num_workers > 0 and self._elastic.layout.readers(num_workers) > 1:
+            self._joiner = Joiner(
+                self._elastic.layout.readers(num_workers), self._joined, self._state.consume
+            )
         config = self._options.progress
         rank = self.world.rank
         if not Progress.shown_on(config, rank):
@@ -293,9 +323,12 @@ class PlannedDataset(IterableDataset[Any]):
             size = batching.batch_size
             return sum((r or 0) // size * size if batching.drop_last else (r or 0) for r in rows)
 
+        segments = self._state.live_segments(epoch)
+        if self._elastic is not None:
+            rows, done = self._elastic.rows(epoch, segments or ())
+            return self._elastic.layout.per_rank * rows, self._elastic.layout.per_rank * done
         plan = self.rank_plan(epoch, workers)
         total = delivered([plan.rows_for(w) for w in range(plan.num_workers)])
-        segments = self._state.live_segments(epoch)
         if total is None or not segments:
             return total, 0
         left = delivered(
@@ -311,7 +344,8 @@ class PlannedDataset(IterableDataset[Any]):
         dropped = 0
         if self._options.equalized and not self._row_count_issue:
             workers = self._readers(None)
-            dropped = sum(c.num_rows or 0 for c in self._planner.dropped(self.metrics.epoch, workers))
+            planner = self._planner if self._elastic is None else self._elastic.planner
+            dropped = sum(c.num_rows or 0 for c in planner.dropped(self.metrics.epoch, workers))
         return self.metrics.rank_metrics(self.world.rank, self.world.num_ranks, dropped)
 
     # -- planning ---------------------------------------------------------------
@@ -444,11 +478,35 @@ class PlannedDataset(IterableDataset[Any]):
         key = (epoch, workers)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._planner.epoch_plan(epoch, workers)
+            plan = (
+                self._planner.epoch_plan(epoch, workers)
+                if self._elastic is None
+                else self._elastic_plan(epoch, workers)
+            )
             if len(self._plans) >= 4:
                 self._plans.pop(next(iter(self._plans)))
             self._plans[key] = plan
         return plan
+
+    def _elastic_plan(self, epoch: int, workers: int) -> EpochPlan:
+        """Elastic order: every rank's workers' chunks, their canonical streams' (fresh) chunks."""
+        assert self._elastic is not None
+        elastic, layout = self._elastic, self._elastic.layout
+
+        def chunks(rank: int, worker: int) -> WorkerChunks:
+            streams = layout.of_worker(rank, worker, workers)
+            return tuple(c for s in streams for p in elastic.fresh(epoch, s) for c in p.chunks)
+
+        return EpochPlan(
+            epoch=epoch,
+            seed=self._options.shuffle.shuffle_seed if self._options.shuffle.shuffle else None,
+            num_ranks=self.world.num_ranks,
+            num_workers=workers,
+            assignments=tuple(
+                tuple(chunks(r, w) for w in range(workers)) for r in range(self.world.num_ranks)
+            ),
+            dropped=elastic.planner.dropped(epoch, 1),
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -461,7 +519,12 @@ class PlannedDataset(IterableDataset[Any]):
 
         One worker would only add a process hop, so 1 becomes 0 (read in the main process).
         """
-        chunks = self.rank_plan(0, num_workers=1).share_size
+        # Elastic order: a worker reads whole canonical streams, at most one per stream.
+        chunks = (
+            self.rank_plan(0, num_workers=1).share_size
+            if self._elastic is None
+            else self._elastic.layout.per_rank
+        )
         workers = min(env.cpus_per_rank(), chunks, MAX_AUTO_WORKERS)
         return 0 if workers <= 1 else workers
 
@@ -473,7 +536,10 @@ class PlannedDataset(IterableDataset[Any]):
         command instead; each rank then only warns about its own idle workers.
         """
         shuffle = self._options.shuffle
-        chunks = self.rank_plan(0).share_size  # this rank's plan, checked (a custom strategy too)
+        if self._elastic is None:
+            chunks = self.rank_plan(0).share_size  # this rank's plan, checked (a custom strategy too)
+        else:
+            chunks = self._elastic.layout.readers(self._num_workers)  # workers reading streams
         if self.world.num_ranks <= REPORT_MAX_RANKS:
             report_plan(
                 self.plan(0),
@@ -492,6 +558,12 @@ class PlannedDataset(IterableDataset[Any]):
                 UserWarning,
                 stacklevel=5,
             )
+
+    def _validate(self, epoch: int, segments: tuple[Segment, ...]) -> object:
+        """Plan the rest of ``epoch`` after ``segments`` (raising on a state that does not fit)."""
+        if self._elastic is not None:
+            return self._elastic.streams(epoch, segments)
+        return self._pieces(epoch, self._num_workers, segments)
 
     def _resumer(self, epoch: int, workers: int, segments: tuple[Segment, ...]) -> Resumer:
         key = (epoch, workers, hash(segments))
@@ -546,7 +618,13 @@ class PlannedDataset(IterableDataset[Any]):
             return self._piece_rows[key]
         rows: list[list[int]] | None = []
         counts: list[list[int | None]]
-        if not segments and self.row_shuffle_window is None and self.row_mixing is None:
+        if self._elastic is not None:  # a worker's streams, read interleaved: one piece
+            total, done = self._elastic.rows(epoch, segments)
+            layout = self._elastic.layout
+            counts = [
+                [len(layout.of_worker(self.world.rank, w, workers)) * (total - done)] for w in range(workers)
+            ]
+        elif not segments and self.row_shuffle_window is None and self.row_mixing is None:
             plan = self.rank_plan(epoch, workers)  # a piece is a chunk: no pieces built
             counts = [plan.piece_rows(w) for w in range(workers)]
         else:
@@ -579,6 +657,8 @@ class PlannedDataset(IterableDataset[Any]):
         epoch = self.epoch if epoch is None else epoch
         workers = self._readers(num_workers)
         segments = self._state.live_segments(epoch)
+        if self._elastic is not None:
+            return self._elastic.batches(epoch, segments or (), self._options.batching.drop_last)
         if segments:
             rows: list[int | None] = [
                 None if any(p.num_rows is None for p in pieces) else sum(p.num_rows or 0 for p in pieces)
@@ -635,6 +715,10 @@ class PlannedDataset(IterableDataset[Any]):
     def worker_chunks(self) -> tuple[Chunk, ...]:
         """The chunks the calling process (main or DataLoader worker) reads this epoch."""
         slot = env.worker_slot()
+        if self._elastic is not None:
+            segments = self._state.live_segments(self.epoch) or ()
+            streams = self._elastic.of_worker(self.epoch, segments, slot.id, slot.count)
+            return tuple(c for pieces in streams for p in pieces for c in p.chunks)
         return self.rank_plan(self.epoch, slot.count).chunks_for(slot.id)
 
     def __iter__(self) -> Iterator[Any]:
@@ -642,34 +726,24 @@ class PlannedDataset(IterableDataset[Any]):
         if slot.in_worker:
             watch_parent()
         epoch = self.epoch
-        pieces = self._worker_pieces(slot, epoch)
-        # Workers that already fill this rank's CPUs decode in their own thread, and
-        # only when asked; with a CPU to spare, batches are decoded ahead of the caller.
-        spare = slot.count < env.cpus_per_rank() if slot.in_worker else env.cpus_per_rank() > 1
-        use_threads = getattr(self._reader, "use_threads", None)
-        if slot.in_worker and use_threads is not None:
-            use_threads(spare)
-        ahead = self._options.fetch.decode_ahead
-        ahead = spare if ahead is None else ahead
-        files = None if self._row_count_issue else self._table
-        batching = self._options.batching
-        flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
-        work = WorkStats(self._reader, len(pieces), flag)  # before any request of this pass
-        schedule = getattr(self._reader, "schedule", None)
-        if schedule is not None:  # readers of remote files fetch the next chunks ahead
-            schedule([c for piece in pieces for c in piece_reads(piece, files)])
-        positions = Positions(self._state.token, slot.id, slot.count, rank=self.world.rank)
-        mix_rows = MIX_WORKER_READ_ROWS if slot.in_worker else None
-        read = positions.read(self._reader, pieces, flag, batching.batch_size, files, mix_rows, ahead=ahead)
-        batches = rebatch(read, batching.batch_size, batching.drop_last)
+        batches, positions, work = self._reads(slot, epoch)
+        # Elastic order with several reading workers: each yields its part of every batch,
+        # as Arrow, and the main process joins and converts them (Joiner).
+        joined = self._elastic is not None and slot.in_worker and self._elastic.layout.readers(slot.count) > 1
         tagging = self._state.tagging
         if slot.in_worker and tagging:
             # Under the loader of create_dataloader (which flattens groups): several
             # batches per transfer, since each hand-off between processes has a fixed
             # cost; the worker's timers and counters travel with them.
             pool = self.transport.writer(slot.id) if self.transport is not None else None
-            yield from grouped(batches, self._for_transfer, positions, work, pool)
+            yield from grouped(batches, _as_is if joined else self._for_transfer, positions, work, pool)
             return
+        if joined:
+            raise IncompatibleOptionsError(
+                f"canonical_ranks={self._options.canonical} with {slot.count} DataLoader workers needs the "
+                "loader of create_dataloader, which joins the workers' parts of every batch; iterate "
+                "that loader, or read with num_workers=0"
+            )
         if slot.in_worker:  # a DataLoader of the user's own: no tags, no metrics
             yield from self._plain(batches)
             return
@@ -689,6 +763,69 @@ class PlannedDataset(IterableDataset[Any]):
             completed = True
         finally:
             self.metrics.finish(completed)
+
+    def _reads(
+        self, slot: env.WorkerSlot, epoch: int
+    ) -> tuple[Iterator[pa.RecordBatch], Positions, WorkStats]:
+        """This process's batches of ``epoch``, their positions, and its counters."""
+        # Workers that already fill this rank's CPUs decode in their own thread, and
+        # only when asked; with a CPU to spare, batches are decoded ahead of the caller.
+        spare = slot.count < env.cpus_per_rank() if slot.in_worker else env.cpus_per_rank() > 1
+        use_threads = getattr(self._reader, "use_threads", None)
+        if slot.in_worker and use_threads is not None:
+            use_threads(spare)
+        ahead = self._options.fetch.decode_ahead
+        ahead = spare if ahead is None else ahead
+        files = None if self._row_count_issue else self._table
+        batching = self._options.batching
+        flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
+        mix_rows = MIX_WORKER_READ_ROWS if slot.in_worker else None
+        token = self._state.token
+        if self._elastic is not None:
+            streams = self._elastic.of_worker(
+                epoch, self._state.live_segments(epoch) or (), slot.id, slot.count
+            )
+            work = WorkStats(self._reader, sum(map(len, streams)), flag)
+            part = self._elastic.layout.per_stream
+            batches = interleave(
+                self._reader,
+                streams,
+                part,
+                drop_last=batching.drop_last,
+                flag_column=flag,
+                files=files,
+                mix_read_rows=mix_rows,
+            )
+            return batches, StreamPositions(token, slot.id, slot.count, rank=self.world.rank), work
+        pieces = self._worker_pieces(slot, epoch)
+        work = WorkStats(self._reader, len(pieces), flag)  # before any request of this pass
+        schedule = getattr(self._reader, "schedule", None)
+        if schedule is not None:  # readers of remote files fetch the next chunks ahead
+            schedule([c for piece in pieces for c in piece_reads(piece, files)])
+        positions = Positions(token, slot.id, slot.count, rank=self.world.rank)
+        read = positions.read(self._reader, pieces, flag, batching.batch_size, files, mix_rows, ahead=ahead)
+        return rebatch(read, batching.batch_size, batching.drop_last), positions, work
+
+    def deliver(self, item: Any) -> Sequence[Any]:
+        """Main process: a batch received from a worker, on its way to the loop (recorded).
+
+        In elastic order with several reading workers an item is a worker's part of a
+        batch: the batches it completes, joined and converted, are returned.
+        """
+        joiner = self._joiner
+        if joiner is None or not isinstance(item, Tagged):
+            return (self._state.consume(item),)
+        return joiner.add(item)
+
+    def delivered(self) -> None:
+        """Main process: the pass ended; every worker's part was joined into a batch."""
+        if self._joiner is not None:
+            self._joiner.check_done()
+
+    def _joined(self, batch: pa.RecordBatch) -> Any:
+        collate = self._options.output.collate_fn
+        out = self._converter(batch)
+        return out if collate is None else collate(out)
 
     def _tagged(
         self, batches: Iterator[pa.RecordBatch], positions: Positions, work: WorkStats
@@ -762,7 +899,5 @@ class PlannedDataset(IterableDataset[Any]):
             StateMismatchError: saved for other files or options (says what changed).
         """
         state = complete_state(state, self.world)
-        epoch = self._state.load(
-            state, lambda epoch, segments: self._pieces(epoch, self._num_workers, segments)
-        )
+        epoch = self._state.load(state, self._validate)
         self._epoch.fill_(epoch)

@@ -183,11 +183,12 @@ class ResumableDataLoader(DataLoader[Any]):
                         metrics.add_work(*item.work)
                     for batch, tag in zip(item.batch, item.tag, strict=True):
                         metrics.record(tag)  # type: ignore[arg-type]
-                        yield state.consume(Tagged(batch, tag))  # type: ignore[arg-type]
+                        yield from self.dataset.deliver(Tagged(batch, tag))  # type: ignore[arg-type]
                 else:
                     if isinstance(item, Tagged):
                         metrics.record(item.tag)
-                    yield state.consume(item)
+                    yield from self.dataset.deliver(item)
+            self.dataset.delivered()
             state.finish()
             completed.append(True)
         finally:

@@ -1,0 +1,189 @@
+"""Elastic order at run time: a rank's canonical streams read interleaved, workers' parts joined.
+
+The plan is in :mod:`~torch_dataloader_utils.plan.elastic`. Here: which pieces every
+stream of this rank still holds (:class:`ElasticPlans`), a worker reading its streams
+side by side into its part of every batch (:func:`interleave`), and the main process
+joining the parts of every batch when several workers read (:class:`Joiner`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from torch_dataloader_utils.io.base import ChunkReader
+from torch_dataloader_utils.io.batching import rebatch
+from torch_dataloader_utils.io.pieces import gathered, piece_reads, read_piece
+from torch_dataloader_utils.plan.elastic import Canonical, consumed, skip_rows
+from torch_dataloader_utils.plan.mixing import RowMixing
+from torch_dataloader_utils.plan.pieces import Piece
+from torch_dataloader_utils.plan.planner import Planner
+from torch_dataloader_utils.plan.resume import group
+from torch_dataloader_utils.plan.state import Segment
+from torch_dataloader_utils.plan.types import FileInfo
+from torch_dataloader_utils.runtime.emit import Positions
+from torch_dataloader_utils.runtime.state import Tagged
+
+__all__ = ["ElasticPlans", "Joiner", "StreamPositions", "interleave"]
+
+
+class ElasticPlans:
+    """This rank's canonical streams, fresh or resumed (what each still holds), cached per pass.
+
+    Args:
+        planner: The dataset's planner (its world is replaced by the canonical one).
+        layout: How the canonical streams are shared by this job's ranks.
+        rank: This rank.
+        window_rows: Row-shuffle window, or ``None``.
+        mixing: Row mixing (when ``window_rows`` is ``None``), or ``None``.
+        seed: The shuffle seed when shuffling (the windows' and mixes' keys), else 0.
+    """
+
+    def __init__(
+        self,
+        planner: Planner,
+        layout: Canonical,
+        rank: int,
+        *,
+        window_rows: int | None,
+        mixing: RowMixing | None,
+        seed: int,
+    ) -> None:
+        self.planner = planner.for_world(layout.streams)
+        self.layout = layout
+        self.rank = rank
+        self.window_rows = window_rows
+        self.mixing = mixing
+        self.seed = seed
+        self._found: dict[tuple[int, int], tuple[dict[int, list[Piece]], int, int]] = {}
+
+    @property
+    def files(self) -> Mapping[str, FileInfo]:
+        """The dataset's files by path."""
+        return self.planner.files
+
+    def fresh(self, epoch: int, stream: int) -> list[Piece]:
+        """Canonical stream ``stream`` of ``epoch``: its rank's plan, read by one worker."""
+        pieces = self.planner.rank_plan(epoch, stream, 1).pieces_for(0)
+        return group(pieces, self.window_rows, self.mixing, (self.seed, epoch, 0, stream, 0), self.files)
+
+    def _resolve(self, epoch: int, segments: tuple[Segment, ...]) -> tuple[dict[int, list[Piece]], int, int]:
+        key = (epoch, hash(segments))
+        found = self._found.get(key)
+        if found is None:
+            streams = {c: self.fresh(epoch, c) for c in self.layout.of_rank(self.rank)}
+            rows = sum(p.num_rows or 0 for p in next(iter(streams.values())))
+            done = consumed(segments, self.layout.streams, rows)
+            streams = {c: skip_rows(pieces, done, self.files) for c, pieces in streams.items()}
+            if len(self._found) >= 4:
+                self._found.pop(next(iter(self._found)))
+            found = self._found[key] = (streams, rows, done)
+        return found
+
+    def streams(self, epoch: int, segments: tuple[Segment, ...]) -> dict[int, list[Piece]]:
+        """What every stream of this rank holds after ``segments``."""
+        return self._resolve(epoch, segments)[0]
+
+    def rows(self, epoch: int, segments: tuple[Segment, ...]) -> tuple[int, int]:
+        """``(rows of every stream in the epoch, rows of every stream consumed before this pass)``."""
+        _, rows, done = self._resolve(epoch, segments)
+        return rows, done
+
+    def of_worker(
+        self, epoch: int, segments: tuple[Segment, ...], worker: int, workers: int
+    ) -> list[list[Piece]]:
+        """What one worker reads: its streams' pieces, stream by stream."""
+        streams = self.streams(epoch, segments)
+        return [streams[c] for c in self.layout.of_worker(self.rank, worker, workers)]
+
+    def batches(self, epoch: int, segments: tuple[Segment, ...], drop_last: bool) -> int:
+        """Batches this rank yields in the rest of ``epoch`` (the same on every rank)."""
+        rows, done = self.rows(epoch, segments)
+        full, rest = divmod(rows - done, self.layout.per_stream)
+        return full + (1 if rest and not drop_last else 0)
+
+
+def interleave(
+    reader: ChunkReader,
+    streams: Sequence[Sequence[Piece]],
+    per_stream: int,
+    *,
+    drop_last: bool,
+    flag_column: str | None,
+    files: Mapping[str, FileInfo] | None,
+    mix_read_rows: int | None,
+) -> Iterator[pa.RecordBatch]:
+    """Every batch's ``per_stream`` rows of each stream, stream after stream, one batch at a time.
+
+    The streams hold the same number of rows, so every batch but the last is full.
+    """
+    schedule = getattr(reader, "schedule", None)
+    if schedule is not None:  # remote chunks fetched ahead, in the order they are opened
+        lists = [[c for p in pieces for c in piece_reads(p, files)] for pieces in streams]
+        longest = max(map(len, lists), default=0)
+        schedule([chunks[k] for k in range(longest) for chunks in lists if k < len(chunks)])
+
+    def rows(pieces: Sequence[Piece]) -> Iterator[pa.RecordBatch]:
+        for piece in pieces:
+            items = read_piece(
+                reader, piece, flag_column=flag_column, files=files, mix_read_rows=mix_read_rows
+            )
+            yield from gathered(items)
+
+    blocks = [rebatch(rows(pieces), per_stream) for pieces in streams]
+    rounds = (block for parts in zip(*blocks, strict=True) for block in parts)
+    return rebatch(rounds, per_stream * len(streams), drop_last)
+
+
+class StreamPositions(Positions):
+    """The positions of a worker reading interleaved streams: one piece, the rows it yielded."""
+
+    def __init__(self, token: int, worker: int, workers: int, rank: int = 0) -> None:
+        super().__init__(token, worker, workers, rank)
+        self._starts.append(0)
+
+
+class Joiner:
+    """Main process: every batch joined from the parts of the workers that read streams.
+
+    A worker's parts arrive in order, in the DataLoader's order of workers; batch ``t``
+    is part ``t`` of every reading worker, in worker order. It is converted here, and
+    the parts' positions are recorded as consumed when the batch reaches the loop.
+
+    Args:
+        workers: Workers that read streams (workers ``0 .. workers - 1``).
+        convert: A joined batch's conversion (and ``collate_fn``).
+        consume: Records a part as consumed (returns its batch).
+    """
+
+    def __init__(
+        self, workers: int, convert: Callable[[pa.RecordBatch], Any], consume: Callable[[Tagged], Any]
+    ) -> None:
+        self._parts: list[deque[Tagged]] = [deque() for _ in range(workers)]
+        self._convert = convert
+        self._consume = consume
+
+    def add(self, item: Tagged) -> list[Any]:
+        """Take one worker's part; returns the batches it completes."""
+        self._parts[item.tag[1]].append(item)
+        out = []
+        while all(self._parts):
+            parts = [self._consume(q.popleft()) for q in self._parts]
+            table = pa.Table.from_batches(parts).combine_chunks()
+            out.append(self._convert(table.to_batches()[0] if table.num_rows else parts[0]))
+        return out
+
+    def check_done(self) -> None:
+        """At the end of a pass: every part was joined (workers yielded as many parts).
+
+        Raises:
+            RuntimeError: a worker yielded more parts than another.
+        """
+        left = [len(q) for q in self._parts]
+        if any(left):
+            raise RuntimeError(
+                f"workers ended with {left} parts of batches not joined; the plan is inconsistent"
+            )
