@@ -70,9 +70,9 @@ def rank_batches(ds: StructuredDataset, workers: int, stop: int | None = None) -
     out: list[list[int]] = []
     for item in (i for group in itertools.zip_longest(*items) for i in group if i is not None):
         for batch, tag in zip(item.batch, item.tag, strict=True):
-            out += [_ids(b) for b in ds.deliver(Tagged(batch, tag))]
             if stop is not None and len(out) >= stop:
-                return out[:stop]
+                return out  # the loop stops here: the parts not joined yet are not consumed
+            out += [_ids(b) for b in ds.deliver(Tagged(batch, tag))]
     ds.delivered()
     ds._state.finish()
     return out

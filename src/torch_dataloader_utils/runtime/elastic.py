@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -56,7 +57,9 @@ class ElasticPlans:
         self.layout = layout
         self.rank = rank
         self.window_rows = window_rows
-        self.mixing = mixing
+        # Every batch draws from every stream of its rank already: a stream mixes its own
+        # rows across fewer places, so that a worker holds one decoded batch per place.
+        self.mixing = mixing and replace(mixing, streams=-(-mixing.streams // layout.streams))
         self.seed = seed
         self._found: dict[tuple[int, int], tuple[dict[int, list[Piece]], int, int]] = {}
 
@@ -134,8 +137,19 @@ def interleave(
             yield from gathered(items)
 
     blocks = [rebatch(rows(pieces), per_stream) for pieces in streams]
-    rounds = (block for parts in zip(*blocks, strict=True) for block in parts)
-    return rebatch(rounds, per_stream * len(streams), drop_last)
+    size = per_stream * len(streams)
+    for parts in zip(*blocks, strict=True):
+        batch = parts[0] if len(parts) == 1 else _concat(parts)
+        if batch.num_rows == size or not drop_last:
+            yield batch
+
+
+def _concat(parts: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
+    """One batch of ``parts`` (one copy)."""
+    concat = getattr(pa, "concat_batches", None)
+    if concat is not None:  # pyarrow >= 19
+        return concat(parts)  # type: ignore[no-any-return]
+    return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
 
 
 class StreamPositions(Positions):
@@ -172,8 +186,7 @@ class Joiner:
         out = []
         while all(self._parts):
             parts = [self._consume(q.popleft()) for q in self._parts]
-            table = pa.Table.from_batches(parts).combine_chunks()
-            out.append(self._convert(table.to_batches()[0] if table.num_rows else parts[0]))
+            out.append(self._convert(_concat(parts)))
         return out
 
     def check_done(self) -> None:
