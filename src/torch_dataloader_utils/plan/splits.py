@@ -265,7 +265,7 @@ def _flatten(out: object, name: str, files: Mapping[str, FileInfo]) -> list[Chun
             # Older strategies sometimes return one list per worker.
             chunks.extend(_flatten(item, name, files))
         elif isinstance(getattr(item, "splits", None), (list, tuple)):
-            chunks.extend(_flatten(item.splits, name, files))  # type: ignore[attr-defined]  # a 0.2.0 Shard
+            chunks.extend(_flatten(item.splits, name, files))  # a 0.2.0 Shard
         elif hasattr(item, "file") and hasattr(item, "row_range"):
             chunks.extend(_from_split(item, files, name))  # a 0.2.0 Split
         else:
@@ -320,7 +320,7 @@ def resolve_strategy(strategy: object) -> Splitter | RankAwareStrategy:
         UserWarning,
         stacklevel=3,
     )
-    return LegacyAdapter(strategy, name=name)  # type: ignore[arg-type,return-value]
+    return LegacyAdapter(strategy, name=name)  # type: ignore[arg-type]
 
 
 def normalize_chunks(

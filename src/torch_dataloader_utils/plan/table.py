@@ -554,7 +554,7 @@ class FileTable(Mapping[str, FileInfo]):
             return int(self._group_first_row[g])
         lo = int(self.group_offsets[self.group_file(g) if file is None else file])
         if g - lo <= 64:  # a few groups: faster as Python ints
-            return sum(self.group_rows[lo:g].tolist())  # type: ignore[no-any-return]
+            return sum(self.group_rows[lo:g].tolist())
         return int(self.group_rows[lo:g].sum(dtype=np.int64))
 
     # -- Mapping[str, FileInfo] -----------------------------------------------------
@@ -629,7 +629,7 @@ class FileTable(Mapping[str, FileInfo]):
             return seen
         order = self._sorted()
         key = path.encode()
-        i = bisect.bisect_left(order, key, key=self._path_bytes)  # type: ignore[arg-type]
+        i = bisect.bisect_left(order, key, key=self._path_bytes)
         if i < len(order) and self._path_bytes(int(order[i])) == key:
             return int(order[i])
         raise KeyError(path)

@@ -323,7 +323,7 @@ def gather_metrics(source: _HasDataset | _HasRankMetrics, group: Any = None) -> 
         source: The loader of ``create_dataloader`` (or its dataset).
         group: A process group, or ``None`` for the default one.
     """
-    dataset = source if hasattr(source, "rank_metrics") else source.dataset  # type: ignore[union-attr]
+    dataset = source if hasattr(source, "rank_metrics") else source.dataset
     mine = dataset.rank_metrics()
     return LoaderMetrics(tuple(sorted(share.all_gather(mine, group), key=lambda r: r.rank)))
 

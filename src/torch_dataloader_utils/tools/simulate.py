@@ -267,7 +267,7 @@ def _metadata(
     meta = cache.get(path)
     if meta is None:
         found = getattr(dataset, "discovered", None)
-        footers = getattr(found, "extra", {}).get("parquet_footers") if found is not None else None
+        footers = getattr(found, "footers", None) if found is not None else None
         footer = (footers or {}).get(path)
         if footer is None:
             return None
@@ -298,7 +298,7 @@ def chunk_requests(
 def measure_footer(dataset: PlannedDataset, files: int = 8) -> float:
     """Median seconds to parse one Parquet footer of the dataset (0 when it has none in hand)."""
     found = getattr(dataset, "discovered", None)
-    footers = list((getattr(found, "extra", {}).get("parquet_footers") or {}).values())[:files]
+    footers = list((getattr(found, "footers", None) or {}).values())[:files]
     times = []
     for footer in footers:
         began = time.perf_counter()
