@@ -3,7 +3,8 @@
 The fingerprint named a custom strategy by its class only: a state saved while reading
 with ``Cut(2)`` loaded into a loader built with ``Cut(4)``, whose chunks (and so whose
 plan and cursors) are other ones, and rows were read twice while others were never read,
-with no error. The fingerprint now holds a digest of the chunks the strategy generates.
+with no error (823 of 4,000 here). A state now records, per rank, a digest of the chunks
+the strategy generated for its plan, and a resume refuses other chunks.
 """
 
 from __future__ import annotations
@@ -61,5 +62,5 @@ def test_custom_strategy_parameters_are_in_the_resume_fingerprint(tmp_path: Any)
     assert Counter(seen + _ids(iter(same))) == Counter(range(sum(ROWS)))
 
     other = _dataset(root, 4)  # other parameters: other chunks, so the cursors mean other rows
-    with pytest.raises(StateMismatchError, match=r"option split_strategy_chunks: \d+ in the state, \d+ now"):
+    with pytest.raises(StateMismatchError, match=r"custom split strategy returns other chunks for rank 0"):
         other.load_state_dict(state)

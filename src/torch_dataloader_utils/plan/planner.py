@@ -653,22 +653,6 @@ class Planner:
             self._chunks = build_chunks(self.spec.strategy, self.files)  # type: ignore[arg-type]
         return self._chunks
 
-    def strategy_digest(self) -> int | None:
-        """A digest of the chunks a custom strategy generates, ``None`` for a built-in one.
-
-        The strategy is asked for epoch 0 and one worker (a rank-aware one for rank 0 of a
-        one-rank world): its parameters enter the resume fingerprint through what they
-        make it return, whatever its class prints.
-        """
-        strategy = self.spec.strategy
-        if is_builtin(strategy):
-            return None
-        if isinstance(strategy, RankAwareStrategy):
-            chunks = strategy.split_rank(self.files.infos, num_workers=1, epoch=0, num_ranks=1, rank=0)
-        else:
-            chunks = strategy.split(self.files.infos, num_workers=1, epoch=0)
-        return from_chunks(chunks, self.files, strategy.name).digest()
-
     def shares(self, epoch: int, num_workers: int, totals: Sequence[int] | None = None) -> _Epoch:
         """Each rank's chunks of ``epoch``, in reading order, and their deal (cached per epoch).
 

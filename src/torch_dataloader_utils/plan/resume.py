@@ -202,6 +202,8 @@ class Resumer:
             workers = max(1, workers_of(rank))
             if level == 0:
                 plan = self._planner.rank_plan(self.epoch, rank, workers)
+                if self.segments:
+                    self._entry(0, rank).check_digest(plan.digest, rank)
                 pieces = [plan.pieces_for(w) for w in range(workers)]
             else:
                 stream, dealt = self._stream(level)

@@ -135,17 +135,20 @@ class RankEntry:
             first ``offset`` rows of ``piece`` were consumed.
         done: The rank finished its pass (``None``: the state did not say, so not).
         left: Rows every worker had left, when the rank knew them (saves re-planning it).
+        digest: A custom split strategy's digest of the chunks of the rank's plan (first
+            pass only), so a resume with a strategy that returns other chunks is refused.
     """
 
     num_workers: int
     cursors: tuple[tuple[int, int], ...]
     done: bool | None = None
     left: tuple[int, ...] | None = None
+    digest: int | None = None
 
     @classmethod
     def parse(cls, value: object, where: str) -> RankEntry:
         """Check and parse one rank's entry (``where`` names it in errors)."""
-        entry = _object(value, where, ("num_workers", "cursors"), ("done", "left"))
+        entry = _object(value, where, ("num_workers", "cursors"), ("done", "left", "digest"))
         workers = _int(entry["num_workers"], f"{where}.num_workers", 1, MAX_WORKERS)
         cursors = _list(entry["cursors"], f"{where}.cursors", MAX_WORKERS)
         pairs = []
@@ -159,7 +162,8 @@ class RankEntry:
         if "left" in entry:
             counts = _list(entry["left"], f"{where}.left", MAX_WORKERS)
             left = tuple(_int(n, f"{where}.left[{i}]") for i, n in enumerate(counts))
-        return cls(workers, tuple(pairs), done, left)
+        digest = _int(entry["digest"], f"{where}.digest", 0, 2**63) if "digest" in entry else None
+        return cls(workers, tuple(pairs), done, left, digest)
 
     def to_json(self) -> dict[str, Any]:
         """The entry as JSON values."""
@@ -168,7 +172,23 @@ class RankEntry:
             out["done"] = self.done
         if self.left is not None:
             out["left"] = list(self.left)
+        if self.digest is not None:
+            out["digest"] = self.digest
         return out
+
+    def check_digest(self, digest: int | None, rank: int) -> None:
+        """Refuse a resume whose strategy returns other chunks than when the state was saved.
+
+        Raises:
+            StateMismatchError: the digests differ.
+        """
+        if self.digest is not None and digest != self.digest:
+            raise StateMismatchError(
+                f"the resume state was saved for different data or options: the custom split strategy "
+                f"returns other chunks for rank {rank} of the saved world than when the state was saved "
+                "(its parameters differ?). Resume with the same files and options, or start the epoch "
+                "afresh without the state"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,13 +127,8 @@ class PlannedDataset(IterableDataset[Any]):
         self._table = table if table is not None else FileTable.from_infos(self._files)
         self._state = ResumeTracker(
             self._table,
-            lambda: {
+            {
                 "split_strategy": strategy,
-                **(
-                    {}
-                    if (chunks := self._planner.strategy_digest()) is None
-                    else {"split_strategy_chunks": chunks}
-                ),
                 "shuffle": shuffle.shuffle,
                 "shuffle_seed": shuffle.shuffle_seed,
                 **(
@@ -154,6 +149,7 @@ class PlannedDataset(IterableDataset[Any]):
             options.world,
             shuffle.shuffle_seed,
             piece_rows=self._rows_per_piece,
+            plan_digest=self._plan_digest,
         )
         self._planner = Planner(
             PlanSpec(
@@ -558,6 +554,12 @@ class PlannedDataset(IterableDataset[Any]):
                 UserWarning,
                 stacklevel=5,
             )
+
+    def _plan_digest(self, epoch: int, workers: int) -> int | None:
+        """A custom strategy's digest of the chunks this rank's fresh pass reads (a state records it)."""
+        if self._elastic is not None:
+            return self._elastic.digest(epoch, self._elastic.layout.of_rank(self.world.rank)[0])
+        return self.rank_plan(epoch, workers).digest
 
     def _validate(self, epoch: int, segments: tuple[Segment, ...]) -> object:
         """Plan the rest of ``epoch`` after ``segments`` (raising on a state that does not fit)."""

@@ -73,6 +73,10 @@ class ElasticPlans:
         pieces = self.planner.rank_plan(epoch, stream, 1).pieces_for(0)
         return group(pieces, self.window_rows, self.mixing, (self.seed, epoch, 0, stream, 0), self.files)
 
+    def digest(self, epoch: int, stream: int) -> int | None:
+        """A custom strategy's digest of the chunks of canonical stream ``stream``'s plan."""
+        return self.planner.rank_plan(epoch, stream, 1).digest
+
     def _resolve(self, epoch: int, segments: tuple[Segment, ...]) -> tuple[dict[int, list[Piece]], int, int]:
         key = (epoch, hash(segments))
         found = self._found.get(key)
@@ -80,6 +84,11 @@ class ElasticPlans:
             streams = {c: self.fresh(epoch, c) for c in self.layout.of_rank(self.rank)}
             rows = sum(p.num_rows or 0 for p in next(iter(streams.values())))
             done = consumed(segments, self.layout.streams, rows)
+            if segments:  # saved ranks whose first stream is one of this rank's: their digests
+                saved = Canonical(self.layout.streams, segments[0].num_ranks)
+                for rank, entry in segments[0].ranks.items():
+                    if saved.of_rank(rank)[0] in streams:
+                        entry.check_digest(self.digest(epoch, saved.of_rank(rank)[0]), rank)
             streams = {c: skip_rows(pieces, done, self.files) for c, pieces in streams.items()}
             if len(self._found) >= 4:
                 self._found.pop(next(iter(self._found)))

@@ -66,8 +66,10 @@ class EpochProgress:
         self.num_workers = workers
         self.cursors[worker] = (piece, offset)
 
-    def entry(self, piece_rows: Sequence[Sequence[int]] | None = None) -> RankEntry:
-        """This rank's part of a state segment.
+    def entry(
+        self, piece_rows: Sequence[Sequence[int]] | None = None, digest: int | None = None
+    ) -> RankEntry:
+        """This rank's part of a state segment (``digest``: its plan's, see :class:`RankEntry`).
 
         With ``piece_rows`` (the rows of each piece of each worker of this pass), it also
         says how many rows each worker has left (``left``), so a resumed job finds the
@@ -79,7 +81,7 @@ class EpochProgress:
             left = tuple(
                 sum(rows[piece:]) - offset for rows, (piece, offset) in zip(piece_rows, cursors, strict=True)
             )
-        return RankEntry(self.num_workers, cursors, self.done, left)
+        return RankEntry(self.num_workers, cursors, self.done, left, digest)
 
 
 class Stateful(Protocol):
@@ -159,26 +161,30 @@ class ResumeTracker:
 
     Args:
         files: The dataset's files (part of the fingerprint).
-        options: The options a state is tied to (JSON values), part of the fingerprint;
-            a callable is called when the fingerprint is first needed.
+        options: The options a state is tied to (JSON values), part of the fingerprint.
         world: The ranks this dataset plans for.
         seed: The shuffle seed (saved in the state).
         piece_rows: ``(epoch, num_workers, segments)`` -> the rows of each piece of each
             worker of this rank in that pass (``None`` when unknown), so a state records
             the rows each worker has left.
+        plan_digest: ``(epoch, num_workers)`` -> a custom strategy's digest of the chunks
+            of this rank's plan (``None`` for a built-in one), recorded in a fresh pass's
+            entry so that a resume with other strategy parameters is refused.
     """
 
     def __init__(
         self,
         files: Sequence[FileInfo] | FileTable,
-        options: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
+        options: Mapping[str, Any],
         world: World,
         seed: int,
         piece_rows: Callable[[int, int, tuple[Segment, ...]], Sequence[Sequence[int]] | None] | None = None,
+        plan_digest: Callable[[int, int], int | None] | None = None,
     ) -> None:
         self._files = files
         self._piece_rows = piece_rows
-        self._options = options
+        self._plan_digest = plan_digest
+        self._options = dict(options)
         self._world = world
         self._seed = seed
         self._fingerprint: dict[str, Any] | None = None
@@ -189,10 +195,6 @@ class ResumeTracker:
         self.tagging = False
         """Set while a loader from create_dataloader iterates: batches are then tagged."""
 
-    def __getstate__(self) -> dict[str, Any]:
-        self.fingerprint()  # options given as a callable are resolved before travelling
-        return {**self.__dict__, "_options": {}}
-
     @property
     def token(self) -> int:
         """Which loaded state is live (0: none)."""
@@ -201,8 +203,7 @@ class ResumeTracker:
     def fingerprint(self) -> dict[str, Any]:
         """What a resume state of this dataset is tied to (files digest and options), computed once."""
         if self._fingerprint is None:
-            options = self._options() if callable(self._options) else self._options
-            self._fingerprint = fingerprint(self._files, json.loads(json.dumps(dict(options), default=str)))
+            self._fingerprint = fingerprint(self._files, json.loads(json.dumps(self._options, default=str)))
         return self._fingerprint
 
     def live_segments(self, epoch: int) -> tuple[Segment, ...] | None:
@@ -253,7 +254,10 @@ class ResumeTracker:
             rows = None
             if self._piece_rows is not None and not progress.done:
                 rows = self._piece_rows(epoch, progress.num_workers, progress.base)
-            entry = progress.entry(rows)
+            digest = None
+            if self._plan_digest is not None and not progress.base:  # a fresh pass: its plan's chunks
+                digest = self._plan_digest(epoch, progress.num_workers)
+            entry = progress.entry(rows, digest)
             segment = Segment(self._world.num_ranks, {self._world.rank: entry}, len(segments))
             state = ResumeState(epoch, state.fingerprint, (*segments, segment), self._seed, world)
             if self._world.num_ranks == 1:
