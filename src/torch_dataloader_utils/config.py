@@ -750,15 +750,6 @@ class FetchConfig:
         """Connect and read timeout of one attempt: the request's budget shared by its attempts."""
         return float(self.request_timeout) / (self.retries + 1)
 
-    @classmethod
-    def from_user(cls, read_ahead_bytes: object, retries: object, retry_backoff: object) -> FetchConfig:
-        """Build from the public keyword arguments (sizes may be strings like ``"256MiB"``)."""
-        return cls(
-            read_ahead_bytes=parse_read_ahead(read_ahead_bytes),
-            retries=retries,  # type: ignore[arg-type]
-            retry_backoff=retry_backoff,  # type: ignore[arg-type]
-        )
-
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based)."""
         return float(min(MAX_RETRY_BACKOFF, self.retry_backoff * 2 ** (attempt - 1)))

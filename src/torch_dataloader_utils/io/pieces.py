@@ -169,9 +169,8 @@ def read_piece(
         return with_flag(batches, flag_column, chunk.padding) if flag_column else batches
 
     if piece.mode is ReadMode.MIX:
-        narrow = getattr(reader, "with_read_rows", None)
-        if narrow is not None and mix_read_rows is not None:
-            reader = narrow(mix_read_rows)
+        if mix_read_rows is not None:
+            reader = reader.with_read_rows(mix_read_rows)
         yield from _read_mix(reader, piece, flag_column, files)
         return
     if piece.mode is ReadMode.FILE:

@@ -708,9 +708,7 @@ class PlannedDataset(IterableDataset[Any]):
         On remote storage the bytes of the next chunks are fetched while one is decoded
         (``read_ahead_bytes``), as the loader does for a worker's chunks.
         """
-        schedule = getattr(self._reader, "schedule", None)
-        if schedule is not None:
-            schedule(list(chunks))
+        self._reader.schedule(list(chunks))
         for chunk in chunks:
             yield from self._reader.read(chunk)
 
@@ -773,9 +771,8 @@ class PlannedDataset(IterableDataset[Any]):
         # Workers that already fill this rank's CPUs decode in their own thread, and
         # only when asked; with a CPU to spare, batches are decoded ahead of the caller.
         spare = slot.count < env.cpus_per_rank() if slot.in_worker else env.cpus_per_rank() > 1
-        use_threads = getattr(self._reader, "use_threads", None)
-        if slot.in_worker and use_threads is not None:
-            use_threads(spare)
+        if slot.in_worker:
+            self._reader.use_threads(spare)
         ahead = self._options.fetch.decode_ahead
         ahead = spare if ahead is None else ahead
         files = None if self._row_count_issue else self._table
@@ -801,9 +798,7 @@ class PlannedDataset(IterableDataset[Any]):
             return batches, StreamPositions(token, slot.id, slot.count, rank=self.world.rank), work
         pieces = self._worker_pieces(slot, epoch)
         work = WorkStats(self._reader, len(pieces), flag)  # before any request of this pass
-        schedule = getattr(self._reader, "schedule", None)
-        if schedule is not None:  # readers of remote files fetch the next chunks ahead
-            schedule([c for piece in pieces for c in piece_reads(piece, files)])
+        self._reader.schedule([c for piece in pieces for c in piece_reads(piece, files)])  # remote: ahead
         positions = Positions(token, slot.id, slot.count, rank=self.world.rank)
         read = positions.read(self._reader, pieces, flag, batching.batch_size, files, mix_rows, ahead=ahead)
         return rebatch(read, batching.batch_size, batching.drop_last), positions, work

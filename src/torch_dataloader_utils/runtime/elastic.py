@@ -132,11 +132,9 @@ def interleave(
 
     The streams hold the same number of rows, so every batch but the last is full.
     """
-    schedule = getattr(reader, "schedule", None)
-    if schedule is not None:  # remote chunks fetched ahead, in the order they are opened
-        lists = [[c for p in pieces for c in piece_reads(p, files)] for pieces in streams]
-        longest = max(map(len, lists), default=0)
-        schedule([chunks[k] for k in range(longest) for chunks in lists if k < len(chunks)])
+    lists = [[c for p in pieces for c in piece_reads(p, files)] for pieces in streams]
+    longest = max(map(len, lists), default=0)  # remote chunks fetched ahead, as they are opened
+    reader.schedule([chunks[k] for k in range(longest) for chunks in lists if k < len(chunks)])
 
     def rows(pieces: Sequence[Piece]) -> Iterator[pa.RecordBatch]:
         for piece in pieces:

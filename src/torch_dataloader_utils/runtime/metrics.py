@@ -378,11 +378,6 @@ class MetricsRecorder:
         self._setup(state["_progress_config"])
 
     # -- a pass -------------------------------------------------------------------
-    @property
-    def progress_config(self) -> ProgressConfig:
-        """The ``show_progress`` options."""
-        return self._progress_config
-
     def begin(self, epoch: int, progress: Callable[[], Progress | None] | None = None) -> None:
         """A pass over ``epoch`` starts; ``progress`` makes its display (when one is shown)."""
         self._close_progress()

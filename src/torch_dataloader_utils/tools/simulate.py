@@ -309,7 +309,7 @@ def measure_footer(dataset: PlannedDataset, files: int = 8) -> float:
 
 def measure_pass_start(dataset: PlannedDataset) -> float:
     """Seconds a reading process spends starting a pass: its fetch and check threads (remote files)."""
-    if not getattr(dataset.reader, "fetches_ahead", False):
+    if not dataset.reader.fetches_ahead:
         return 0.0
     return measure_thread_start(FETCH_THREADS + CHECK_THREADS)
 
@@ -323,7 +323,7 @@ def measure_decode(dataset: PlannedDataset, chunk: Chunk, workers: int) -> Decod
     per batch adds :func:`measure_batch_overhead`.
     """
     reader = dataset.reader
-    io = getattr(reader, "io_totals", None)
+    io = reader.io_totals
 
     batching = dataset.options.batching
     received = [0.0, 0]  # main process: seconds unpacking groups, batches received
@@ -337,7 +337,7 @@ def measure_decode(dataset: PlannedDataset, chunk: Chunk, workers: int) -> Decod
 
     def once() -> tuple[int, int, float]:
         rows = nbytes = group = 0
-        waited = io()[4] if io is not None else 0.0
+        waited = (io() or (0, 0, 0, 0, 0.0))[4]
         pending: list[Any] = []
         for batch in rebatch(reader.read(chunk), batching.batch_size, batching.drop_last):
             rows += batch.num_rows
@@ -351,7 +351,7 @@ def measure_decode(dataset: PlannedDataset, chunk: Chunk, workers: int) -> Decod
                     pending, group = [], 0
         if pending:
             receive(pack_group(pending), len(pending))
-        return rows, nbytes, (io()[4] if io is not None else 0.0) - waited
+        return rows, nbytes, (io() or (0, 0, 0, 0, 0.0))[4] - waited
 
     once()
     wall = cpu = waits = 0.0
