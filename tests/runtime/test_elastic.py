@@ -93,9 +93,15 @@ def _divisors(c: int) -> list[int]:
     return [d for d in range(1, min(c, 8) + 1) if c % d == 0]
 
 
+def _identity(batch: Any) -> Any:
+    """A ``collate_fn``: the parts of a batch are then joined as Arrow and converted in the main process."""
+    return batch
+
+
 mixes = st.sampled_from(
     [
         {"shuffle": False},
+        {"shuffle": False, "collate_fn": _identity},
         {"shuffle": True, "shuffle_seed": 5, "row_mixing": None},
         {"shuffle": True, "shuffle_seed": 5, "row_mixing": 64},
         {"shuffle": True, "shuffle_seed": 9, "row_shuffle_window": 90},

@@ -21,6 +21,7 @@ from torch.utils.data import IterableDataset
 from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches, check_int
 from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.errors import IncompatibleOptionsError, UnknownLengthError
+from torch_dataloader_utils.io.ahead import read_ahead
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
@@ -33,7 +34,15 @@ from torch_dataloader_utils.plan.state import Segment, segments_of
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, WorkerChunks, World
 from torch_dataloader_utils.runtime import env
-from torch_dataloader_utils.runtime.elastic import ElasticPlans, Joiner, StreamPositions, interleave
+from torch_dataloader_utils.runtime.elastic import (
+    ElasticPlans,
+    Joiner,
+    StreamPositions,
+    concat,
+    interleave,
+    join_converted,
+    joinable,
+)
 from torch_dataloader_utils.runtime.emit import ArrowBytes, Positions, grouped
 from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics, WorkerMetrics, stall_clock
 from torch_dataloader_utils.runtime.options import Options
@@ -175,6 +184,8 @@ class PlannedDataset(IterableDataset[Any]):
                 seed=shuffle.shuffle_seed if shuffle.shuffle else 0,
             )
         self._joiner: Joiner | None = None
+        # Elastic order's parts of a batch: converted by the workers and concatenated, or Arrow.
+        self._join_converted = joinable(options.output, output_schema)
         # What the main process planned for an epoch, for its DataLoader workers (shared
         # memory, so persistent workers see it): [epoch + 1, num_workers, digest of a custom
         # strategy's chunks]; and, for a rank-aware strategy with equal batches, every rank's rows.
@@ -292,9 +303,8 @@ class PlannedDataset(IterableDataset[Any]):
         self._state.fingerprint()
         self._joiner = None
         if self._elastic is not None and num_workers > 0 and self._elastic.layout.readers(num_workers) > 1:
-            self._joiner = Joiner(
-                self._elastic.layout.readers(num_workers), self._joined, self._state.consume
-            )
+            join = join_converted if self._join_converted else self._joined
+            self._joiner = Joiner(self._elastic.layout.readers(num_workers), join, self._state.consume)
         config = self._options.progress
         rank = self.world.rank
         if not Progress.shown_on(config, rank):
@@ -736,7 +746,8 @@ class PlannedDataset(IterableDataset[Any]):
             # batches per transfer, since each hand-off between processes has a fixed
             # cost; the worker's timers and counters travel with them.
             pool = self.transport.writer(slot.id) if self.transport is not None else None
-            yield from grouped(batches, _as_is if joined else self._for_transfer, positions, work, pool)
+            convert = _as_is if joined and not self._join_converted else self._for_transfer
+            yield from grouped(batches, convert, positions, work, pool)
             return
         if joined:
             raise IncompatibleOptionsError(
@@ -793,8 +804,10 @@ class PlannedDataset(IterableDataset[Any]):
                 drop_last=batching.drop_last,
                 flag_column=flag,
                 files=files,
-                mix_read_rows=mix_rows,
+                mix_read_rows=MIX_WORKER_READ_ROWS,
             )
+            if ahead:  # decoded and interleaved by a thread while this one converts
+                batches = read_ahead(batches, name=f"read-ahead-w{slot.id}")
             return batches, StreamPositions(token, slot.id, slot.count, rank=self.world.rank), work
         pieces = self._worker_pieces(slot, epoch)
         work = WorkStats(self._reader, len(pieces), flag)  # before any request of this pass
@@ -819,9 +832,10 @@ class PlannedDataset(IterableDataset[Any]):
         if self._joiner is not None:
             self._joiner.check_done()
 
-    def _joined(self, batch: pa.RecordBatch) -> Any:
+    def _joined(self, parts: list[pa.RecordBatch]) -> Any:
+        """Parts of a batch read as Arrow: joined and converted here (``collate_fn`` too)."""
         collate = self._options.output.collate_fn
-        out = self._converter(batch)
+        out = self._converter(concat(parts))
         return out if collate is None else collate(out)
 
     def _tagged(

@@ -13,8 +13,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import torch
 
+from torch_dataloader_utils.config import OutputConfig, OutputFormat, StringLayout
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.pieces import gathered, piece_reads, read_piece
@@ -28,7 +31,7 @@ from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.runtime.emit import Positions
 from torch_dataloader_utils.runtime.state import Tagged
 
-__all__ = ["ElasticPlans", "Joiner", "StreamPositions", "interleave"]
+__all__ = ["ElasticPlans", "Joiner", "StreamPositions", "concat", "interleave", "join_converted", "joinable"]
 
 
 class ElasticPlans:
@@ -136,6 +139,9 @@ def interleave(
     longest = max(map(len, lists), default=0)  # remote chunks fetched ahead, as they are opened
     reader.schedule([chunks[k] for k in range(longest) for chunks in lists if k < len(chunks)])
 
+    if mix_read_rows is not None:  # several streams read side by side: smaller decoded batches
+        reader = reader.with_read_rows(mix_read_rows)
+
     def rows(pieces: Sequence[Piece]) -> Iterator[pa.RecordBatch]:
         for piece in pieces:
             items = read_piece(
@@ -146,12 +152,12 @@ def interleave(
     blocks = [rebatch(rows(pieces), per_stream) for pieces in streams]
     size = per_stream * len(streams)
     for parts in zip(*blocks, strict=True):
-        batch = parts[0] if len(parts) == 1 else _concat(parts)
+        batch = parts[0] if len(parts) == 1 else concat(parts)
         if batch.num_rows == size or not drop_last:
             yield batch
 
 
-def _concat(parts: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
+def concat(parts: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
     """One batch of ``parts`` (one copy)."""
     concat = getattr(pa, "concat_batches", None)
     if concat is not None:  # pyarrow >= 19
@@ -167,24 +173,67 @@ class StreamPositions(Positions):
         self._starts.append(0)
 
 
+def joinable(output: OutputConfig, schema: pa.Schema) -> bool:
+    """Whether converted parts of a batch can be joined as they are (else they travel as Arrow).
+
+    Tensors, arrays and lists of rows are joined by concatenation: the torch and numpy
+    outputs without ``collate_fn``, whose columns are numbers, fixed-size lists or
+    strings as lists. Others (variable-length lists, Arrow or dict output, a
+    ``collate_fn``) are joined as Arrow and converted in the main process.
+    """
+    if output.output_format not in (OutputFormat.TORCH, OutputFormat.NUMPY) or output.collate_fn is not None:
+        return False
+    for field in schema:
+        t = field.type
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+            return False
+        if (
+            pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
+        ) and output.strings not in (
+            None,
+            StringLayout.LIST,
+        ):
+            return False
+        if pa.types.is_struct(t) or pa.types.is_map(t) or pa.types.is_dictionary(t):
+            return False
+    return True
+
+
+def join_converted(parts: Sequence[Any]) -> Any:
+    """One batch of converted parts: tensors, arrays and lists concatenated, key by key."""
+    out: dict[str, Any] = {}
+    for key, first in parts[0].items():
+        values = [p[key] for p in parts]
+        if isinstance(first, torch.Tensor):
+            out[key] = torch.cat(values)
+        elif isinstance(first, np.ndarray):
+            out[key] = np.concatenate(values)
+        elif isinstance(first, list):
+            out[key] = [x for v in values for x in v]
+        else:
+            raise TypeError(f"cannot join parts of column {key!r} of type {type(first).__name__}")
+    return out
+
+
 class Joiner:
     """Main process: every batch joined from the parts of the workers that read streams.
 
     A worker's parts arrive in order, in the DataLoader's order of workers; batch ``t``
-    is part ``t`` of every reading worker, in worker order. It is converted here, and
-    the parts' positions are recorded as consumed when the batch reaches the loop.
+    is part ``t`` of every reading worker, in worker order. The parts' positions are
+    recorded as consumed when the batch reaches the loop.
 
     Args:
         workers: Workers that read streams (workers ``0 .. workers - 1``).
-        convert: A joined batch's conversion (and ``collate_fn``).
+        join: One batch of the parts (converted ones concatenated, or Arrow ones joined
+            and converted).
         consume: Records a part as consumed (returns its batch).
     """
 
     def __init__(
-        self, workers: int, convert: Callable[[pa.RecordBatch], Any], consume: Callable[[Tagged], Any]
+        self, workers: int, join: Callable[[list[Any]], Any], consume: Callable[[Tagged], Any]
     ) -> None:
         self._parts: list[deque[Tagged]] = [deque() for _ in range(workers)]
-        self._convert = convert
+        self._join = join
         self._consume = consume
 
     def add(self, item: Tagged) -> list[Any]:
@@ -192,8 +241,7 @@ class Joiner:
         self._parts[item.tag[1]].append(item)
         out = []
         while all(self._parts):
-            parts = [self._consume(q.popleft()) for q in self._parts]
-            out.append(self._convert(_concat(parts)))
+            out.append(self._join([self._consume(q.popleft()) for q in self._parts]))
         return out
 
     def check_done(self) -> None:
