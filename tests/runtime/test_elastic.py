@@ -71,8 +71,15 @@ def rank_batches(ds: StructuredDataset, workers: int, stop: int | None = None) -
     for item in (i for group in itertools.zip_longest(*items) for i in group if i is not None):
         for batch, tag in zip(item.batch, item.tag, strict=True):
             if stop is not None and len(out) >= stop:
-                return out  # the loop stops here: the parts not joined yet are not consumed
-            out += [_ids(b) for b in ds.deliver(Tagged(batch, tag))]
+                return out
+            delivered = iter(ds.deliver(Tagged(batch, tag)))
+            while stop is None or len(out) < stop:  # the loop stops: what it did not take is not consumed
+                joined = next(delivered, None)
+                if joined is None:
+                    break
+                out.append(_ids(joined))
+            if stop is not None and len(out) >= stop:
+                return out
     ds.delivered()
     ds._state.finish()
     return out

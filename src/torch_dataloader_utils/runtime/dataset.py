@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -304,7 +304,12 @@ class PlannedDataset(IterableDataset[Any]):
         self._joiner = None
         if self._elastic is not None and num_workers > 0 and self._elastic.layout.readers(num_workers) > 1:
             join = join_converted if self._join_converted else self._joined
-            self._joiner = Joiner(self._elastic.layout.readers(num_workers), join, self._state.consume)
+            layout, rank = self._elastic.layout, self.world.rank
+            rows = [
+                layout.per_stream * len(layout.of_worker(rank, w, num_workers))
+                for w in range(layout.readers(num_workers))
+            ]
+            self._joiner = Joiner(rows, join, self._state.consume)
         config = self._options.progress
         rank = self.world.rank
         if not Progress.shown_on(config, rank):
@@ -805,6 +810,9 @@ class PlannedDataset(IterableDataset[Any]):
                 flag_column=flag,
                 files=files,
                 mix_read_rows=MIX_WORKER_READ_ROWS,
+                # A worker whose parts are joined sends its parts of a few batches at once:
+                # about a batch of rows per transfer and conversion.
+                batches=self._elastic.layout.readers(slot.count) if slot.in_worker else 1,
             )
             if ahead:  # decoded and interleaved by a thread while this one converts
                 batches = read_ahead(batches, name=f"read-ahead-w{slot.id}")
@@ -816,7 +824,7 @@ class PlannedDataset(IterableDataset[Any]):
         read = positions.read(self._reader, pieces, flag, batching.batch_size, files, mix_rows, ahead=ahead)
         return rebatch(read, batching.batch_size, batching.drop_last), positions, work
 
-    def deliver(self, item: Any) -> Sequence[Any]:
+    def deliver(self, item: Any) -> Iterable[Any]:
         """Main process: a batch received from a worker, on its way to the loop (recorded).
 
         In elastic order with several reading workers an item is a worker's part of a
@@ -825,7 +833,7 @@ class PlannedDataset(IterableDataset[Any]):
         joiner = self._joiner
         if joiner is None or not isinstance(item, Tagged):
             return (self._state.consume(item),)
-        return joiner.add(item)
+        return joiner.add(item)  # an iterator: each batch made (and consumed) when asked for
 
     def delivered(self) -> None:
         """Main process: the pass ended; every worker's part was joined into a batch."""

@@ -130,10 +130,13 @@ def interleave(
     flag_column: str | None,
     files: Mapping[str, FileInfo] | None,
     mix_read_rows: int | None,
+    batches: int = 1,
 ) -> Iterator[pa.RecordBatch]:
-    """Every batch's ``per_stream`` rows of each stream, stream after stream, one batch at a time.
+    """Every batch's ``per_stream`` rows of each stream, stream after stream.
 
-    The streams hold the same number of rows, so every batch but the last is full.
+    The streams hold the same number of rows, so every batch but the last is full. The
+    rows of ``batches`` consecutive batches are yielded together, one batch after the
+    other (a worker's parts of several batches: a few rows of every batch, sent at once).
     """
     lists = [[c for p in pieces for c in piece_reads(p, files)] for pieces in streams]
     longest = max(map(len, lists), default=0)  # remote chunks fetched ahead, as they are opened
@@ -151,14 +154,22 @@ def interleave(
 
     blocks = [rebatch(rows(pieces), per_stream) for pieces in streams]
     size = per_stream * len(streams)
-    for parts in zip(*blocks, strict=True):
-        batch = parts[0] if len(parts) == 1 else concat(parts)
-        if batch.num_rows == size or not drop_last:
-            yield batch
+    pending: list[pa.RecordBatch] = []
+    for k, parts in enumerate(zip(*blocks, strict=True), start=1):
+        if drop_last and sum(p.num_rows for p in parts) < size:
+            break
+        pending += parts
+        if k % batches == 0:
+            yield concat(pending)
+            pending = []
+    if pending:
+        yield concat(pending)
 
 
 def concat(parts: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
     """One batch of ``parts`` (one copy)."""
+    if len(parts) == 1:
+        return parts[0]
     concat = getattr(pa, "concat_batches", None)
     if concat is not None:  # pyarrow >= 19
         return concat(parts)  # type: ignore[no-any-return]
@@ -215,34 +226,54 @@ def join_converted(parts: Sequence[Any]) -> Any:
     return out
 
 
+def _rows_of(part: Any) -> int:
+    return part.num_rows if isinstance(part, pa.RecordBatch) else len(next(iter(part.values())))
+
+
+def _piece(part: Any, lo: int, hi: int) -> Any:
+    """Rows ``[lo, hi)`` of a part: an Arrow batch, or converted columns (views, no copy)."""
+    if isinstance(part, pa.RecordBatch):
+        return part.slice(lo, hi - lo)
+    return {key: value[lo:hi] for key, value in part.items()}
+
+
 class Joiner:
     """Main process: every batch joined from the parts of the workers that read streams.
 
-    A worker's parts arrive in order, in the DataLoader's order of workers; batch ``t``
-    is part ``t`` of every reading worker, in worker order. The parts' positions are
-    recorded as consumed when the batch reaches the loop.
+    A worker's parts arrive in order, in the DataLoader's order of workers; a part holds
+    the worker's rows of a few consecutive batches, batch after batch. Batch ``t`` is the
+    worker's rows of it from every reading worker, in worker order. Each batch is made
+    and its parts' positions recorded as consumed when the loop asks for it.
 
     Args:
-        workers: Workers that read streams (workers ``0 .. workers - 1``).
-        join: One batch of the parts (converted ones concatenated, or Arrow ones joined
-            and converted).
-        consume: Records a part as consumed (returns its batch).
+        rows: Rows of every batch each reading worker holds (the last batch may hold fewer).
+        join: One batch of the workers' rows of it (converted ones concatenated, or Arrow
+            ones joined and converted).
+        consume: Records a part's position as consumed.
     """
 
     def __init__(
-        self, workers: int, join: Callable[[list[Any]], Any], consume: Callable[[Tagged], Any]
+        self, rows: Sequence[int], join: Callable[[list[Any]], Any], consume: Callable[[Tagged], Any]
     ) -> None:
-        self._parts: list[deque[Tagged]] = [deque() for _ in range(workers)]
+        self._rows = list(rows)
+        self._parts: list[deque[Tagged]] = [deque() for _ in rows]
         self._join = join
         self._consume = consume
 
-    def add(self, item: Tagged) -> list[Any]:
-        """Take one worker's part; returns the batches it completes."""
+    def add(self, item: Tagged) -> Iterator[Any]:
+        """Take one worker's part; the batches it completes, made one by one when asked for."""
         self._parts[item.tag[1]].append(item)
-        out = []
         while all(self._parts):
-            out.append(self._join([self._consume(q.popleft()) for q in self._parts]))
-        return out
+            parts = [q.popleft() for q in self._parts]
+            total = [_rows_of(p.batch) for p in parts]
+            for j in range(-(-total[0] // self._rows[0])):
+                pieces = []
+                for part, n, size in zip(parts, total, self._rows, strict=True):
+                    lo, hi = j * size, min((j + 1) * size, n)
+                    tag = (*part.tag[:4], part.tag[4] - n + hi, hi - lo, 0)  # the worker's cursor after it
+                    self._consume(Tagged(None, tag))
+                    pieces.append(_piece(part.batch, lo, hi))
+                yield self._join(pieces)
 
     def check_done(self) -> None:
         """At the end of a pass: every part was joined (workers yielded as many parts).
