@@ -64,6 +64,77 @@ REPORT_MAX_RANKS = 256
 """Worlds of up to this many ranks get the plan summary and layout warnings on rank 0 when built."""
 
 
+def _check_counts(options: Options, row_count_issue: str | None) -> None:
+    """Equal batches need exact row counts (else ranks could yield different batch counts)."""
+    if options.equalized and row_count_issue:
+        raise IncompatibleOptionsError(
+            f"equal_batches={options.batching.equal_batches.value!r} needs exact row counts, but "
+            f"{row_count_issue}, so the {options.world.num_ranks} ranks' row counts are unknown "
+            "before reading and they could yield different numbers of batches (a DDP job would "
+            "hang). Mask those rows in the training step instead, rewrite the data already "
+            "filtered, or pass equal_batches='off' and handle uneven inputs yourself "
+            "(torch.distributed.algorithms.Join)"
+        )
+
+
+def _tied_options(options: Options, identity: Mapping[str, Any]) -> dict[str, Any]:
+    """The options a resume state is tied to (part of its fingerprint), as JSON-ready values."""
+    batching, shuffle = options.batching, options.shuffle
+    strategy = repr(options.strategy)
+    if " at 0x" in strategy:
+        strategy = f"{type(options.strategy).__module__}.{type(options.strategy).__qualname__}"
+    if options.canonical is None:
+        size: dict[str, Any] = {"batch_size": batching.batch_size}
+    else:  # elastic order: any world at the same global batch
+        size = {
+            "canonical_ranks": options.canonical,
+            "global_batch_size": batching.batch_size * options.world.num_ranks,
+        }
+    return {
+        "split_strategy": strategy,
+        "shuffle": shuffle.shuffle,
+        "shuffle_seed": shuffle.shuffle_seed,
+        **size,
+        "drop_last": batching.drop_last,
+        "equal_batches": batching.equal_batches.value,
+        "row_shuffle_window": shuffle.row_window,
+        # Only when in effect: states of unshuffled (or chunk-only) reads stay valid.
+        **({} if shuffle.mixing is None else {"row_mixing": shuffle.mixing.rows}),
+        **identity,
+    }
+
+
+def _plan_spec(table: FileTable, options: Options) -> PlanSpec:
+    """What every plan of the dataset depends on (workers are given per plan)."""
+    batching, shuffle = options.batching, options.shuffle
+    return PlanSpec(
+        files=table,
+        strategy=options.strategy,
+        num_ranks=options.world.num_ranks,
+        num_workers=1,
+        shuffle=shuffle.shuffle,
+        seed=shuffle.shuffle_seed,
+        equal_batches=batching.equal_batches,
+        batch_size=batching.batch_size,
+        verify=options.split.verify_plan,
+    )
+
+
+def _elastic_plans(planner: Planner, options: Options) -> ElasticPlans | None:
+    """Elastic order's plans of this rank (``canonical_ranks``), or ``None``."""
+    if options.canonical is None:
+        return None
+    shuffle, world = options.shuffle, options.world
+    return ElasticPlans(
+        planner,
+        Canonical(options.canonical, world.num_ranks, options.batching.batch_size),
+        world.rank,
+        window_rows=shuffle.row_window,
+        mixing=shuffle.mixing,
+        seed=shuffle.shuffle_seed if shuffle.shuffle else 0,
+    )
+
+
 def _as_is(batch: pa.RecordBatch) -> pa.RecordBatch:
     """A worker's part of a batch travels as Arrow, joined and converted in the main process."""
     return batch
@@ -109,16 +180,8 @@ class PlannedDataset(IterableDataset[Any]):
         table: FileTable | None = None,
     ) -> None:
         super().__init__()
-        batching, shuffle = options.batching, options.shuffle
-        if options.equalized and row_count_issue:
-            raise IncompatibleOptionsError(
-                f"equal_batches={batching.equal_batches.value!r} needs exact row counts, but "
-                f"{row_count_issue}, so the {options.world.num_ranks} ranks' row counts are unknown "
-                "before reading and they could yield different numbers of batches (a DDP job would "
-                "hang). Mask those rows in the training step instead, rewrite the data already "
-                "filtered, or pass equal_batches='off' and handle uneven inputs yourself "
-                "(torch.distributed.algorithms.Join)"
-            )
+        batching = options.batching
+        _check_counts(options, row_count_issue)
         self._files = files if table is not None else tuple(files)
         self._options = options
         self._reader = reader
@@ -127,62 +190,20 @@ class PlannedDataset(IterableDataset[Any]):
         self._row_count_issue = row_count_issue
         # Shared memory: set_epoch in the main process reaches persistent workers.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
-        strategy = repr(options.strategy)
-        if " at 0x" in strategy:
-            strategy = f"{type(options.strategy).__module__}.{type(options.strategy).__qualname__}"
         # ``table``: the same files as columns when discovery has them (no pass over objects).
         if table is not None and len(table) != len(self._files):
             raise ValueError(f"a file table of {len(table)} files for {len(self._files)} files")
         self._table = table if table is not None else FileTable.from_infos(self._files)
         self._state = ResumeTracker(
             self._table,
-            {
-                "split_strategy": strategy,
-                "shuffle": shuffle.shuffle,
-                "shuffle_seed": shuffle.shuffle_seed,
-                **(
-                    {"batch_size": batching.batch_size}
-                    if options.canonical is None  # elastic order: any world at the same global batch
-                    else {
-                        "canonical_ranks": options.canonical,
-                        "global_batch_size": batching.batch_size * options.world.num_ranks,
-                    }
-                ),
-                "drop_last": batching.drop_last,
-                "equal_batches": batching.equal_batches.value,
-                "row_shuffle_window": shuffle.row_window,
-                # Only when in effect: states of unshuffled (or chunk-only) reads stay valid.
-                **({} if shuffle.mixing is None else {"row_mixing": shuffle.mixing.rows}),
-                **identity,
-            },
+            _tied_options(options, identity),
             options.world,
-            shuffle.shuffle_seed,
+            options.shuffle.shuffle_seed,
             piece_rows=self._rows_per_piece,
             plan_digest=self._plan_digest,
         )
-        self._planner = Planner(
-            PlanSpec(
-                files=self._table,
-                strategy=options.strategy,
-                num_ranks=options.world.num_ranks,
-                num_workers=1,
-                shuffle=shuffle.shuffle,
-                seed=shuffle.shuffle_seed,
-                equal_batches=batching.equal_batches,
-                batch_size=batching.batch_size,
-                verify=options.split.verify_plan,
-            )
-        )
-        self._elastic: ElasticPlans | None = None
-        if options.canonical is not None:
-            self._elastic = ElasticPlans(
-                self._planner,
-                Canonical(options.canonical, options.world.num_ranks, batching.batch_size),
-                options.world.rank,
-                window_rows=shuffle.row_window,
-                mixing=shuffle.mixing,
-                seed=shuffle.shuffle_seed if shuffle.shuffle else 0,
-            )
+        self._planner = Planner(_plan_spec(self._table, options))
+        self._elastic = _elastic_plans(self._planner, options)
         self._joiner: Joiner | None = None
         # Elastic order's parts of a batch: converted by the workers and concatenated, or Arrow.
         self._join_converted = joinable(options.output, output_schema)
