@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.data import write_parquet_files
+from tests.strategies import piece_rows
 from torch_dataloader_utils import ResumeStateError, StateMismatchError, StructuredDataset, merge_states
-from torch_dataloader_utils.plan.pieces import piece_rows
 
 ROWS = [130, 70, 100]
 TOTAL = sum(ROWS)

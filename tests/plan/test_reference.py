@@ -25,13 +25,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests import strategies as ts
+from tests.strategies import piece_rows
 from torch_dataloader_utils.config import EqualBatches
 from torch_dataloader_utils.errors import PlanError
 from torch_dataloader_utils.plan.assign import assign
 from torch_dataloader_utils.plan.deal import DROP_SALT, PAD_SALT
 from torch_dataloader_utils.plan.mixing import RowMixing
 from torch_dataloader_utils.plan.pieces import Piece as PieceOf
-from torch_dataloader_utils.plan.pieces import piece_rows
 from torch_dataloader_utils.plan.planner import Planner, PlanSpec, plan_epoch, rank_shares
 from torch_dataloader_utils.plan.ranks import worker_quotas
 from torch_dataloader_utils.plan.resume import segment_pieces

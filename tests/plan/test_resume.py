@@ -10,11 +10,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tests.strategies import file_layouts, layouts, live_row_ids
+from tests.strategies import file_layouts, layouts, live_row_ids, piece_rows
 from torch_dataloader_utils.config import EqualBatches
 from torch_dataloader_utils.errors import ResumeStateError, StateMismatchError
 from torch_dataloader_utils.plan.mixing import RowMixing
-from torch_dataloader_utils.plan.pieces import Piece, piece_rows, remaining, window_pieces
+from torch_dataloader_utils.plan.pieces import Piece, remaining, window_pieces
 from torch_dataloader_utils.plan.planner import Planner, PlanSpec
 from torch_dataloader_utils.plan.resume import Resumer, ResumeResult, segment_pieces
 from torch_dataloader_utils.plan.splits import FileSplit, RowGroupSplit

@@ -18,8 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from torch_dataloader_utils.errors import ResumeStateError
-from torch_dataloader_utils.plan.mixing import MixSchedule, RowMixing, split_streams
-from torch_dataloader_utils.plan.shuffle import permutation
+from torch_dataloader_utils.plan.mixing import RowMixing, split_streams
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo
 
 __all__ = [
@@ -31,7 +30,6 @@ __all__ = [
     "cut_chunk",
     "cut_piece",
     "mix_pieces",
-    "piece_rows",
     "remaining",
     "window_pieces",
 ]
@@ -287,42 +285,3 @@ def remaining(
         )
     rest = advance(pieces[index], offset, files, exact)
     return ([rest] if rest is not None else []) + [p for p in pieces[index + 1 :] if p.num_rows != 0]
-
-
-def piece_rows(piece: Piece, files: Mapping[str, FileInfo]) -> list[tuple[str, int, bool]]:
-    """Every row a piece emits, in order, as ``(path, file row, padding)`` (for checks).
-
-    Only for chunks counted in rows; a window is its chunks' rows in a permutation by
-    its key, a mix its streams' rows in the rounds of its schedule, restricted to
-    ``[lo, hi)``.
-    """
-    if piece.mode is ReadMode.MIX and piece.mix is not None and piece.key is not None:
-        streams = [_chunk_rows(c, files) for c in piece.chunks]
-        schedule = MixSchedule([c.weight for c in piece.chunks], piece.mix.rows, piece.key)
-        counts = [len(s) for s in streams]
-        mixed: list[tuple[str, int, bool]] = []
-        taken = [0] * len(streams)
-        for index in range(schedule.num_rounds(counts)):
-            lengths = schedule.round_lengths(index, counts)
-            pool = [row for c, n in enumerate(lengths) for row in streams[c][taken[c] : taken[c] + int(n)]]
-            taken = [t + int(n) for t, n in zip(taken, lengths, strict=True)]
-            mixed.extend(pool[i] for i in schedule.order(index, lengths))
-        return mixed[piece.lo : piece.hi]
-    rows = [row for chunk in piece.chunks for row in _chunk_rows(chunk, files)]
-    if piece.key is not None:
-        order = permutation(len(rows), piece.key[0], piece.key[1], *piece.key[2:])
-        rows = [rows[i] for i in order]
-    return rows[piece.lo : piece.hi]
-
-
-def _chunk_rows(chunk: Chunk, files: Mapping[str, FileInfo]) -> list[tuple[str, int, bool]]:
-    rows: list[tuple[str, int, bool]] = []
-    info = files[chunk.path]
-    if info.row_groups is None:
-        stop = min(chunk.stop, info.num_rows or 0)
-        rows.extend((chunk.path, i, chunk.padding) for i in range(chunk.start, stop))
-    else:
-        for g in info.groups_in(chunk.start, chunk.stop):
-            lo, hi = max(chunk.start, g.first_row), min(chunk.stop, g.stop_row)
-            rows.extend((chunk.path, i, chunk.padding) for i in range(lo, hi))
-    return rows
