@@ -292,12 +292,18 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
             quota = int(planner.shares(1, args.workers).totals().sum()) // args.ranks
             planner.shares(0, args.workers)  # a fresh process has planned epoch 0 (construction), not 1
             state = _state_of(args.ranks, args.workers, quota, expected, not args.no_left)
+            parsed = getattr(
+                __import__("torch_dataloader_utils.plan.state", fromlist=["x"]), "ResumeState", None
+            )
             t = time.perf_counter()
-            checked = check_state(json.loads(json.dumps(state)), expected)
+            if parsed is not None:  # the state parsed once, as load_state_dict does
+                segments = parsed.parse(json.loads(json.dumps(state))).check_against(expected).segments
+            else:
+                segments = check_state(json.loads(json.dumps(state)), expected)["segments"]
             resumer = Resumer(
                 planner,
                 1,
-                checked["segments"],
+                segments,
                 num_ranks=args.new_ranks or args.ranks,
                 num_workers=lambda r: args.workers,
                 window_rows=None,

@@ -74,6 +74,18 @@ def _int(value: object, where: str, lo: int = 0, hi: int = MAX_INT) -> int:
     return value
 
 
+_ENTRY_KEYS = (
+    frozenset({"num_workers", "cursors"}),
+    frozenset({"num_workers", "cursors", "done", "left", "digest"}),
+)
+"""The keys a rank's entry must have, and those it may have."""
+
+
+def _ints(values: list[Any]) -> bool:
+    """Every value is an int in ``[0, MAX_INT]`` (a bool is not an int)."""
+    return all(type(v) is int and 0 <= v <= MAX_INT for v in values)
+
+
 def _bool(value: object, where: str) -> bool:
     if type(value) is not bool:
         _fail(value, where, "true or false")
@@ -148,6 +160,31 @@ class RankEntry:
     @classmethod
     def parse(cls, value: object, where: str) -> RankEntry:
         """Check and parse one rank's entry (``where`` names it in errors)."""
+        if (
+            type(value) is dict and _ENTRY_KEYS[0] <= value.keys() <= _ENTRY_KEYS[1]
+        ):  # the usual case, at once
+            workers, cursors = value["num_workers"], value["cursors"]
+            done, left, digest = value.get("done", False), value.get("left", []), value.get("digest", 0)
+            if (
+                type(workers) is int
+                and 1 <= workers <= MAX_WORKERS
+                and type(cursors) is list
+                and len(cursors) <= MAX_WORKERS
+                and all(type(c) is list and len(c) == 2 and _ints(c) for c in cursors)
+                and type(done) is bool
+                and type(left) is list
+                and len(left) <= MAX_WORKERS
+                and _ints(left)
+                and type(digest) is int
+                and 0 <= digest <= 2**63
+            ):
+                return cls(
+                    workers,
+                    tuple((c[0], c[1]) for c in cursors),
+                    value.get("done"),
+                    tuple(left) if "left" in value else None,
+                    value.get("digest"),
+                )
         entry = _object(value, where, ("num_workers", "cursors"), ("done", "left", "digest"))
         workers = _int(entry["num_workers"], f"{where}.num_workers", 1, MAX_WORKERS)
         cursors = _list(entry["cursors"], f"{where}.cursors", MAX_WORKERS)
