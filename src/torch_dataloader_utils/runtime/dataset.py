@@ -23,7 +23,7 @@ from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.errors import IncompatibleOptionsError, UnknownLengthError
 from torch_dataloader_utils.io.ahead import read_ahead
 from torch_dataloader_utils.io.base import ChunkReader
-from torch_dataloader_utils.io.batching import rebatch
+from torch_dataloader_utils.io.batching import concat_batches, rebatch
 from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
 from torch_dataloader_utils.plan.elastic import Canonical
 from torch_dataloader_utils.plan.mixing import RowMixing
@@ -38,7 +38,6 @@ from torch_dataloader_utils.runtime.elastic import (
     ElasticPlans,
     Joiner,
     StreamPositions,
-    concat,
     interleave,
     join_converted,
     joinable,
@@ -864,7 +863,7 @@ class PlannedDataset(IterableDataset[Any]):
     def _joined(self, parts: list[pa.RecordBatch]) -> Any:
         """Parts of a batch read as Arrow: joined and converted here (``collate_fn`` too)."""
         collate = self._options.output.collate_fn
-        out = self._converter(concat(parts))
+        out = self._converter(concat_batches(parts))
         return out if collate is None else collate(out)
 
     def _tagged(

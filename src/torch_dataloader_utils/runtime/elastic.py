@@ -19,6 +19,7 @@ import torch
 
 from torch_dataloader_utils.config import OutputConfig, OutputFormat, StringLayout
 from torch_dataloader_utils.io.base import ChunkReader
+from torch_dataloader_utils.io.batching import concat_batches as concat
 from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.pieces import gathered, piece_reads, read_piece
 from torch_dataloader_utils.plan.elastic import Canonical, consumed, skip_rows
@@ -31,7 +32,7 @@ from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.runtime.emit import Positions
 from torch_dataloader_utils.runtime.state import Tagged
 
-__all__ = ["ElasticPlans", "Joiner", "StreamPositions", "concat", "interleave", "join_converted", "joinable"]
+__all__ = ["ElasticPlans", "Joiner", "StreamPositions", "interleave", "join_converted", "joinable"]
 
 
 class ElasticPlans:
@@ -164,16 +165,6 @@ def interleave(
             pending = []
     if pending:
         yield concat(pending)
-
-
-def concat(parts: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
-    """One batch of ``parts`` (one copy)."""
-    if len(parts) == 1:
-        return parts[0]
-    concat = getattr(pa, "concat_batches", None)
-    if concat is not None:  # pyarrow >= 19
-        return concat(parts)  # type: ignore[no-any-return]
-    return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
 
 
 class StreamPositions(Positions):
