@@ -403,10 +403,6 @@ class _Shares:
     def source(self, rank: int) -> TableSource:
         raise NotImplementedError
 
-    def counts(self) -> Array:
-        """Chunks of every share."""
-        return np.asarray([len(self.source(r).rows) for r in range(self.num_ranks)], dtype=np.int64)
-
     def totals(self) -> Array:
         """Rows of every share (:class:`PlanError` on an unknown count)."""
         raise NotImplementedError
@@ -434,10 +430,6 @@ class _Dealt(_Shares):
 
     def source(self, rank: int) -> TableSource:
         return TableSource(self.table, self.order[rank :: self.num_ranks])
-
-    def counts(self) -> Array:
-        n, r = len(self.order), self.num_ranks
-        return np.asarray([len(range(k, n, r)) for k in range(r)], dtype=np.int64)
 
     def totals(self) -> Array:
         if self._totals is None:
@@ -550,8 +542,7 @@ class _Epoch:
         self.spec = spec
         self.epoch = epoch
         self.shares = shares
-        equal = spec.equalized
-        self.stream = Stream(shares.totals if equal else shares.counts, shares.source, items=not equal)
+        self.stream = Stream(shares.totals, shares.source)  # without equal batches: whole shares only
         self._deal: Deal | None = None
 
     def totals(self) -> Array:
