@@ -21,7 +21,6 @@ from torch.utils.data import IterableDataset
 from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches, check_int
 from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.errors import IncompatibleOptionsError, UnknownLengthError
-from torch_dataloader_utils.io.ahead import read_ahead
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import concat_batches, rebatch
 from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
@@ -833,9 +832,8 @@ class PlannedDataset(IterableDataset[Any]):
                 # A worker whose parts are joined sends its parts of a few batches at once:
                 # about a batch of rows per transfer and conversion.
                 batches=self._elastic.layout.readers(slot.count) if slot.in_worker else 1,
+                ahead=ahead,
             )
-            if ahead:  # decoded and interleaved by a thread while this one converts
-                batches = read_ahead(batches, name=f"read-ahead-w{slot.id}")
             return batches, StreamPositions(token, slot.id, slot.count, rank=self.world.rank), work
         pieces = self._worker_pieces(slot, epoch)
         work = WorkStats(self._reader, len(pieces), flag)  # before any request of this pass

@@ -18,10 +18,11 @@ import pyarrow as pa
 import torch
 
 from torch_dataloader_utils.config import OutputConfig, OutputFormat, StringLayout
+from torch_dataloader_utils.io.ahead import read_ahead
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import concat_batches as concat
 from torch_dataloader_utils.io.batching import rebatch
-from torch_dataloader_utils.io.pieces import gathered, piece_reads, read_piece
+from torch_dataloader_utils.io.pieces import Gather, gathered, piece_reads, read_piece
 from torch_dataloader_utils.plan.elastic import Canonical, consumed, skip_rows
 from torch_dataloader_utils.plan.mixing import RowMixing
 from torch_dataloader_utils.plan.pieces import Piece
@@ -132,28 +133,47 @@ def interleave(
     files: Mapping[str, FileInfo] | None,
     mix_read_rows: int | None,
     batches: int = 1,
+    ahead: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Every batch's ``per_stream`` rows of each stream, stream after stream.
 
     The streams hold the same number of rows, so every batch but the last is full. The
     rows of ``batches`` consecutive batches are yielded together, one batch after the
     other (a worker's parts of several batches: a few rows of every batch, sent at once).
+    With ``ahead``, a thread decodes the streams' next items, stream after stream, as
+    they are used up (:func:`~torch_dataloader_utils.io.ahead.read_ahead`), and does the
+    gathers of their shuffles while it waits; this thread cuts and joins the batches.
     """
     lists = [[c for p in pieces for c in piece_reads(p, files)] for pieces in streams]
     longest = max(map(len, lists), default=0)  # remote chunks fetched ahead, as they are opened
     reader.schedule([chunks[k] for k in range(longest) for chunks in lists if k < len(chunks)])
-
     if mix_read_rows is not None:  # several streams read side by side: smaller decoded batches
         reader = reader.with_read_rows(mix_read_rows)
 
-    def rows(pieces: Sequence[Piece]) -> Iterator[pa.RecordBatch]:
+    def items(pieces: Sequence[Piece]) -> Iterator[pa.RecordBatch | Gather]:
         for piece in pieces:
-            items = read_piece(
+            yield from read_piece(
                 reader, piece, flag_column=flag_column, files=files, mix_read_rows=mix_read_rows
             )
-            yield from gathered(items)
 
-    blocks = [rebatch(rows(pieces), per_stream) for pieces in streams]
+    source = _round_robin([items(pieces) for pieces in streams])
+    taken = read_ahead(source, name="read-ahead-streams", prepare=_prepare) if ahead else source
+    queues: list[deque[pa.RecordBatch | Gather | None]] = [deque() for _ in streams]
+
+    def rows(i: int) -> Iterator[pa.RecordBatch]:
+        """Stream ``i``'s rows, taking the shared source's items as they come."""
+        while True:
+            while not queues[i]:
+                got = next(taken, None)
+                if got is None:
+                    return
+                queues[got[0]].append(got[1])
+            item = queues[i].popleft()
+            if item is None:  # the stream is read to its end
+                return
+            yield from gathered((item,))
+
+    blocks = [rebatch(rows(i), per_stream) for i in range(len(streams))]
     size = per_stream * len(streams)
     pending: list[pa.RecordBatch] = []
     for k, parts in enumerate(zip(*blocks, strict=True), start=1):
@@ -165,6 +185,24 @@ def interleave(
             pending = []
     if pending:
         yield concat(pending)
+
+
+def _round_robin(
+    sources: Sequence[Iterator[pa.RecordBatch | Gather]],
+) -> Iterator[tuple[int, pa.RecordBatch | Gather | None]]:
+    """``(stream, item)``: an item of every stream in turn; ``(stream, None)`` when one ends."""
+    live = list(range(len(sources)))
+    while live:
+        for i in list(live):
+            item = next(sources[i], None)
+            if item is None:
+                live.remove(i)
+            yield i, item
+
+
+def _prepare(item: tuple[int, pa.RecordBatch | Gather | None]) -> bool:
+    """The read-ahead thread's work while it waits: a queued shuffle's gather."""
+    return isinstance(item[1], Gather) and item[1].prepare()
 
 
 class StreamPositions(Positions):
