@@ -101,9 +101,23 @@ def _positive_number(text: str) -> float:
 
 def _dataset_arguments(p: argparse.ArgumentParser) -> None:
     """The options that shape a plan: the source, its reading options, the world."""
+    _source_arguments(p.add_argument_group("dataset"))
+    _plan_arguments(p.add_argument_group("plan options (as create_dataloader's keywords)"))
+    world = p.add_argument_group("world")
+    world.add_argument("--num-ranks", type=_typed(_positive, "int"), default=1, help="ranks of the job")
+    world.add_argument(
+        "--num-workers",
+        type=_typed(_non_negative, "int"),
+        default=0,
+        help="DataLoader workers per rank (0: read in the main process)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON for machines")
+
+
+def _source_arguments(src: argparse._ArgumentGroup) -> None:
+    """Which data: files or an Iceberg table, and how they are read."""
     from torch_dataloader_utils.tools import source
 
-    src = p.add_argument_group("dataset")
     src.add_argument(
         "path", nargs="*", help="files: a file, directory or glob (several allowed); omit with --table"
     )
@@ -140,7 +154,10 @@ def _dataset_arguments(p: argparse.ArgumentParser) -> None:
         "--partitioning", choices=["hive"], help="read key=value directories as columns (default: none)"
     )
     src.add_argument("--count-rows", action="store_true", help="count the rows a filter keeps (exact plans)")
-    opt = p.add_argument_group("plan options (as create_dataloader's keywords)")
+
+
+def _plan_arguments(opt: argparse._ArgumentGroup) -> None:
+    """How the plan is made: batches, chunks, equal batches, shuffling, read-ahead."""
     opt.add_argument(
         "--batch-size", type=_typed(_positive, "int"), help=f"rows per batch (default: {DEFAULT_BATCH_SIZE})"
     )
@@ -175,15 +192,6 @@ def _dataset_arguments(p: argparse.ArgumentParser) -> None:
     opt.add_argument(
         "--read-ahead", help=f"remote read-ahead bytes (default: {DEFAULT_READ_AHEAD_BYTES // 2**20}MiB)"
     )
-    world = p.add_argument_group("world")
-    world.add_argument("--num-ranks", type=_typed(_positive, "int"), default=1, help="ranks of the job")
-    world.add_argument(
-        "--num-workers",
-        type=_typed(_non_negative, "int"),
-        default=0,
-        help="DataLoader workers per rank (0: read in the main process)",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON for machines")
 
 
 def _source(args: argparse.Namespace) -> Any:

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.data import write_parquet_files
+from tests.strategies import piece_rows
 from torch_dataloader_utils.config import FileFormat, FileSourceConfig
 from torch_dataloader_utils.discovery import discover
 from torch_dataloader_utils.errors import ReadError
@@ -19,7 +20,7 @@ from torch_dataloader_utils.io import parquet
 from torch_dataloader_utils.io.helpers import Helpers, helpers
 from torch_dataloader_utils.io.pieces import Gather, gathered, piece_reads, read_piece
 from torch_dataloader_utils.plan.mixing import RowMixing
-from torch_dataloader_utils.plan.pieces import advance, as_pieces, cut_piece, mix_pieces, piece_rows
+from torch_dataloader_utils.plan.pieces import advance, as_pieces, cut_piece, mix_pieces
 from torch_dataloader_utils.plan.splits import RowGroupSplit
 from torch_dataloader_utils.runtime.readers import make_reader
 

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.strategies import layouts, live_row_ids
+from tests.strategies import layouts, live_row_ids, piece_rows
 from torch_dataloader_utils.plan.mixing import ROUND_ROWS_FLOOR, MixSchedule, RowMixing, split_streams
-from torch_dataloader_utils.plan.pieces import Piece, advance, as_pieces, mix_pieces, piece_rows
+from torch_dataloader_utils.plan.pieces import Piece, advance, as_pieces, mix_pieces
 from torch_dataloader_utils.plan.splits import RowGroupSplit
 from torch_dataloader_utils.plan.types import Chunk, FileInfo, RowGroup
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -16,18 +16,69 @@ from torch_dataloader_utils.plan.types import Chunk, FileInfo
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.partitions import Partitions
 
-__all__ = ["ChunkReader", "OpenFiles", "ReadRequest"]
+__all__ = ["ChunkReader", "IoTotals", "OpenFiles", "ReadRequest", "ReaderBase"]
 
 T = TypeVar("T")
+
+IoTotals = tuple[int, int, int, int, float]
+"""``(bytes_fetched, bytes_needed, requests, retries, wait_sec)`` of a process so far."""
 
 
 @runtime_checkable
 class ChunkReader(Protocol):
-    """Reads one chunk's rows as record batches, already projected and filtered."""
+    """Reads one chunk's rows as record batches, already projected and filtered.
+
+    Besides :meth:`read`, a reader declares what else it can do; :class:`ReaderBase`
+    gives the defaults of a reader that can do none of it.
+    """
+
+    @property
+    def fetches_ahead(self) -> bool:
+        """Whether bytes come from remote storage through a read-ahead fetcher (thread pool)."""
+        ...
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the chunk's rows, in file order, as batches of the output schema."""
         ...
+
+    def schedule(self, chunks: Sequence[Chunk]) -> None:
+        """Announce the chunks this process reads next, in order (remote read-ahead, checks)."""
+        ...
+
+    def use_threads(self, on: bool) -> None:
+        """Decode with Arrow's thread pool (``True``) or in the calling thread."""
+        ...
+
+    def with_read_rows(self, rows: int) -> ChunkReader:
+        """This reader decoding batches of about ``rows`` rows (or itself, when it cannot choose)."""
+        ...
+
+    def io_totals(self) -> IoTotals | None:
+        """What this process fetched and waited for so far (``None``: not counted)."""
+        ...
+
+
+class ReaderBase:
+    """The defaults of :class:`ChunkReader`'s capabilities: a reader that has none of them."""
+
+    @property
+    def fetches_ahead(self) -> bool:
+        """Bytes are not fetched ahead."""
+        return False
+
+    def schedule(self, chunks: Sequence[Chunk]) -> None:
+        """Nothing is fetched or checked ahead."""
+
+    def use_threads(self, on: bool) -> None:
+        """Decoding threads are not the reader's to choose."""
+
+    def with_read_rows(self, rows: int) -> ChunkReader:
+        """The batch size is not the reader's to choose: the reader itself."""
+        return self  # type: ignore[return-value]  # a subclass is a ChunkReader
+
+    def io_totals(self) -> IoTotals | None:
+        """Nothing is counted."""
+        return None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from torch_dataloader_utils.errors import ReadError
-from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
+from torch_dataloader_utils.io.base import OpenFiles, ReaderBase, ReadRequest
 from torch_dataloader_utils.io.prefetch import ChunkSource, FetchStats, column_ranges
 from torch_dataloader_utils.plan.types import Chunk, FileInfo, RowGroup
 from torch_dataloader_utils.storage.fs import FileSystemSpec
@@ -29,7 +29,7 @@ cuts the large batches into exact ``batch_size`` batches as zero-copy slices.
 """
 
 
-class ParquetReader:
+class ParquetReader(ReaderBase):
     """A :class:`ChunkReader` for Parquet files.
 
     Batches are read with :data:`READ_BATCH_ROWS` rows (or ``batch_size`` when larger);

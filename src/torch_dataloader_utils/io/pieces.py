@@ -33,7 +33,7 @@ from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import with_flag
 from torch_dataloader_utils.io.helpers import Helpers
 from torch_dataloader_utils.plan.mixing import MixSchedule
-from torch_dataloader_utils.plan.pieces import Piece
+from torch_dataloader_utils.plan.pieces import Piece, ReadMode
 from torch_dataloader_utils.plan.shuffle import permutation
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo
 
@@ -179,20 +179,20 @@ def read_piece(
         batches = reader.read(chunk)
         return with_flag(batches, flag_column, chunk.padding) if flag_column else batches
 
-    if piece.mix is not None and piece.key is not None:
-        narrow = getattr(reader, "with_read_rows", None)
-        if narrow is not None and mix_read_rows is not None:
-            reader = narrow(mix_read_rows)
+    if piece.mode is ReadMode.MIX:
+        if mix_read_rows is not None:
+            reader = reader.with_read_rows(mix_read_rows)
         yield from _read_mix(reader, piece, flag_column, files, helpers)
         return
-    if piece.key is None:
+    if piece.mode is ReadMode.FILE:
         yield from _rows_between(chunk_batches(0), piece.lo, piece.hi)
         return
     parts = [b for i in range(len(piece.chunks)) for b in chunk_batches(i) if b.num_rows]
     if not parts:
         return
     table = pa.Table.from_batches(parts)  # take() gathers across chunks: no concatenation copy
-    order = permutation(table.num_rows, piece.key[0], piece.key[1], *piece.key[2:])
+    key = piece.key or (0, 0)  # a window: its permutation key
+    order = permutation(table.num_rows, key[0], key[1], *key[2:])
     order = order[piece.lo : piece.hi]
     if not len(order):
         return
@@ -263,7 +263,7 @@ def _stream_chunks(
 
 def piece_reads(piece: Piece, files: Mapping[str, FileInfo] | None = None) -> list[Chunk]:
     """The chunks reading ``piece`` opens, in the order it opens them (for remote read-ahead)."""
-    if piece.mix is None or piece.key is None:
+    if piece.mode is not ReadMode.MIX:
         return list(piece.chunks)
     schedule = _schedule(piece)
     index, _ = _start(piece, schedule, files)

@@ -109,14 +109,12 @@ def count_filtered(
             filter_columns=data_fields,
             partitions=found.partitions,
             partition_columns=[f for f in fields if f in part_names],
-            footers=found.extra.get("parquet_footers"),
+            footers=found.footers,
         )
     )
     # The counted files differ from the columns discovery kept: those are dropped.
     return (
-        dataclasses.replace(
-            found, files=files, metadata=None, table=None, extra={**found.extra, "filtered_positions": True}
-        ),
+        dataclasses.replace(found, files=files, metadata=None, table=None, filtered_positions=True),
         None,
     )
 

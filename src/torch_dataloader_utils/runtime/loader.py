@@ -382,11 +382,12 @@ class ResumableDataLoader(DataLoader[Any]):
                         if receiver is not None and receiver.superseded:
                             raise superseded()
                         metrics.record(tag)  # type: ignore[arg-type]
-                        yield Tagged(batch, tag)  # type: ignore[arg-type]
+                        yield from self.dataset.deliver(Tagged(batch, tag), progress)  # type: ignore[arg-type]
                 else:
                     if isinstance(item, Tagged):
                         metrics.record(item.tag)
-                    yield item
+                    yield from self.dataset.deliver(item, progress)
+            self.dataset.delivered()
             state.finish(progress)
             completed.append(True)
         except GeneratorExit:  # the loop left the pass early (break, close): workers stay

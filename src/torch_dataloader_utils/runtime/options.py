@@ -60,6 +60,7 @@ from torch_dataloader_utils.errors import (
     IncompatibleOptionsError,
     UnknownOptionError,
 )
+from torch_dataloader_utils.plan.elastic import Canonical
 from torch_dataloader_utils.plan.splits import (
     ByteRangeSplit,
     FileSplit,
@@ -195,6 +196,14 @@ class ReadOptions(TypedDict, total=False):
     fewer than ``num_ranks`` rows per epoch; ``"pad"`` repeats fewer than ``num_ranks``
     rows and adds a bool column ``_is_padding`` to mask them; ``"off"`` reads chunks
     whole, with uneven batch counts. See ``docs/distributed.md``."""
+    canonical_ranks: int | None
+    """Elastic order: plan every epoch for this many canonical ranks (streams) that the
+    ranks share, ``num_ranks`` dividing it; each rank draws every batch evenly from its
+    ``canonical_ranks / num_ranks`` streams, so the rows of global batch ``t`` are the same
+    for any ``num_ranks`` and ``num_workers`` at the same global batch size (``batch_size *
+    num_ranks``), and a resumed job may have another ``num_ranks``. Needs ``equal_batches``
+    ``"drop"`` or ``"pad"`` and ``batch_size`` a multiple of ``canonical_ranks / num_ranks``.
+    ``None`` (default): plans follow the ranks. See ``docs/distributed.md``."""
     count_rows: bool | None
     """Count rows exactly at construction where the metadata does not hold them (CSV /
     JSONL records, rows a row filter drops), so every chunk carries its exact row count
@@ -349,10 +358,19 @@ class Options:
     progress: ProgressConfig
     world: World
 
+    def __post_init__(self) -> None:
+        if self.canonical is not None:
+            Canonical(self.canonical, self.world.num_ranks, self.batching.batch_size)  # raises when unfit
+
+    @property
+    def canonical(self) -> int | None:
+        """The canonical ranks of elastic order, or ``None``."""
+        return self.batching.canonical_ranks
+
     @property
     def equalized(self) -> bool:
-        """Whether ranks are given equal row counts (a policy is on and there are ranks)."""
-        return self.batching.equal_batches.acts_on(self.world.num_ranks)
+        """Whether ranks (canonical ones in elastic order) are given equal row counts."""
+        return self.batching.equal_batches.acts_on(self.canonical or self.world.num_ranks)
 
     @property
     def counts_rows(self) -> bool:

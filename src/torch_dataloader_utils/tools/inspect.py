@@ -143,7 +143,7 @@ def _stats(values: list[int]) -> dict[str, float] | None:
 
 def _compression(dataset: PlannedDataset) -> dict[str, int]:
     footers = getattr(dataset, "discovered", None)
-    raw = getattr(footers, "extra", {}).get("parquet_footers") if footers is not None else None
+    raw = getattr(footers, "footers", None) if footers is not None else None
     counts: Counter[str] = Counter()
     for footer in (raw or {}).values():
         meta = pq.read_metadata(pa.BufferReader(footer))

@@ -294,7 +294,7 @@ def _metadata(
     meta = cache.get(path)
     if meta is None:
         found = getattr(dataset, "discovered", None)
-        footers = getattr(found, "extra", {}).get("parquet_footers") if found is not None else None
+        footers = getattr(found, "footers", None) if found is not None else None
         footer = (footers or {}).get(path)
         if footer is None:
             return None
@@ -325,7 +325,7 @@ def chunk_requests(
 def measure_footer(dataset: PlannedDataset, files: int = 8) -> float:
     """Median seconds to parse one Parquet footer of the dataset (0 when it has none in hand)."""
     found = getattr(dataset, "discovered", None)
-    footers = list((getattr(found, "extra", {}).get("parquet_footers") or {}).values())[:files]
+    footers = list((getattr(found, "footers", None) or {}).values())[:files]
     times = []
     for footer in footers:
         began = time.perf_counter()
@@ -336,7 +336,7 @@ def measure_footer(dataset: PlannedDataset, files: int = 8) -> float:
 
 def measure_pass_start(dataset: PlannedDataset) -> float:
     """Seconds a reading process spends starting a pass: its fetch and check threads (remote files)."""
-    if not getattr(dataset.reader, "fetches_ahead", False):
+    if not dataset.reader.fetches_ahead:
         return 0.0
     return measure_thread_start(FETCH_THREADS + CHECK_THREADS)
 
@@ -350,7 +350,7 @@ def measure_decode(dataset: PlannedDataset, chunk: Chunk, workers: int) -> Decod
     per batch adds :func:`measure_batch_overhead`.
     """
     reader = dataset.reader
-    io = getattr(reader, "io_totals", None)
+    io = reader.io_totals
 
     batching = dataset.options.batching
     received = [0.0, 0]  # main process: seconds unpacking groups, batches received
@@ -364,7 +364,7 @@ def measure_decode(dataset: PlannedDataset, chunk: Chunk, workers: int) -> Decod
 
     def once() -> tuple[int, int, float]:
         rows = nbytes = group = 0
-        waited = io()[4] if io is not None else 0.0
+        waited = (io() or (0, 0, 0, 0, 0.0))[4]
         pending: list[Any] = []
         for batch in rebatch(reader.read(chunk), batching.batch_size, batching.drop_last):
             rows += batch.num_rows
@@ -378,7 +378,7 @@ def measure_decode(dataset: PlannedDataset, chunk: Chunk, workers: int) -> Decod
                     pending, group = [], 0
         if pending:
             receive(pack_group(pending), len(pending))
-        return rows, nbytes, (io()[4] if io is not None else 0.0) - waited
+        return rows, nbytes, (io() or (0, 0, 0, 0, 0.0))[4] - waited
 
     once()
     wall = cpu = waits = 0.0

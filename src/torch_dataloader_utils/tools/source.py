@@ -87,7 +87,7 @@ def parse_filter(text: str) -> pc.Expression:
         ">": ref.__gt__,
         ">=": ref.__ge__,
     }
-    return ops[op](value)  # type: ignore[no-any-return]
+    return ops[op](value)
 
 
 def parse_storage_option(text: str) -> tuple[str, Any]:
