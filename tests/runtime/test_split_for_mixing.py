@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from tests.fixtures.data import write_parquet_files
+from tests.strategies import piece_rows
 from torch_dataloader_utils import StateMismatchError, StructuredDataset, create_dataloader
-from torch_dataloader_utils.plan.pieces import piece_rows
 from torch_dataloader_utils.plan.splits import RowGroupSplit
 from torch_dataloader_utils.runtime import env
 

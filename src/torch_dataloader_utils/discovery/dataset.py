@@ -455,7 +455,6 @@ def _discover_parquet(
         filters_key=filter_key(source.filters) or "",
     )
 
-
     # Rank 0 lists (and reads the cache); every rank receives the listing.
     got = share.from_rank0(lambda: _parquet_head(path, source, fetch, listed, key, user))
     if got.manifest is not None:

@@ -9,7 +9,6 @@ data and hand the core its files, a reader and the output schema.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 import warnings

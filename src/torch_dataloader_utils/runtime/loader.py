@@ -213,7 +213,7 @@ class ResumableDataLoader(DataLoader[Any]):
     _progress: EpochProgress | None = None
     _epoch_sampler: EpochSampler | None = None
 
-    @property  # type: ignore[override]
+    @property
     def sampler(self) -> EpochSampler:
         """An :class:`EpochSampler`: ``loader.sampler.set_epoch(epoch)`` selects the dataset's epoch."""
         if self._epoch_sampler is None:
@@ -341,7 +341,6 @@ class ResumableDataLoader(DataLoader[Any]):
     def _batches(self, completed: list[bool], passes: list[EpochProgress]) -> Iterator[Any]:
         """This pass's items, tagged (``__iter__`` records them); its record goes to ``passes``."""
         state = self.dataset._state
-        metrics = self.dataset.metrics
         progress = self._progress = self.dataset.begin_pass(self.num_workers)
         passes.append(progress)
         self.dataset.begin_metrics(self.num_workers)
@@ -368,25 +367,7 @@ class ResumableDataLoader(DataLoader[Any]):
                 source = received(receiver)
             elif copy is not None:
                 source = copied_ahead(source, copy)
-            for item in source:
-                if stage is not None and isinstance(item, Tagged) and isinstance(item.batch, OnDevice):
-                    on = item.batch
-                    handed = stage.hand(on)
-                    item = item._replace(batch=BatchGroup(handed) if on.group else handed[0])
-                if isinstance(item, Tagged) and isinstance(item.batch, BatchGroup):
-                    # Several batches of one worker that travelled together, and the
-                    # worker's timers and counters since its previous group.
-                    if item.work is not None:
-                        metrics.add_work(*item.work)
-                    for batch, tag in zip(item.batch, item.tag, strict=True):
-                        if receiver is not None and receiver.superseded:
-                            raise superseded()
-                        metrics.record(tag)  # type: ignore[arg-type]
-                        yield from self.dataset.deliver(Tagged(batch, tag), progress)  # type: ignore[arg-type]
-                else:
-                    if isinstance(item, Tagged):
-                        metrics.record(item.tag)
-                    yield from self.dataset.deliver(item, progress)
+            yield from self._delivered(source, stage, receiver, progress)
             self.dataset.delivered()
             state.finish(progress)
             completed.append(True)
@@ -403,6 +384,35 @@ class ResumableDataLoader(DataLoader[Any]):
                 receiver.stop()
             if stage is not None:
                 stage.close()
+
+    def _delivered(
+        self,
+        source: Iterator[Any],
+        stage: DeviceStage | None,
+        receiver: _Receiver | None,
+        progress: EpochProgress,
+    ) -> Iterator[Any]:
+        """The received items as the loop's batches: groups split, device copies handed over."""
+        metrics = self.dataset.metrics
+        for item in source:
+            if stage is not None and isinstance(item, Tagged) and isinstance(item.batch, OnDevice):
+                on = item.batch
+                handed = stage.hand(on)
+                item = item._replace(batch=BatchGroup(handed) if on.group else handed[0])
+            if isinstance(item, Tagged) and isinstance(item.batch, BatchGroup):
+                # Several batches of one worker that travelled together, and the
+                # worker's timers and counters since its previous group.
+                if item.work is not None:
+                    metrics.add_work(*item.work)
+                for batch, tag in zip(item.batch, item.tag, strict=True):
+                    if receiver is not None and receiver.superseded:
+                        raise superseded()
+                    metrics.record(tag)  # type: ignore[arg-type]
+                    yield from self.dataset.deliver(Tagged(batch, tag), progress)  # type: ignore[arg-type]
+            else:
+                if isinstance(item, Tagged):
+                    metrics.record(item.tag)
+                yield from self.dataset.deliver(item, progress)
 
     def metrics(self, gather: bool = False, group: Any = None) -> LoaderMetrics:
         """What the loader did since the last ``set_epoch``, ``reset_metrics`` or ``get_metrics``.

@@ -234,11 +234,11 @@ class ResumeTracker:
 
     def unread_loaded_epoch(self) -> int | None:
         """The epoch of a loaded state that no pass has started reading yet, else ``None``."""
-        if self.loaded is None or self.token == 0 or self.loaded["token"] != self.token:
+        if self.loaded is None or self.token == 0 or self.loaded.token != self.token:
             return None
         if self.progress is not None:
             return None
-        return int(self.loaded["epoch"])
+        return self.loaded.epoch
 
     def on_set_epoch(self, epoch: int) -> None:
         """A new epoch was selected: a loaded state of another epoch is dropped."""

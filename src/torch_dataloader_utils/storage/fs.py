@@ -211,7 +211,7 @@ def _gcs_client(options: Mapping[str, Any]) -> fsspec.AbstractFileSystem | None:
         return None
     from gcsfs.core import GCSFileSystem
 
-    return GCSFileSystem(**options)  # type: ignore[no-any-return]
+    return GCSFileSystem(**options)
 
 
 @dataclass(frozen=True, repr=False)
