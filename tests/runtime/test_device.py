@@ -274,3 +274,39 @@ def test_device_copies_are_queued_by_the_loop_thread_one_group_ahead(
             if n + 2 <= len(copies):
                 assert order.index(("hand", n)) < order.index(("copy", n + 2))
     assert stage.log[-1][0] == "close"
+
+
+@needs_cuda
+def test_pinned_batches_copied_by_the_loop_behind_a_slow_gpu(data: Path) -> None:
+    """``pin_memory=True`` and the loop's own ``.to(non_blocking=True)`` while the GPU lags far behind.
+
+    The batches live in page-locked shared segments that a worker refills once the main
+    process drops the group. torch's own pinned memory is not reused before the copies
+    queued from it have run; this checks the same for the segments: the CPU runs ahead
+    (nothing synchronizes), the GPU sleeps before every copy, and each batch's ids,
+    summed on the GPU after all that, must equal the ids it had when it was handed over.
+    """
+    loader, dataset = create_dataloader(
+        str(data),
+        columns=["id"],
+        batch_size=16,
+        num_workers=2,
+        persistent_workers=True,
+        pin_memory=True,
+        shuffle=True,
+        shuffle_seed=5,
+        timeout=60,
+    )
+    expected, sums = [], []
+    for epoch in range(3):  # a new epoch refills every segment, while the GPU is far behind
+        dataset.set_epoch(epoch)
+        for batch in loader:
+            assert batch["id"].is_pinned()
+            expected.append(int(batch["id"].sum()))
+            torch.cuda._sleep(10_000_000)  # the copy below runs milliseconds later on the GPU
+            sums.append(batch["id"].to("cuda", non_blocking=True).sum())
+            del batch
+    torch.cuda.synchronize()  # only now: the CPU ran ahead through all three epochs
+    assert sum(expected) == 3 * ROWS * (ROWS - 1) // 2
+    wrong = sum(int(s) != e for s, e in zip(sums, expected, strict=True))
+    assert wrong == 0, f"{wrong} of {len(sums)} batches changed under a queued copy (segment refilled)"
