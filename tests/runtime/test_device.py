@@ -298,15 +298,19 @@ def test_pinned_batches_copied_by_the_loop_behind_a_slow_gpu(data: Path) -> None
         timeout=60,
     )
     expected, sums = [], []
+    pinned = 0
     for epoch in range(3):  # a new epoch refills every segment, while the GPU is far behind
         dataset.set_epoch(epoch)
         for batch in loader:
-            assert batch["id"].is_pinned()
+            # A group whose worker found every segment waiting for its copies travels
+            # outside the pool (pageable memory: its copy is synchronous).
+            pinned += bool(batch["id"].is_pinned())
             expected.append(int(batch["id"].sum()))
             torch.cuda._sleep(10_000_000)  # the copy below runs milliseconds later on the GPU
             sums.append(batch["id"].to("cuda", non_blocking=True).sum())
             del batch
     torch.cuda.synchronize()  # only now: the CPU ran ahead through all three epochs
+    assert pinned > 0
     assert sum(expected) == 3 * ROWS * (ROWS - 1) // 2
     wrong = sum(int(s) != e for s, e in zip(sums, expected, strict=True))
     assert wrong == 0, f"{wrong} of {len(sums)} batches changed under a queued copy (segment refilled)"

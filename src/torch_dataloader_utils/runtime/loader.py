@@ -260,7 +260,10 @@ class ResumableDataLoader(DataLoader[Any]):
                     source = copied_ahead(source, copy, COPY_AHEAD_GROUPS)
             elif copy is not None:
                 source = copied_ahead(source, copy)
+            fenced = pool is not None and pool.pinned
             for item in source:
+                if fenced:  # segments dropped under queued copies: free those whose copies ran
+                    pool.free_fenced()  # type: ignore[union-attr]
                 if stage is not None and isinstance(item, Tagged) and isinstance(item.batch, OnDevice):
                     on = item.batch
                     handed = stage.hand(on)
