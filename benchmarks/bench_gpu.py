@@ -2,7 +2,8 @@
 
     python benchmarks/bench_gpu.py --out DIR [--device cuda|cpu] [--rows 8000000]
                                    [--workers 2 4 8] [--epochs 3] [--hidden 2048]
-                                   [--budget-s 270]
+                                   [--budget-s 270] [--copy-in loop receiver]
+                                   [--no-step-workers 8] [--count-unpinned]
 
 The scenario: ``--rows`` rows (8M) of 32 float32 features and an int64 label in 16
 Parquet files with row groups of 131,072 rows (about 1 GB), read in batches of 8,192
@@ -17,7 +18,14 @@ update. Loops, each over ``--epochs`` epochs (``set_epoch`` each):
 * ``loader``: ``create_dataloader(..., device=DEVICE)`` at each ``--workers``,
   ``shuffle=True`` (row mixing, the default) and ``False``;
 * ``loader, loop copies``: the loop of the issue's first measurement, ``pin_memory=True``
-  and the loop's own ``.to(device, non_blocking=True)``, at 4 workers, shuffled.
+  and the loop's own ``.to(device, non_blocking=True)``, at 4 workers, shuffled;
+* ``loader, copies in receiver`` (with ``--copy-in ... receiver``): ``device=`` with the
+  group copies queued by the receiving thread (``runtime.loader.COPY_IN_RECEIVER``, the
+  first design) instead of the loop's thread, to compare both on one machine.
+
+``--no-step-workers``: the worker counts of the no-step rows (default: ``--workers``).
+``--count-unpinned``: count the device copies whose host memory is not page-locked (such
+a copy is synchronous), per loop, in the epochs after the first (a check per copy).
 
 Each loop runs with the step and without it (``no step``: only the batches' arrival on
 the device). Reported per loop: the steady-state time per epoch (median of the epochs
@@ -42,6 +50,7 @@ import resource
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -52,7 +61,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+import torch_dataloader_utils.runtime.loader as loader_module
 from torch_dataloader_utils import FeaturePack, create_dataloader
+from torch_dataloader_utils.runtime.device import DeviceStage
 
 HERE = Path(__file__).resolve().parent
 
@@ -134,6 +145,7 @@ class Result:
         self.first_batch: list[float] = []
         self.cpu: list[float] = []
         self.rows: list[int] = []
+        self.copies: list[tuple[int, int]] = []  # per epoch: (copies checked, not page-locked)
 
     def steady(self) -> tuple[float, float, float]:
         """Median seconds per epoch, first-batch seconds and CPU seconds of the epochs after the first."""
@@ -152,7 +164,54 @@ class Result:
             "first_batch_s": self.first_batch,
             "main_cpu_s": self.cpu,
             "rows": self.rows,
+            "copies_unpinned": self.copies,
         }
+
+    def unpinned(self) -> str:
+        later = self.copies[1:] if len(self.copies) > 1 else self.copies
+        if not later:
+            return "-"
+        return f"{sum(u for _, u in later)}/{sum(c for c, _ in later)}"
+
+
+class PinCounter:
+    """Counts device copies (``DeviceStage.copy``, or the loop's own) whose host memory is not page-locked."""
+
+    def __init__(self) -> None:
+        self.checked = 0
+        self.unpinned = 0
+        self._copy = DeviceStage.copy
+
+    @staticmethod
+    def pinned_host(item: Any) -> bool:
+        source = getattr(item, "source", None)
+        if source is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # a read-only buffer: only probed
+                probe = torch.from_numpy(np.frombuffer(source[0], dtype=np.uint8, count=1))
+            return bool(probe.is_pinned())
+        leaves = [t for t in (item.values() if isinstance(item, dict) else []) if isinstance(t, torch.Tensor)]
+        return all(bool(t.is_pinned()) for t in leaves)
+
+    def install(self) -> None:
+        counter = self
+        original = self._copy
+
+        def copy(stage: DeviceStage, item: Any) -> Any:
+            counter.note(item)
+            return original(stage, item)
+
+        DeviceStage.copy = copy  # type: ignore[method-assign]
+
+    def note(self, item: Any) -> None:
+        self.checked += 1
+        if not self.pinned_host(item):
+            self.unpinned += 1
+
+    def take(self) -> tuple[int, int]:
+        out = (self.checked, self.unpinned)
+        self.checked = self.unpinned = 0
+        return out
 
 
 def run_epochs(
@@ -162,6 +221,7 @@ def run_epochs(
     step: Callable[[torch.Tensor, torch.Tensor], None] | None,
     device: torch.device,
     rows: int,
+    counter: PinCounter | None = None,
 ) -> Result:
     for epoch in range(epochs):
         sync(device)
@@ -179,6 +239,8 @@ def run_epochs(
         result.cpu.append(main_cpu() - c0)
         result.first_batch.append(first or 0.0)
         result.rows.append(n)
+        if counter is not None:
+            result.copies.append(counter.take())
         if n != rows:
             raise AssertionError(
                 f"{result.name} {result.params}: epoch {epoch} gave {n} rows, expected {rows}"
@@ -218,7 +280,12 @@ def pyarrow_batches(files: list[Path], device: torch.device) -> Callable[[int], 
 
 
 def loader_batches(
-    root: Path, device: torch.device, workers: int, shuffle: bool, loop_copies: bool
+    root: Path,
+    device: torch.device,
+    workers: int,
+    shuffle: bool,
+    loop_copies: bool,
+    counter: PinCounter | None = None,
 ) -> tuple[Callable[[int], Iterator[Any]], Any]:
     loader, dataset = create_dataloader(
         str(root),
@@ -237,6 +304,8 @@ def loader_batches(
         for batch in loader:
             x, y = batch["x"], batch["label"]
             if loop_copies:
+                if counter is not None:
+                    counter.note(batch)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             yield x, y
 
@@ -264,6 +333,7 @@ def table_rows(results: list[Result], reference: float | None) -> list[list[str]
                 f"{gb / epoch:.2f}",
                 f"{r.first_batch[0]:.3f} / {first:.3f}",
                 f"{cpu / gb:.3f}",
+                r.unpinned(),
             ]
         )
     return out
@@ -281,6 +351,7 @@ def markdown(results: list[Result], reference: float | None, header: str, skippe
         "GB/s",
         "first batch s (epoch 1 / later)",
         "main CPU s/GB",
+        "unpinned copies",
     ]
     lines = [header, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results, reference)]
@@ -316,7 +387,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--data-dir", type=Path, default=HERE / ".data")
     p.add_argument("--budget-s", type=float, default=270.0, help="skip loops starting after this")
     p.add_argument("--skip-pyarrow", action="store_true")
+    p.add_argument(
+        "--copy-in",
+        nargs="+",
+        choices=["loop", "receiver"],
+        default=["loop"],
+        help="device= rows with the group copies queued by the loop's thread and/or the receiving thread",
+    )
+    p.add_argument("--no-step-workers", type=int, nargs="*", help="workers of the no-step rows")
+    p.add_argument("--count-unpinned", action="store_true", help="count copies from pageable memory")
     args = p.parse_args(argv)
+    no_step_workers = args.workers if args.no_step_workers is None else args.no_step_workers
     device = torch.device(args.device)
     began = time.perf_counter()
     files = write_data(args.data_dir, args.rows)
@@ -339,7 +420,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         epoch, first, cpu = r.steady()
         print(
             f"{r.name} {r.params}: {epoch:.3f} s/epoch steady, epochs {[round(e, 3) for e in r.epochs]}, "
-            f"first batch {r.first_batch[0]:.3f}/{first:.3f} s, main CPU {cpu:.2f} s "
+            f"first batch {r.first_batch[0]:.3f}/{first:.3f} s, main CPU {cpu:.2f} s, "
+            f"unpinned copies {r.unpinned()} "
             f"({time.perf_counter() - began:.0f} s elapsed)",
             flush=True,
         )
@@ -372,22 +454,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         report(r)
         results.append(r)
-    configs = [
-        (w, shuffle, with_step, False)
-        for with_step in (True, False)
-        for w in args.workers
-        for shuffle in (True, False)
+    # The rows that matter most first (a budget skips the last ones): the device= rows with
+    # the step, the loop's own copies, the other copy thread, the rows without a step.
+    modes = list(dict.fromkeys(args.copy_in))
+    configs = [(w, shuffle, True, False, modes[0]) for w in args.workers for shuffle in (True, False)]
+    configs.append((4 if 4 in args.workers else args.workers[0], True, True, True, modes[0]))
+    configs += [
+        (w, shuffle, True, False, m) for m in modes[1:] for w in args.workers for shuffle in (True, False)
     ]
-    configs.append((4 if 4 in args.workers else args.workers[0], True, True, True))
-    for workers, shuffle, with_step, loop_copies in configs:
-        name = "loader, loop copies" if loop_copies else "loader"
+    configs += [(w, shuffle, False, False, modes[0]) for w in no_step_workers for shuffle in (True, False)]
+    counter = PinCounter() if args.count_unpinned and device.type == "cuda" else None
+    if counter is not None:
+        counter.install()
+    for workers, shuffle, with_step, loop_copies, mode in configs:
+        if loop_copies:
+            name = "loader, loop copies"
+        else:
+            name = "loader" if mode == "loop" else "loader, copies in receiver"
         label = f"{name} nw={workers} shuffle={shuffle} step={with_step}"
         if over_budget(label):
             continue
-        batches, loader = loader_batches(root, device, workers, shuffle, loop_copies)
+        loader_module.COPY_IN_RECEIVER = mode == "receiver"
+        batches, loader = loader_batches(root, device, workers, shuffle, loop_copies, counter)
         r = Result(name, workers=workers, shuffle=shuffle, step=with_step)
-        run_epochs(r, args.epochs, batches, step if with_step else None, device, rows)
+        if counter is not None:
+            counter.take()
+        run_epochs(r, args.epochs, batches, step if with_step else None, device, rows, counter)
         del loader, batches
+        loader_module.COPY_IN_RECEIVER = False
         report(r)
         results.append(r)
     precision = "bf16 autocast" if device.type == "cuda" else "float32"

@@ -44,6 +44,7 @@ when the pool goes away, or when a worker replaces a slot's segment.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import mmap
 import operator
@@ -382,6 +383,15 @@ class HostPinner(Protocol):
     def synchronize(self) -> None:
         """Wait until no queued copy reads a registered range (before releasing them all)."""
 
+    def fence(self) -> Any:
+        """A marker after the copies queued so far on this thread's current stream.
+
+        ``None``: nothing to wait for (the range may be reused at once).
+        """
+
+    def passed(self, fence: Any) -> bool:
+        """Whether the copies queued before ``fence`` have run."""
+
 
 class _PinnedViews:
     """Main process: a second mapping of each segment of a pool, page-locked once.
@@ -460,7 +470,11 @@ class SegmentPool:
     marks a free slot busy, fills its segment and sends the slot's number
     (:class:`PooledBatch`); it makes the slot's segment itself the first time (and when
     a group outgrows it), and then sends the segment along, once. The main process
-    marks the slot free when the last reference to the group's memory is gone.
+    marks the slot free when the last reference to the group's memory is gone; in a
+    page-locked pool, only once the copies queued from it until then (on that thread's
+    current stream) have run (the pinner's fence): the loop's own
+    ``.to(device, non_blocking=True)`` may still read a batch it has dropped, as with
+    torch's pinned memory.
 
     One iteration at a time may use the pool (:meth:`lease`): a second iteration of the
     same loader while the first one's workers live goes without.
@@ -492,6 +506,8 @@ class SegmentPool:
         self._held: set[int] = set()
         self._leased = False
         self._lock = threading.Lock()
+        self._fenced: collections.deque[tuple[Any, int]] = collections.deque()  # (fence, slot), in order
+        self._fence_lock = threading.RLock()  # a finalizer may run _free inside free_fenced
         self._pinned = _PinnedViews(pinner) if pinner is not None else None
         if self._pinned is not None:
             weakref.finalize(self, self._pinned.close).atexit = False
@@ -535,6 +551,7 @@ class SegmentPool:
         The slot is marked free when the array is collected, i.e. when no tensor, array
         or Arrow buffer of the group is left.
         """
+        self.free_fenced()
         if segment is not None:
             self.segments[slot] = segment
             if self._pinned is not None:
@@ -554,8 +571,37 @@ class SegmentPool:
         # finalizers of the arrays alive at the fork, and must not run them.
         if os.getpid() != self._owner_pid:
             return
+        pinned = self._pinned
+        if pinned is not None:
+            try:
+                fence = pinned.pinner.fence()
+            except Exception:  # pragma: no cover - CUDA shutting down: nothing left to copy
+                fence = None
+            if fence is not None:
+                with self._fence_lock:
+                    self._fenced.append((fence, slot))
+                self.free_fenced()
+                return
         self._held.discard(slot)
         self._flags[slot] = _FREE
+
+    def free_fenced(self) -> None:
+        """Main process: free the slots whose fences have passed (in the order they were dropped)."""
+        pinned = self._pinned
+        if pinned is None or not self._fenced:
+            return
+        with self._fence_lock:
+            while self._fenced:
+                fence, slot = self._fenced[0]
+                try:
+                    done = pinned.pinner.passed(fence)
+                except Exception:  # pragma: no cover - CUDA shutting down
+                    done = True
+                if not done:
+                    return
+                self._fenced.popleft()
+                self._held.discard(slot)
+                self._flags[slot] = _FREE
 
     # -- worker -----------------------------------------------------------------------
     def writer(self, worker: int) -> SegmentWriter | None:

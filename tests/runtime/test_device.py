@@ -7,6 +7,7 @@ and a GPU device is a clear :class:`ConfigError`. The CUDA tests run only where 
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,11 @@ import torch
 
 from torch_dataloader_utils import ConfigError, FeaturePack, IncompatibleOptionsError, create_dataloader
 from torch_dataloader_utils.config import LoaderConfig, OutputConfig, OutputFormat
-from torch_dataloader_utils.runtime.device import copied_ahead, resolve_device
+from torch_dataloader_utils.runtime import loader as loader_module
+from torch_dataloader_utils.runtime.device import OnDevice, copied_ahead, resolve_device, to_device
+from torch_dataloader_utils.runtime.loader import COPY_AHEAD_GROUPS, ResumableDataLoader
 from torch_dataloader_utils.runtime.options import _check_device
+from torch_dataloader_utils.transfer import BatchGroup
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
@@ -192,3 +196,121 @@ def test_pinned_batches_and_no_page_locked_memory_left(data: Path) -> None:
     del loader, batch
     gc.collect()
     assert pinner.registered == {}
+
+
+class _RecordingStage:
+    """A stand-in for ``DeviceStage`` on the CPU: copies by cloning, records the thread and order.
+
+    ``DeviceStage`` needs CUDA; this checks the loader's wiring around it (which thread
+    queues the copies, how far ahead, what is handed over) on any machine.
+    """
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int, str]] = []
+        self.copied = 0
+        self.handed = 0
+
+    def copy(self, item: Any) -> OnDevice:
+        self.copied += 1
+        self.log.append(("copy", self.copied, threading.current_thread().name))
+        group = isinstance(item, BatchGroup)
+        batches = [to_device(b, torch.device("cpu")) for b in (item if group else [item])]
+        cloned = [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in batches]
+        return OnDevice(cloned, None, [], item, group)
+
+    def hand(self, item: OnDevice) -> list[Any]:
+        self.handed += 1
+        self.log.append(("hand", self.handed, threading.current_thread().name))
+        assert self.copied <= self.handed + COPY_AHEAD_GROUPS or not in_loop_thread()
+        return item.batches
+
+    def close(self) -> None:
+        self.log.append(("close", 0, threading.current_thread().name))
+
+
+def in_loop_thread() -> bool:
+    return not loader_module.COPY_IN_RECEIVER
+
+
+@pytest.mark.parametrize("in_receiver", [False, True], ids=["loop_thread", "receiving_thread"])
+def test_device_copies_are_queued_by_the_loop_thread_one_group_ahead(
+    data: Path, monkeypatch: pytest.MonkeyPatch, in_receiver: bool
+) -> None:
+    """With workers, the loop's thread queues each group's copy (no tensor calls in the receiver).
+
+    The receiving thread's copies cost a launch-bound training step ~10 points of stall
+    on an H200 (docs/benchmarks.md); the copy now runs in the loop's thread, one group
+    ahead of the one handed over. The receiving-thread variant stays for the benchmark.
+    """
+    monkeypatch.setattr(loader_module, "COPY_IN_RECEIVER", in_receiver)
+    stage = _RecordingStage()
+    monkeypatch.setattr(ResumableDataLoader, "_device_stage", lambda self: stage)
+    options: dict[str, Any] = {"num_workers": 2, "persistent_workers": True}
+    expected = [_plain(b) for b in _loader(data, **options)]
+    loader = _loader(data, **options)
+    got = []
+    for batch in loader:
+        got.append(_plain(batch))
+        for value in batch.values():  # the step writes into the (copied) batch
+            if isinstance(value, torch.Tensor) and not value.is_nested:
+                value.fill_(-1)
+    assert got == expected
+    assert sorted(i for b in got for i in b["id"][1]) == list(range(ROWS))
+    copies = [entry for entry in stage.log if entry[0] == "copy"]
+    hands = [entry for entry in stage.log if entry[0] == "hand"]
+    assert len(copies) == len(hands) == stage.copied >= 2
+    loop_thread = threading.current_thread().name
+    assert {thread for _, _, thread in hands} == {loop_thread}
+    if in_receiver:
+        assert {thread for _, _, thread in copies} == {"torch_dataloader_utils-receive"}
+    else:
+        assert {thread for _, _, thread in copies} == {loop_thread}
+        order = [(kind, n) for kind, n, _ in stage.log if kind != "close"]
+        # the next group's copy is queued before a group is handed over (items that carry
+        # no batches, e.g. a worker's end, take a place in the look-ahead too), never two ahead
+        assert order.index(("copy", 2)) < order.index(("hand", 1))
+        for n in range(1, len(hands) + 1):
+            assert order.index(("copy", n)) < order.index(("hand", n))
+            if n + 2 <= len(copies):
+                assert order.index(("hand", n)) < order.index(("copy", n + 2))
+    assert stage.log[-1][0] == "close"
+
+
+@needs_cuda
+def test_pinned_batches_copied_by_the_loop_behind_a_slow_gpu(data: Path) -> None:
+    """``pin_memory=True`` and the loop's own ``.to(non_blocking=True)`` while the GPU lags far behind.
+
+    The batches live in page-locked shared segments that a worker refills once the main
+    process drops the group. torch's own pinned memory is not reused before the copies
+    queued from it have run; this checks the same for the segments: the CPU runs ahead
+    (nothing synchronizes), the GPU sleeps before every copy, and each batch's ids,
+    summed on the GPU after all that, must equal the ids it had when it was handed over.
+    """
+    loader, dataset = create_dataloader(
+        str(data),
+        columns=["id"],
+        batch_size=16,
+        num_workers=2,
+        persistent_workers=True,
+        pin_memory=True,
+        shuffle=True,
+        shuffle_seed=5,
+        timeout=60,
+    )
+    expected, sums = [], []
+    pinned = 0
+    for epoch in range(3):  # a new epoch refills every segment, while the GPU is far behind
+        dataset.set_epoch(epoch)
+        for batch in loader:
+            # A group whose worker found every segment waiting for its copies travels
+            # outside the pool (pageable memory: its copy is synchronous).
+            pinned += bool(batch["id"].is_pinned())
+            expected.append(int(batch["id"].sum()))
+            torch.cuda._sleep(10_000_000)  # the copy below runs milliseconds later on the GPU
+            sums.append(batch["id"].to("cuda", non_blocking=True).sum())
+            del batch
+    torch.cuda.synchronize()  # only now: the CPU ran ahead through all three epochs
+    assert pinned > 0
+    assert sum(expected) == 3 * ROWS * (ROWS - 1) // 2
+    wrong = sum(int(s) != e for s, e in zip(sums, expected, strict=True))
+    assert wrong == 0, f"{wrong} of {len(sums)} batches changed under a queued copy (segment refilled)"

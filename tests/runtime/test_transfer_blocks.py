@@ -174,6 +174,34 @@ class RecordingPinner:
     def synchronize(self) -> None:
         self.calls.append(("synchronize", 0))
 
+    def fence(self) -> Any:
+        return None  # no copies queued: a dropped group's slot is free at once
+
+    def passed(self, fence: Any) -> bool:
+        raise AssertionError("no fence was given")
+
+
+class Fence:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.done = False
+
+
+class FencingPinner(RecordingPinner):
+    """A pinner whose fences pass when the test says so (a CUDA event stands in on a GPU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fences: list[Fence] = []
+
+    def fence(self) -> Any:
+        fence = Fence(f"fence {len(self.fences)}")
+        self.fences.append(fence)
+        return fence
+
+    def passed(self, fence: Any) -> bool:
+        return bool(fence.done)
+
 
 def test_pinned_pool_builds_batches_over_its_registered_mapping() -> None:
     pinner = RecordingPinner()
@@ -204,6 +232,53 @@ def test_pinned_pool_builds_batches_over_its_registered_mapping() -> None:
     pool.close()
     assert pinner.registered == {}
     assert torch.equal(got[1]["a"][:3], torch.arange(3))  # batches outlive the unregistration
+
+
+def test_pinned_pool_reuses_a_slot_only_after_the_copies_queued_from_it() -> None:
+    """A dropped group's segment waits for its fence: a copy queued from it may not have run.
+
+    The loop's own ``.to(device, non_blocking=True)`` of a page-locked batch reads it when
+    the GPU gets there; a worker refilling the segment before then would change the
+    copied values (torch's pinned memory is not reused before its copies either).
+    """
+    pinner = FencingPinner()
+    pool = SegmentPool(workers=1, slots_per_worker=2, pinner=pinner)
+    assert pool.lease()
+    writer = pool.writer(0)
+    assert writer is not None
+    first = _roundtrip(pack_group([_wide(1, 10)], writer))
+    second = _roundtrip(pack_group([_wide(1, 10)], writer))
+    assert writer.take(64) is None  # both slots hold a group
+    del first
+    gc.collect()
+    assert [f.name for f in pinner.fences] == ["fence 0"]
+    pool.free_fenced()
+    assert writer.take(64) is None  # dropped, but its copies have not run: still busy
+    del second
+    gc.collect()
+    pinner.fences[1].done = True
+    pool.free_fenced()
+    assert writer.take(64) is None  # slots come back in the order they were dropped
+    pinner.fences[0].done = True
+    pool.free_fenced()
+    taken = writer.take(64)
+    assert taken is not None
+    again = writer.take(64)
+    assert again is not None
+    assert again[0] != taken[0]  # both free now
+    # A slot still waiting for its fence stays busy for the next iteration's workers too.
+    pool._flags[taken[0]] = pool._flags[again[0]] = 0  # (the test's takes sent nothing)
+    third = _roundtrip(pack_group([_wide(1, 10)], writer))
+    del third
+    gc.collect()
+    pool.release()
+    assert pool.lease()
+    assert writer.take(64) is not None
+    assert writer.take(64) is None
+    pinner.fences[-1].done = True
+    pool.free_fenced()
+    assert writer.take(64) is not None
+    pool.close()
 
 
 def test_pinned_pool_segments_hold_a_full_group_from_the_start() -> None:

@@ -2,11 +2,11 @@
 
 With ``device="cuda"`` (or ``"cuda:N"``, a ``torch.device``, ``"auto"``), the loader hands
 over batches whose tensors are already on the device. The copies run on a CUDA stream of
-the loader's own, queued as soon as a batch (with workers: a group of batches) reaches
-the main process, so the copy of batch n+k overlaps step n. A group that travelled in
-one buffer is copied as ONE transfer of that buffer, and its tensors are views of the
-copy (:func:`~torch_dataloader_utils.transfer.unpack_on`): the main process's work per
-batch does not grow with its columns. Strings and Arrow arrays stay on the host.
+the loader's own, queued by the loop's thread ahead of the batch it hands over (with
+workers: a group of batches, one group ahead), so the copy of batch n+k overlaps step n.
+A group that travelled in one buffer is copied as ONE transfer of that buffer, and its
+tensors are views of the copy (:func:`~torch_dataloader_utils.transfer.unpack_on`): the
+main process's work per batch does not grow with its columns. Strings and Arrow arrays stay on the host.
 
 A handed batch is safe on the caller's current stream: that stream waits for the copy's
 event, and the copy's memory is marked as used by it (``record_stream``), so the
@@ -32,8 +32,8 @@ __all__ = ["DEVICE_AHEAD", "DeviceStage", "OnDevice", "copied_ahead", "resolve_d
 
 DEVICE_AHEAD = 2
 """Batches copied ahead of the one handed over, where the loader reads in its own process
-(``num_workers=0``); with workers, the receiving thread copies each group as it arrives
-(``RECEIVE_AHEAD`` groups ahead)."""
+(``num_workers=0``); with workers, groups are copied ``COPY_AHEAD_GROUPS`` ahead (see
+``runtime.loader``)."""
 
 T = TypeVar("T")
 

@@ -7,9 +7,9 @@ building the tensors happen behind the step, and the loop takes a batch that is 
 ``pin_memory=True`` with CUDA and workers: the workers' shared-memory segments are
 page-locked once in the main process (``transfer.SegmentPool`` with a
 :class:`~torch_dataloader_utils.upstream.torch.CudaHostPinner`), so batches arrive in
-pinned memory with no copy and no pin thread. ``device=``: the receiving thread also
-queues each group's copy to the GPU on a stream of its own (:mod:`.device`), and the
-loop gets batches already on the device.
+pinned memory with no copy and no pin thread. ``device=``: the loop's thread queues each
+group's copy to the GPU on a stream of its own one group ahead of the one it hands over
+(:mod:`.device`), and the loop gets batches already on the device.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
 from torch_dataloader_utils.upstream.torch import CudaHostPinner
 
 __all__ = [
+    "COPY_AHEAD_GROUPS",
+    "COPY_IN_RECEIVER",
     "PINNED_SEGMENT_BYTES",
     "RECEIVE_AHEAD",
     "SPARE_SEGMENTS",
@@ -49,10 +51,25 @@ __all__ = [
 RECEIVE_AHEAD = 2
 """Items (groups of batches) the receiving thread holds ready beyond the one in use."""
 
+COPY_AHEAD_GROUPS = 1
+"""With ``device=`` and workers: groups whose device copy the loop's thread has queued
+beyond the one it is handing over (taken from the receiving thread's queue)."""
+
+COPY_IN_RECEIVER = False
+"""Where a group's device copy is queued with workers: ``False`` (the default), in the
+loop's thread, ``COPY_AHEAD_GROUPS`` ahead; ``True``, in the receiving thread as each group
+arrives (the first design). On an H200 the receiving-thread copies cost the training
+loop about ten points of stall more than the loop's own copies (docs/benchmarks.md);
+the likely reason: the receiving thread's tensor calls contend with the loop's for the
+GIL while the step is bound by its kernel launches. Switchable for
+``benchmarks/bench_gpu.py`` (``--copy-in``), to measure both on one machine."""
+
 SPARE_SEGMENTS = RECEIVE_AHEAD + 2
 """Shared-memory segments per worker beyond ``prefetch_factor``: the groups the receiving
 thread holds, the one being yielded and the previous one, which the loop may still hold
-(see ``transfer.SegmentPool``)."""
+(see ``transfer.SegmentPool``); with a device copy queued by the loop's thread,
+``COPY_AHEAD_GROUPS`` more. A worker that finds no free segment sends its group outside
+the pool (not page-locked: a device copy of it is then synchronous)."""
 
 PINNED_SEGMENT_BYTES = 10 << 20
 """A page-locked pool's segments hold at least this much: a full group (``GROUP_BYTES``,
@@ -268,6 +285,8 @@ class ResumableDataLoader(DataLoader[Any]):
 
         if self._transport is None:
             slots = (self.prefetch_factor or 2) + SPARE_SEGMENTS
+            if self.device is not None and self.device.type == "cuda" and not COPY_IN_RECEIVER:
+                slots += COPY_AHEAD_GROUPS  # the groups copied ahead are held too
             least = PINNED_SEGMENT_BYTES if self._pinner is not None else 0
             self._transport = SegmentPool(self.num_workers, slots, pinner=self._pinner, min_segment=least)
             if self._pinner is not None:  # page-locked memory goes back with the loader
@@ -363,11 +382,16 @@ class ResumableDataLoader(DataLoader[Any]):
             stage = self._device_stage()
             copy = None if stage is None else _copier(stage)
             if self.num_workers > 0:
-                receiver = self._receiver = _Receiver(source, RECEIVE_AHEAD, copy)
+                in_receiver = COPY_IN_RECEIVER
+                receiver = self._receiver = _Receiver(source, RECEIVE_AHEAD, copy if in_receiver else None)
                 source = received(receiver)
+                if copy is not None and not in_receiver:
+                    # Queued by the loop's thread: no tensor calls in the receiving thread
+                    # beyond building the host batches, so none contend with the step's.
+                    source = copied_ahead(source, copy, COPY_AHEAD_GROUPS)
             elif copy is not None:
                 source = copied_ahead(source, copy)
-            yield from self._delivered(source, stage, receiver, progress)
+            yield from self._delivered(source, stage, receiver, progress, pool)
             self.dataset.delivered()
             state.finish(progress)
             completed.append(True)
@@ -391,10 +415,14 @@ class ResumableDataLoader(DataLoader[Any]):
         stage: DeviceStage | None,
         receiver: _Receiver | None,
         progress: EpochProgress,
+        pool: SegmentPool | None,
     ) -> Iterator[Any]:
         """The received items as the loop's batches: groups split, device copies handed over."""
         metrics = self.dataset.metrics
+        fenced = pool is not None and pool.pinned
         for item in source:
+            if fenced:  # segments dropped under queued copies: free those whose copies ran
+                pool.free_fenced()  # type: ignore[union-attr]
             if stage is not None and isinstance(item, Tagged) and isinstance(item.batch, OnDevice):
                 on = item.batch
                 handed = stage.hand(on)

@@ -75,6 +75,16 @@ class CudaHostPinner:
         """Wait for every queued copy of this process (before the ranges are released)."""
         torch.cuda.synchronize()
 
+    def fence(self) -> Any:
+        """An event recorded on this thread's current stream (of the current device)."""
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record()
+        return event
+
+    def passed(self, fence: Any) -> bool:
+        """Whether the event has completed (the copies queued before it have run)."""
+        return bool(fence.query())
+
 
 _FX_LOGGER = "torch.fx._symbolic_trace"
 _FX_MESSAGE = "is_fx_tracing will return true"
