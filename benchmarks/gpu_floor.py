@@ -73,9 +73,15 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--workers", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--json", default=None)
+    parser.add_argument("--no-step", action="store_true", help="no training step: rows/s into the device")
     args = parser.parse_args()
     device = torch.device(args.device)
     step = make_step(device, args.hidden)
+    if args.no_step:
+
+        def step(x: torch.Tensor, y: torch.Tensor) -> None:
+            pass
+
     data = Premade(args.rows)
     x, y = data.x, data.y
     if device.type == "cuda":
@@ -98,10 +104,11 @@ def main() -> None:
     out["memory (again)"] = statistics.median(ref2[1:])
     base = min(out["memory"], out["memory (again)"])
     print(f"{args.rows:,} rows, batch {BATCH}, hidden {args.hidden}, device {device}")
-    print("| loop | s/epoch (steady, median) | stall vs memory |")
-    print("|---|---|---|")
+    gb = args.rows * (FEATURES * 4 + 8) / 1e9
+    print("| loop | s/epoch (steady, median) | stall vs memory | GB/s |")
+    print("|---|---|---|---|")
     for name, s in out.items():
-        print(f"| {name} | {s:.3f} | {100 * (s / base - 1):+.1f}% |")
+        print(f"| {name} | {s:.3f} | {100 * (s / base - 1):+.1f}% | {gb / s:.2f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
