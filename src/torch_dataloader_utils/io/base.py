@@ -10,8 +10,11 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from torch_dataloader_utils.config import BadDataConfig, CacheConfig, FetchConfig
+from torch_dataloader_utils.io.bad import BadData
 from torch_dataloader_utils.io.finish import BatchFinisher
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
+from torch_dataloader_utils.storage.cached import RemoteReads
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.partitions import Partitions
 
@@ -45,6 +48,9 @@ class ReadRequest:
         filters: The row filter, or ``None``.
         output_schema: The schema of every output batch (files differing from it only in
             NOT NULL declarations are relabelled to it), or ``None``.
+        cache: The node-local ``data_cache`` of remote bytes, or ``None``.
+        fetch: Retries and time budget of remote requests, or ``None`` (defaults).
+        bad_data: What to do with units that do not decode (``on_bad_data``).
     """
 
     fs: FileSystemSpec
@@ -56,6 +62,17 @@ class ReadRequest:
     partition_columns: tuple[str, ...] = ()
     filters: pc.Expression | None = None
     output_schema: pa.Schema | None = None
+    cache: CacheConfig | None = None
+    fetch: FetchConfig | None = None
+    bad_data: BadDataConfig | None = None
+
+    def reads(self) -> RemoteReads:
+        """The readers' remote reads (through the ``data_cache`` when one is set)."""
+        return RemoteReads(self.fs, self.cache, self.fetch)
+
+    def bad(self) -> BadData:
+        """The readers' handling of units that do not decode."""
+        return BadData(self.bad_data)
 
     def finisher(self) -> BatchFinisher:
         """Adds partition columns, filters rows and projects, as every reader does last."""

@@ -26,6 +26,7 @@ import bisect
 import functools
 import io
 import itertools
+import logging
 import os
 import queue
 import threading
@@ -43,9 +44,11 @@ import pyarrow.parquet as pq
 from torch_dataloader_utils.config import FetchConfig
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
+from torch_dataloader_utils.storage.cached import RemoteReads
 from torch_dataloader_utils.storage.fetch import fetch_range
 from torch_dataloader_utils.storage.footers import FOOTER_READ_BYTES, NotParquetError, read_footer
 from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.identity import FileChecks
 
 __all__ = ["ChunkSource", "FetchStats", "PlanOrderPool", "coalesce", "column_ranges"]
 
@@ -60,8 +63,13 @@ READ_AHEAD_CHUNKS = 32
 the byte bound alone would start every chunk of the worker at once)."""
 FOOTER_CACHE_FILES = 1024
 """Parsed footers kept per process (for the next chunks of the same files)."""
+WARM_PRIORITY = 1e12
+"""Priority of the requests warming the cache for the next epoch: after every request of
+the current one (a pool thread takes them only when no chunk of the plan waits)."""
 
 R = TypeVar("R")
+
+log = logging.getLogger(__name__)
 
 
 def column_ranges(
@@ -339,6 +347,10 @@ class ChunkSource:
             read; any other footer is fetched when a chunk of its file is first fetched.
         config: Read-ahead bound and retries.
         threads: Requests in flight at once.
+        reads: The remote reads through the node-local ``data_cache``, when one is set:
+            every range and footer then comes from the cache or is fetched once into it,
+            and a file is checked against the plan only before its first fetch from
+            storage in a pass (:attr:`cached`).
     """
 
     def __init__(
@@ -350,6 +362,7 @@ class ChunkSource:
         footers: Mapping[str, bytes] | None = None,
         config: FetchConfig | None = None,
         threads: int = FETCH_THREADS,
+        reads: RemoteReads | None = None,
     ) -> None:
         self.fs = fs
         self.config = config or FetchConfig()
@@ -357,7 +370,14 @@ class ChunkSource:
         self._columns = None if columns is None else list(columns)
         self._footers = dict(footers or {})
         self._threads = threads
+        self._reads = reads if reads is not None and reads.active else None
+        self._checks = FileChecks(fs, files)
         self._reset()
+
+    @property
+    def cached(self) -> bool:
+        """Whether bytes go through the node-local cache (then this source checks files itself)."""
+        return self._reads is not None
 
     def _reset(self) -> None:
         self._pid = os.getpid()
@@ -371,7 +391,8 @@ class ChunkSource:
         self.stats = FetchStats()
 
     def __getstate__(self) -> dict[str, object]:
-        state = {k: v for k, v in self.__dict__.items() if k in ("fs", "config", "_files", "_columns")}
+        keep = ("fs", "config", "_files", "_columns", "_reads", "_checks")
+        state = {k: v for k, v in self.__dict__.items() if k in keep}
         state["_footers"] = self._footers
         state["_threads"] = self._threads
         return state
@@ -422,8 +443,13 @@ class ChunkSource:
         footer = self._footers.pop(path, None)
         if footer is None:
             size = self._files[path].size
+            fetch = None
+            if self._reads is not None:
+                fetch = functools.partial(self._cached, path, on_request=self._footer_request, metadata=True)
             try:
-                footer = read_footer(self.fs, path, size, self.config, on_request=self._footer_request)
+                footer = read_footer(
+                    self.fs, path, size, self.config, on_request=self._footer_request, fetch=fetch
+                )
             except NotParquetError as exc:
                 raise ReadError(
                     f"{self.fs.display(path)!r} has no Parquet footer any more ({exc}); the file "
@@ -475,7 +501,34 @@ class ChunkSource:
         return column_ranges(meta, [g.index for g in groups], self._columns)
 
     # -- fetching -------------------------------------------------------------------
+    def _cached(
+        self, path: str, start: int, stop: int, *, on_request: Callable[[int], None], metadata: bool = False
+    ) -> bytes:
+        """Bytes of ``path`` through the cache; the file is checked before its first fetch of the pass."""
+        assert self._reads is not None
+        info = self._files[path]
+        return self._reads.fetch(
+            path,
+            start,
+            stop,
+            size=info.size,
+            version=info.mtime,
+            on_request=on_request,
+            on_retry=self.stats.retry,
+            metadata=metadata,
+            before_fetch=functools.partial(self._check, path),
+        )
+
+    def _check(self, path: str) -> None:
+        info = self._files[path]
+        self._checks.check(path, info.size, info.mtime, self._check_request)
+
+    def _check_request(self) -> None:
+        self.stats.add(0)  # a metadata request: counted, no bytes
+
     def _fetch(self, path: str, start: int, stop: int) -> bytes:
+        if self._reads is not None:
+            return self._cached(path, start, stop, on_request=self.stats.add)
         size = self._files[path].size
         return fetch_range(
             self.fs,
@@ -574,6 +627,8 @@ class ChunkSource:
         # In a forked worker, reset before keeping the plan: a reset at the first read
         # would drop it, and every chunk would then be fetched only when read.
         self._check_process()
+        if self._reads is not None:
+            self._checks.schedule(())  # a new pass: each file checked again, at its first fetch
         for fetch in self._pending.values():
             fetch.cancel()
         self._plan = list(chunks)
@@ -641,6 +696,29 @@ class ChunkSource:
         return pq.ParquetFile(
             pa.PythonFile(sparse, mode="r"), metadata=self.metadata(chunk.path), pre_buffer=False
         )
+
+    def warm(self, chunks: Sequence[Chunk]) -> None:
+        """Fetch the bytes of ``chunks`` into the node-local cache when the fetch threads are idle.
+
+        For the next epoch's first chunks (``data_cache_prefetch``); best effort: a
+        failure is logged at DEBUG and the chunk is fetched when it is read. Nothing
+        happens without a cache.
+        """
+        if self._reads is None:
+            return
+        pool = self._executor()
+        for i, chunk in enumerate(chunks):
+            pool.submit(WARM_PRIORITY + i, self._warm_one, chunk)
+
+    def _warm_one(self, chunk: Chunk) -> None:
+        try:
+            meta = self._known(chunk.path)
+            if meta is None:  # in this thread: a pool thread never waits on another's request
+                meta = self._load_footer(chunk.path)
+            for lo, hi in coalesce(self._ranges_of(chunk, meta)):
+                self._fetch(chunk.path, lo, hi)
+        except Exception as exc:
+            log.debug("warming the cache with %s failed (it is fetched when read): %s", chunk.path, exc)
 
     def close(self) -> None:
         """Cancel pending requests and stop the thread pool."""

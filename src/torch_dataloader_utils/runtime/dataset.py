@@ -22,6 +22,7 @@ from torch.utils.data import IterableDataset
 from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches, check_int
 from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.errors import IncompatibleOptionsError, UnknownLengthError
+from torch_dataloader_utils.io.bad import is_standin
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
@@ -51,6 +52,9 @@ MAX_AUTO_WORKERS = 8
 
 REPORT_MAX_RANKS = 256
 """Worlds of up to this many ranks get the plan summary and layout warnings on rank 0 when built."""
+
+STANDIN_COLUMN = "__tdu_standin"
+"""The flag column marking the rows of skipped units inside a worker (never reaches the loop)."""
 
 
 def batch_schema(schema: pa.Schema, equal: EqualBatches) -> pa.Schema:
@@ -102,6 +106,14 @@ class PlannedDataset(IterableDataset[Any]):
                 "hang). Mask those rows in the training step instead, rewrite the data already "
                 "filtered, or pass equal_batches='off' and handle uneven inputs yourself "
                 "(torch.distributed.algorithms.Join)"
+            )
+        if options.bad_data.skipping and options.equalized and batching.equal_batches is EqualBatches.DROP:
+            raise IncompatibleOptionsError(
+                f"on_bad_data={options.bad_data.on_bad_data.value!r} with equal_batches='drop' on "
+                f"{options.world.num_ranks} ranks: the rows of a skipped unit would leave its rank with "
+                "fewer batches than the others (a DDP job would hang). Pass equal_batches='pad': the "
+                f"skipped rows are then replaced, in place, by rows flagged in {PADDING_COLUMN!r} (mask "
+                "them as padding), or equal_batches='off' to let the ranks' batch counts differ"
             )
         self._files = files if table is not None else tuple(files)
         self._options = options
@@ -615,7 +627,7 @@ class PlannedDataset(IterableDataset[Any]):
         Raises:
             ReadError: the chunk cannot be read (file and range named).
         """
-        return self._reader.read(chunk)
+        return _without_standins(self._reader.read(chunk))
 
     def read_chunks(self, chunks: Sequence[Chunk]) -> Iterator[pa.RecordBatch]:
         """The rows of several chunks, one after the other, as :meth:`read_chunk` gives them.
@@ -627,7 +639,7 @@ class PlannedDataset(IterableDataset[Any]):
         if schedule is not None:
             schedule(list(chunks))
         for chunk in chunks:
-            yield from self._reader.read(chunk)
+            yield from _without_standins(self._reader.read(chunk))
 
     def worker_chunks(self) -> tuple[Chunk, ...]:
         """The chunks the calling process (main or DataLoader worker) reads this epoch."""
@@ -650,14 +662,27 @@ class PlannedDataset(IterableDataset[Any]):
         ahead = spare if ahead is None else ahead
         files = None if self._row_count_issue else self._table
         batching = self._options.batching
-        flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
+        padded = batching.equal_batches is EqualBatches.PAD
+        flag = PADDING_COLUMN if padded else None
         work = WorkStats(self._reader, len(pieces), flag)  # before any request of this pass
         schedule = getattr(self._reader, "schedule", None)
         if schedule is not None:  # readers of remote files fetch the next chunks ahead
             schedule([c for piece in pieces for c in piece_reads(piece, files)])
+        self._warm_next(slot, epoch)
+        # Rows of skipped units: flagged as padding (kept), or flagged to be removed.
+        removed = STANDIN_COLUMN if self._options.bad_data.skipping and not padded else None
         positions = Positions(self._state.token, slot.id, slot.count, rank=self.world.rank)
         mix_rows = MIX_WORKER_READ_ROWS if slot.in_worker else None
-        read = positions.read(self._reader, pieces, flag, batching.batch_size, files, mix_rows, ahead=ahead)
+        read = positions.read(
+            self._reader,
+            pieces,
+            flag or removed,
+            batching.batch_size,
+            files,
+            mix_rows,
+            ahead=ahead,
+            standins=removed,
+        )
         batches = rebatch(read, batching.batch_size, batching.drop_last)
         tagging = self._state.tagging
         if slot.in_worker and tagging:
@@ -686,6 +711,19 @@ class PlannedDataset(IterableDataset[Any]):
             completed = True
         finally:
             self.metrics.finish(completed)
+
+    def _warm_next(self, slot: env.WorkerSlot, epoch: int) -> None:
+        """Warm the node-local cache with this worker's first chunks of the next epoch (idle threads)."""
+        count = self._options.cache.data_cache_prefetch
+        warm = getattr(self._reader, "warm", None)
+        if not count or warm is None:
+            return
+        try:
+            chunks = self.rank_plan(epoch + 1, slot.count).chunks_for(slot.id)
+        except Exception as exc:  # best effort: never stop the epoch being read
+            log.debug("no cache warming for epoch %d: %s", epoch + 1, exc)
+            return
+        warm(list(chunks[:count]))
 
     def _tagged(
         self, batches: Iterator[pa.RecordBatch], positions: Positions, work: WorkStats
@@ -763,6 +801,11 @@ class PlannedDataset(IterableDataset[Any]):
             state, lambda epoch, segments: self._pieces(epoch, self._num_workers, segments)
         )
         self._epoch.fill_(epoch)
+
+
+def _without_standins(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches`` without the stand-ins of skipped units (reading outside the loader)."""
+    return (b for b in batches if not is_standin(b))
 
 
 def _segments_key(segments: list[dict[str, Any]]) -> int:
