@@ -517,7 +517,9 @@ class MetricsRecorder:
                 _pct(stall),
             )
             if total.bad_units:
-                files = ", ".join(f"{path}: {rows:,}" for path, rows in sorted(total.bad_rows_by_file.items()))
+                files = ", ".join(
+                    f"{path}: {rows:,}" for path, rows in sorted(total.bad_rows_by_file.items())
+                )
                 logger.info(
                     "Epoch %d: on_bad_data skipped %d unit(s) of data that did not decode, %s row(s) (%s)",
                     self.epoch,

@@ -533,9 +533,9 @@ class RangeCache:
         """Remove every entry; returns the bytes they took. Processes reading it meanwhile only miss."""
         if not os.path.isdir(self.root):
             return 0
+        held = sum(e.disk_bytes for _, entries in self.entries() for e in entries)
         with self._usage() as fd:
-            held = self._evict(0)
-            _write_usage(fd, held)
+            _write_usage(fd, self._evict(0))
         gone = f"{self.root}.removing-{os.getpid()}"
         with contextlib.suppress(OSError):
             os.rename(os.path.join(self.root, "files"), gone)

@@ -51,9 +51,10 @@ def file_key(fs: FileSystemSpec, path: str, size: int, version: float | str | No
     if version is None:
         return None
     url = fs.display(path)
-    endpoint = fs.endpoint
-    if endpoint is not None:
-        url = f"{url}@{endpoint}"
+    options = fs.storage_options
+    client = options.get("client_kwargs")
+    if options.get("endpoint_url") or (isinstance(client, dict) and client.get("endpoint_url")):
+        url = f"{url}@{fs.endpoint}"  # the endpoint as fs.endpoint shows it: secrets hidden
     return FileKey(url, int(size), repr(version) if isinstance(version, float) else str(version))
 
 
