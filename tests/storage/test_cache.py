@@ -350,3 +350,27 @@ def test_options_are_checked(remote: Path, tmp_path: Path) -> None:
     assert _ids(local) == list(range(TOTAL))
     assert not (tmp_path / "c").exists()  # local files are never cached
     assert time.monotonic() - started < 30
+
+
+def test_entries_of_either_checksum_are_read_and_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch_dataloader_utils.storage.cache as cache_module
+
+    payload = os.urandom(10_000)
+    monkeypatch.setattr(cache_module, "_FAST", False)  # zlib's CRC-32: no google-crc32c here
+    cache = RangeCache(str(tmp_path), 10**8)
+    assert cache.put(_key(1), 0, len(payload), payload)
+    path = Path(cache.entry_path(_key(1), 0, len(payload)))
+    assert path.read_bytes()[-TRAILER_BYTES:][:4] == b"TDU1"
+    assert cache.get(_key(1), 0, len(payload)) == payload
+    monkeypatch.setattr(cache_module, "_FAST", True)  # CRC-32C where accelerated
+    assert cache.get(_key(1), 0, len(payload)) == payload  # the older kind is still checked
+    assert cache.put(_key(2), 0, len(payload), payload)
+    crc32c_entry = Path(cache.entry_path(_key(2), 0, len(payload)))
+    assert crc32c_entry.read_bytes()[-TRAILER_BYTES:][:4] == b"TDUC"
+    monkeypatch.setattr(cache_module, "_FAST", False)
+    dropped = process_stats().dropped
+    assert cache.get(_key(2), 0, len(payload)) is None  # not computable here: a miss ...
+    assert crc32c_entry.exists()  # ... not a damaged entry
+    assert process_stats().dropped == dropped

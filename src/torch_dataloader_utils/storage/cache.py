@@ -20,8 +20,11 @@ and renames it into place, so a reader sees the whole entry or none. Concurrent
 readers of a missing range take ``<entry>.lock`` (``flock``, released by the kernel if
 the process dies): the first fetches and writes, the others wait, find the entry and
 read it, so a range is fetched once however many processes want it. Every read checks
-the entry's length and CRC-32 (its 16-byte trailer); a bad entry is removed and the
-range fetched again.
+the entry's length and checksum (its 16-byte trailer: the checksum's kind, the length,
+the checksum); a bad entry is removed and the range fetched again. The checksum is
+CRC-32C (``google-crc32c``, hardware accelerated: about 6 GB/s here) where installed,
+else zlib's CRC-32 (about 1-2.5 GB/s); an entry written with a kind this process cannot
+compute is a miss, not an error.
 
 **Size and eviction.** Before writing, a process reserves the entry's size (rounded up
 to 4 KiB blocks) in ``usage`` under its lock; when the reservation would pass
@@ -80,11 +83,35 @@ WRITE_PAUSE_SEC = 60.0
 STALE_TMP_SEC = 3600.0
 """Temporary files older than this (left by a process that died) are removed by an eviction."""
 
-_MAGIC = b"TDU1"
+_ZLIB = b"TDU1"  # zlib.crc32
+_CRC32C = b"TDUC"  # CRC-32C (Castagnoli), google-crc32c
 _TRAILER = struct.Struct("<4sQI")
 TRAILER_BYTES = _TRAILER.size
 _ENTRY = re.compile(r"^(\d+)-(\d+)$")
 _FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+try:
+    import google_crc32c as _crc32c
+
+    _FAST = _crc32c.implementation == "c"
+except ImportError:  # pragma: no cover - google-crc32c is in the cache extra
+    _FAST = False
+
+
+def _checksum(data: bytes) -> tuple[bytes, int]:
+    """``(kind, checksum)`` of an entry's payload: CRC-32C where accelerated, else zlib's CRC-32."""
+    if _FAST:
+        return _CRC32C, int(_crc32c.value(data))
+    return _ZLIB, zlib.crc32(data)
+
+
+def _verify(kind: bytes, data: bytes, expected: int) -> bool | None:
+    """Whether ``data`` has the checksum ``expected`` of ``kind`` (``None``: a kind not computable here)."""
+    if kind == _ZLIB:
+        return zlib.crc32(data) == expected
+    if kind == _CRC32C and _FAST:
+        return int(_crc32c.value(data)) == expected
+    return None
 
 
 @dataclass(frozen=True)
@@ -268,10 +295,13 @@ class RangeCache:
             return None
         finally:
             os.close(fd)
-        magic, length, crc = _TRAILER.unpack(trailer) if len(trailer) == TRAILER_BYTES else (b"", -1, 0)
-        if magic != _MAGIC or length != nbytes or len(data) != nbytes:
+        kind, length, crc = _TRAILER.unpack(trailer) if len(trailer) == TRAILER_BYTES else (b"", -1, 0)
+        if kind not in (_ZLIB, _CRC32C) or length != nbytes or len(data) != nbytes:
             return self._drop(path, "its trailer does not describe it")
-        if zlib.crc32(data) != crc:
+        good = _verify(kind, data, crc)
+        if good is None:
+            return None  # written by a process with another checksum: a miss
+        if not good:
             return self._drop(path, "its checksum does not match its bytes")
         with contextlib.suppress(OSError):
             os.utime(path)  # most recently used: evicted last
@@ -356,9 +386,8 @@ class RangeCache:
             os.makedirs(folder, exist_ok=True)
             if new_folder or not os.path.exists(os.path.join(folder, "source.json")):
                 _write_file(os.path.join(folder, "source.json"), _source(key), b"")
-            _write_file(
-                self.entry_path(key, start, stop), data, _TRAILER.pack(_MAGIC, nbytes, zlib.crc32(data))
-            )
+            kind, crc = _checksum(data)
+            _write_file(self.entry_path(key, start, stop), data, _TRAILER.pack(kind, nbytes, crc))
         except OSError as exc:
             with contextlib.suppress(OSError):
                 self._release(need)
