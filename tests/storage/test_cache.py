@@ -374,3 +374,61 @@ def test_entries_of_either_checksum_are_read_and_checked(
     assert cache.get(_key(2), 0, len(payload)) is None  # not computable here: a miss ...
     assert crc32c_entry.exists()  # ... not a damaged entry
     assert process_stats().dropped == dropped
+
+
+def _cached_chunks(dataset: StructuredDataset, chunks: list[Any], cache: Path) -> list[bool]:
+    """Whether every coalesced range of each chunk is in the cache."""
+    from torch_dataloader_utils.io.prefetch import coalesce
+    from torch_dataloader_utils.storage.cached import file_key
+
+    store = RangeCache(str(cache), 10**12)
+    source = dataset.reader._source  # type: ignore[attr-defined]
+    out = []
+    for chunk in chunks:
+        info = dataset.discovered.fs, chunk.path
+        key = file_key(info[0], chunk.path, source._files[chunk.path].size, source._files[chunk.path].mtime)
+        assert key is not None
+        out.append(
+            all(store.get(key, lo, hi) is not None for lo, hi in coalesce(source.needed_ranges(chunk)))
+        )
+    return out
+
+
+@pytest.mark.parametrize("prefetch", [0, 3])
+def test_prefetch_warms_the_next_epochs_first_chunks(tmp_path: Path, prefetch: int) -> None:
+    write_parquet_files(tmp_path / "data", [2000] * 4, row_group_size=250)
+    log, cache = tmp_path / "requests.log", tmp_path / "cache"
+    kwargs: dict[str, Any] = {"split_rows": 250, "shuffle": True, "num_ranks": 2, "rank": 0}
+    if prefetch:
+        kwargs["data_cache_prefetch"] = prefetch
+    for seed in range(100):  # a seed where rank 0 reads next what it does not read now
+        dataset = _dataset(tmp_path / "data", log, cache, shuffle_seed=seed, **kwargs)
+        read_now = set(dataset.plan(0).chunks_for(0, 0))
+        upcoming = list(dataset.plan(1).chunks_for(0, 0))[:3]
+        if set(upcoming) - read_now:
+            break
+    assert set(upcoming) - read_now, "the test needs chunks of epoch 1 not read in epoch 0"
+    _ids(dataset)  # epoch 0; warming runs on the fetch threads once they are idle
+    deadline = time.monotonic() + 20
+    while prefetch and not all(_cached_chunks(dataset, upcoming, cache)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    warmed = _cached_chunks(dataset, upcoming, cache)
+    if prefetch:
+        assert all(warmed)
+    else:
+        assert warmed == [c in read_now for c in upcoming]
+
+
+def test_a_range_is_served_from_entries_that_cover_it(tmp_path: Path) -> None:
+    """A chunk cut another way (another epoch's mix, another world) asks for other ranges."""
+    data = os.urandom(400)
+    cache = RangeCache(str(tmp_path), 10**8)
+    for lo, hi in ((0, 100), (100, 250), (200, 300), (320, 400)):
+        cache.put(_key(1), lo, hi, data[lo:hi])
+    hits = process_stats().hits
+    assert cache.get(_key(1), 50, 280) == data[50:280]
+    assert cache.get(_key(1), 120, 180) == data[120:180]
+    assert cache.get(_key(1), 0, 300) == data[:300]
+    assert process_stats().hits == hits + 3
+    assert cache.get(_key(1), 250, 350) is None  # a gap: fetched
+    assert cache.get(_key(2), 0, 100) is None  # another file

@@ -261,22 +261,42 @@ class RangeCache:
         return data
 
     def _covering(self, key: FileKey, start: int, stop: int) -> bytes | None:
-        """``[start, stop)`` cut from an entry that holds it (another chunking of the file)."""
+        """``[start, stop)`` put together from entries that hold it (another chunking of the file).
+
+        A chunk cut differently in another epoch or world asks for other ranges of the
+        same bytes: any entries that together cover the range serve it.
+        """
         folder = self._dir(key)
         try:
             names = os.listdir(folder)
         except OSError:
             return None
+        spans = []
         for name in names:
             found = _ENTRY.match(name)
-            if found is None:
-                continue
-            lo, hi = int(found.group(1)), int(found.group(2))
-            if lo <= start and stop <= hi and (lo, hi) != (start, stop):
-                data = self._read(os.path.join(folder, name), hi - lo)
-                if data is not None:
-                    return data[start - lo : stop - lo]
-        return None
+            if found is not None:
+                lo, hi = int(found.group(1)), int(found.group(2))
+                if lo < stop and hi > start and (lo, hi) != (start, stop):
+                    spans.append((lo, hi))
+        spans.sort()
+        parts: list[bytes] = []
+        pos = start
+        i = 0
+        while pos < stop:
+            best: tuple[int, int] | None = None  # the entry from pos that reaches furthest
+            while i < len(spans) and spans[i][0] <= pos:
+                if spans[i][1] > pos and (best is None or spans[i][1] > best[1]):
+                    best = spans[i]
+                i += 1
+            if best is None:
+                return None
+            data = self._read(os.path.join(folder, f"{best[0]}-{best[1]}"), best[1] - best[0])
+            if data is None:
+                return None
+            end = min(stop, best[1])
+            parts.append(data[pos - best[0] : end - best[0]])
+            pos = end
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _read(self, path: str, nbytes: int) -> bytes | None:
         """The checked payload of the entry at ``path`` (``nbytes`` long), or ``None``."""
