@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import logging
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.fixtures.data import write_parquet_files
-from tests.fixtures.iceberg import (
-    commit_deletes,
-    create_id_table,
-    data_files,
-    id_table,
-    make_catalog,
-    position_delete_file,
-)
 from tests.fixtures.s3 import S3Server
-from torch_dataloader_utils import IcebergDataset, create_dataloader
-from torch_dataloader_utils.storage.cache import process_stats
+from torch_dataloader_utils import create_dataloader
 
 pytestmark = pytest.mark.slow
 
@@ -71,70 +59,3 @@ def test_two_ranks_two_workers_second_epoch_from_the_cache(s3_server: S3Server, 
     # the node holds all of it, so the second epoch asks S3 for nothing, not even a HEAD.
     assert requests[1] == [0, 0]
     assert all(h > 0 for h in hits[1])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def moto_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
-
-
-def test_iceberg_data_files_read_through_the_cache(
-    moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import boto3
-
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    s3 = boto3.client(
-        "s3", endpoint_url=moto_endpoint, aws_access_key_id="key", aws_secret_access_key="secret",
-        region_name="us-east-1",
-    )  # fmt: skip
-    s3.create_bucket(Bucket="lake")
-    config = {
-        "type": "sql",
-        "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
-        "warehouse": "s3://lake/wh",
-        "s3.endpoint": moto_endpoint,
-        "s3.access-key-id": "key",
-        "s3.secret-access-key": "secret",
-        "s3.region": "us-east-1",
-    }
-    catalog = make_catalog(config)
-    t = create_id_table(catalog, row_group_limit=25)
-    t.append(id_table(0, 100))
-    (first,) = data_files(t)
-    t.append(id_table(100, 60))
-    t = commit_deletes(t, [position_delete_file(t, {first: [0, 26, 27, 99]})])
-    expected = sorted(set(range(160)) - {0, 26, 27, 99})
-    cache = tmp_path / "cache"
-
-    def read() -> list[int]:
-        ds = IcebergDataset(
-            "ns.t", catalog_config=config, split_rows=25, output_format="numpy", data_cache=str(cache)
-        )
-        return sorted(int(i) for b in ds for i in b["id"])
-
-    misses, hits = process_stats().misses, process_stats().hits
-    assert read() == expected
-    assert process_stats().misses > misses  # the data files' blocks were fetched once ...
-    filled = process_stats().misses
-    assert read() == expected
-    assert process_stats().misses == filled  # ... and read from the cache after that
-    assert process_stats().hits > hits

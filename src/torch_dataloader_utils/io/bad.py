@@ -40,6 +40,8 @@ import pyarrow as pa
 
 from torch_dataloader_utils.config import BadDataConfig, BadDataPolicy
 from torch_dataloader_utils.errors import BadDataError
+from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.identity import FileChecks
 
 __all__ = [
     "QUARANTINE_FILE",
@@ -49,6 +51,7 @@ __all__ = [
     "Quarantine",
     "bad_data_files",
     "bad_data_totals",
+    "confirm_unchanged",
     "describe",
     "is_standin",
     "standin_batch",
@@ -323,6 +326,48 @@ class BadData:
     def policy(self) -> BadDataPolicy:
         """The policy."""
         return self.config.on_bad_data
+
+    def resolve(
+        self,
+        unit: BadUnit,
+        cause: BaseException,
+        *,
+        reading: str,
+        padding: bool,
+        schema: pa.Schema | None,
+        hint: str = "",
+    ) -> pa.RecordBatch | None:
+        """A unit that did not decode: raise (``'raise'``), or skip it and return its stand-in.
+
+        The caller has checked first that the file is still the planned one (a changed
+        file is never bad data). Returns ``unit.lost`` stand-in rows of ``schema``, or
+        ``None`` when the unit lost no rows (or ``schema`` is unknown).
+
+        Args:
+            unit: What did not decode.
+            cause: The decoder's error (the ``BadDataError`` is raised from it).
+            reading: What was being read, for the error (see :meth:`error`).
+            padding: The chunk repeats rows read elsewhere (``equal_batches='pad'``): not counted.
+            schema: The reader's output schema.
+            hint: Advice for this format in the error.
+
+        Raises:
+            BadDataError: with ``on_bad_data='raise'``.
+        """
+        if not self.skipping:
+            raise self.error(unit, reading, hint) from cause
+        self.skip(unit, padding=padding)
+        if not unit.lost or schema is None:
+            return None
+        return standin_batch(schema, unit.lost)
+
+
+def confirm_unchanged(fs: FileSystemSpec, path: str, planned: Any) -> None:
+    """Raise :class:`FileChangedError` if ``path`` is no longer the ``planned`` file (size, mtime).
+
+    Called before a failure to decode is taken for bad data.
+    """
+    FileChecks(fs, {path: planned}).check(path, planned.size, planned.mtime)
 
 
 def describe(exc: BaseException) -> str:

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from torch_dataloader_utils.config import BadDataConfig, CacheConfig, FetchConfig
 from torch_dataloader_utils.errors import FileChangedError, ReadError
-from torch_dataloader_utils.io.bad import BadData, BadUnit, describe, standin_batch
+from torch_dataloader_utils.io.bad import BadData, BadUnit, describe
 from torch_dataloader_utils.io.base import OpenFiles
 from torch_dataloader_utils.io.prefetch import FetchStats, column_ranges
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, RowGroup
@@ -208,14 +208,10 @@ class IcebergReader:
         self._confirm(info)
         lost = (hi - lo) - info.deleted_in(lo, hi) if self._scan.filters is None else 0
         unit = BadUnit(info.path, "row_group", g.index, (g.first_row, g.stop_row), None, describe(exc), lost)
-        if not self._bad.skipping:
-            raise self._bad.error(
-                unit, f"Iceberg data file {info.path!r} rows [{chunk.start}, {chunk.stop})"
-            ) from exc
-        self._bad.skip(unit, padding=chunk.padding)
-        if not lost:
-            return None
-        return standin_batch(self._scan.output_schema, lost)
+        reading = f"Iceberg data file {info.path!r} rows [{chunk.start}, {chunk.stop})"
+        return self._bad.resolve(
+            unit, exc, reading=reading, padding=chunk.padding, schema=self._scan.output_schema
+        )
 
     def _confirm(self, info: IcebergFileInfo) -> None:
         """Raise :class:`FileChangedError` if the data file is gone or its size changed."""

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.orc as orc
 
 from torch_dataloader_utils.errors import ReadError
-from torch_dataloader_utils.io.bad import BadUnit, describe, standin_batch
+from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, describe
 from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
 from torch_dataloader_utils.plan.types import Chunk, RowGroup
 from torch_dataloader_utils.storage.identity import FileChecks
@@ -101,8 +101,7 @@ class OrcReader:
             FileChangedError: the file is no longer the planned one (never bad data).
             BadDataError: with ``on_bad_data='raise'``.
         """
-        info = self._files[chunk.path]
-        FileChecks(self._fs, {chunk.path: info}).check(chunk.path, info.size, info.mtime)
+        confirm_unchanged(self._fs, chunk.path, self._files[chunk.path])
         lost = rows if self._exact else 0
         unit = BadUnit(
             self._fs.display(chunk.path),
@@ -113,10 +112,5 @@ class OrcReader:
             describe(exc),
             lost,
         )
-        if not self._bad.skipping:
-            reading = f"{self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop})"
-            raise self._bad.error(unit, reading) from exc
-        self._bad.skip(unit, padding=chunk.padding)
-        if not lost or self._schema is None:
-            return None
-        return standin_batch(self._schema, lost)
+        reading = f"{self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop})"
+        return self._bad.resolve(unit, exc, reading=reading, padding=chunk.padding, schema=self._schema)

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from torch_dataloader_utils.errors import ReadError
-from torch_dataloader_utils.io.bad import BadUnit, describe, standin_batch
+from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, describe
 from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
 from torch_dataloader_utils.io.prefetch import ChunkSource, FetchStats, column_ranges
 from torch_dataloader_utils.plan.types import Chunk, RowGroup
@@ -226,17 +226,10 @@ class ParquetReader:
             FileChangedError: the file is no longer the planned one (never bad data).
             BadDataError: with ``on_bad_data='raise'``.
         """
-        info = self._files[chunk.path]
-        FileChecks(self._fs, {chunk.path: info}).check(chunk.path, info.size, info.mtime)
-        lost = rows if self._exact else 0
-        unit = self._unit(pf, chunk.path, g, exc, lost)
-        if not self._bad.skipping:
-            reading = f"{self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop})"
-            raise self._bad.error(unit, reading) from exc
-        self._bad.skip(unit, padding=chunk.padding)
-        if not lost or self._schema is None:
-            return None
-        return standin_batch(self._schema, lost)
+        confirm_unchanged(self._fs, chunk.path, self._files[chunk.path])
+        unit = self._unit(pf, chunk.path, g, exc, rows if self._exact else 0)
+        reading = f"{self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop})"
+        return self._bad.resolve(unit, exc, reading=reading, padding=chunk.padding, schema=self._schema)
 
     def _diagnose(self, pf: pq.ParquetFile, chunk: Chunk, groups: Sequence[RowGroup]) -> None:
         """After a failed read (``on_bad_data='raise'``): name the row group that does not decode.

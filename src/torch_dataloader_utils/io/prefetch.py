@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import io
 import itertools
 import logging
 import os
@@ -44,8 +43,7 @@ import pyarrow.parquet as pq
 from torch_dataloader_utils.config import FetchConfig
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
-from torch_dataloader_utils.storage.cached import RemoteReads
-from torch_dataloader_utils.storage.fetch import fetch_range
+from torch_dataloader_utils.storage.cached import ReadOnlyFile, RemoteReads
 from torch_dataloader_utils.storage.footers import FOOTER_READ_BYTES, NotParquetError, read_footer
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.identity import FileChecks
@@ -252,7 +250,7 @@ def _stop_threads(
         calls.put((float("inf"), next(seq), None))
 
 
-class _SparseFile(io.RawIOBase):
+class _SparseFile(ReadOnlyFile):
     """A read-only file of ``size`` bytes whose reads are served from fetched ranges.
 
     A read outside them (rare: a writer's column sizes that undercount) is fetched on
@@ -260,30 +258,13 @@ class _SparseFile(io.RawIOBase):
     """
 
     def __init__(self, size: int, ranges: Sequence[tuple[int, bytes]], miss: Callable[[int, int], bytes]):
-        super().__init__()
-        self._size = size
+        super().__init__(size)
         self._starts = [start for start, _ in ranges]
         self._data = [data for _, data in ranges]
         self._miss = miss
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = base + offset
-        return self._pos
 
     def read(self, size: int | None = -1) -> bytes:
-        start = self._pos
-        stop = self._size if size is None or size < 0 else min(self._size, start + size)
+        start, stop = self._span(size)
         if stop <= start:
             return b""
         i = bisect.bisect_right(self._starts, start) - 1
@@ -294,9 +275,6 @@ class _SparseFile(io.RawIOBase):
             data = self._miss(start, stop)
         self._pos = stop
         return data
-
-    def readall(self) -> bytes:
-        return self.read(-1)
 
 
 class _Fetch:
@@ -370,14 +348,14 @@ class ChunkSource:
         self._columns = None if columns is None else list(columns)
         self._footers = dict(footers or {})
         self._threads = threads
-        self._reads = reads if reads is not None and reads.active else None
+        self._reads = reads if reads is not None else RemoteReads(fs, None, self.config)
         self._checks = FileChecks(fs, files)
         self._reset()
 
     @property
     def cached(self) -> bool:
         """Whether bytes go through the node-local cache (then this source checks files itself)."""
-        return self._reads is not None
+        return self._reads.active
 
     def _reset(self) -> None:
         self._pid = os.getpid()
@@ -444,8 +422,8 @@ class ChunkSource:
         if footer is None:
             size = self._files[path].size
             fetch = None
-            if self._reads is not None:
-                fetch = functools.partial(self._cached, path, on_request=self._footer_request, metadata=True)
+            if self.cached:
+                fetch = functools.partial(self._read, path, on_request=self._footer_request, metadata=True)
             try:
                 footer = read_footer(
                     self.fs, path, size, self.config, on_request=self._footer_request, fetch=fetch
@@ -501,11 +479,10 @@ class ChunkSource:
         return column_ranges(meta, [g.index for g in groups], self._columns)
 
     # -- fetching -------------------------------------------------------------------
-    def _cached(
+    def _read(
         self, path: str, start: int, stop: int, *, on_request: Callable[[int], None], metadata: bool = False
     ) -> bytes:
-        """Bytes of ``path`` through the cache; the file is checked before its first fetch of the pass."""
-        assert self._reads is not None
+        """Bytes of ``path``, with retries; through the cache, the file checked before its first fetch."""
         info = self._files[path]
         return self._reads.fetch(
             path,
@@ -516,7 +493,7 @@ class ChunkSource:
             on_request=on_request,
             on_retry=self.stats.retry,
             metadata=metadata,
-            before_fetch=functools.partial(self._check, path),
+            before_fetch=functools.partial(self._check, path) if self.cached else None,
         )
 
     def _check(self, path: str) -> None:
@@ -527,19 +504,7 @@ class ChunkSource:
         self.stats.add(0)  # a metadata request: counted, no bytes
 
     def _fetch(self, path: str, start: int, stop: int) -> bytes:
-        if self._reads is not None:
-            return self._cached(path, start, stop, on_request=self.stats.add)
-        size = self._files[path].size
-        return fetch_range(
-            self.fs,
-            path,
-            start,
-            stop,
-            size=size,
-            config=self.config,
-            on_request=self.stats.add,
-            on_retry=self.stats.retry,
-        )
+        return self._read(path, start, stop, on_request=self.stats.add)
 
     def _estimate(self, chunk: Chunk) -> int:
         """Bytes ``chunk`` will fetch: exact when its footer is known, else its row groups' size."""
@@ -627,7 +592,7 @@ class ChunkSource:
         # In a forked worker, reset before keeping the plan: a reset at the first read
         # would drop it, and every chunk would then be fetched only when read.
         self._check_process()
-        if self._reads is not None:
+        if self.cached:
             self._checks.schedule(())  # a new pass: each file checked again, at its first fetch
         for fetch in self._pending.values():
             fetch.cancel()
@@ -704,7 +669,7 @@ class ChunkSource:
         failure is logged at DEBUG and the chunk is fetched when it is read. Nothing
         happens without a cache.
         """
-        if self._reads is None:
+        if not self.cached:
             return
         pool = self._executor()
         for i, chunk in enumerate(chunks):

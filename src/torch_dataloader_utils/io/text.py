@@ -43,7 +43,7 @@ import pyarrow.json as pjson
 
 from torch_dataloader_utils.config import FileFormat
 from torch_dataloader_utils.errors import FileChangedError, ReadError, RecordBoundaryError
-from torch_dataloader_utils.io.bad import BadUnit, describe, is_standin, standin_batch
+from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, describe, is_standin, standin_batch
 from torch_dataloader_utils.io.base import ReadRequest
 from torch_dataloader_utils.io.prefetch import FetchStats
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
@@ -291,30 +291,25 @@ class TextReader:
             BadDataError: with ``on_bad_data='raise'``.
         """
         if not checked:  # once per chunk
-            info = self._files[chunk.path]
-            FileChecks(self._fs, {chunk.path: info}).check(chunk.path, info.size, info.mtime)
+            confirm_unchanged(self._fs, chunk.path, self._files[chunk.path])
             checked.append(True)
         nl = piece.find(meta.newline, start)
         stop = len(piece) if nl < 0 else nl + 1
-        unit = BadUnit(
-            self._fs.display(chunk.path),
-            "line",
-            None,
-            None,
-            (offset + start, offset + stop),
-            describe(exc),
-            1 if self._exact else 0,
+        where = (offset + start, offset + stop)
+        unit = BadUnit(self._fs.display(chunk.path), "line", None, None, where, describe(exc), 1)
+        fix = (
+            "if quoted CSV fields hold newlines, pass quoted_newlines=True. "
+            if self._csv
+            else "JSONL needs one JSON object per line. "
         )
-        if not self._bad.skipping:
-            fix = (
-                "if quoted CSV fields hold newlines, pass quoted_newlines=True. "
-                if self._csv
-                else "JSONL needs one JSON object per line. "
-            )
-            hint = f"If a column's type is wrong for later rows, pass schema=; {fix}"
-            reading = f"{self._fs.display(chunk.path)!r} bytes [{chunk.start}, {chunk.stop})"
-            raise self._bad.error(unit, reading, hint) from exc
-        self._bad.skip(unit, padding=chunk.padding)
+        self._bad.resolve(
+            unit,
+            exc,
+            reading=f"{self._fs.display(chunk.path)!r} bytes [{chunk.start}, {chunk.stop})",
+            padding=chunk.padding,
+            schema=None,  # the record stays (its stand-in below); _out decides what the loop sees
+            hint=f"If a column's type is wrong for later rows, pass schema=; {fix}",
+        )
         return _line_standin(1)
 
     def _parse(self, piece: bytes, path: str, offset: int, meta: TextFileMeta) -> pa.Table:
@@ -406,14 +401,20 @@ class TextReader:
     def _bad_rest(self, chunk: Chunk, emitted: int, exc: BaseException) -> Iterator[pa.RecordBatch]:
         """A quoted-newline CSV that stopped parsing: the rest of its records is the unit skipped."""
         info = self._files[chunk.path]
-        FileChecks(self._fs, {chunk.path: info}).check(chunk.path, info.size, info.mtime)
+        confirm_unchanged(self._fs, chunk.path, info)
         total = chunk.num_rows if chunk.num_rows is not None else info.num_rows
         lost = max(0, total - emitted) if total is not None and self._exact else 0
         rows = (emitted, total) if total is not None else None
         unit = BadUnit(self._fs.display(chunk.path), "records", None, rows, None, describe(exc), lost)
-        self._bad.skip(unit, padding=chunk.padding)
-        if lost and self._out_schema is not None:
-            yield standin_batch(self._out_schema, lost)
+        standin = self._bad.resolve(
+            unit,
+            exc,
+            reading=f"{self._fs.display(chunk.path)!r}",
+            padding=chunk.padding,
+            schema=self._out_schema,
+        )
+        if standin is not None:
+            yield standin
 
 
 def _line_standin(rows: int) -> pa.Table:

@@ -33,7 +33,7 @@ from torch_dataloader_utils.storage.cache import FileKey, RangeCache, range_cach
 from torch_dataloader_utils.storage.fetch import fetch_range
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 
-__all__ = ["BLOCK_BYTES", "BlockFile", "RemoteReads", "file_key", "open_blocks"]
+__all__ = ["BLOCK_BYTES", "BlockFile", "ReadOnlyFile", "RemoteReads", "file_key", "open_blocks"]
 
 BLOCK_BYTES = 4 * 1024**2
 """Block size of files opened for random access through the cache (one entry per block)."""
@@ -186,20 +186,16 @@ def open_blocks(cache: CacheConfig | None, key: FileKey | None, size: int, fetch
     )
 
 
-class BlockFile(io.RawIOBase):
-    """A read-only file of ``size`` bytes read in aligned blocks of :data:`BLOCK_BYTES`.
+class ReadOnlyFile(io.RawIOBase):
+    """A read-only, seekable file of ``size`` bytes; subclasses implement :meth:`read`.
 
-    ``block(lo, hi)`` returns the bytes of one block (from the cache or storage); the
-    last block read is kept, so small sequential reads cost one block each.
+    Handed to pyarrow as ``pyarrow.PythonFile(f, mode="r")``.
     """
 
-    def __init__(self, size: int, block: Fetch, block_bytes: int = BLOCK_BYTES) -> None:
+    def __init__(self, size: int) -> None:
         super().__init__()
         self._size = size
-        self._block = block
-        self._bytes = block_bytes
         self._pos = 0
-        self._held: tuple[int, bytes] | None = None
 
     def readable(self) -> bool:
         """Always ``True``."""
@@ -219,6 +215,29 @@ class BlockFile(io.RawIOBase):
         self._pos = max(0, base + offset)
         return self._pos
 
+    def readall(self) -> bytes:
+        """The rest of the file."""
+        return self.read(-1)
+
+    def _span(self, size: int | None) -> tuple[int, int]:
+        """``(start, stop)`` of a read of ``size`` bytes from the position (clipped to the end)."""
+        start = self._pos
+        return start, self._size if size is None or size < 0 else min(self._size, start + size)
+
+
+class BlockFile(ReadOnlyFile):
+    """A read-only file of ``size`` bytes read in aligned blocks of :data:`BLOCK_BYTES`.
+
+    ``block(lo, hi)`` returns the bytes of one block (from the cache or storage); the
+    last block read is kept, so small sequential reads cost one block each.
+    """
+
+    def __init__(self, size: int, block: Fetch, block_bytes: int = BLOCK_BYTES) -> None:
+        super().__init__(size)
+        self._block = block
+        self._bytes = block_bytes
+        self._held: tuple[int, bytes] | None = None
+
     def _get(self, index: int) -> bytes:
         held = self._held
         if held is not None and held[0] == index:
@@ -230,8 +249,7 @@ class BlockFile(io.RawIOBase):
 
     def read(self, size: int | None = -1) -> bytes:
         """Up to ``size`` bytes from the position (all the rest for ``-1``)."""
-        start = self._pos
-        stop = self._size if size is None or size < 0 else min(self._size, start + size)
+        start, stop = self._span(size)
         if stop <= start:
             return b""
         parts = []
@@ -247,10 +265,6 @@ class BlockFile(io.RawIOBase):
             pos += take
         self._pos = pos
         return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def readall(self) -> bytes:
-        """The rest of the file."""
-        return self.read(-1)
 
     def size(self) -> int:
         """The file's size."""
