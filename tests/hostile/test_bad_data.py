@@ -415,3 +415,57 @@ def test_quarantine_is_written_once_across_runs(tmp_path: Path) -> None:
         loader, _ = create_dataloader(str(planted.root), **kwargs)
         assert sorted(i for b in loader for i in good_ids(b)) == sorted(planted.good)
     assert sorted(report(tmp_path / "q")) == sorted(planted.units)
+
+
+def plant_orc(root: Path) -> tuple[Planted, int]:
+    """An ORC file of 5 stripes with garbage in two places; pyarrow itself says which stripes fail.
+
+    Returns the planted dataset (good ids: those of the stripes pyarrow reads) and the
+    first stripe that fails.
+    """
+    import pyarrow.orc as orc
+
+    root.mkdir(parents=True)
+    path = root / "a.orc"
+    rows = 200_000
+    table = pa.table({"id": np.arange(rows), "x": np.random.default_rng(0).random(rows)})
+    orc.write_table(table, str(path), stripe_size=256 * 1024, compression="zlib")
+    content = orc.ORCFile(str(path)).content_length
+    corrupt(path, [(int(content * share), int(content * share) + 2000) for share in (0.1, 0.6)])
+    reader = orc.ORCFile(str(path))
+    good: set[int] = set()
+    bad = set()
+    for i in range(reader.nstripes):
+        try:
+            good.update(reader.read_stripe(i).column("id").to_pylist())
+        except (OSError, pa.ArrowException):
+            bad.add((str(path), "stripe", i, None))
+    assert 0 < len(bad) < reader.nstripes  # the garbage hit some stripes, not all
+    first = min(u[2] for u in bad)
+    return Planted(root, "orc", frozenset(good), frozenset(bad), rows - len(good)), first
+
+
+def test_orc_bad_stripes(tmp_path: Path) -> None:
+    planted, first = plant_orc(tmp_path / "d")
+    loader, _ = create_dataloader(str(planted.root), format="orc", num_workers=0, output_format="arrow")
+    with pytest.raises(
+        BadDataError, match=rf"stripe {first} \(rows \[\d+, \d+\)\) of '.*a\.orc' cannot be decoded"
+    ):
+        list(loader)
+    quarantine = tmp_path / "q"
+    lost = 0
+    for rank in range(2):
+        loader, _ = create_dataloader(
+            str(planted.root), format="orc", num_workers=0, output_format="arrow", num_ranks=2, rank=rank,
+            equal_batches="pad", split_rows=20_000, on_bad_data="quarantine", quarantine_dir=str(quarantine),
+        )  # fmt: skip
+        ids = [i for b in loader for i in good_ids(b)]
+        lost += loader.metrics().total.bad_rows
+        assert set(ids) <= planted.good
+        assert len(ids) == len(set(ids))
+        if rank == 0:
+            first_ids = ids
+    assert sorted(first_ids + ids) == sorted(planted.good)
+    assert lost == planted.bad_rows  # counted once, padding aside
+    assert set(report(quarantine)) == planted.units
+    assert len(report(quarantine)) == len(planted.units)
