@@ -195,6 +195,7 @@ def main() -> None:
     if not args.skip_s3:
         from testsupport.s3_server import BUCKET, start_seaweedfs
 
+        (work / "seaweed").mkdir()
         started = start_seaweedfs(work / "seaweed")
         if isinstance(started, str):
             print(f"SeaweedFS could not start ({started}): no S3 rows")
