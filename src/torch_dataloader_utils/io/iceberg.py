@@ -206,7 +206,9 @@ class IcebergReader:
             BadDataError: with ``on_bad_data='raise'``.
         """
         self._confirm(info)
-        lost = (hi - lo) - info.deleted_in(lo, hi) if self._scan.filters is None else 0
+        # Live rows: deletes (and a counted filter's dropped rows, among them) taken out.
+        exact = self._scan.filters is None or self._scan.filter_counted
+        lost = (hi - lo) - info.deleted_in(lo, hi) if exact else 0
         unit = BadUnit(info.path, "row_group", g.index, (g.first_row, g.stop_row), None, describe(exc), lost)
         reading = f"Iceberg data file {info.path!r} rows [{chunk.start}, {chunk.stop})"
         return self._bad.resolve(
