@@ -30,6 +30,7 @@ from tests.fixtures.e2e import column_chunk_range, corrupt
 from torch_dataloader_utils import (
     BadDataError,
     FileChangedError,
+    IcebergDataset,
     IncompatibleOptionsError,
     StructuredDataset,
     UnknownLengthError,
@@ -469,3 +470,41 @@ def test_orc_bad_stripes(tmp_path: Path) -> None:
     assert lost == planted.bad_rows  # counted once, padding aside
     assert set(report(quarantine)) == planted.units
     assert len(report(quarantine)) == len(planted.units)
+
+
+def test_iceberg_bad_row_group(tmp_path: Path, iceberg_catalog: tuple[dict[str, str], Any]) -> None:
+    from urllib.parse import urlparse
+
+    from tests.fixtures.iceberg import (
+        commit_deletes,
+        create_id_table,
+        data_files,
+        id_table,
+        position_delete_file,
+    )
+
+    config, catalog = iceberg_catalog
+    table = create_id_table(catalog, row_group_limit=50)
+    table.append(id_table(0, 200))
+    (path,) = data_files(table)
+    table = commit_deletes(table, [position_delete_file(table, {path: [10, 120, 121]})])
+    local = Path(urlparse(path).path)
+    corrupt(local, [column_chunk_range(local, 2, "id")])  # rows [100, 150), two of them deleted
+    good = set(range(200)) - set(range(100, 150)) - {10}
+    with pytest.raises(BadDataError, match=r"row group 2 \(rows \[100, 150\)\) of '.*' cannot be decoded"):
+        list(IcebergDataset("ns.t", catalog_config=config, output_format="arrow"))
+    seen: list[int] = []
+    batches = []
+    quarantine = tmp_path / "q"
+    for rank in range(2):
+        ds = IcebergDataset(
+            "ns.t", catalog_config=config, output_format="arrow", num_ranks=2, rank=rank, split_rows=40,
+            batch_size=16, equal_batches="pad", on_bad_data="quarantine", quarantine_dir=str(quarantine),
+        )  # fmt: skip
+        got = list(ds)
+        batches.append((len(got), len(ds)))
+        seen += [i for b in got for i in good_ids(b)]
+    assert sorted(seen) == sorted(good)
+    assert batches[0] == batches[1]
+    assert batches[0][0] == batches[0][1]
+    assert report(quarantine) == [(path, "row_group", 2, None)]
