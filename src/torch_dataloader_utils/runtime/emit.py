@@ -170,7 +170,7 @@ class Positions:
         """``batch`` without its stand-in rows and their flag column; the removed rows noted."""
         flag = batch.column(column)
         kept = batch.drop_columns([column])
-        removed = flag.true_count if hasattr(flag, "true_count") else int(pc.sum(flag).as_py() or 0)
+        removed = int(pc.sum(flag).as_py() or 0)
         if not removed:
             self._good += batch.num_rows
             return kept
