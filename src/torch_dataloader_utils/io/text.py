@@ -302,13 +302,16 @@ class TextReader:
             if self._csv
             else "JSONL needs one JSON object per line. "
         )
+        hint = f"If a column's type is wrong for later rows, pass schema=; {fix}"
+        if "utf8" in str(exc).lower():
+            hint = f"The line {_NOT_UTF8}. "
         self._bad.resolve(
             unit,
             exc,
             reading=f"{self._fs.display(chunk.path)!r} bytes [{chunk.start}, {chunk.stop})",
             padding=chunk.padding,
-            schema=None,  # the record stays (its stand-in below); _out decides what the loop sees
-            hint=f"If a column's type is wrong for later rows, pass schema=; {fix}",
+            schema=None,  # the record stays (its stand-in below); read() decides what the loop sees
+            hint=hint,
         )
         return _line_standin(1)
 
