@@ -27,6 +27,7 @@ job runs ``--repeats`` times, interleaved; the tables give medians.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import shutil
@@ -52,10 +53,8 @@ def _disk_bytes(directory: str) -> int:
     total = 0
     for folder, _, names in os.walk(directory):
         for name in names:
-            try:
+            with contextlib.suppress(OSError):
                 total += -(-os.stat(os.path.join(folder, name)).st_size // 4096) * 4096
-            except OSError:
-                pass
     return total
 
 
@@ -109,7 +108,9 @@ def _lines(log: str | None) -> int:
         return sum(1 for _ in fh)
 
 
-def run_job(url: str, kwargs: dict[str, Any], cache: str | None = None, log: str | None = None) -> list[dict[str, Any]]:
+def run_job(
+    url: str, kwargs: dict[str, Any], cache: str | None = None, log: str | None = None
+) -> list[dict[str, Any]]:
     """One job of ``RANKS`` rank processes; per epoch, the slower rank's seconds and all ranks' counters."""
     ctx = mp.get_context("fork")
     barrier, out = ctx.Barrier(RANKS), ctx.Queue()
@@ -145,7 +146,10 @@ def raw_pyarrow(paths: list[Path], columns: list[str]) -> float:
     started = time.perf_counter()
     for path in paths:
         for batch in pq.ParquetFile(path).iter_batches(batch_size=8192, columns=columns):
-            {n: torch.from_numpy(c.to_numpy()) for n, c in zip(batch.schema.names, batch.columns, strict=True)}
+            {
+                n: torch.from_numpy(c.to_numpy())
+                for n, c in zip(batch.schema.names, batch.columns, strict=True)
+            }
     return time.perf_counter() - started
 
 
@@ -159,6 +163,7 @@ def main() -> None:
     parser.add_argument("--skip-s3", action="store_true")
     parser.add_argument("--columns", choices=sorted(COLUMN_SETS), default="numeric")
     parser.add_argument("--data-dir", type=Path, default=HERE / ".data")
+    parser.add_argument("--json", type=Path, help="also write every run's epochs to this file")
     args = parser.parse_args()
 
     spec = DatasetSpec(rows=args.rows, files=args.files, row_group_size=args.row_group_size)
@@ -251,7 +256,9 @@ def main() -> None:
                     f"{med(name, e, 'requests'):.0f}",
                     f"{med(name, e, 'logged'):.0f}" if "ms" in name else "-",
                     f"{med(name, e, 'hits'):.0f}",
-                    f"{med(name, e, 'disk') / 2**20:.0f}" if "cache" in name and "no cache" not in name else "-",
+                    f"{med(name, e, 'disk') / 2**20:.0f}"
+                    if "cache" in name and "no cache" not in name
+                    else "-",
                     f"{local_later / later:.2f}x" if e == 2 else "",
                 ]
             )
@@ -281,6 +288,10 @@ def main() -> None:
         f"Machine: {machine()}",
     ]
     print("\n".join(out))
+    if args.json is not None:
+        import json
+
+        args.json.write_text(json.dumps({"runs": runs, "raw_seconds": raw, "load": load}, indent=1))
 
 
 if __name__ == "__main__":

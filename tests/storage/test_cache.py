@@ -378,7 +378,6 @@ def test_entries_of_either_checksum_are_read_and_checked(
 
 def _cached_chunks(dataset: StructuredDataset, chunks: list[Any], cache: Path) -> list[bool]:
     """Whether every coalesced range of each chunk is in the cache."""
-    from torch_dataloader_utils.io.prefetch import coalesce
     from torch_dataloader_utils.storage.cached import file_key
 
     store = RangeCache(str(cache), 10**12)
@@ -389,7 +388,10 @@ def _cached_chunks(dataset: StructuredDataset, chunks: list[Any], cache: Path) -
         key = file_key(info[0], chunk.path, source._files[chunk.path].size, source._files[chunk.path].mtime)
         assert key is not None
         out.append(
-            all(store.get(key, lo, hi) is not None for lo, hi in coalesce(source.needed_ranges(chunk)))
+            all(
+                store.get(key, lo, hi) is not None
+                for lo, hi in source._requests_of(chunk, source.metadata(chunk.path))
+            )
         )
     return out
 

@@ -478,6 +478,19 @@ class ChunkSource:
         groups = self._files[chunk.path].groups_in(chunk.start, chunk.stop)
         return column_ranges(meta, [g.index for g in groups], self._columns)
 
+    def _requests_of(self, chunk: Chunk, meta: pq.FileMetaData) -> list[tuple[int, int]]:
+        """The ranges ``chunk`` is fetched in: its column chunks, coalesced.
+
+        Through the cache, ranges are coalesced within each row group only: chunks are
+        cut at row-group edges in other ways in other epochs and worlds (row mixing
+        splits a worker's chunks into streams), and each row group then still finds its
+        entries whole, instead of reading a larger entry to cut a part out of it.
+        """
+        if not self.cached:
+            return coalesce(self._ranges_of(chunk, meta))
+        groups = self._files[chunk.path].groups_in(chunk.start, chunk.stop)
+        return [r for g in groups for r in coalesce(column_ranges(meta, [g.index], self._columns))]
+
     # -- fetching -------------------------------------------------------------------
     def _read(
         self, path: str, start: int, stop: int, *, on_request: Callable[[int], None], metadata: bool = False
@@ -510,7 +523,7 @@ class ChunkSource:
         """Bytes ``chunk`` will fetch: exact when its footer is known, else its row groups' size."""
         meta = self._known(chunk.path)
         if meta is not None:
-            return sum(hi - lo for lo, hi in coalesce(self._ranges_of(chunk, meta)))
+            return sum(hi - lo for lo, hi in self._requests_of(chunk, meta))
         info = self._files[chunk.path]
         if info.size <= FOOTER_READ_BYTES:
             return info.size
@@ -573,7 +586,7 @@ class ChunkSource:
             if fetch.cancelled:
                 raise RuntimeError("the chunk's fetch was cancelled")
             needed = self._ranges_of(chunk, meta)
-            ranges = coalesce(needed)
+            ranges = self._requests_of(chunk, meta)
             with self.stats.lock:
                 self.stats.bytes_needed += sum(hi - lo for lo, hi in needed)
             fetch.nbytes = sum(hi - lo for lo, hi in ranges)
@@ -680,7 +693,7 @@ class ChunkSource:
             meta = self._known(chunk.path)
             if meta is None:  # in this thread: a pool thread never waits on another's request
                 meta = self._load_footer(chunk.path)
-            for lo, hi in coalesce(self._ranges_of(chunk, meta)):
+            for lo, hi in self._requests_of(chunk, meta):
                 self._fetch(chunk.path, lo, hi)
         except Exception as exc:
             log.debug("warming the cache with %s failed (it is fetched when read): %s", chunk.path, exc)
