@@ -392,9 +392,10 @@ class RangeCache:
             return False
         folder = self._dir(key)
         need = _disk(nbytes)
-        new_folder = not os.path.isdir(folder)
-        if new_folder:
-            need += BLOCK  # its source.json
+        source = os.path.join(folder, "source.json")
+        described = os.path.exists(source)
+        if not described:
+            need += BLOCK  # the file's source.json
         try:
             if not self._reserve(need):
                 self.stats.add(bypassed=1)
@@ -404,8 +405,8 @@ class RangeCache:
             return False
         try:
             os.makedirs(folder, exist_ok=True)
-            if new_folder or not os.path.exists(os.path.join(folder, "source.json")):
-                _write_file(os.path.join(folder, "source.json"), _source(key), b"")
+            if not described:
+                _write_file(source, _source(key), b"")
             kind, crc = _checksum(data)
             _write_file(self.entry_path(key, start, stop), data, _TRAILER.pack(kind, nbytes, crc))
         except OSError as exc:
