@@ -508,3 +508,18 @@ def test_iceberg_bad_row_group(tmp_path: Path, iceberg_catalog: tuple[dict[str, 
     assert batches[0] == batches[1]
     assert batches[0][0] == batches[0][1]
     assert report(quarantine) == [(path, "row_group", 2, None)]
+
+
+def test_counts_per_file_travel_from_workers(tmp_path: Path) -> None:
+    planted = plant_parquet(tmp_path / "d", [300, 200], 50, {(0, 1), (1, 3)})
+    loader, _ = create_dataloader(
+        str(planted.root), num_workers=2, batch_size=64, output_format="arrow", on_bad_data="skip",
+        split_rows=100, multiprocessing_context="fork",
+    )  # fmt: skip
+    assert sorted(i for b in loader for i in good_ids(b)) == sorted(planted.good)
+    total = loader.metrics().total
+    assert total.bad_rows_by_file == {
+        str(planted.root / "part-0.parquet"): 50,
+        str(planted.root / "part-1.parquet"): 50,
+    }
+    assert (total.bad_units, total.bad_rows) == (2, 100)
