@@ -3,7 +3,7 @@
 Run: ``PYTHONPATH=src:. python benchmarks/bench_cache.py [--repeats 3] [--skip-s3]``
 
 The benchmark dataset of ``common.py`` (its columns: ``id``, six float32, two int64 and
-a string; by default 2,000,000 rows in 16 files, row groups of 65,536) is read as a job
+a string; by default its 6,000,000 rows in 16 files, row groups of 65,536) is read as a job
 of 2 ranks, each a process with 2 DataLoader workers (persistent), for 3 epochs
 (``shuffle=True``); the ranks wait for each other at the end of every epoch, as a DDP
 loop's collectives make them, so an epoch's time is the slower rank's. Jobs:
@@ -155,7 +155,7 @@ def raw_pyarrow(paths: list[Path], columns: list[str]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--rows", type=int, default=6_000_000)
     parser.add_argument("--files", type=int, default=16)
     parser.add_argument("--row-group-size", type=int, default=65_536)
     parser.add_argument("--repeats", type=int, default=3)

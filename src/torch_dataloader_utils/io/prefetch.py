@@ -260,21 +260,23 @@ class _SparseFile(ReadOnlyFile):
     def __init__(self, size: int, ranges: Sequence[tuple[int, bytes]], miss: Callable[[int, int], bytes]):
         super().__init__(size)
         self._starts = [start for start, _ in ranges]
-        self._data = [data for _, data in ranges]
+        self._data = [memoryview(data) for _, data in ranges]
         self._miss = miss
 
     def read(self, size: int | None = -1) -> bytes:
+        """Bytes from the position: a zero-copy view of a fetched range (pyarrow takes any buffer)."""
         start, stop = self._span(size)
         if stop <= start:
             return b""
         i = bisect.bisect_right(self._starts, start) - 1
+        data: Any
         if i >= 0 and stop - self._starts[i] <= len(self._data[i]):
             lo = start - self._starts[i]
             data = self._data[i][lo : lo + stop - start]
         else:
             data = self._miss(start, stop)
         self._pos = stop
-        return data
+        return data  # type: ignore[no-any-return]
 
 
 class _Fetch:
