@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.fixtures.examples020",
     "tests.fixtures.iceberg",
     "tests.fixtures.s3",
+    "tests.fixtures.stores",
 ]
 
 settings.register_profile(

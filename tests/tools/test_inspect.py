@@ -10,6 +10,7 @@ import pytest
 
 import torch_dataloader_utils.plan.summary as summary_module
 from tests.fixtures.data import write_parquet_files
+from tests.fixtures.s3 import S3Server
 from torch_dataloader_utils.cli import main
 
 ROWS = [1300, 170, 940, 55, 610]
@@ -37,6 +38,23 @@ def test_json_describes_the_files(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert [f["path"] for f in payload["largest_files"]] == [str(paths[0]), str(paths[2])]
     assert payload["partitions"] == []
     assert payload["split"] == {"split_rows": 769}  # small data: ~4 chunks for the one reader
+    assert payload["data_path"] == "local files (pyarrow)"
+
+
+@pytest.mark.slow
+def test_the_data_path_of_an_object_store_is_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], s3_server: S3Server
+) -> None:
+    paths = write_parquet_files(tmp_path, ROWS[:2], row_group_size=100)
+    fs = s3_server.fs()
+    prefix = s3_server.new_prefix()
+    for p in paths:
+        fs.pipe_file(f"{prefix}/{p.name}", p.read_bytes())
+    options = [f"--storage-option={k}={v}" for k, v in s3_server.options().items() if k != "client_kwargs"]
+    text = run(capsys, "inspect", f"s3://{prefix}", *options)
+    assert f"data bytes read through: pyarrow's native S3 client (endpoint {s3_server.endpoint})" in text
+    text = run(capsys, "inspect", f"s3://{prefix}", *options, "--storage-option=version_aware=false")
+    assert "data bytes read through: s3fs (an option has no native equivalent" in text
 
 
 def test_text_report_with_partitions_warnings_and_advice(

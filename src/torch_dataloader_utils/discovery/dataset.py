@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
+import posixpath
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from torch_dataloader_utils.discovery.cache import (
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
 from torch_dataloader_utils.discovery.exchange import LOCAL, Exchange
 from torch_dataloader_utils.discovery.listing import list_files
-from torch_dataloader_utils.discovery.manifest import Manifest, find_manifest
+from torch_dataloader_utils.discovery.manifest import MANIFEST_NAME, Manifest, find_manifest
 from torch_dataloader_utils.discovery.metadata import (
     FILES_SCHEMA,
     FOOTER_COLUMN,
@@ -55,8 +56,10 @@ from torch_dataloader_utils.discovery.text import TextDiscovery, TextOptions, di
 from torch_dataloader_utils.errors import ConfigError, DiscoveryError, SchemaError, SchemaMismatchError
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import FileInfo
-from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
+from torch_dataloader_utils.storage.expressions import filter_key
+from torch_dataloader_utils.storage.fs import FileSystemSpec, GivenFileSystem, resolve
 from torch_dataloader_utils.storage.schemas import nullable_type, same_but_nullability
+from torch_dataloader_utils.storage.userfs import UserFileSystem
 
 _LISTING_COLUMNS = ("path", "size", "mtime", "etag")
 KEEP_FOOTERS_FILES = 1024
@@ -94,6 +97,9 @@ class Discovered:
         table: Parquet: the same files as the planner's columns (:class:`FileTable`);
             ``files`` is then its view, each ``FileInfo`` built when read (``None``
             once ``files`` changed, and for other formats).
+        manifest: The reshard manifest the files were planned from, as shown to users
+            (``None``: planned from a listing). Readers name it as stale when a file
+            no longer matches it.
     """
 
     fs: FileSystemSpec
@@ -108,6 +114,7 @@ class Discovered:
     extra: Mapping[str, Any] = field(default_factory=dict)
     metadata: pa.Table | None = None
     table: FileTable | None = None
+    manifest: str | None = None
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -209,9 +216,10 @@ def discover(
     if partitioning not in (None, "hive"):
         raise ConfigError(f"partitioning={partitioning!r} is not supported; use 'hive' or None")
     fs_options = dict(source.storage_options or {})
+    user = given_filesystem(source)
     if format is FileFormat.PARQUET:
-        return _discover_parquet(path, source, fetch or FetchConfig(), share)
-    listing = list_files(path, fs_options, fetch)
+        return _discover_parquet(path, source, fetch or FetchConfig(), share, user)
+    listing = list_files(path, fs_options, fetch, filesystem=user)
     fs = listing.fs
     partitions = infer_partitions(listing.files) if partitioning == "hive" else None
     if format is FileFormat.ORC:
@@ -222,6 +230,14 @@ def discover(
         found = discover_text(fs, format, listing.files, options)
         return _discover_text(fs, format, found, options, partitions, columns, filters)
     raise ConfigError(f"format={format.value!r} is not implemented yet")
+
+
+def given_filesystem(source: FileSourceConfig) -> GivenFileSystem | None:
+    """The user's ``filesystem=`` object, wrapped once for this dataset (``None`` when not given)."""
+    given = source.filesystem
+    if given is None or isinstance(given, UserFileSystem):
+        return given
+    return UserFileSystem(given)
 
 
 def _discover_text(
@@ -334,12 +350,19 @@ class _Head:
 def _cache_spec(
     source: FileSourceConfig, fs: FileSystemSpec, fetch: FetchConfig
 ) -> tuple[FileSystemSpec, str] | None:
-    """The metadata cache's filesystem and path (the dataset's options on the same store)."""
+    """The metadata cache's filesystem and path (the dataset's filesystem on the same store)."""
     if source.metadata_cache is None:
         return None
-    spec, cache_path = resolve(source.metadata_cache, None, timeout=fetch.attempt_timeout)
-    if spec.protocol == fs.protocol:
-        spec = fs
+    scheme, sep, _ = source.metadata_cache.partition("://")
+    if fs.user is not None and (not sep or scheme in fs.user.protocols):
+        # With filesystem=, a path without a scheme (or with its scheme) is on that filesystem.
+        spec, cache_path = fs, fs.user.strip(source.metadata_cache)
+    else:
+        spec, cache_path = resolve(
+            source.metadata_cache, None, timeout=fetch.attempt_timeout, deadline=fetch.request_timeout
+        )
+        if spec.protocol == fs.protocol and fs.user is None:
+            spec = fs
     if spec.is_local and os.path.isdir(cache_path):
         raise ConfigError(
             f"metadata_cache={source.metadata_cache!r} is a directory; pass a file path such as "
@@ -361,7 +384,7 @@ def _with_listing(listing: pa.Table, rest: pa.Table) -> pa.Table:
 
 
 def _listed_paths(
-    path: str | Sequence[str], source: FileSourceConfig, fetch: FetchConfig
+    path: str | Sequence[str], source: FileSourceConfig, fetch: FetchConfig, user: GivenFileSystem | None
 ) -> tuple[FileSystemSpec, str] | None:
     """The filesystem of ``path`` and the path(s) as a cache records them (:func:`source_key`).
 
@@ -374,7 +397,16 @@ def _listed_paths(
         or not all(isinstance(p, (str, os.PathLike)) for p in paths)
     ):
         return None
-    resolved = [resolve(os.fspath(p), source.storage_options, timeout=fetch.attempt_timeout) for p in paths]
+    resolved = [
+        resolve(
+            os.fspath(p),
+            source.storage_options,
+            timeout=fetch.attempt_timeout,
+            deadline=fetch.request_timeout,
+            filesystem=user,
+        )
+        for p in paths
+    ]
     return resolved[0][0], source_key([f"{spec.protocol}://{stripped}" for spec, stripped in resolved])
 
 
@@ -401,19 +433,28 @@ def _trusted_head(cache: tuple[FileSystemSpec, str], key: CacheKey, fetch: Fetch
 
 
 def _discover_parquet(
-    path: str | Sequence[str], source: FileSourceConfig, fetch: FetchConfig, share: Exchange
+    path: str | Sequence[str],
+    source: FileSourceConfig,
+    fetch: FetchConfig,
+    share: Exchange,
+    user: GivenFileSystem | None,
 ) -> Discovered:
-    listed = _listed_paths(path, source, fetch) if source.metadata_cache is not None else None
+    listed = _listed_paths(path, source, fetch, user) if source.metadata_cache is not None else None
     key = CacheKey(
         filters="" if source.filters is None else str(source.filters),
         partitioning=source.partitioning or "",
         source="" if listed is None else listed[1],
+        filters_key=filter_key(source.filters) or "",
     )
 
     def head() -> _Head:
         if source.use_manifest is not False:
             found = find_manifest(
-                path, source.storage_options, required=source.use_manifest is True, fetch=fetch
+                path,
+                source.storage_options,
+                required=source.use_manifest is True,
+                fetch=fetch,
+                filesystem=user,
             )
             if found is not None:
                 return _Head(b"", None, None, None, found)
@@ -424,7 +465,7 @@ def _discover_parquet(
             if isinstance(got, _Head):
                 return got
             trusted = got
-        listing = list_files(path, dict(source.storage_options or {}), fetch)
+        listing = list_files(path, dict(source.storage_options or {}), fetch, filesystem=user)
         table = listing_table(listing.files)
         cache = _cache_spec(source, listing.fs, fetch)
         loaded = load_cache(*cache, table, key, fetch) if cache is not None else None
@@ -454,6 +495,8 @@ def _discover_parquet(
         os.fspath(path if isinstance(path, (str, os.PathLike)) else path[0]),
         source.storage_options,
         timeout=fetch.attempt_timeout,
+        deadline=fetch.request_timeout,
+        filesystem=user,
     )[0]
     listing = from_ipc(got.listing)
     partitions = infer_partitions(listed_files(listing)) if source.partitioning == "hive" else None
@@ -614,5 +657,6 @@ def _discover_manifest(
         files=files,
         partitions=partitions,
         extra={"manifest": manifest},
+        manifest=fs.display(posixpath.join(root, MANIFEST_NAME)),
         **request._asdict(),
     )

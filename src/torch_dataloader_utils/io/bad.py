@@ -362,12 +362,13 @@ class BadData:
         return standin_batch(schema, unit.lost)
 
 
-def confirm_unchanged(fs: FileSystemSpec, path: str, planned: Any) -> None:
+def confirm_unchanged(fs: FileSystemSpec, path: str, planned: Any, manifest: str | None = None) -> None:
     """Raise :class:`FileChangedError` if ``path`` is no longer the ``planned`` file (size, mtime).
 
-    Called before a failure to decode is taken for bad data.
+    Called before a failure to decode is taken for bad data. ``manifest``: the reshard
+    manifest the file was planned from, if any (its advice goes in the error).
     """
-    FileChecks(fs, {path: planned}).check(path, planned.size, planned.mtime)
+    FileChecks(fs, {path: planned}, manifest=manifest).check(path, planned.size, planned.mtime)
 
 
 def describe(exc: BaseException) -> str:

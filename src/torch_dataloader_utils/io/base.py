@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
@@ -13,6 +12,7 @@ import pyarrow.compute as pc
 from torch_dataloader_utils.config import BadDataConfig, CacheConfig, FetchConfig
 from torch_dataloader_utils.io.bad import BadData
 from torch_dataloader_utils.io.finish import BatchFinisher
+from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
 from torch_dataloader_utils.storage.cached import RemoteReads
 from torch_dataloader_utils.storage.fs import FileSystemSpec
@@ -48,6 +48,8 @@ class ReadRequest:
         filters: The row filter, or ``None``.
         output_schema: The schema of every output batch (files differing from it only in
             NOT NULL declarations are relabelled to it), or ``None``.
+        manifest: The reshard manifest the files were planned from (as shown to users),
+            or ``None`` (planned from a listing): the advice when a file changed.
         cache: The node-local ``data_cache`` of remote bytes, or ``None``.
         fetch: Retries and time budget of remote requests, or ``None`` (defaults).
         bad_data: What to do with units that do not decode (``on_bad_data``).
@@ -62,6 +64,7 @@ class ReadRequest:
     partition_columns: tuple[str, ...] = ()
     filters: pc.Expression | None = None
     output_schema: pa.Schema | None = None
+    manifest: str | None = None
     cache: CacheConfig | None = None
     fetch: FetchConfig | None = None
     bad_data: BadDataConfig | None = None
@@ -100,24 +103,32 @@ class OpenFiles(Generic[T]):
         self._opener = opener
         self._size = size
         self._closer = closer
-        self._open: OrderedDict[str, T] = OrderedDict()
+        self._open = self._empty()
+
+    def _empty(self) -> BoundedDict[str, T]:
+        closer = self._closer
+        return BoundedDict(self._size, lru=True, on_drop=None if closer is None else lambda _, f: closer(f))
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_open"] = OrderedDict()
+        state["_open"] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open = self._empty()
 
     def __len__(self) -> int:
         return len(self._open)
 
     def get(self, path: str) -> T:
         """The open file of ``path`` (opened now if it is not in the cache)."""
-        handle = self._open.pop(path, None)
+        handle = self._open.get(path)
         if handle is None:
             handle = self._opener(path)
-        self._open[path] = handle
-        while len(self._open) > self._size:
-            _, old = self._open.popitem(last=False)
-            if self._closer is not None:
-                self._closer(old)
+            self._open[path] = handle
         return handle
+
+    def close(self) -> None:
+        """Drop (and close, with a ``closer``) every open file."""
+        self._open.clear()

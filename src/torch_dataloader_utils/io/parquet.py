@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,8 +13,10 @@ from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, describe
 from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
 from torch_dataloader_utils.io.prefetch import ChunkSource, FetchStats, column_ranges
-from torch_dataloader_utils.plan.types import Chunk, RowGroup
-from torch_dataloader_utils.storage.identity import FileChecks
+from torch_dataloader_utils.plan.types import Chunk, FileInfo, RowGroup
+from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.handles import too_many_open_files
+from torch_dataloader_utils.storage.identity import FileChecks, check_footer, stale_advice
 
 __all__ = ["READ_BATCH_ROWS", "ParquetReader"]
 
@@ -58,14 +61,27 @@ class ParquetReader:
         self._batch_size = request.batch_size
         self._read_rows = max(request.batch_size, READ_BATCH_ROWS)
         self._use_threads = use_threads
-        self._open = OpenFiles(self._open_parquet)
-        self._checks = FileChecks(request.fs, request.files)  # never read a rewritten file
-        # Remote files: bytes come from the source (read-ahead, retries); see io/prefetch.py.
-        self._source = source
-        self._local_stats = FetchStats()
         # Files counted by discovery.counts: row positions count only rows that pass the
         # filter, so a row group is filtered first and sliced after.
         self._filtered_positions = filtered_positions
+        self._manifest = request.manifest
+        # Local files, kept open (the opener holds no reference to this reader, so the
+        # files close as soon as the dataset is deleted).
+        self._open = OpenFiles(
+            functools.partial(
+                _open_checked,
+                request.fs,
+                request.files,
+                filtered_positions,
+                request.manifest,
+                tuple(request.data_columns),
+            )
+        )
+        # Never read a rewritten file.
+        self._checks = FileChecks(request.fs, request.files, manifest=request.manifest)
+        # Remote files: bytes come from the source (read-ahead, retries); see io/prefetch.py.
+        self._source = source
+        self._local_stats = FetchStats()
         self._bad = request.bad()
         self._schema = request.output_schema
         # Positions count rows before the filter (no filter) or after a counted one: a
@@ -97,7 +113,7 @@ class ParquetReader:
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next, in order (remote read-ahead)."""
-        self._checks.schedule(() if self._cached else (c.path for c in chunks), self._metadata_request)
+        self._checks.schedule(() if self._cached else (c.path for c in chunks), self._metadata_request())
         if self._source is not None:
             self._source.schedule(chunks)
 
@@ -120,13 +136,13 @@ class ParquetReader:
         stats = self._source.stats if self._source is not None else self._local_stats
         return stats.totals()
 
-    def _metadata_request(self) -> None:
-        """A remote file's size and time were asked (is it the planned file?): one request."""
-        stats = self._source.stats if self._source is not None else self._local_stats
-        stats.add(0)
+    def _metadata_request(self) -> functools.partial[None]:
+        """Counts one request: a remote file's size and time were asked (is it the planned file?).
 
-    def _open_parquet(self, path: str) -> pq.ParquetFile:
-        return pq.ParquetFile(path, filesystem=self._fs.arrow())
+        Bound to the statistics, not to this reader: the file checks keep it.
+        """
+        stats = self._source.stats if self._source is not None else self._local_stats
+        return functools.partial(stats.add, 0)
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the chunk's rows (filtered, projected) in file order."""
@@ -137,7 +153,7 @@ class ParquetReader:
         pf: pq.ParquetFile | None = None
         try:
             if not self._cached:
-                self._checks.check(chunk.path, info.size, info.mtime, self._metadata_request)
+                self._checks.check(chunk.path, info.size, info.mtime, self._metadata_request())
             if self._source is not None:
                 pf = self._source.open(chunk)
             else:
@@ -166,10 +182,12 @@ class ParquetReader:
                 for batch in table.slice(lo, hi - lo).to_batches(max_chunksize=self._read_rows):
                     yield self._finish(batch, chunk.path)
         except (OSError, pa.ArrowException) as exc:
-            if pf is not None and not self._bad.skipping:
+            descriptors = too_many_open_files(exc)
+            if pf is not None and descriptors is None and not self._bad.skipping:
                 self._diagnose(pf, chunk, groups)
             raise ReadError(
                 f"reading {self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop}) failed: {exc}"
+                + ("" if descriptors is None else f": {descriptors}")
             ) from exc
 
     def _by_group(
@@ -182,6 +200,8 @@ class ParquetReader:
             try:
                 table = pf.read_row_group(g.index, columns=self._data_columns, use_threads=self._use_threads)
             except (OSError, pa.ArrowException) as exc:
+                if too_many_open_files(exc) is not None:
+                    raise
                 standin = self._bad_group(pf, chunk, g, hi - lo, exc)
                 if standin is not None:
                     yield standin
@@ -202,7 +222,7 @@ class ParquetReader:
             raise ReadError(
                 f"row group {g.index} of {self._fs.display(chunk.path)!r} has {passing} rows passing "
                 f"filters={self._filters} but {g.num_rows} were counted when the dataset was built; "
-                "the file changed since then: build the dataset again"
+                f"the file changed since then: {stale_advice(self._manifest)}"
             )
         if lo == 0 and hi == g.num_rows:
             yield from parts
@@ -226,7 +246,7 @@ class ParquetReader:
             FileChangedError: the file is no longer the planned one (never bad data).
             BadDataError: with ``on_bad_data='raise'``.
         """
-        confirm_unchanged(self._fs, chunk.path, self._files[chunk.path])
+        confirm_unchanged(self._fs, chunk.path, self._files[chunk.path], self._manifest)
         unit = self._unit(pf, chunk.path, g, exc, rows if self._exact else 0)
         reading = f"{self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop})"
         return self._bad.resolve(unit, exc, reading=reading, padding=chunk.padding, schema=self._schema)
@@ -249,3 +269,22 @@ class ParquetReader:
 
     def _finish(self, batch: pa.RecordBatch, path: str) -> pa.RecordBatch:
         return self._finisher(batch, path)
+
+
+def _open_checked(
+    fs: FileSystemSpec,
+    files: Mapping[str, FileInfo],
+    filtered: bool,
+    manifest: str | None,
+    columns: Sequence[str],
+    path: str,
+) -> pq.ParquetFile:
+    """Open a local Parquet file and check its footer against the plan (:func:`check_footer`)."""
+    pf = pq.ParquetFile(path, filesystem=fs.arrow())
+    try:
+        shown = fs.display(path)
+        check_footer(shown, files[path], pf.metadata, filtered=filtered, manifest=manifest, columns=columns)
+    except BaseException:
+        pf.close()
+        raise
+    return pf

@@ -33,6 +33,7 @@ import numpy as np
 
 from torch_dataloader_utils.errors import PlanError
 from torch_dataloader_utils.plan.assign import assign
+from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.chunks import (
     ChunkTable,
     build_chunks,
@@ -763,15 +764,15 @@ class Planner:
         self.files = spec.files if isinstance(spec.files, FileTable) else FileTable.from_infos(spec.files)
         self._chunks: ChunkTable | None = None
         self._shares: dict[tuple[int, int], _Shares] = {}
-        self._parts: dict[tuple[int, int, int], tuple[list[Part], _Shares]] = {}
-        self._plans: dict[tuple[int, int, int], RankPlan] = {}
+        self._parts: BoundedDict[tuple[int, int, int], tuple[list[Part], _Shares]] = BoundedDict(64)
+        self._plans: BoundedDict[tuple[int, int, int], RankPlan] = BoundedDict(16)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"spec": self.spec, "files": self.files, "_chunks": self._chunks}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._shares, self._parts, self._plans = {}, {}, {}
+        self._shares, self._parts, self._plans = {}, BoundedDict(64), BoundedDict(16)
 
     def for_world(self, num_ranks: int) -> Planner:
         """This planner for a world of ``num_ranks`` ranks (sharing the chunk table)."""
@@ -880,8 +881,6 @@ class Planner:
             table, index = shares.share(rank)
             rows_of = table.rows[index]
             out = [Part(table, i, 0, n) for i, n in zip(index.tolist(), rows_of.tolist(), strict=True)]
-        if len(self._parts) >= 64:
-            self._parts.pop(next(iter(self._parts)))
         self._parts[key] = (out, shares)
         return out, shares
 
@@ -938,8 +937,6 @@ class Planner:
             share_size=len(parts),
             digest=shares.digest(rank),
         )
-        if len(self._plans) >= 16:
-            self._plans.pop(next(iter(self._plans)))
         self._plans[key] = plan
         return plan
 

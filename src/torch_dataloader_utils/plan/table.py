@@ -29,6 +29,7 @@ from typing import Any, overload
 
 import numpy as np
 
+from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.types import FileInfo, RecordIndex, RowGroup
 
 __all__ = ["FileTable", "FileWithDeletes", "encode_paths", "search"]
@@ -290,7 +291,7 @@ class FileTable(Mapping[str, FileInfo]):
     _infos: Sequence[FileInfo] | None
     _by_path: dict[str, int] | None
     _order: Array | None
-    _cache: dict[int, FileInfo]
+    _cache: BoundedDict[int, FileInfo]
     _seen: dict[str, int]
     _deleted_count: Array | None
 
@@ -476,7 +477,7 @@ class FileTable(Mapping[str, FileInfo]):
                 raise ValueError(f"{name} must have shape ({n},)")
         self._by_path = None
         self._order = None
-        self._cache = {}
+        self._cache = BoundedDict(64)
         self._seen = {}
         if self.delete_offsets is not None:
             self._deleted_count = np.diff(self.delete_offsets)
@@ -581,7 +582,7 @@ class FileTable(Mapping[str, FileInfo]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = {name: getattr(self, name) for name in self.__slots__}
-        state.update(_by_path=None, _cache={}, _seen={})
+        state.update(_by_path=None, _cache=BoundedDict(64), _seen={})
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -692,8 +693,6 @@ class FileTable(Mapping[str, FileInfo]):
         )
         deleted = self.deleted_of(i)
         info = FileWithDeletes(*args, deleted=deleted) if len(deleted) else FileInfo(*args)
-        if len(self._cache) >= 64:
-            self._cache.pop(next(iter(self._cache)))
         self._cache[i] = info
         return info
 

@@ -26,6 +26,7 @@ from torch_dataloader_utils.io.bad import is_standin
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
+from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.mixing import RowMixing
 from torch_dataloader_utils.plan.pieces import Piece, as_pieces, mix_pieces, window_pieces
 from torch_dataloader_utils.plan.planner import Planner, PlanSpec, RankPlan, nondeterministic
@@ -146,7 +147,6 @@ class PlannedDataset(IterableDataset[Any]):
             },
             options.world,
             shuffle.shuffle_seed,
-            piece_rows=self._rows_per_piece,
         )
         self._planner = Planner(
             PlanSpec(
@@ -168,9 +168,9 @@ class PlannedDataset(IterableDataset[Any]):
         self._totals: torch.Tensor | None = None
         if self._planner.rank_aware and options.equalized:
             self._totals = torch.zeros(options.world.num_ranks + 1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
-        self._plans: dict[tuple[int, int], EpochPlan] = {}
-        self._resumers: dict[tuple[int, int, int], Resumer] = {}
-        self._piece_rows: dict[tuple[int, int, int], list[list[int]] | None] = {}
+        self._plans: BoundedDict[tuple[int, int], EpochPlan] = BoundedDict(4)
+        self._resumers: BoundedDict[tuple[int, int, int], Resumer] = BoundedDict(4)
+        self._piece_rows: BoundedDict[tuple[int, int, int], list[list[int]] | None] = BoundedDict(4)
         self._last_rows: tuple[list[dict[str, Any]], int, int, list[list[int]] | None] | None = None
         self._logged: set[int] = set()
         self.metrics = MetricsRecorder(options.progress)
@@ -453,15 +453,15 @@ class PlannedDataset(IterableDataset[Any]):
         plan = self._plans.get(key)
         if plan is None:
             plan = self._planner.epoch_plan(epoch, workers)
-            if len(self._plans) >= 4:
-                self._plans.pop(next(iter(self._plans)))
             self._plans[key] = plan
         return plan
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Workers plan their own epoch; do not ship plans (the planner keeps its chunk table).
-        state["_plans"], state["_resumers"], state["_piece_rows"], state["_last_rows"] = {}, {}, {}, None
+        for name in ("_plans", "_resumers", "_piece_rows"):
+            state[name] = BoundedDict(4)
+        state["_last_rows"] = None
         return state
 
     def _auto_workers(self) -> int:
@@ -515,8 +515,6 @@ class PlannedDataset(IterableDataset[Any]):
                 exact=self._row_count_issue is None,
                 mixing=self.row_mixing,
             )
-            if len(self._resumers) >= 4:
-                self._resumers.pop(next(iter(self._resumers)))
             self._resumers[key] = found
         return found
 
@@ -564,8 +562,6 @@ class PlannedDataset(IterableDataset[Any]):
             rows = None
         else:
             rows = [[int(n or 0) for n in ps] for ps in counts]
-        if len(self._piece_rows) >= 4:
-            self._piece_rows.pop(next(iter(self._piece_rows)))
         self._piece_rows[key] = rows
         self._last_rows = (segments, epoch, workers, rows)
         return rows
@@ -777,7 +773,7 @@ class PlannedDataset(IterableDataset[Any]):
         It is tied to the files and options (``fingerprint``) and is small: a cursor
         ``(piece, row offset)`` per worker, per interrupted segment of the epoch.
         """
-        return self._state.state_dict(self.epoch)
+        return self._state.state_dict(self.epoch, self._rows_per_piece)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a state: the next pass over its epoch reads only what was not consumed.

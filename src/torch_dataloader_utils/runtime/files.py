@@ -27,7 +27,8 @@ from torch_dataloader_utils.runtime.options import (
     file_source,
 )
 from torch_dataloader_utils.runtime.readers import make_reader
-from torch_dataloader_utils.runtime.report import log_files
+from torch_dataloader_utils.runtime.report import log_data_path, log_files
+from torch_dataloader_utils.storage.expressions import filter_identity
 
 __all__ = ["StructuredDataset", "create_dataloader"]
 
@@ -200,6 +201,7 @@ class StructuredDataset(PlannedDataset):
         found = discover(path, source, text=text, fetch=options.fetch, share=share.exchange())
         found, issue = count_filtered(found, options.counts_rows, options.counting.count_rows)
         where = found.fs.display(_first(path))
+        log_data_path(found.fs.data_path_description, not found.fs.is_local, options.world.rank)
         log_files(
             found.table if found.table is not None else found.files,
             f"found {len(found.files):,} {source.format.value} files under {where!r}",
@@ -225,8 +227,8 @@ class StructuredDataset(PlannedDataset):
             identity={
                 "format": source.format.value,
                 "columns": list(found.output_columns),
-                "filters": None if found.filters is None else str(found.filters),
                 "partitioning": source.partitioning,
+                **filter_identity(found.filters),
             },
         )
 

@@ -62,7 +62,8 @@ class WorkerMetrics:
         batches_read: Batches received.
         bytes_read: Arrow size of those batches before conversion (the decoded bytes).
         files_read: Pieces of the plan (chunks, or windows of the row shuffle) begun.
-        elapsed_sec: Seconds from the first to the last batch received (0 for one batch).
+        elapsed_sec: Seconds from the start of the pass (the loop asking for its first
+            batch) to the last batch received, as in 0.2.0.
         chunks_done: Pieces whose every row reached the loop.
         rows_padded: Rows flagged ``_is_padding`` (``equal_batches='pad'``).
         bytes_fetched: Bytes read from storage: remote files, what the ranged requests
@@ -394,6 +395,7 @@ class MetricsRecorder:
         self._workers: dict[int, WorkerMetrics] = {}
         self._live: dict[int, WorkStats] = {}
         self._progress: Progress | None = None
+        self._pass_started: float | None = None
         self.epoch = 0
         self.wait_sec = 0.0
         self.between_sec = 0.0
@@ -418,6 +420,7 @@ class MetricsRecorder:
         self._fold_live()
         self.epoch = epoch
         self.first_batch_sec = None
+        self._pass_started = time.monotonic()
         self._progress = progress() if progress is not None else None
 
     def record(self, tag: Sequence[int]) -> None:
@@ -428,7 +431,7 @@ class MetricsRecorder:
         now = time.monotonic()
         m = self._workers.get(worker)
         if m is None:
-            m = self._workers[worker] = WorkerMetrics(worker_id=worker, _first=now)
+            m = self._workers[worker] = self._new(worker, now)
         m.rows_read += rows
         m.batches_read += 1
         m.bytes_read += nbytes
@@ -442,8 +445,13 @@ class MetricsRecorder:
         """Add what worker ``worker`` reported with a group of batches (and rows skipped per file)."""
         m = self._workers.get(worker)
         if m is None:
-            m = self._workers[worker] = WorkerMetrics(worker_id=worker, _first=time.monotonic())
+            m = self._workers[worker] = self._new(worker, time.monotonic())
         m.add_work(delta, files)
+
+    def _new(self, worker: int, now: float) -> WorkerMetrics:
+        """A worker's counters, timed from the start of the pass (``now`` outside a pass)."""
+        started = self._pass_started if self._pass_started is not None else now
+        return WorkerMetrics(worker_id=worker, _first=min(started, now))
 
     def attach(self, worker: int, work: WorkStats) -> None:
         """Read ``work`` directly (the dataset is read in this process)."""

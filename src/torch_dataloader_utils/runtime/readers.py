@@ -41,11 +41,13 @@ def make_reader(
         partition_columns=found.partition_columns,
         filters=found.filters,
         output_schema=found.output_schema,
+        manifest=found.manifest,
         cache=cache,
         fetch=fetch,
         bad_data=bad_data,
     )
     if found.format is FileFormat.PARQUET:
+        filtered = bool(found.extra.get("filtered_positions", False))
         source = None
         if not found.fs.is_local:
             source = ChunkSource(
@@ -54,11 +56,11 @@ def make_reader(
                 columns=found.data_columns,
                 footers=found.extra.get("parquet_footers"),
                 config=fetch,
+                filtered=filtered,
+                manifest=found.manifest,
                 reads=request.reads(),
             )
-        return ParquetReader(
-            request, source=source, filtered_positions=bool(found.extra.get("filtered_positions", False))
-        )
+        return ParquetReader(request, source=source, filtered_positions=filtered)
     if found.format is FileFormat.ORC:
         return OrcReader(request)
     if found.format in (FileFormat.CSV, FileFormat.JSONL):

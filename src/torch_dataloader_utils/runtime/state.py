@@ -30,6 +30,7 @@ from torch_dataloader_utils.plan.state import (
 )
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import FileInfo, World
+from torch_dataloader_utils.storage.expressions import lossless_text
 
 __all__ = ["EpochProgress", "ResumeTracker", "Stateful", "Tagged", "complete_state", "gather_state"]
 
@@ -161,9 +162,6 @@ class ResumeTracker:
         options: The options a state is tied to (JSON values), part of the fingerprint.
         world: The ranks this dataset plans for.
         seed: The shuffle seed (saved in the state).
-        piece_rows: ``(epoch, num_workers, segments)`` -> the rows of each piece of each
-            worker of this rank in that pass (``None`` when unknown), so a state records
-            the rows each worker has left.
     """
 
     def __init__(
@@ -172,10 +170,8 @@ class ResumeTracker:
         options: Mapping[str, Any],
         world: World,
         seed: int,
-        piece_rows: Callable[[int, int, list[dict[str, Any]]], Sequence[Sequence[int]] | None] | None = None,
     ) -> None:
         self._files = files
-        self._piece_rows = piece_rows
         self._options = dict(options)
         self._world = world
         self._seed = seed
@@ -236,8 +232,18 @@ class ResumeTracker:
             self.progress.done = True
         self._token.fill_(0)
 
-    def state_dict(self, epoch: int) -> dict[str, Any]:
-        """This rank's state: what the loop consumed of ``epoch`` (plain JSON values)."""
+    def state_dict(
+        self,
+        epoch: int,
+        piece_rows: Callable[[int, int, list[dict[str, Any]]], Sequence[Sequence[int]] | None] | None = None,
+    ) -> dict[str, Any]:
+        """This rank's state: what the loop consumed of ``epoch`` (plain JSON values).
+
+        ``piece_rows(epoch, num_workers, segments)`` gives the rows of each piece of each
+        worker of this rank in that pass (``None`` when unknown), so the state records
+        the rows each worker has left. It is passed here, not kept: the dataset that owns
+        this tracker is then freed as soon as it is deleted (no reference cycle).
+        """
         progress = self.progress
         segments = progress.base if progress is not None else self.live_segments(epoch) or []
         state: dict[str, Any] = {
@@ -252,8 +258,8 @@ class ResumeTracker:
         if progress is None:
             return state
         rows = None
-        if self._piece_rows is not None and not progress.done:
-            rows = self._piece_rows(epoch, progress.num_workers, progress.base)
+        if piece_rows is not None and not progress.done:
+            rows = piece_rows(epoch, progress.num_workers, progress.base)
         segment = {
             "num_ranks": self._world.num_ranks,
             "ranks": {str(self._world.rank): progress.entry(rows)},
@@ -283,6 +289,8 @@ class ResumeTracker:
         saved = plain.get("fingerprint") if isinstance(plain, dict) else None
         if isinstance(saved, dict) and "files_digest" not in saved and "files_sha256" in saved:
             expected = {**expected, "files_sha256": legacy_files_sha256(self._files)}  # an older state
+        if isinstance(saved, dict):
+            expected = _older_filter(saved.get("options"), expected)
         checked = normalize(check_state(plain, expected))
         epoch = int(checked["epoch"])
         segments = checked["segments"]
@@ -297,3 +305,20 @@ class ResumeTracker:
         self.loaded = {"epoch": epoch, "segments": segments, "token": token}
         self._token.fill_(token)
         return epoch
+
+
+def _older_filter(saved: object, expected: dict[str, Any]) -> dict[str, Any]:
+    """``expected`` for a state saved before filters had a lossless key (``filters_sha256``).
+
+    Such a state recorded only the filter's text. It is accepted when that text is this
+    dataset's filter shown whole; an abbreviated text (pyarrow prints long lists as
+    ``...``) cannot tell two filters apart, so the key is then required.
+    """
+    options = expected["options"]
+    if not isinstance(saved, dict) or "filters_sha256" in saved or "filters_sha256" not in options:
+        return expected
+    text = saved.get("filters")
+    if isinstance(text, str) and text == options.get("filters") and lossless_text(text):
+        trimmed = {k: v for k, v in options.items() if k != "filters_sha256"}
+        return {**expected, "options": trimmed}
+    return expected

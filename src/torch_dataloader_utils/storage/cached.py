@@ -32,6 +32,7 @@ from torch_dataloader_utils.config import CacheConfig, FetchConfig
 from torch_dataloader_utils.storage.cache import FileKey, RangeCache, range_cache
 from torch_dataloader_utils.storage.fetch import fetch_range
 from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.handles import Handles
 
 __all__ = ["BLOCK_BYTES", "BlockFile", "ReadOnlyFile", "RemoteReads", "file_key", "open_blocks"]
 
@@ -103,11 +104,13 @@ class RemoteReads:
         on_retry: Callable[[], None] | None = None,
         metadata: bool = False,
         before_fetch: Callable[[], None] | None = None,
+        handles: Handles | None = None,
     ) -> bytes:
         """Bytes ``[start, stop)`` of ``path`` (clipped to ``size``): cached, or fetched with retries.
 
         ``on_request`` and ``on_retry`` are called for requests to storage only (a hit
-        makes none); ``before_fetch`` before the first of them.
+        makes none); ``before_fetch`` before the first of them. ``handles``: the reader's
+        open native files (see :func:`~torch_dataloader_utils.storage.fetch.fetch_range`).
         """
         stop = min(stop, size)
 
@@ -124,6 +127,7 @@ class RemoteReads:
                 on_request=on_request,
                 on_retry=on_retry,
                 metadata=metadata,
+                handles=handles,
             )
 
         cache = self.cache()

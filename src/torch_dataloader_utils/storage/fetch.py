@@ -17,6 +17,7 @@ from typing import TypeVar
 from torch_dataloader_utils.config import FetchConfig
 from torch_dataloader_utils.errors import DataLoaderUtilsError, ReadError
 from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.handles import Handles, too_many_open_files
 from torch_dataloader_utils.storage.redact import redact
 
 __all__ = ["GaveUp", "fetch_range", "is_transient", "retry_call"]
@@ -161,6 +162,7 @@ def fetch_range(
     on_request: Callable[[int], None] | None = None,
     on_retry: Callable[[], None] | None = None,
     metadata: bool = False,
+    handles: Handles | None = None,
 ) -> bytes:
     """Bytes ``[start, stop)`` of ``path``, retrying transient errors with backoff.
 
@@ -174,16 +176,19 @@ def fetch_range(
         on_request: Called with the bytes received after every successful request.
         on_retry: Called before every retry of a request that failed transiently.
         metadata: A one-off metadata read (see :meth:`FileSystemSpec.read_range`).
+        handles: The reader's open files (see :meth:`FileSystemSpec.read_range`).
 
     Raises:
         ReadError: naming the file, the byte range and the endpoint, when the error is
-            permanent or the retries or time budget are spent.
+            permanent or the retries or time budget are spent; or the process's limit
+            of open files, when that was the error.
+        FileChangedError: the file opened is not ``size`` bytes.
     """
     if size is not None:
         stop = min(stop, size)
 
     def attempt() -> bytes:
-        data = fs.read_range(path, start, stop, size, metadata=metadata)
+        data = fs.read_range(path, start, stop, size, metadata=metadata, handles=handles)
         if size is not None and len(data) != stop - start:
             raise _ShortRead(f"got {len(data)} of {stop - start} bytes")
         if on_request is not None:
@@ -194,11 +199,16 @@ def fetch_range(
         return retry_call(attempt, config, on_retry)
     except GaveUp as failed:
         endpoint = fs.endpoint or "its storage"
-        hint = (
-            f"; check that {endpoint} is up and reachable, or raise retries= / request_timeout="
-            if failed.transient
-            else f"; check the path, the credentials and the endpoint ({endpoint}) in storage_options"
-        )
+        descriptors = too_many_open_files(failed.error)
+        where = "in storage_options" if fs.user is None else f"of filesystem={fs.user.name}"
+        advice = "" if fs.user is None else fs.user.advice
+        if descriptors is not None:
+            hint = f": {descriptors}"
+        elif failed.transient:
+            hint = f"; check that {endpoint} is up and reachable, or raise retries= / request_timeout="
+            hint += advice
+        else:
+            hint = f"; check the path, the credentials and the endpoint ({endpoint}) {where}"
         raise ReadError(
             f"reading {fs.display(path)!r} bytes [{start}, {stop}) failed {failed.how(config)}{hint}"
         ) from failed.error

@@ -80,6 +80,8 @@ class Inspection:
         issues: Layout warnings for the ranks x workers asked.
         recommendation: What to do, as sentences.
         split: The recommended ``{"split_bytes": n}`` (or ``{"split_rows": n}`` for small data).
+        data_path: How data bytes are read, and why (pyarrow's native client or the
+            fsspec path); empty for Iceberg tables (their FileIO reads them).
     """
 
     source: str
@@ -93,6 +95,7 @@ class Inspection:
     issues: list[LayoutIssue]
     recommendation: list[str]
     split: dict[str, int]
+    data_path: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON-ready)."""
@@ -115,6 +118,7 @@ class Inspection:
             "issues": [{"kind": i.kind, "message": i.message} for i in self.issues],
             "recommendation": self.recommendation,
             "split": self.split,
+            "data_path": self.data_path,
         }
 
 
@@ -234,7 +238,15 @@ def inspect_dataset(request: InspectRequest) -> Inspection:
         issues=issues,
         recommendation=advice,
         split=split,
+        data_path=_data_path(dataset),
     )
+
+
+def _data_path(dataset: PlannedDataset) -> str:
+    """How the dataset's bytes are read (file datasets), or ``""``."""
+    found = getattr(dataset, "discovered", None)
+    fs = getattr(found, "fs", None)
+    return str(getattr(fs, "data_path_description", ""))
 
 
 def render_text(found: Inspection) -> str:
@@ -265,6 +277,8 @@ def render_text(found: Inspection) -> str:
     lines.append("schema:")
     lines += [f"  {s}" for s in found.schema]
     lines.append("partitions: " + (", ".join(found.partitions) if found.partitions else "none"))
+    if found.data_path:
+        lines.append(f"data bytes read through: {found.data_path}")
     lines.append("largest files:")
     for path, nbytes, rows in found.largest:
         lines.append(f"  {size(nbytes):>10}  {'?' if rows is None else f'{rows:,}':>12} rows  {path}")
