@@ -158,7 +158,7 @@ def test_every_reshard_keyword_is_one_field_of_one_config() -> None:
     for config in (ReshardConfig, ReshardSourceConfig):
         for name in _fields(config):
             owners.setdefault(name, []).append(config.__name__)
-    destination = {"dst_storage_options"}  # resolved into the destination's filesystem
+    destination = {"dst_storage_options", "dst_filesystem"}  # resolved into the destination's filesystem
     for key in _keys(ReshardKeywords) - destination:
         assert len(owners.get(key, [])) == 1, f"reshard option {key!r} is a field of {owners.get(key)}"
     assert set(owners) - _keys(ReshardKeywords) == {"src"}  # the positional argument
