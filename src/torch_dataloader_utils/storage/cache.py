@@ -398,19 +398,32 @@ class RangeCache:
         described = os.path.exists(source)
         if not described:
             need += BLOCK  # the file's source.json
+        kind, crc = _checksum(data)
+        entry = self.entry_path(key, start, stop)
+        opened: list[tuple[str, int]] = []
+
+        def allocate() -> None:  # under the usage lock: any later recount sees the entry whole
+            os.makedirs(folder, exist_ok=True)
+            opened.append(_open_tmp(entry, nbytes + TRAILER_BYTES))
+
         try:
-            if not self._reserve(need):
+            if not self._reserve(need, allocate):
                 self.stats.add(bypassed=1)
                 return False
         except OSError as exc:
             self._cannot_write(exc)
             return False
+        tmp, fd = opened[0]
         try:
-            os.makedirs(folder, exist_ok=True)
             if not described:
-                _write_file(source, _source(key), b"")
-            kind, crc = _checksum(data)
-            _write_file(self.entry_path(key, start, stop), data, _TRAILER.pack(kind, nbytes, crc))
+                try:
+                    _write_file(source, _source(key), b"")
+                except OSError:
+                    os.close(fd)
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
+            _finish_tmp(tmp, fd, entry, data, _TRAILER.pack(kind, nbytes, crc))
         except OSError as exc:
             with contextlib.suppress(OSError):
                 self._release(need)
@@ -451,8 +464,13 @@ class RangeCache:
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
 
-    def _reserve(self, nbytes: int) -> bool:
-        """Count ``nbytes`` more in ``usage``, evicting first when they would pass the limit."""
+    def _reserve(self, nbytes: int, allocate: Callable[[], None] | None = None) -> bool:
+        """Count ``nbytes`` more in ``usage``, evicting first when they would pass the limit.
+
+        ``allocate`` runs under the lock once the bytes are granted: it creates the entry's
+        temporary file at full size, so an eviction's recount from the disk (by any
+        process) counts the reservation.
+        """
         with self._usage() as fd:
             used = _read_usage(fd)
             if used + nbytes > self.limit:
@@ -460,6 +478,12 @@ class RangeCache:
                 if used + nbytes > self.limit:
                     _write_usage(fd, used)
                     return False
+            if allocate is not None:
+                try:
+                    allocate()
+                except BaseException:
+                    _write_usage(fd, used)
+                    raise
             _write_usage(fd, used + nbytes)
             return True
 
@@ -488,6 +512,7 @@ class RangeCache:
                             os.unlink(path)
                         else:
                             total += -(-st.st_size // BLOCK) * BLOCK
+                            count += 1  # its folder and source.json stay
                     continue
                 if name == "source.json":
                     total += BLOCK
@@ -601,19 +626,36 @@ def _source(key: FileKey) -> bytes:
 
 def _write_file(path: str, data: bytes, trailer: bytes) -> None:
     """Write ``data + trailer`` to ``path`` atomically (a temporary file renamed into place)."""
+    _finish_tmp(*_open_tmp(path, len(data) + len(trailer)), path, data, trailer)
+
+
+def _open_tmp(path: str, total: int) -> tuple[str, int]:
+    """``path``'s temporary file, created at its full size ``total``: its name and descriptor.
+
+    Its full size at once: a full disk fails here, and an eviction counts it whole.
+    """
     tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
+        if total and hasattr(os, "posix_fallocate"):
+            try:
+                os.posix_fallocate(fd, 0, total)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                os.ftruncate(fd, total)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp, fd
+
+
+def _finish_tmp(tmp: str, fd: int, path: str, data: bytes, trailer: bytes) -> None:
+    """Write ``data + trailer`` through ``fd`` (from :func:`_open_tmp`), close it, rename to ``path``."""
+    try:
         try:
-            # Its full size at once: a full disk fails here, and an eviction counts it whole.
-            total = len(data) + len(trailer)
-            if total and hasattr(os, "posix_fallocate"):
-                try:
-                    os.posix_fallocate(fd, 0, total)
-                except OSError as exc:
-                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                        raise
-                    os.ftruncate(fd, total)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
