@@ -30,9 +30,9 @@ compute is a miss, not an error.
 to 4 KiB blocks) in ``usage`` under its lock; when the reservation would pass
 ``data_cache_size``, the least recently used entries are removed (a hit refreshes an
 entry's modification time) until the cache is 10% below the limit, and ``usage`` is
-recounted from the disk. The recount misses entries another process has reserved but
-not yet begun to write (its temporary file is allocated at full size only then), so
-with several writers the entries can pass the limit by about one entry per writer.
+recounted from the disk, where an entry being written is counted whole: its temporary
+file is created at full size under the same lock, when its bytes are granted. So the
+entries never hold more than the limit.
 A range larger than a quarter of the limit is not cached.
 
 **Never an error.** A full disk (or any failure to write) is a warning, once per process
