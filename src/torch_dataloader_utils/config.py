@@ -496,17 +496,27 @@ class BatchConfig:
         batch_size: Rows per batch.
         drop_last: Drop each worker's last, short batch.
         equal_batches: The equal-batches policy across ranks.
+        canonical_ranks: Elastic order: plan every epoch for this many canonical ranks,
+            shared by the physical ranks (``None``: plan for the physical ranks).
     """
 
     batch_size: int = DEFAULT_BATCH_SIZE
     drop_last: bool = False
     equal_batches: EqualBatches = DEFAULT_EQUAL_BATCHES
+    canonical_ranks: int | None = None
 
     def __post_init__(self) -> None:
         check_int(self.batch_size, "batch_size", 1, hint=" (rows per batch)")
         check_bool(self.drop_last, "drop_last")
         if not isinstance(self.equal_batches, EqualBatches):
             coerce_equal_batches(self.equal_batches)  # raises, naming the choices
+        hint = " (canonical streams every epoch is planned for; any world size dividing it)"
+        check_int(self.canonical_ranks, "canonical_ranks", 1, optional=True, hint=hint)
+        if self.canonical_ranks is not None and self.equal_batches is EqualBatches.OFF:
+            raise IncompatibleOptionsError(
+                f"canonical_ranks={self.canonical_ranks} gives every canonical stream the same rows, "
+                "which equal_batches='off' does not; pass equal_batches='drop' or 'pad'"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -652,10 +662,12 @@ class DistributedConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderConfig:
-    """Options passed through to ``torch.utils.data.DataLoader``.
+    """Options passed through to ``torch.utils.data.DataLoader``, and where batches are handed over.
 
     ``num_workers=None`` means automatic: the dataset resolves it once (CPUs per rank,
-    at most one per chunk, at most 8), before the loader is built.
+    at most one per chunk, at most 8), before the loader is built. ``device`` (a
+    ``torch.device``, resolved and checked at the edge from ``'cuda'``, ``'auto'``...):
+    the loader copies batches there ahead of the loop (``None``: it does not).
     """
 
     num_workers: int | None = None
@@ -664,10 +676,16 @@ class LoaderConfig:
     prefetch_factor: int | None = None
     timeout: float = 0
     multiprocessing_context: Any = None
+    device: torch.device | None = None
 
     def __post_init__(self) -> None:
         check_int(self.num_workers, "num_workers", 0, optional=True, hint=" (or None for automatic)")
         check_bool(self.pin_memory, "pin_memory")
+        if self.device is not None and type(self.device).__name__ != "device":
+            raise ConfigError(
+                f"device={self.device!r} must be a torch.device here; create_dataloader(device=...) "
+                "also takes 'cuda', 'cuda:N', 'auto' and 'cpu'"
+            )
         check_bool(self.persistent_workers, "persistent_workers")
         if self.num_workers == 0:  # (None: decided later, checked again then)
             if self.persistent_workers:
@@ -763,15 +781,6 @@ class FetchConfig:
     def attempt_timeout(self) -> float:
         """Connect and read timeout of one attempt: the request's budget shared by its attempts."""
         return float(self.request_timeout) / (self.retries + 1)
-
-    @classmethod
-    def from_user(cls, read_ahead_bytes: object, retries: object, retry_backoff: object) -> FetchConfig:
-        """Build from the public keyword arguments (sizes may be strings like ``"256MiB"``)."""
-        return cls(
-            read_ahead_bytes=parse_read_ahead(read_ahead_bytes),
-            retries=retries,  # type: ignore[arg-type]
-            retry_backoff=retry_backoff,  # type: ignore[arg-type]
-        )
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based)."""

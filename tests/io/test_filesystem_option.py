@@ -195,7 +195,7 @@ def test_reshard_writes_through_the_object(private_memory: PrivateMemory) -> Non
     assert report.manifest.num_rows == TOTAL
     assert any(k.startswith("/shards/") for k in private_memory.store)
     loader, dataset = create_dataloader("privmem://shards", filesystem=private_memory, num_workers=0)
-    assert "manifest" in dataset.discovered.extra
+    assert dataset.discovered.reshard_manifest is not None
     assert_exactly_once(epoch_ids(loader), range(TOTAL))
 
 

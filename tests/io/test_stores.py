@@ -144,7 +144,7 @@ def test_reshard_then_read_from_the_manifest(store: Store) -> None:
     loader, dataset = create_dataloader(
         store.url("shards"), storage_options=store.options, num_workers=2, batch_size=32
     )
-    assert "manifest" in dataset.discovered.extra
+    assert dataset.discovered.reshard_manifest is not None
     assert_exactly_once(epoch_ids(loader), range(TOTAL))
 
 

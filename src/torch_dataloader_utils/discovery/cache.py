@@ -241,7 +241,7 @@ def cache_bytes(
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()  # type: ignore[no-any-return]
+    return sink.getvalue().to_pybytes()
 
 
 def save_cache(fs: FileSystemSpec, path: str, data: bytes, fetch: FetchConfig | None = None) -> None:

@@ -13,7 +13,7 @@ from urllib.parse import unquote
 
 from torch_dataloader_utils.config import FetchConfig
 from torch_dataloader_utils.errors import ConfigError, DiscoveryError, NoFilesFoundError, PathNotFoundError
-from torch_dataloader_utils.storage.fetch import GaveUp, retry_call
+from torch_dataloader_utils.storage.fetch import CREDENTIALS_FIX, GaveUp, lacks_credentials, retry_call
 from torch_dataloader_utils.storage.fs import FileSystemSpec, GivenFileSystem, resolve
 from torch_dataloader_utils.storage.identity import mtime_of
 from torch_dataloader_utils.storage.redact import redact
@@ -123,6 +123,11 @@ def remote_request(fs: FileSystemSpec, config: FetchConfig, path: str, call: Cal
         if isinstance(error, FileNotFoundError):
             raise error from None
         where = f"listing {fs.display(path)!r} on {fs.endpoint}"
+        if lacks_credentials(error):
+            raise DiscoveryError(
+                f"{where} failed: no credentials were found ({type(error).__name__}: {redact(str(error))}); "
+                f"{CREDENTIALS_FIX}"
+            ) from error
         if isinstance(error, PermissionError):
             raise DiscoveryError(
                 f"{where} was refused: {type(error).__name__}: {redact(str(error))}; check the credentials "

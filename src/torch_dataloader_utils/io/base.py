@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -18,18 +19,76 @@ from torch_dataloader_utils.storage.cached import RemoteReads
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.partitions import Partitions
 
-__all__ = ["ChunkReader", "OpenFiles", "ReadRequest"]
+__all__ = ["ChunkReader", "IoTotals", "OpenFiles", "ReadRequest", "ReaderBase"]
 
 T = TypeVar("T")
+
+IoTotals = tuple[int, int, int, int, float]
+"""``(bytes_fetched, bytes_needed, requests, retries, wait_sec)`` of a process so far."""
 
 
 @runtime_checkable
 class ChunkReader(Protocol):
-    """Reads one chunk's rows as record batches, already projected and filtered."""
+    """Reads one chunk's rows as record batches, already projected and filtered.
+
+    Besides :meth:`read`, a reader declares what else it can do; :class:`ReaderBase`
+    gives the defaults of a reader that can do none of it.
+    """
+
+    @property
+    def fetches_ahead(self) -> bool:
+        """Whether bytes come from remote storage through a read-ahead fetcher (thread pool)."""
+        ...
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the chunk's rows, in file order, as batches of the output schema."""
         ...
+
+    def schedule(self, chunks: Sequence[Chunk]) -> None:
+        """Announce the chunks this process reads next, in order (remote read-ahead, checks)."""
+        ...
+
+    def use_threads(self, on: bool) -> None:
+        """Decode with Arrow's thread pool (``True``) or in the calling thread."""
+        ...
+
+    def warm(self, chunks: Sequence[Chunk]) -> None:
+        """Fetch ``chunks`` into the node-local ``data_cache`` while idle (the next epoch's first)."""
+        ...
+
+    def with_read_rows(self, rows: int) -> ChunkReader:
+        """This reader decoding batches of about ``rows`` rows (or itself, when it cannot choose)."""
+        ...
+
+    def io_totals(self) -> IoTotals | None:
+        """What this process fetched and waited for so far (``None``: not counted)."""
+        ...
+
+
+class ReaderBase:
+    """The defaults of :class:`ChunkReader`'s capabilities: a reader that has none of them."""
+
+    @property
+    def fetches_ahead(self) -> bool:
+        """Bytes are not fetched ahead."""
+        return False
+
+    def schedule(self, chunks: Sequence[Chunk]) -> None:
+        """Nothing is fetched or checked ahead."""
+
+    def use_threads(self, on: bool) -> None:
+        """Decoding threads are not the reader's to choose."""
+
+    def warm(self, chunks: Sequence[Chunk]) -> None:
+        """Nothing is warmed (no node-local cache, or local files)."""
+
+    def with_read_rows(self, rows: int) -> ChunkReader:
+        """The batch size is not the reader's to choose: the reader itself."""
+        return self  # type: ignore[return-value]  # a subclass is a ChunkReader
+
+    def io_totals(self) -> IoTotals | None:
+        """Nothing is counted."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -104,6 +163,7 @@ class OpenFiles(Generic[T]):
         self._size = size
         self._closer = closer
         self._open = self._empty()
+        self._lock = threading.Lock()
 
     def _empty(self) -> BoundedDict[str, T]:
         closer = self._closer
@@ -112,23 +172,27 @@ class OpenFiles(Generic[T]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_open"] = None
+        del state["_lock"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._open = self._empty()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._open)
 
     def get(self, path: str) -> T:
-        """The open file of ``path`` (opened now if it is not in the cache)."""
-        handle = self._open.get(path)
-        if handle is None:
-            handle = self._opener(path)
-            self._open[path] = handle
+        """The open file of ``path`` (opened now if it is not in the cache); safe from several threads."""
+        with self._lock:
+            handle = self._open.get(path)
+            if handle is None:
+                handle = self._opener(path)
+                self._open[path] = handle
         return handle
 
     def close(self) -> None:
         """Drop (and close, with a ``closer``) every open file."""
-        self._open.clear()
+        with self._lock:
+            self._open.clear()

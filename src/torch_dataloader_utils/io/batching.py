@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
 from torch_dataloader_utils.io.bad import is_standin
 
-__all__ = ["rebatch", "with_flag"]
+__all__ = ["concat_batches", "rebatch", "with_flag"]
 
 
 def rebatch(
@@ -39,7 +39,7 @@ def rebatch(
                 count += n
                 continue
             pending.append(batch.slice(0, need))
-            yield _concat(pending)
+            yield concat_batches(pending)
             pending = []
             count = 0
             offset = need
@@ -53,10 +53,11 @@ def rebatch(
             pending.append(batch.slice(offset))
             count = n - offset
     if pending and not drop_last:
-        yield _concat(pending)
+        yield concat_batches(pending)
 
 
-def _concat(pieces: list[pa.RecordBatch]) -> pa.RecordBatch:
+def concat_batches(pieces: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
+    """One batch of ``pieces`` (one copy; a single piece is returned as it is)."""
     if len(pieces) == 1:
         return pieces[0]
     concat = getattr(pa, "concat_batches", None)

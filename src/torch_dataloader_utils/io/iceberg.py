@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from torch_dataloader_utils.config import BadDataConfig, CacheConfig, FetchConfig
 from torch_dataloader_utils.errors import FileChangedError, ReadError
 from torch_dataloader_utils.io.bad import BadData, BadUnit, describe
-from torch_dataloader_utils.io.base import OpenFiles
+from torch_dataloader_utils.io.base import OpenFiles, ReaderBase
 from torch_dataloader_utils.io.prefetch import FetchStats, column_ranges
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, RowGroup
 from torch_dataloader_utils.storage.cache import FileKey
@@ -50,7 +50,7 @@ from torch_dataloader_utils.storage.identity import check_size
 __all__ = ["IcebergReader"]
 
 
-class IcebergReader:
+class IcebergReader(ReaderBase):
     """A :class:`ChunkReader` for the data files of an :class:`IcebergScan`."""
 
     def __init__(

@@ -10,18 +10,19 @@ import pyarrow.orc as orc
 
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, describe
-from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
+from torch_dataloader_utils.io.base import OpenFiles, ReaderBase, ReadRequest
 from torch_dataloader_utils.plan.types import Chunk, RowGroup
 from torch_dataloader_utils.storage.identity import FileChecks
 
 __all__ = ["OrcReader"]
 
 
-def _close_source(entry: tuple[Any, orc.ORCFile]) -> None:
+def _close(entry: tuple[Any, orc.ORCFile]) -> None:
+    """Close an open ORC file's source (a module-level function: the reader pickles to workers)."""
     entry[0].close()
 
 
-class OrcReader:
+class OrcReader(ReaderBase):
     """A :class:`ChunkReader` for ORC files.
 
     A chunk ``[start, stop)`` of rows reads the stripes overlapping it; a stripe only
@@ -41,9 +42,7 @@ class OrcReader:
         self._data_columns = list(request.data_columns)
         self._finish = request.finisher()
         self._batch_size = request.batch_size
-        self._open: OpenFiles[tuple[Any, orc.ORCFile]] = OpenFiles(
-            self._open_orc, closer=lambda e: e[0].close()
-        )
+        self._open: OpenFiles[tuple[Any, orc.ORCFile]] = OpenFiles(self._open_orc, closer=_close)
         self._checks = FileChecks(request.fs, request.files)  # never read a rewritten file
         self._reads = request.reads()
         self._bad = request.bad()

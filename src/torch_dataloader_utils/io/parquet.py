@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, describe
-from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
+from torch_dataloader_utils.io.base import OpenFiles, ReaderBase, ReadRequest
 from torch_dataloader_utils.io.prefetch import ChunkSource, FetchStats, column_ranges
 from torch_dataloader_utils.plan.types import Chunk, FileInfo, RowGroup
 from torch_dataloader_utils.storage.fs import FileSystemSpec
@@ -30,7 +30,7 @@ cuts the large batches into exact ``batch_size`` batches as zero-copy slices.
 """
 
 
-class ParquetReader:
+class ParquetReader(ReaderBase):
     """A :class:`ChunkReader` for Parquet files.
 
     Batches are read with :data:`READ_BATCH_ROWS` rows (or ``batch_size`` when larger);
@@ -87,6 +87,7 @@ class ParquetReader:
         # Positions count rows before the filter (no filter) or after a counted one: a
         # skipped group's stand-in then has its rows; else (an uncounted filter) none.
         self._exact = request.filters is None or filtered_positions
+        self._private_files = False  # see for_threads
 
     def use_threads(self, on: bool) -> None:
         """Decode with Arrow's thread pool (``True``, the default) or in the calling thread.
@@ -123,6 +124,27 @@ class ParquetReader:
             self._source.warm(chunks)
 
     @property
+    def decodes_in_threads(self) -> bool:
+        """Whether several chunks may be decoded at once on other threads (local files).
+
+        Remote files come through the read-ahead fetcher, in the order it was given.
+        Use the reader :meth:`for_threads` returns.
+        """
+        return self._source is None
+
+    def for_threads(self) -> ParquetReader:
+        """This reader, each chunk read through a file reader of its own.
+
+        pyarrow's ``ParquetFile`` is not safe to iterate from two threads at once (its
+        read cache is shared: "ReadRangeCache did not find matching cache entry"), and
+        two streams of a mix may read one file. A chunk's reader shares the cached
+        file's parsed footer, so the footer is not read again.
+        """
+        own = copy.copy(self)
+        own._private_files = True
+        return own
+
+    @property
     def fetches_ahead(self) -> bool:
         """Whether bytes come from remote storage through a read-ahead fetcher (thread pool)."""
         return self._source is not None
@@ -151,6 +173,7 @@ class ParquetReader:
         if not groups:
             return
         pf: pq.ParquetFile | None = None
+        own: pq.ParquetFile | None = None  # this read's own file reader (for_threads), closed after
         try:
             if not self._cached:
                 self._checks.check(chunk.path, info.size, info.mtime, self._metadata_request())
@@ -158,6 +181,8 @@ class ParquetReader:
                 pf = self._source.open(chunk)
             else:
                 pf = self._open.get(chunk.path)
+                if self._private_files:
+                    pf = own = pq.ParquetFile(chunk.path, filesystem=self._fs.arrow(), metadata=pf.metadata)
                 needed = column_ranges(pf.metadata, [g.index for g in groups], self._data_columns)
                 nbytes = sum(hi - lo for lo, hi in needed)
                 self._local_stats.read(nbytes, nbytes)
@@ -189,6 +214,9 @@ class ParquetReader:
                 f"reading {self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop}) failed: {exc}"
                 + ("" if descriptors is None else f": {descriptors}")
             ) from exc
+        finally:
+            if own is not None:
+                own.close()
 
     def _by_group(
         self, pf: pq.ParquetFile, chunk: Chunk, groups: Sequence[RowGroup]

@@ -166,8 +166,9 @@ class FetchStats:
 
     def read(self, fetched: int, needed: int) -> None:
         """Count bytes read without requests of their own (a local file): fetched and needed."""
-        self.bytes_fetched += fetched
-        self.bytes_needed += needed
+        with self.lock:
+            self.bytes_fetched += fetched
+            self.bytes_needed += needed
 
     def totals(self) -> tuple[int, int, int, int, float]:
         """``(bytes_fetched, bytes_needed, requests, retries, wait_sec)`` so far."""

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 
 from torch_dataloader_utils.io.ahead import read_ahead
 from torch_dataloader_utils.io.base import ChunkReader
+from torch_dataloader_utils.io.helpers import Helpers
 from torch_dataloader_utils.io.pieces import Gather, gathered, read_piece
 from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.types import FileInfo
@@ -97,6 +98,7 @@ class Positions:
         mix_read_rows: int | None = None,
         ahead: bool = False,
         standins: str | None = None,
+        helpers: Helpers | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """The pieces' batches, in order, counting the rows read before each piece.
 
@@ -109,7 +111,9 @@ class Positions:
         (:func:`~torch_dataloader_utils.io.ahead.read_ahead`), and each of the shuffles'
         gathers (:class:`~torch_dataloader_utils.io.pieces.Gather`) is done by whichever
         thread is free first. The rows are counted as the caller takes them, so the tags
-        are the same either way.
+        are the same either way. ``helpers``: threads with time to spare, which decode a
+        mix's streams ahead and gather the shuffles' rows as soon as they are read
+        (:mod:`~torch_dataloader_utils.io.helpers`); the order is the same.
         """
         debug = log.isEnabledFor(logging.DEBUG)
 
@@ -122,6 +126,7 @@ class Positions:
                     batch_size=batch_size,
                     files=files,
                     mix_read_rows=mix_read_rows,
+                    helpers=helpers,
                 )
                 for item in items:
                     yield index, item

@@ -56,6 +56,13 @@ def text_options(source: FileSourceConfig, options: Options) -> TextOptions | No
         raise IncompatibleOptionsError(
             f"quoted_newlines=True applies to format='csv' only (got format={format.value!r}); drop it"
         )
+    if source.metadata_cache is not None and format is not FileFormat.PARQUET:
+        instead = " (record counts of CSV / JSONL are kept across runs by count_cache_dir)" if is_text else ""
+        raise IncompatibleOptionsError(
+            f"metadata_cache={source.metadata_cache!r} keeps Parquet footers and applies to "
+            f"format='parquet' only (got format={format.value!r}, whose metadata it would not keep); "
+            f"drop it{instead}"
+        )
     if not is_text:
         return None
     block = COUNT_BLOCK_BYTES
@@ -102,14 +109,12 @@ def count_filtered(
             filter_columns=data_fields,
             partitions=found.partitions,
             partition_columns=[f for f in fields if f in part_names],
-            footers=found.extra.get("parquet_footers"),
+            footers=found.footers,
         )
     )
     # The counted files differ from the columns discovery kept: those are dropped.
     return (
-        dataclasses.replace(
-            found, files=files, metadata=None, table=None, extra={**found.extra, "filtered_positions": True}
-        ),
+        dataclasses.replace(found, files=files, metadata=None, table=None, filtered_positions=True),
         None,
     )
 

@@ -353,7 +353,7 @@ def gather_metrics(source: _HasDataset | _HasRankMetrics, group: Any = None) -> 
         source: The loader of ``create_dataloader`` (or its dataset).
         group: A process group, or ``None`` for the default one.
     """
-    dataset = source if hasattr(source, "rank_metrics") else source.dataset  # type: ignore[union-attr]
+    dataset = source if hasattr(source, "rank_metrics") else source.dataset
     mine = dataset.rank_metrics()
     return LoaderMetrics(tuple(sorted(share.all_gather(mine, group), key=lambda r: r.rank)))
 
@@ -409,11 +409,6 @@ class MetricsRecorder:
         self._setup(state["_progress_config"])
 
     # -- a pass -------------------------------------------------------------------
-    @property
-    def progress_config(self) -> ProgressConfig:
-        """The ``show_progress`` options."""
-        return self._progress_config
-
     def begin(self, epoch: int, progress: Callable[[], Progress | None] | None = None) -> None:
         """A pass over ``epoch`` starts; ``progress`` makes its display (when one is shown)."""
         self._close_progress()

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any, Literal, TypedDict, TypeVar
 
 import pyarrow as pa
+import torch
 
 from torch_dataloader_utils.config import (
     DEFAULT_COMPRESSION,
@@ -63,6 +64,7 @@ from torch_dataloader_utils.errors import (
     IncompatibleOptionsError,
     UnknownOptionError,
 )
+from torch_dataloader_utils.plan.elastic import Canonical
 from torch_dataloader_utils.plan.splits import (
     ByteRangeSplit,
     FileSplit,
@@ -75,6 +77,7 @@ from torch_dataloader_utils.plan.splits import (
 )
 from torch_dataloader_utils.plan.types import World
 from torch_dataloader_utils.runtime import env
+from torch_dataloader_utils.runtime.device import resolve_device
 from torch_dataloader_utils.runtime.iceberg_props import catalog_properties
 from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
 from torch_dataloader_utils.storage.userfs import UserFileSystem
@@ -197,6 +200,14 @@ class ReadOptions(TypedDict, total=False):
     fewer than ``num_ranks`` rows per epoch; ``"pad"`` repeats fewer than ``num_ranks``
     rows and adds a bool column ``_is_padding`` to mask them; ``"off"`` reads chunks
     whole, with uneven batch counts. See ``docs/distributed.md``."""
+    canonical_ranks: int | None
+    """Elastic order: plan every epoch for this many canonical ranks (streams) that the
+    ranks share, ``num_ranks`` dividing it; each rank draws every batch evenly from its
+    ``canonical_ranks / num_ranks`` streams, so the rows of global batch ``t`` are the same
+    for any ``num_ranks`` and ``num_workers`` at the same global batch size (``batch_size *
+    num_ranks``), and a resumed job may have another ``num_ranks``. Needs ``equal_batches``
+    ``"drop"`` or ``"pad"`` and ``batch_size`` a multiple of ``canonical_ranks / num_ranks``.
+    ``None`` (default): plans follow the ranks. See ``docs/distributed.md``."""
     count_rows: bool | None
     """Count rows exactly at construction where the metadata does not hold them (CSV /
     JSONL records, rows a row filter drops), so every chunk carries its exact row count
@@ -317,7 +328,9 @@ class LoaderOptions(TypedDict, total=False):
     """Options passed to ``torch.utils.data.DataLoader``."""
 
     pin_memory: bool
-    """DataLoader passthrough."""
+    """Batches in page-locked memory, for asynchronous copies to a GPU. With workers and
+    CUDA, the workers' shared-memory segments are page-locked once and batches are built
+    over them (no copy, no pin thread); otherwise torch's DataLoader pins them (a copy)."""
     persistent_workers: bool
     """DataLoader passthrough; ``set_epoch`` still reaches them."""
     prefetch_factor: int | None
@@ -326,6 +339,15 @@ class LoaderOptions(TypedDict, total=False):
     """DataLoader passthrough."""
     multiprocessing_context: Any
     """DataLoader passthrough (``"fork"``, ``"spawn"``...)."""
+    device: str | torch.device | None
+    """Hand batches over on this device: ``"cuda"`` (the current GPU), ``"cuda:N"``, a
+    ``torch.device``, ``"auto"`` (the GPU of this process's ``LOCAL_RANK``, the CPU
+    without CUDA) or ``"cpu"`` (batches stay where they are). The loader copies each
+    batch (with workers, each group of batches, in one transfer) to the GPU on a CUDA
+    stream of its own while the training step runs, and hands it over safe to use on
+    the current stream. Strings stay on the host. With CUDA and workers it page-locks
+    the workers' shared memory, as ``pin_memory=True`` does. ``None`` (default): no
+    device stage."""
 
 
 class FileLoaderOptions(FileReadOptions, LoaderOptions, total=False):
@@ -368,10 +390,19 @@ class Options:
     cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)
     bad_data: BadDataConfig = dataclasses.field(default_factory=BadDataConfig)
 
+    def __post_init__(self) -> None:
+        if self.canonical is not None:
+            Canonical(self.canonical, self.world.num_ranks, self.batching.batch_size)  # raises when unfit
+
+    @property
+    def canonical(self) -> int | None:
+        """The canonical ranks of elastic order, or ``None``."""
+        return self.batching.canonical_ranks
+
     @property
     def equalized(self) -> bool:
-        """Whether ranks are given equal row counts (a policy is on and there are ranks)."""
-        return self.batching.equal_batches.acts_on(self.world.num_ranks)
+        """Whether ranks (canonical ones in elastic order) are given equal row counts."""
+        return self.batching.equal_batches.acts_on(self.canonical or self.world.num_ranks)
 
     @property
     def counts_rows(self) -> bool:
@@ -398,6 +429,7 @@ _COERCE: dict[str, Callable[[Any], object]] = {
     "data_cache_size": lambda v: parse_size(v, "data_cache_size"),
     "quarantine_dir": _fspath,
     "on_bad_data": coerce_bad_data,
+    "device": resolve_device,
 }
 
 C = TypeVar("C")
@@ -451,19 +483,38 @@ def build_options(
     batching = _pick(BatchConfig, values)
     split = _pick(SplitConfig, values)
     world = env.resolve_world(values.get("num_ranks"), values.get("rank"))  # type: ignore[arg-type]
+    output = _pick(OutputConfig, values)
+    loader = _pick(LoaderConfig, values)
+    _check_device(loader, output, given)
     return Options(
         split=split,
         strategy=build_strategy(split, format, shown=given),
         shuffle=_pick(ShuffleConfig, values),
         batching=batching,
-        output=_pick(OutputConfig, values),
+        output=output,
         counting=_pick(CountConfig, values),
         fetch=_pick(FetchConfig, values),
-        loader=_pick(LoaderConfig, values),
+        loader=loader,
         progress=_pick(ProgressConfig, values),
         world=world,
         cache=_pick(CacheConfig, values),
         bad_data=_pick(BadDataConfig, values),
+    )
+
+
+def _check_device(loader: LoaderConfig, output: OutputConfig, given: Mapping[str, object]) -> None:
+    """A GPU ``device`` moves torch tensors: other output formats have none.
+
+    Raises:
+        IncompatibleOptionsError: ``device`` is a GPU and ``output_format`` is not ``'torch'``.
+    """
+    device = loader.device
+    if device is None or device.type == "cpu" or output.output_format is OutputFormat.TORCH:
+        return
+    raise IncompatibleOptionsError(
+        f"device={given.get('device')!r} copies torch tensors to the GPU, but "
+        f"output_format={output.output_format.value!r} gives no tensors; use output_format='torch' "
+        "or leave device unset"
     )
 
 

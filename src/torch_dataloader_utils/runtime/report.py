@@ -66,7 +66,11 @@ def describe_files(summary: FileSummary, what: str) -> str:
         text += f", {summary.row_groups:,} row groups"
     pruned = summary.pruned_rows
     if pruned:
-        text += f"; filters pruned {pruned:,} rows ({summary.empty_files:,} files with no rows left)"
+        text += f"; filters pruned {pruned:,} rows"
+    if summary.deleted_rows:
+        text += f"; {summary.deleted_rows:,} rows deleted (delete files, or dropped by a counted row filter)"
+    if pruned or summary.deleted_rows:
+        text += f" ({summary.empty_files:,} files with no rows left)"
     return text
 
 

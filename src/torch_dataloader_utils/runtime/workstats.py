@@ -16,12 +16,11 @@ When the dataset is read in the main process, the recorder reads the live
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from torch_dataloader_utils.io.bad import bad_data_files, bad_data_totals
+from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.storage.cache import process_stats
 
 __all__ = ["WORK_FIELDS", "WorkStats"]
@@ -89,10 +88,9 @@ class WorkStats:
         "transfer_sec",
     )
 
-    def __init__(self, reader: object, pieces: int, flag_column: str | None = None) -> None:
-        io: Callable[[], tuple[int, int, int, int, float]] | None = getattr(reader, "io_totals", None)
-        self._io = io
-        self._base = io() if io is not None else _NO_IO
+    def __init__(self, reader: ChunkReader, pieces: int, flag_column: str | None = None) -> None:
+        self._io = reader.io_totals
+        self._base = self._io() or _NO_IO
         self._process_base = _process_counts()
         self._files_sent = bad_data_files()
         self._pieces = pieces
@@ -110,7 +108,7 @@ class WorkStats:
 
     def totals(self) -> tuple[float, ...]:
         """Everything so far in this pass, in :data:`WORK_FIELDS` order."""
-        io = self._io() if self._io is not None else _NO_IO
+        io = self._io() or _NO_IO
         return (
             self.read_sec,
             self.convert_sec,

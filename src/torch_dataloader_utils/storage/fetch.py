@@ -20,7 +20,7 @@ from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.handles import Handles, too_many_open_files
 from torch_dataloader_utils.storage.redact import redact
 
-__all__ = ["GaveUp", "fetch_range", "is_transient", "retry_call"]
+__all__ = ["CREDENTIALS_FIX", "GaveUp", "fetch_range", "is_transient", "lacks_credentials", "retry_call"]
 
 _TRANSIENT_STATUS = re.compile(r"\b(500|502|503|504|429)\b")
 _TRANSIENT_WORDS = (
@@ -70,6 +70,31 @@ def is_transient(exc: BaseException) -> bool:
         if _looks_transient(seen):
             return True
         seen = seen.__cause__
+    return False
+
+
+CREDENTIALS_FIX = (
+    "pass key and secret (and token, for temporary credentials) in storage_options, set "
+    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the environment, or pass "
+    "anon=True for a public bucket"
+)
+"""What to do when a client found no credentials (see :func:`lacks_credentials`)."""
+
+
+def lacks_credentials(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was translated from) says the client found no credentials.
+
+    botocore raises ``NoCredentialsError`` ("Unable to locate credentials") or
+    ``PartialCredentialsError`` before sending anything, whatever the endpoint.
+    """
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            return False
+        text = f"{type(seen).__name__} {seen}".lower()
+        if "nocredentials" in text or "partialcredentials" in text or "unable to locate credentials" in text:
+            return True
+        seen = seen.__cause__ or seen.__context__
     return False
 
 
@@ -204,6 +229,8 @@ def fetch_range(
         advice = "" if fs.user is None else fs.user.advice
         if descriptors is not None:
             hint = f": {descriptors}"
+        elif lacks_credentials(failed.error):
+            hint = f"; no credentials were found: {CREDENTIALS_FIX}"
         elif failed.transient:
             hint = f"; check that {endpoint} is up and reachable, or raise retries= / request_timeout="
             hint += advice

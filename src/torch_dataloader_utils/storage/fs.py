@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -76,6 +76,41 @@ _FSSPEC_KEYWORDS = frozenset(
 )
 
 
+# s3fs options (top level, and inside client_kwargs) and their pyarrow S3FileSystem names.
+_NATIVE_NAMES = {
+    "key": "access_key",
+    "aws_access_key_id": "access_key",
+    "secret": "secret_key",
+    "aws_secret_access_key": "secret_key",
+    "token": "session_token",
+    "aws_session_token": "session_token",
+    "region": "region",
+    "region_name": "region",
+}
+_CLIENT_NAMES = {k: v for k, v in _NATIVE_NAMES.items() if k.startswith(("aws_", "region_"))}
+_CONFIG_NAMES = {"connect_timeout": "connect_timeout", "read_timeout": "request_timeout"}
+_CONFIG_PASSED = ("retries", "max_pool_connections")  # config_kwargs the library's own code handles
+
+
+def _translated(value: Any, names: Mapping[str, str], passed: Sequence[str] = ()) -> dict[str, Any] | None:
+    """``client_kwargs`` / ``config_kwargs`` under their native names (``None``: one has none)."""
+    out: dict[str, Any] = {}
+    for key, item in dict(value or {}).items():
+        if key in names:
+            out[names[key]] = float(item) if names is _CONFIG_NAMES else item
+        elif key == "endpoint_url" and names is _CLIENT_NAMES:
+            out[key] = item
+        elif key not in passed:
+            return None
+    return out
+
+
+_NESTED: dict[str, tuple[Mapping[str, str], Sequence[str]]] = {
+    "client_kwargs": (_CLIENT_NAMES, ()),
+    "config_kwargs": (_CONFIG_NAMES, _CONFIG_PASSED),
+}
+
+
 def native_s3_options(options: Mapping[str, Any]) -> dict[str, Any] | None:
     """``pyarrow.fs.S3FileSystem`` keyword arguments equal to s3fs ``options``, or ``None``.
 
@@ -86,42 +121,20 @@ def native_s3_options(options: Mapping[str, Any]) -> dict[str, Any] | None:
     endpoint: str | None = None
     use_ssl = True
     for key, value in options.items():
-        if key in ("key", "aws_access_key_id"):
-            out["access_key"] = value
-        elif key in ("secret", "aws_secret_access_key"):
-            out["secret_key"] = value
-        elif key in ("token", "aws_session_token"):
-            out["session_token"] = value
+        if key in _NATIVE_NAMES:
+            out[_NATIVE_NAMES[key]] = value
         elif key == "anon":
             out["anonymous"] = bool(value)
         elif key == "endpoint_url":
             endpoint = value
-        elif key in ("region", "region_name"):
-            out["region"] = value
         elif key == "use_ssl":
             use_ssl = bool(value)
-        elif key == "client_kwargs":
-            for ckey, cvalue in dict(value or {}).items():
-                if ckey == "endpoint_url":
-                    endpoint = cvalue
-                elif ckey == "region_name":
-                    out["region"] = cvalue
-                elif ckey == "aws_access_key_id":
-                    out["access_key"] = cvalue
-                elif ckey == "aws_secret_access_key":
-                    out["secret_key"] = cvalue
-                elif ckey == "aws_session_token":
-                    out["session_token"] = cvalue
-                else:
-                    return None
-        elif key == "config_kwargs":
-            for ckey, cvalue in dict(value or {}).items():
-                if ckey == "connect_timeout":
-                    out["connect_timeout"] = float(cvalue)
-                elif ckey == "read_timeout":
-                    out["request_timeout"] = float(cvalue)
-                elif ckey not in ("retries", "max_pool_connections"):
-                    return None
+        elif key in _NESTED:
+            got = _translated(value, *_NESTED[key])
+            if got is None:
+                return None
+            endpoint = got.pop("endpoint_url", endpoint)
+            out.update(got)
         elif key not in _S3FS_ONLY_TUNING:
             return None
     if endpoint:
@@ -198,7 +211,7 @@ def _gcs_client(options: Mapping[str, Any]) -> fsspec.AbstractFileSystem | None:
         return None
     from gcsfs.core import GCSFileSystem
 
-    return GCSFileSystem(**options)  # type: ignore[no-any-return]
+    return GCSFileSystem(**options)
 
 
 @dataclass(frozen=True, repr=False)
@@ -399,7 +412,7 @@ class FileSystemSpec(RedactedRepr):
 
     def display(self, path: str) -> str:
         """``path`` as a URL a user recognizes (with its scheme when not local)."""
-        if self.is_local:
+        if self.is_local or "://" in path:  # http(s) filesystems keep the whole URL as the path
             return path
         return f"{self.protocol}://{path.lstrip('/')}"
 

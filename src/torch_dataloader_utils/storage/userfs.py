@@ -219,7 +219,7 @@ class UserFileSystem:
             return inner
         from fsspec.implementations.arrow import ArrowFSWrapper
 
-        return self._cached("fsspec", lambda: ArrowFSWrapper(given))  # type: ignore[no-any-return]
+        return self._cached("fsspec", lambda: ArrowFSWrapper(given))
 
     def arrow(self) -> pafs.FileSystem:
         """The pyarrow view: the data path (:attr:`data_path`)."""
