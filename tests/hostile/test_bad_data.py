@@ -174,6 +174,36 @@ def test_drop_on_several_ranks_is_refused(tmp_path: Path) -> None:
     StructuredDataset(str(planted.root), on_bad_data="skip", num_ranks=2, rank=0, equal_batches="pad")
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_elastic_order_pads_skipped_units(tmp_path: Path, workers: int) -> None:
+    """canonical_ranks: a skipped row group's rows reach the loop as padding; drop is refused."""
+    planted = plant_parquet(tmp_path / "d", [100, 60], 10, {(0, 3), (1, 0)})
+    with pytest.raises(
+        IncompatibleOptionsError, match=r"on_bad_data='skip' with equal_batches='drop' on canonical_ranks=2"
+    ):
+        StructuredDataset(str(planted.root), on_bad_data="skip", canonical_ranks=2, batch_size=4)
+    ids: list[int] = []
+    for rank in range(2):
+        loader, _ = create_dataloader(
+            str(planted.root),
+            **options(
+                planted,
+                num_ranks=2,
+                rank=rank,
+                num_workers=workers,
+                canonical_ranks=4,
+                batch_size=6,
+                equal_batches="pad",
+                shuffle=True,
+                on_bad_data="skip",
+            ),
+        )
+        batches = list(loader)
+        assert len(batches) == len(loader)
+        ids += [i for b in batches for i in good_ids(b)]
+    assert Counter(ids) == Counter(planted.good)
+
+
 # -- skip, quarantine: exact accounting ------------------------------------------------
 def read_job(
     planted: Planted,
@@ -184,7 +214,10 @@ def read_job(
     state: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> tuple[list[int], list[int], list[dict[str, Any]], list[int]]:
-    """Every rank of a job (played one after the other): ``(good ids, batches per rank, states, lengths)``."""
+    """Every rank of a job, one after the other.
+
+    Returns ``(good ids, batches per rank, states, batches left before reading)``.
+    """
     ids: list[int] = []
     batches: list[int] = []
     states: list[dict[str, Any]] = []
@@ -197,7 +230,7 @@ def read_job(
         if state is not None:
             loader.load_state_dict(state)
         try:
-            lengths.append(len(loader))
+            lengths.append(loader.remaining_batches)  # len(loader) is a full pass, also after a load
         except UnknownLengthError:  # text, not counted, on one rank without equal batches
             lengths.append(-1)
         count = 0
@@ -280,7 +313,7 @@ def check_job(planted: Planted, setup: Setup, tmp: Path) -> None:
             **shared,
         )
     if setup.pad and state["epoch"] == 0:
-        assert batches_after == lengths_after  # every rank yields len(loader) batches ...
+        assert batches_after == lengths_after  # every rank yields the batches it said were left ...
         assert len(set(batches_after)) == 1  # ... the same number
     assert Counter(first + rest) == Counter(planted.good)  # every good row once; no stand-in as data
     if setup.quarantine:

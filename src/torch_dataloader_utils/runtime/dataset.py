@@ -95,9 +95,11 @@ def _check_bad_data(options: Options) -> None:
     """Skipping bad data with equal_batches='drop' on several ranks could unbalance the ranks."""
     drop = options.batching.equal_batches is EqualBatches.DROP
     if options.bad_data.skipping and drop and (options.equalized or options.canonical is not None):
+        ranks = options.world.num_ranks
+        where = f"{ranks} ranks" if options.canonical is None else f"canonical_ranks={options.canonical}"
         raise IncompatibleOptionsError(
             f"on_bad_data={options.bad_data.on_bad_data.value!r} with equal_batches='drop' on "
-            f"{options.world.num_ranks} ranks: the rows of a skipped unit would leave its rank with "
+            f"{where}: the rows of a skipped unit would leave its rank with "
             "fewer batches than the others (a DDP job would hang). Pass equal_batches='pad': the "
             f"skipped rows are then replaced, in place, by rows flagged in {PADDING_COLUMN!r} (mask "
             "them as padding), or equal_batches='off' to let the ranks' batch counts differ"
