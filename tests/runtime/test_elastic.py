@@ -54,7 +54,7 @@ def rank_batches(ds: StructuredDataset, workers: int, stop: int | None = None) -
     """The batches one rank's loader yields with ``workers`` workers (simulated here), up to ``stop``."""
     if workers == 0:
         return [_ids(b) for b in itertools.islice(iter(ds), stop)]
-    ds._state.begin(workers, ds.epoch)
+    progress = ds._state.begin(workers, ds.epoch)
     ds.begin_metrics(workers)
     ds._state.tagging = True
     items = []
@@ -72,16 +72,16 @@ def rank_batches(ds: StructuredDataset, workers: int, stop: int | None = None) -
         for batch, tag in zip(item.batch, item.tag, strict=True):
             if stop is not None and len(out) >= stop:
                 return out
-            delivered = iter(ds.deliver(Tagged(batch, tag)))
+            delivered = iter(ds.deliver(Tagged(batch, tag), progress))
             while stop is None or len(out) < stop:  # the loop stops: what it did not take is not consumed
                 joined = next(delivered, None)
                 if joined is None:
                     break
-                out.append(_ids(joined))
+                out.append(_ids(ds._state.consume(joined, progress)))  # the loop's hand-over
             if stop is not None and len(out) >= stop:
                 return out
     ds.delivered()
-    ds._state.finish()
+    ds._state.finish(progress)
     return out
 
 
@@ -159,7 +159,8 @@ def test_resume_at_4_ranks_into_2_and_6_gives_the_uninterrupted_batches(
         resumed = [_rank(root, num_ranks, r, global_batch, **options) for r in range(num_ranks)]
         for ds in resumed:
             ds.load_state_dict(state)
-            assert len(ds) == len(expected) - len(before)
+            assert ds.remaining_batches == len(expected) - len(before)
+            assert len(ds) == len(expected)  # len() is the whole epoch's, as after any resume
         after = global_batches([rank_batches(ds, workers[1]) for ds in resumed])
         assert after == expected[len(before) :], num_ranks
 

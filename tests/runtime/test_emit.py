@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from torch_dataloader_utils.io.base import ReaderBase
 from torch_dataloader_utils.runtime.emit import GROUP_MAX_BATCHES, Positions, grouped
 from torch_dataloader_utils.runtime.workstats import WorkStats
 
@@ -12,7 +13,7 @@ def test_first_group_is_one_batch_then_groups_fill_up() -> None:
     batches = [pa.record_batch({"id": pa.array(range(i * 4, i * 4 + 4))}) for i in range(10)]
     positions = Positions(0, 0, 1)
     positions._starts.append(0)  # one piece, read from its start
-    work = WorkStats(None, 1, None)
+    work = WorkStats(ReaderBase(), 1, None)  # type: ignore[arg-type]  # counts nothing
     groups = list(grouped(iter(batches), lambda b: {"id": b.column(0).to_pylist()}, positions, work))
     sizes = [len(g.tag) for g in groups if g.tag]  # (a last, empty group may carry the timers)
     assert sizes[0] == 1  # the first batch travels alone

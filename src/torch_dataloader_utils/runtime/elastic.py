@@ -23,6 +23,7 @@ from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import concat_batches as concat
 from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.pieces import Gather, gathered, piece_reads, read_piece
+from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.elastic import Canonical, consumed, skip_rows
 from torch_dataloader_utils.plan.mixing import RowMixing
 from torch_dataloader_utils.plan.pieces import Piece
@@ -66,7 +67,7 @@ class ElasticPlans:
         # rows across fewer places, so that a worker holds one decoded batch per place.
         self.mixing = mixing and replace(mixing, streams=-(-mixing.streams // layout.streams))
         self.seed = seed
-        self._found: dict[tuple[int, int], tuple[dict[int, list[Piece]], int, int]] = {}
+        self._found: BoundedDict[tuple[int, int], tuple[dict[int, list[Piece]], int, int]] = BoundedDict(4)
 
     @property
     def files(self) -> Mapping[str, FileInfo]:
@@ -95,8 +96,6 @@ class ElasticPlans:
                     if saved.of_rank(rank)[0] in streams:
                         entry.check_digest(self.digest(epoch, saved.of_rank(rank)[0]), rank)
             streams = {c: skip_rows(pieces, done, self.files) for c, pieces in streams.items()}
-            if len(self._found) >= 4:
-                self._found.pop(next(iter(self._found)))
             found = self._found[key] = (streams, rows, done)
         return found
 
