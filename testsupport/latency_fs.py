@@ -7,12 +7,16 @@ counted with the bytes it returns. The library reaches it through ``storage_opti
 exactly as it reaches S3; the raw pyarrow baseline reaches it through
 ``pyarrow.fs.PyFileSystem(FSSpecHandler(...))``, so both pay the same price per request.
 
-Counters live per process under ``stats_key`` (see :func:`stats`).
+Counters live per process under ``stats_key`` (see :func:`stats`). With ``request_log``
+(a file path), every ranged read also appends ``"<pid> <path> <start> <end>"`` to that
+file, so requests made by several processes (ranks, DataLoader workers) can be counted
+together (:func:`logged_requests`).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,7 +25,7 @@ from typing import Any
 import fsspec
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
-__all__ = ["LatencyFileSystem", "RequestStats", "stats"]
+__all__ = ["LatencyFileSystem", "RequestStats", "logged_requests", "stats"]
 
 
 @dataclass
@@ -63,12 +67,14 @@ class LatencyFileSystem(AbstractFileSystem):
         target_protocol: str = "file",
         target_options: dict[str, Any] | None = None,
         stats_key: str = "default",
+        request_log: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.latency = float(delay)
         self.target = fsspec.filesystem(target_protocol, **(target_options or {}))
         self.counters = stats(stats_key)
+        self.request_log = request_log
 
     def _request(self, nbytes: int = 0) -> None:
         if self.latency > 0:
@@ -100,12 +106,29 @@ class LatencyFileSystem(AbstractFileSystem):
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         data: bytes = self.target.cat_file(path, start=start, end=end)
         self._request(len(data))
+        if self.request_log is not None:
+            line = f"{os.getpid()} {path} {start} {end}\n".encode()
+            fd = os.open(self.request_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, line)  # one write with O_APPEND: lines of processes never interleave
+            finally:
+                os.close(fd)
         return data
 
     def _open(self, path: str, mode: str = "rb", block_size: Any = None, **kwargs: Any) -> Any:
         if mode != "rb":
             raise NotImplementedError("latency:// is read-only")
         return _LatencyFile(self, path, mode, block_size=block_size or "default", **kwargs)
+
+
+def logged_requests(request_log: str) -> list[tuple[int, str, int, int]]:
+    """The ranged reads appended to ``request_log``: ``(pid, path, start, end)`` each."""
+    out = []
+    with open(request_log) as fh:
+        for line in fh:
+            pid, path, start, end = line.split()
+            out.append((int(pid), path, int(start), int(end)))
+    return out
 
 
 class _LatencyFile(AbstractBufferedFile):  # type: ignore[misc]

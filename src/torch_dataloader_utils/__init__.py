@@ -25,6 +25,7 @@ from torch_dataloader_utils.compat import (
     TargetSizeSplitStrategy,
 )
 from torch_dataloader_utils.config import (
+    BadDataPolicy,
     EqualBatches,
     FeaturePack,
     FileFormat,
@@ -34,6 +35,7 @@ from torch_dataloader_utils.config import (
     StringLayout,
 )
 from torch_dataloader_utils.errors import (
+    BadDataError,
     CheckpointMismatchError,
     ConfigError,
     ConversionError,
@@ -126,6 +128,8 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.5.0"
 
 __all__ = [
+    "BadDataError",
+    "BadDataPolicy",
     "CheckpointMismatchError",
     "Chunk",
     "ChunkUnit",

@@ -8,6 +8,8 @@ Commands (their logic lives in :mod:`torch_dataloader_utils.tools`, one module e
     torch-dataloader-utils simulate PATH --num-ranks 64 --num-workers 4 --latency-ms 30
     torch-dataloader-utils simulate PATH --num-ranks 8 --picture epoch.png
     torch-dataloader-utils reshard SRC DST --target-file-size 256MiB --workers 8
+    torch-dataloader-utils cache show /local_nvme/tdu-cache [--size 200GiB] [--json]
+    torch-dataloader-utils cache clear /local_nvme/tdu-cache
     torch-dataloader-utils demo
 
 A user error (a missing path, a bad option) prints one line and exits with status 2.
@@ -306,6 +308,34 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cache(args: argparse.Namespace) -> int:
+    from torch_dataloader_utils.config import parse_size
+    from torch_dataloader_utils.tools.cache import run_cache
+
+    limit = parse_size(args.size, "--size") if args.size is not None else None
+    print(run_cache(args.directory, args.action, limit=limit, as_json=args.json))
+    return 0
+
+
+def _add_cache(sub: Any) -> None:
+    cmd = sub.add_parser(
+        "cache",
+        help="show or clear a node-local data_cache (the byte ranges read from remote storage)",
+        description=(
+            "Show what a data_cache directory holds (files, ranges, bytes on disk) or clear it. "
+            "Safe while jobs use it: they fetch again what was removed."
+        ),
+        formatter_class=_Help,
+    )
+    cmd.add_argument("action", choices=["show", "clear"], help="what to do")
+    cmd.add_argument("directory", help="the data_cache directory of the jobs")
+    cmd.add_argument(
+        "--size", help="its data_cache_size, to show the share used, e.g. 200GiB (default: none)"
+    )
+    cmd.add_argument("--json", action="store_true", help="print JSON for machines")
+    cmd.set_defaults(fn=_cache)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from torch_dataloader_utils.tools.demo import run_demo
 
@@ -570,6 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(fn=_simulate)
 
     _add_reshard(sub)
+    _add_cache(sub)
 
     demo = sub.add_parser(
         "demo", help="generate a local dataset and read it as ranks x workers", formatter_class=_Help

@@ -33,6 +33,7 @@ __all__ = [
     "COMPRESSIONS",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_COMPRESSION",
+    "DEFAULT_DATA_CACHE_SIZE",
     "DEFAULT_EQUAL_BATCHES",
     "DEFAULT_MIX_ROWS",
     "DEFAULT_RANK_TIMEOUT",
@@ -44,7 +45,10 @@ __all__ = [
     "DEFAULT_SHUFFLE_SEED",
     "DEFAULT_SPLIT_BYTES",
     "DEFAULT_TARGET_FILE_SIZE",
+    "BadDataConfig",
+    "BadDataPolicy",
     "BatchConfig",
+    "CacheConfig",
     "CountConfig",
     "DistributedConfig",
     "EqualBatches",
@@ -86,6 +90,8 @@ MAX_RETRY_BACKOFF = 10.0
 """Upper bound of the wait between two retries, in seconds."""
 DEFAULT_REQUEST_TIMEOUT = 30.0
 """Seconds one request to remote storage may take in all, its retries included."""
+DEFAULT_DATA_CACHE_SIZE = 32 * 1024**3
+"""Bytes the node-local ``data_cache`` may hold on disk when ``data_cache_size`` is not given."""
 
 
 class FileFormat(enum.Enum):
@@ -779,6 +785,120 @@ class FetchConfig:
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based)."""
         return float(min(MAX_RETRY_BACKOFF, self.retry_backoff * 2 ** (attempt - 1)))
+
+
+class BadDataPolicy(enum.Enum):
+    """What a reader does with a unit of data it cannot decode (``on_bad_data``).
+
+    * ``RAISE``: stop with :class:`~torch_dataloader_utils.errors.BadDataError` naming the
+      file and the position (the default).
+    * ``SKIP``: drop the unit (a Parquet row group, an ORC stripe, a CSV / JSONL line),
+      count it, log it at INFO.
+    * ``QUARANTINE``: as ``SKIP``, and write where it is (file, unit, error) to
+      ``quarantine.jsonl`` under ``quarantine_dir``.
+    """
+
+    RAISE = "raise"
+    SKIP = "skip"
+    QUARANTINE = "quarantine"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BadDataConfig:
+    """What happens to data a reader cannot decode (see ``docs/failure-modes.md``).
+
+    Attributes:
+        on_bad_data: The policy.
+        quarantine_dir: The local directory of the quarantine report (``quarantine`` only).
+    """
+
+    on_bad_data: BadDataPolicy = BadDataPolicy.RAISE
+    quarantine_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.on_bad_data, BadDataPolicy):
+            coerce_enum(self.on_bad_data, BadDataPolicy, "on_bad_data")  # raises, naming the choices
+        directory = self.quarantine_dir
+        if directory is not None and (not isinstance(directory, str) or not directory.strip()):
+            raise ConfigError(
+                f"quarantine_dir={directory!r} must be a local directory path (str), e.g. '/scratch/bad-rows'"
+            )
+        if self.on_bad_data is BadDataPolicy.QUARANTINE and directory is None:
+            raise IncompatibleOptionsError(
+                "on_bad_data='quarantine' writes where each undecodable unit is to a report; pass "
+                "quarantine_dir='/some/local/dir', or on_bad_data='skip' to skip without a report"
+            )
+        if self.on_bad_data is not BadDataPolicy.QUARANTINE and directory is not None:
+            raise IncompatibleOptionsError(
+                f"quarantine_dir={directory!r} is only used with on_bad_data='quarantine' (got "
+                f"on_bad_data={self.on_bad_data.value!r}); pass on_bad_data='quarantine' or drop "
+                "quarantine_dir"
+            )
+
+    @property
+    def skipping(self) -> bool:
+        """Whether undecodable units are skipped (``skip`` or ``quarantine``)."""
+        return self.on_bad_data is not BadDataPolicy.RAISE
+
+
+def coerce_bad_data(value: object) -> BadDataPolicy:
+    """``on_bad_data`` as a :class:`BadDataPolicy` (``'raise'``, ``'skip'`` or ``'quarantine'``).
+
+    Raises:
+        ConfigError: naming the parameter, echoing the value and listing the choices.
+    """
+    return coerce_enum(value, BadDataPolicy, "on_bad_data")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheConfig:
+    """The node-local cache of the byte ranges read from remote storage (``data_cache``).
+
+    Attributes:
+        data_cache: A local directory shared by every rank and worker of the node, or
+            ``None`` (no cache). Local files are never cached.
+        data_cache_size: Bytes the cache may hold on disk; the least recently used
+            ranges are evicted beyond it.
+        data_cache_prefetch: Chunks of the next epoch each worker warms into the cache
+            while its fetch threads are idle (``0``: none).
+    """
+
+    data_cache: str | None = None
+    data_cache_size: int = DEFAULT_DATA_CACHE_SIZE
+    data_cache_prefetch: int = 0
+
+    def __post_init__(self) -> None:
+        directory = self.data_cache
+        if directory is not None:
+            if not isinstance(directory, str) or not directory.strip():
+                raise ConfigError(
+                    f"data_cache={directory!r} must be a local directory path (str), e.g. "
+                    "'/local_nvme/tdu-cache'"
+                )
+            if "://" in directory and not directory.startswith("file://"):
+                raise ConfigError(
+                    f"data_cache={directory!r} must be a directory on this node's local disk, not a URL: "
+                    "the cache keeps remote bytes close to the readers"
+                )
+        check_int(self.data_cache_size, "data_cache_size", 1, hint=" (bytes, or a string such as '100GiB')")
+        check_int(self.data_cache_prefetch, "data_cache_prefetch", 0, hint=" (chunks of the next epoch)")
+        if directory is None and self.data_cache_prefetch:
+            raise IncompatibleOptionsError(
+                f"data_cache_prefetch={self.data_cache_prefetch!r} warms the data_cache, but data_cache "
+                "is None; pass data_cache='/local/dir' or drop data_cache_prefetch"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a cache directory is set."""
+        return self.data_cache is not None
+
+    @property
+    def directory(self) -> str | None:
+        """``data_cache`` as a plain path (a ``file://`` prefix removed)."""
+        if self.data_cache is None:
+            return None
+        return self.data_cache.removeprefix("file://")
 
 
 METADATA_CACHE_CHECKS = ("listing", "on_open")

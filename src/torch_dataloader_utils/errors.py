@@ -32,6 +32,8 @@ that builtin too::
     ├── ReadError                             reading a chunk's data failed
     │   ├── RecordBoundaryError               text records do not match their lines
     │   │                                     (e.g. newlines inside quoted CSV fields)
+    │   ├── BadDataError                      a unit of a file cannot be decoded
+    │   │                                     (on_bad_data='raise'; names file and position)
     │   └── FileChangedError                  a file was rewritten after planning
     ├── ConversionError (ValueError)          a column cannot become the output type
     │   └── NullValueError                    a null in a column that cannot hold one
@@ -47,6 +49,7 @@ Messages name the parameter or file, echo the offending value and say the fix.
 from __future__ import annotations
 
 __all__ = [
+    "BadDataError",
     "CheckpointMismatchError",
     "ConfigError",
     "ConversionError",
@@ -194,6 +197,15 @@ class RecordBoundaryError(ReadError):
 
     Raised instead of returning split or duplicated records, typically because quoted
     CSV fields hold newlines and the file was split at byte offsets.
+    """
+
+
+class BadDataError(ReadError):
+    """A unit of a file (a row group, a stripe, a line) cannot be decoded.
+
+    Raised with ``on_bad_data='raise'`` (the default), naming the file and the unit's
+    position; ``on_bad_data='skip'`` or ``'quarantine'`` drops such units instead. A file
+    that changed or disappeared since planning is a :class:`FileChangedError`, never this.
     """
 
 

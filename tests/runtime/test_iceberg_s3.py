@@ -19,6 +19,7 @@ from tests.fixtures.iceberg import (
     position_delete_file,
 )
 from torch_dataloader_utils import IcebergDataset
+from torch_dataloader_utils.storage.cache import process_stats
 
 pytestmark = pytest.mark.slow
 
@@ -43,9 +44,8 @@ def s3_endpoint() -> Iterator[str]:
         server.stop()
 
 
-def test_s3_warehouse_read_by_two_workers(
-    s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _warehouse(s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """A bucket ``lake`` and the catalog config of a warehouse in it (no credentials from the host)."""
     import boto3
 
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
@@ -59,7 +59,7 @@ def test_s3_warehouse_read_by_two_workers(
         aws_secret_access_key="secret",
         region_name="us-east-1",
     ).create_bucket(Bucket="lake")
-    config = {
+    return {
         "type": "sql",
         "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
         "warehouse": "s3://lake/wh",
@@ -68,6 +68,12 @@ def test_s3_warehouse_read_by_two_workers(
         "s3.secret-access-key": "secret",
         "s3.region": "us-east-1",
     }
+
+
+def test_s3_warehouse_read_by_two_workers(
+    s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _warehouse(s3_endpoint, tmp_path, monkeypatch)
     catalog = make_catalog(config)
     t = create_id_table(catalog, row_group_limit=25)
     t.append(id_table(0, 100))
@@ -86,3 +92,30 @@ def test_s3_warehouse_read_by_two_workers(
     got = sorted(int(i) for b in loader for i in b["id"])
     assert got == expected
     assert len(expected) == 160 - 4 - 2
+
+
+def test_data_files_read_through_the_node_local_cache(
+    s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _warehouse(s3_endpoint, tmp_path, monkeypatch)
+    t = create_id_table(make_catalog(config), row_group_limit=25)
+    t.append(id_table(0, 100))
+    (first,) = data_files(t)
+    t.append(id_table(100, 60))
+    t = commit_deletes(t, [position_delete_file(t, {first: [0, 26, 27, 99]})])
+    expected = sorted(set(range(160)) - {0, 26, 27, 99})
+    cache = tmp_path / "cache"
+
+    def read() -> list[int]:
+        ds = IcebergDataset(
+            "ns.t", catalog_config=config, split_rows=25, output_format="numpy", data_cache=str(cache)
+        )
+        return sorted(int(i) for b in ds for i in b["id"])
+
+    misses, hits = process_stats().misses, process_stats().hits
+    assert read() == expected
+    assert process_stats().misses > misses  # the data files' blocks were fetched once ...
+    filled = process_stats().misses
+    assert read() == expected
+    assert process_stats().misses == filled  # ... and read from the cache after that
+    assert process_stats().hits > hits

@@ -18,7 +18,9 @@ from torch_dataloader_utils import (
     create_dataloader,
 )
 from torch_dataloader_utils.config import (
+    BadDataConfig,
     BatchConfig,
+    CacheConfig,
     CountConfig,
     FetchConfig,
     FileSourceConfig,
@@ -39,7 +41,9 @@ from torch_dataloader_utils.runtime.options import (
 )
 
 GROUPS = (
+    BadDataConfig,
     BatchConfig,
+    CacheConfig,
     CountConfig,
     FetchConfig,
     LoaderConfig,

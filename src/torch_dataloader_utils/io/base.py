@@ -10,9 +10,12 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from torch_dataloader_utils.config import BadDataConfig, CacheConfig, FetchConfig
+from torch_dataloader_utils.io.bad import BadData
 from torch_dataloader_utils.io.finish import BatchFinisher
 from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
+from torch_dataloader_utils.storage.cached import RemoteReads
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.partitions import Partitions
 
@@ -49,6 +52,10 @@ class ChunkReader(Protocol):
         """Decode with Arrow's thread pool (``True``) or in the calling thread."""
         ...
 
+    def warm(self, chunks: Sequence[Chunk]) -> None:
+        """Fetch ``chunks`` into the node-local ``data_cache`` while idle (the next epoch's first)."""
+        ...
+
     def with_read_rows(self, rows: int) -> ChunkReader:
         """This reader decoding batches of about ``rows`` rows (or itself, when it cannot choose)."""
         ...
@@ -71,6 +78,9 @@ class ReaderBase:
 
     def use_threads(self, on: bool) -> None:
         """Decoding threads are not the reader's to choose."""
+
+    def warm(self, chunks: Sequence[Chunk]) -> None:
+        """Nothing is warmed (no node-local cache, or local files)."""
 
     def with_read_rows(self, rows: int) -> ChunkReader:
         """The batch size is not the reader's to choose: the reader itself."""
@@ -99,6 +109,9 @@ class ReadRequest:
             NOT NULL declarations are relabelled to it), or ``None``.
         manifest: The reshard manifest the files were planned from (as shown to users),
             or ``None`` (planned from a listing): the advice when a file changed.
+        cache: The node-local ``data_cache`` of remote bytes, or ``None``.
+        fetch: Retries and time budget of remote requests, or ``None`` (defaults).
+        bad_data: What to do with units that do not decode (``on_bad_data``).
     """
 
     fs: FileSystemSpec
@@ -111,6 +124,17 @@ class ReadRequest:
     filters: pc.Expression | None = None
     output_schema: pa.Schema | None = None
     manifest: str | None = None
+    cache: CacheConfig | None = None
+    fetch: FetchConfig | None = None
+    bad_data: BadDataConfig | None = None
+
+    def reads(self) -> RemoteReads:
+        """The readers' remote reads (through the ``data_cache`` when one is set)."""
+        return RemoteReads(self.fs, self.cache, self.fetch)
+
+    def bad(self) -> BadData:
+        """The readers' handling of units that do not decode."""
+        return BadData(self.bad_data)
 
     def finisher(self) -> BatchFinisher:
         """Adds partition columns, filters rows and projects, as every reader does last."""

@@ -6,6 +6,8 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
+from torch_dataloader_utils.io.bad import is_standin
+
 __all__ = ["concat_batches", "rebatch", "with_flag"]
 
 
@@ -67,7 +69,12 @@ def concat_batches(pieces: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
 
 
 def with_flag(batches: Iterable[pa.RecordBatch], name: str, value: bool) -> Iterator[pa.RecordBatch]:
-    """Append a constant boolean column ``name`` to every batch (e.g. ``_is_padding``)."""
+    """Append a constant boolean column ``name`` to every batch (e.g. ``_is_padding``).
+
+    A stand-in batch (rows of a unit that did not decode, :func:`~.bad.is_standin`) is
+    flagged ``True`` whatever ``value`` is.
+    """
     for batch in batches:
-        flag = pa.repeat(pa.scalar(value, pa.bool_()), batch.num_rows)  # no per-row Python list
+        flag_value = value or is_standin(batch)
+        flag = pa.repeat(pa.scalar(flag_value, pa.bool_()), batch.num_rows)  # no per-row Python list
         yield pa.RecordBatch.from_arrays([*batch.columns, flag], names=[*batch.schema.names, name])

@@ -11,6 +11,11 @@ so renamed and reordered columns read correctly from old files; a column a file 
 not have is its identity partition value when there is one, else nulls. Files written
 without field ids are matched through the table's name mapping (or the current names).
 ORC data files are read whole, by column name.
+
+Remote data files go through the node-local ``data_cache`` when one is set (in blocks,
+keyed by path, endpoint and size: Iceberg never rewrites a data file in place). A row
+group that does not decode raises :class:`BadDataError`, or with ``on_bad_data='skip'``
+is replaced by a stand-in of its live rows (:mod:`~torch_dataloader_utils.io.bad`).
 """
 
 from __future__ import annotations
@@ -18,15 +23,21 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from torch_dataloader_utils.errors import ReadError
+from torch_dataloader_utils.config import BadDataConfig, CacheConfig, FetchConfig
+from torch_dataloader_utils.errors import FileChangedError, ReadError
+from torch_dataloader_utils.io.bad import BadData, BadUnit, describe
 from torch_dataloader_utils.io.base import OpenFiles, ReaderBase
 from torch_dataloader_utils.io.prefetch import FetchStats, column_ranges
-from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
+from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, RowGroup
+from torch_dataloader_utils.storage.cache import FileKey
+from torch_dataloader_utils.storage.cached import open_blocks
+from torch_dataloader_utils.storage.fetch import GaveUp, retry_call
 from torch_dataloader_utils.storage.iceberg_columns import (
     column_by_id,
     log_once,
@@ -42,7 +53,19 @@ __all__ = ["IcebergReader"]
 class IcebergReader(ReaderBase):
     """A :class:`ChunkReader` for the data files of an :class:`IcebergScan`."""
 
-    def __init__(self, scan: IcebergScan, batch_size: int, use_threads: bool = True) -> None:
+    def __init__(
+        self,
+        scan: IcebergScan,
+        batch_size: int,
+        use_threads: bool = True,
+        *,
+        cache: CacheConfig | None = None,
+        fetch: FetchConfig | None = None,
+        bad_data: BadDataConfig | None = None,
+    ) -> None:
+        self._cache = cache
+        self._fetch = fetch or FetchConfig()
+        self._bad = BadData(bad_data)
         self._scan = scan
         self._files: dict[str, IcebergFileInfo] = {f.path: f for f in scan.files}
         self._batch_size = batch_size
@@ -79,10 +102,40 @@ class IcebergReader(ReaderBase):
 
     # -- files ------------------------------------------------------------------
     def _open_parquet(self, path: str) -> pq.ParquetFile:
+        cached = self._cached(path)
+        if cached is not None:
+            return pq.ParquetFile(cached)
         filesystem, inner = self._scan.fs.resolve(path)
         handle = filesystem.open_input_file(inner)
         check_size(path, self._files[path].size, handle.size())  # the size is known from opening
         return pq.ParquetFile(handle)
+
+    def _cached(self, path: str) -> Any | None:
+        """``path`` read through the node-local cache, or ``None`` (no cache, or a local file)."""
+        if self._cache is None or not self._cache.enabled or path.startswith(("file:", "/")):
+            return None
+        size = self._files[path].size
+        endpoint = self._scan.fs.properties.get("s3.endpoint", "")
+        key = FileKey(f"{path}@{endpoint}" if endpoint else path, size, "iceberg")
+        opened: list[Any] = []
+
+        def fetch(lo: int, hi: int) -> bytes:
+            def attempt() -> bytes:
+                if not opened:
+                    filesystem, inner = self._scan.fs.resolve(path)
+                    handle = filesystem.open_input_file(inner)
+                    check_size(path, size, handle.size())
+                    opened.append(handle)
+                return bytes(opened[0].read_at(hi - lo, lo))
+
+            try:
+                return retry_call(attempt, self._fetch)
+            except GaveUp as failed:
+                raise ReadError(
+                    f"reading Iceberg data file {path!r} bytes [{lo}, {hi}) failed {failed.how(self._fetch)}"
+                ) from failed.error
+
+        return open_blocks(self._cache, key, size, fetch)
 
     # -- reading ----------------------------------------------------------------
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
@@ -125,7 +178,14 @@ class IcebergReader(ReaderBase):
         pending = decode(0) if pieces else None
         for i, (g, lo, hi) in enumerate(pieces):
             assert pending is not None
-            table = pending.result()
+            try:
+                table = pending.result()
+            except (OSError, pa.ArrowException) as exc:
+                pending = decode(i + 1) if i + 1 < len(pieces) else None
+                standin = self._bad_group(info, chunk, g, lo, hi, exc)
+                if standin is not None:
+                    yield standin
+                continue
             pending = decode(i + 1) if i + 1 < len(pieces) else None
             if lo != g.first_row or hi != g.stop_row:
                 table = table.slice(lo - g.first_row, hi - lo)
@@ -135,6 +195,41 @@ class IcebergReader(ReaderBase):
             out = self._finish(table, info, names, ids, lo)
             if out.num_rows:
                 yield from out.to_batches()
+
+    def _bad_group(
+        self, info: IcebergFileInfo, chunk: Chunk, g: RowGroup, lo: int, hi: int, exc: BaseException
+    ) -> pa.RecordBatch | None:
+        """A row group that does not decode: raise, or skip it (a stand-in of its live rows, or ``None``).
+
+        Raises:
+            FileChangedError: the data file is gone or has another size (never bad data).
+            BadDataError: with ``on_bad_data='raise'``.
+        """
+        self._confirm(info)
+        # Live rows: deletes (and a counted filter's dropped rows, among them) taken out.
+        exact = self._scan.filters is None or self._scan.filter_counted
+        lost = (hi - lo) - info.deleted_in(lo, hi) if exact else 0
+        unit = BadUnit(info.path, "row_group", g.index, (g.first_row, g.stop_row), None, describe(exc), lost)
+        reading = f"Iceberg data file {info.path!r} rows [{chunk.start}, {chunk.stop})"
+        return self._bad.resolve(
+            unit, exc, reading=reading, padding=chunk.padding, schema=self._scan.output_schema
+        )
+
+    def _confirm(self, info: IcebergFileInfo) -> None:
+        """Raise :class:`FileChangedError` if the data file is gone or its size changed."""
+        import pyarrow.fs as pafs
+
+        filesystem, inner = self._scan.fs.resolve(info.path)
+        try:
+            found = filesystem.get_file_info(inner)
+        except OSError:
+            return  # the storage cannot say: the decoder's error stands
+        if found.type == pafs.FileType.NotFound:
+            raise FileChangedError(
+                f"Iceberg data file {info.path!r} no longer exists; the table changed since the dataset "
+                "was built (an expired snapshot?): build the dataset again"
+            )
+        check_size(info.path, info.size, int(found.size or 0))
 
     def _read_orc(self, info: IcebergFileInfo, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         import pyarrow.orc as po

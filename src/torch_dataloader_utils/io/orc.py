@@ -9,8 +9,9 @@ import pyarrow as pa
 import pyarrow.orc as orc
 
 from torch_dataloader_utils.errors import ReadError
+from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, describe
 from torch_dataloader_utils.io.base import OpenFiles, ReaderBase, ReadRequest
-from torch_dataloader_utils.plan.types import Chunk
+from torch_dataloader_utils.plan.types import Chunk, RowGroup
 from torch_dataloader_utils.storage.identity import FileChecks
 
 __all__ = ["OrcReader"]
@@ -27,6 +28,12 @@ class OrcReader(ReaderBase):
     A chunk ``[start, stop)`` of rows reads the stripes overlapping it; a stripe only
     partly inside is sliced, so chunks may be cut at any row. Batches are at most
     ``batch_size`` rows; the dataset's re-batching makes them exact across stripes.
+
+    A stripe that does not decode raises :class:`BadDataError` naming it, or, with
+    ``on_bad_data='skip'`` / ``'quarantine'``, is replaced by a stand-in of its rows
+    (:mod:`~torch_dataloader_utils.io.bad`). Remote files are read through the node-local
+    ``data_cache`` when one is set (in blocks; a file is checked against the plan before
+    its first fetch from storage in a pass).
     """
 
     def __init__(self, request: ReadRequest) -> None:
@@ -37,25 +44,42 @@ class OrcReader(ReaderBase):
         self._batch_size = request.batch_size
         self._open: OpenFiles[tuple[Any, orc.ORCFile]] = OpenFiles(self._open_orc, closer=_close)
         self._checks = FileChecks(request.fs, request.files)  # never read a rewritten file
+        self._reads = request.reads()
+        self._bad = request.bad()
+        self._schema = request.output_schema
+        self._exact = request.filters is None
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next: remote files are checked meanwhile."""
-        self._checks.schedule(c.path for c in chunks)
+        self._checks.schedule(() if self._reads.active else (c.path for c in chunks))
 
     def _open_orc(self, path: str) -> tuple[Any, orc.ORCFile]:
-        source = self._fs.arrow().open_input_file(path)
+        info = self._files[path]
+        source = self._reads.open(
+            path,
+            size=info.size,
+            version=info.mtime,
+            before_fetch=lambda: self._checks.check(path, info.size, info.mtime),
+        )
         return source, orc.ORCFile(source)
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the chunk's rows (filtered, projected) in file order."""
         info = self._files[chunk.path]
         try:
-            self._checks.check(chunk.path, info.size, info.mtime)
+            if not self._reads.active:
+                self._checks.check(chunk.path, info.size, info.mtime)
             reader = self._open.get(chunk.path)[1]
             for g in info.groups_in(chunk.start, chunk.stop):
                 lo = max(chunk.start, g.first_row) - g.first_row
                 hi = min(chunk.stop, g.stop_row) - g.first_row
-                stripe = reader.read_stripe(g.index, columns=self._data_columns)
+                try:
+                    stripe = reader.read_stripe(g.index, columns=self._data_columns)
+                except (OSError, pa.ArrowException) as exc:
+                    standin = self._bad_stripe(chunk, g, hi - lo, exc)
+                    if standin is not None:
+                        yield standin
+                    continue
                 if stripe.num_rows != g.num_rows:
                     raise ReadError(
                         f"stripe {g.index} of {self._fs.display(chunk.path)!r} holds {stripe.num_rows} "
@@ -68,3 +92,24 @@ class OrcReader(ReaderBase):
             raise ReadError(
                 f"reading {self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop}) failed: {exc}"
             ) from exc
+
+    def _bad_stripe(self, chunk: Chunk, g: RowGroup, rows: int, exc: BaseException) -> pa.RecordBatch | None:
+        """A stripe that does not decode: raise, or skip it (its stand-in, or ``None``).
+
+        Raises:
+            FileChangedError: the file is no longer the planned one (never bad data).
+            BadDataError: with ``on_bad_data='raise'``.
+        """
+        confirm_unchanged(self._fs, chunk.path, self._files[chunk.path])
+        lost = rows if self._exact else 0
+        unit = BadUnit(
+            self._fs.display(chunk.path),
+            "stripe",
+            g.index,
+            (g.first_row, g.stop_row),
+            None,
+            describe(exc),
+            lost,
+        )
+        reading = f"{self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop})"
+        return self._bad.resolve(unit, exc, reading=reading, padding=chunk.padding, schema=self._schema)

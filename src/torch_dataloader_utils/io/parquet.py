@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from torch_dataloader_utils.errors import ReadError
+from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, describe
 from torch_dataloader_utils.io.base import OpenFiles, ReaderBase, ReadRequest
 from torch_dataloader_utils.io.prefetch import ChunkSource, FetchStats, column_ranges
 from torch_dataloader_utils.plan.types import Chunk, FileInfo, RowGroup
@@ -38,6 +39,10 @@ class ParquetReader(ReaderBase):
     partly inside is read and sliced, so chunks may be cut at any row. Partition values
     are added as constant columns before the row filter, and the result is projected to
     the output columns. Filesystem clients are built lazily in the reading process.
+
+    A row group that does not decode raises :class:`BadDataError` naming it, or, with
+    ``on_bad_data='skip'`` / ``'quarantine'``, is replaced by a stand-in of its rows in the
+    chunk (:mod:`~torch_dataloader_utils.io.bad`); row groups are then decoded one at a time.
     """
 
     def __init__(
@@ -77,6 +82,11 @@ class ParquetReader(ReaderBase):
         # Remote files: bytes come from the source (read-ahead, retries); see io/prefetch.py.
         self._source = source
         self._local_stats = FetchStats()
+        self._bad = request.bad()
+        self._schema = request.output_schema
+        # Positions count rows before the filter (no filter) or after a counted one: a
+        # skipped group's stand-in then has its rows; else (an uncounted filter) none.
+        self._exact = request.filters is None or filtered_positions
         self._private_files = False  # see for_threads
 
     def use_threads(self, on: bool) -> None:
@@ -97,11 +107,21 @@ class ParquetReader(ReaderBase):
         narrow._read_rows = max(self._batch_size, rows)
         return narrow
 
+    @property
+    def _cached(self) -> bool:
+        """Bytes come through the node-local cache: the source checks each file before its first fetch."""
+        return self._source is not None and self._source.cached
+
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next, in order (remote read-ahead)."""
-        self._checks.schedule((c.path for c in chunks), self._metadata_request())
+        self._checks.schedule(() if self._cached else (c.path for c in chunks), self._metadata_request())
         if self._source is not None:
             self._source.schedule(chunks)
+
+    def warm(self, chunks: Sequence[Chunk]) -> None:
+        """Fetch ``chunks`` into the node-local cache while the fetch threads are idle (next epoch)."""
+        if self._source is not None:
+            self._source.warm(chunks)
 
     @property
     def decodes_in_threads(self) -> bool:
@@ -152,9 +172,11 @@ class ParquetReader(ReaderBase):
         groups = info.groups_in(chunk.start, chunk.stop)
         if not groups:
             return
+        pf: pq.ParquetFile | None = None
         own: pq.ParquetFile | None = None  # this read's own file reader (for_threads), closed after
         try:
-            self._checks.check(chunk.path, info.size, info.mtime, self._metadata_request())
+            if not self._cached:
+                self._checks.check(chunk.path, info.size, info.mtime, self._metadata_request())
             if self._source is not None:
                 pf = self._source.open(chunk)
             else:
@@ -164,8 +186,8 @@ class ParquetReader(ReaderBase):
                 needed = column_ranges(pf.metadata, [g.index for g in groups], self._data_columns)
                 nbytes = sum(hi - lo for lo, hi in needed)
                 self._local_stats.read(nbytes, nbytes)
-            if self._filtered_positions:
-                yield from self._read_filtered(pf, chunk, groups)
+            if self._filtered_positions or self._bad.skipping:
+                yield from self._by_group(pf, chunk, groups)
                 return
             whole = all(chunk.start <= g.first_row and g.stop_row <= chunk.stop for g in groups)
             if whole:
@@ -186,6 +208,8 @@ class ParquetReader(ReaderBase):
                     yield self._finish(batch, chunk.path)
         except (OSError, pa.ArrowException) as exc:
             descriptors = too_many_open_files(exc)
+            if pf is not None and descriptors is None and not self._bad.skipping:
+                self._diagnose(pf, chunk, groups)
             raise ReadError(
                 f"reading {self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop}) failed: {exc}"
                 + ("" if descriptors is None else f": {descriptors}")
@@ -194,27 +218,82 @@ class ParquetReader(ReaderBase):
             if own is not None:
                 own.close()
 
-    def _read_filtered(
+    def _by_group(
         self, pf: pq.ParquetFile, chunk: Chunk, groups: Sequence[RowGroup]
     ) -> Iterator[pa.RecordBatch]:
-        """Rows ``[start, stop)`` of a chunk in filtered coordinates (see discovery.counts)."""
+        """The chunk's rows decoded one row group at a time; a group that does not decode is handled."""
         for g in groups:
             lo = max(chunk.start, g.first_row) - g.first_row
             hi = min(chunk.stop, g.stop_row) - g.first_row
-            table = pf.read_row_group(g.index, columns=self._data_columns, use_threads=self._use_threads)
-            parts = [self._finish(b, chunk.path) for b in table.to_batches(max_chunksize=self._batch_size)]
-            passing = sum(b.num_rows for b in parts)
-            if passing != g.num_rows:
-                raise ReadError(
-                    f"row group {g.index} of {self._fs.display(chunk.path)!r} has {passing} rows passing "
-                    f"filters={self._filters} but {g.num_rows} were counted when the dataset was built; "
-                    f"the file changed since then: {stale_advice(self._manifest)}"
-                )
-            if lo == 0 and hi == g.num_rows:
-                yield from parts
-            elif parts:
-                kept = pa.Table.from_batches(parts).slice(lo, hi - lo)
-                yield from kept.to_batches(max_chunksize=self._batch_size)
+            try:
+                table = pf.read_row_group(g.index, columns=self._data_columns, use_threads=self._use_threads)
+            except (OSError, pa.ArrowException) as exc:
+                if too_many_open_files(exc) is not None:
+                    raise
+                standin = self._bad_group(pf, chunk, g, hi - lo, exc)
+                if standin is not None:
+                    yield standin
+                continue
+            if self._filtered_positions:
+                yield from self._filtered_group(table, chunk, g, lo, hi)
+                continue
+            for batch in table.slice(lo, hi - lo).to_batches(max_chunksize=self._read_rows):
+                yield self._finish(batch, chunk.path)
+
+    def _filtered_group(
+        self, table: pa.Table, chunk: Chunk, g: RowGroup, lo: int, hi: int
+    ) -> Iterator[pa.RecordBatch]:
+        """Rows ``[lo, hi)`` of a group in filtered coordinates (see discovery.counts)."""
+        parts = [self._finish(b, chunk.path) for b in table.to_batches(max_chunksize=self._batch_size)]
+        passing = sum(b.num_rows for b in parts)
+        if passing != g.num_rows:
+            raise ReadError(
+                f"row group {g.index} of {self._fs.display(chunk.path)!r} has {passing} rows passing "
+                f"filters={self._filters} but {g.num_rows} were counted when the dataset was built; "
+                f"the file changed since then: {stale_advice(self._manifest)}"
+            )
+        if lo == 0 and hi == g.num_rows:
+            yield from parts
+        elif parts:
+            kept = pa.Table.from_batches(parts).slice(lo, hi - lo)
+            yield from kept.to_batches(max_chunksize=self._batch_size)
+
+    # -- data that does not decode -------------------------------------------------------
+    def _unit(self, pf: pq.ParquetFile, path: str, g: RowGroup, exc: BaseException, lost: int) -> BadUnit:
+        spans = column_ranges(pf.metadata, [g.index], None)
+        where = (spans[0][0], max(hi for _, hi in spans)) if spans else None
+        rows = None if self._filtered_positions else (g.first_row, g.stop_row)
+        return BadUnit(self._fs.display(path), "row_group", g.index, rows, where, describe(exc), lost)
+
+    def _bad_group(
+        self, pf: pq.ParquetFile, chunk: Chunk, g: RowGroup, rows: int, exc: BaseException
+    ) -> pa.RecordBatch | None:
+        """A row group that does not decode: raise, or skip it (its stand-in, or ``None``).
+
+        Raises:
+            FileChangedError: the file is no longer the planned one (never bad data).
+            BadDataError: with ``on_bad_data='raise'``.
+        """
+        confirm_unchanged(self._fs, chunk.path, self._files[chunk.path], self._manifest)
+        unit = self._unit(pf, chunk.path, g, exc, rows if self._exact else 0)
+        reading = f"{self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop})"
+        return self._bad.resolve(unit, exc, reading=reading, padding=chunk.padding, schema=self._schema)
+
+    def _diagnose(self, pf: pq.ParquetFile, chunk: Chunk, groups: Sequence[RowGroup]) -> None:
+        """After a failed read (``on_bad_data='raise'``): name the row group that does not decode.
+
+        Returns when no group fails alone (the caller's error stands).
+
+        Raises:
+            FileChangedError: the file changed since planning.
+            BadDataError: naming the first row group of the chunk that does not decode.
+        """
+        for g in groups:
+            try:
+                pf.read_row_group(g.index, columns=self._data_columns, use_threads=False)
+            except (OSError, pa.ArrowException) as failed:
+                self._bad_group(pf, chunk, g, 0, failed)
+                return
 
     def _finish(self, batch: pa.RecordBatch, path: str) -> pa.RecordBatch:
         return self._finisher(batch, path)

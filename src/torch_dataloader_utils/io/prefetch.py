@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import bisect
 import functools
-import io
 import itertools
+import logging
 import os
 import queue
 import threading
@@ -43,11 +43,11 @@ from torch_dataloader_utils.config import FetchConfig
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
-from torch_dataloader_utils.storage.fetch import fetch_range
+from torch_dataloader_utils.storage.cached import ReadOnlyFile, RemoteReads
 from torch_dataloader_utils.storage.footers import FOOTER_READ_BYTES, NotParquetError, read_footer
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.handles import Handles
-from torch_dataloader_utils.storage.identity import check_footer, stale_advice
+from torch_dataloader_utils.storage.identity import FileChecks, check_footer, stale_advice
 
 __all__ = ["ChunkSource", "FetchStats", "PlanOrderPool", "coalesce", "column_ranges"]
 
@@ -62,8 +62,13 @@ READ_AHEAD_CHUNKS = 32
 the byte bound alone would start every chunk of the worker at once)."""
 FOOTER_CACHE_FILES = 1024
 """Parsed footers kept per process (for the next chunks of the same files)."""
+WARM_PRIORITY = 1e12
+"""Priority of the requests warming the cache for the next epoch: after every request of
+the current one (a pool thread takes them only when no chunk of the plan waits)."""
 
 R = TypeVar("R")
+
+log = logging.getLogger(__name__)
 
 
 def column_ranges(
@@ -247,7 +252,7 @@ def _stop_threads(
         calls.put((float("inf"), next(seq), None))
 
 
-class _SparseFile(io.RawIOBase):
+class _SparseFile(ReadOnlyFile):
     """A read-only file of ``size`` bytes whose reads are served from fetched ranges.
 
     A read outside them (rare: a writer's column sizes that undercount) is fetched on
@@ -255,43 +260,25 @@ class _SparseFile(io.RawIOBase):
     """
 
     def __init__(self, size: int, ranges: Sequence[tuple[int, bytes]], miss: Callable[[int, int], bytes]):
-        super().__init__()
-        self._size = size
+        super().__init__(size)
         self._starts = [start for start, _ in ranges]
-        self._data = [data for _, data in ranges]
+        self._data = [memoryview(data) for _, data in ranges]
         self._miss = miss
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = base + offset
-        return self._pos
 
     def read(self, size: int | None = -1) -> bytes:
-        start = self._pos
-        stop = self._size if size is None or size < 0 else min(self._size, start + size)
+        """Bytes from the position: a zero-copy view of a fetched range (pyarrow takes any buffer)."""
+        start, stop = self._span(size)
         if stop <= start:
             return b""
         i = bisect.bisect_right(self._starts, start) - 1
+        data: Any
         if i >= 0 and stop - self._starts[i] <= len(self._data[i]):
             lo = start - self._starts[i]
             data = self._data[i][lo : lo + stop - start]
         else:
             data = self._miss(start, stop)
         self._pos = stop
-        return data
-
-    def readall(self) -> bytes:
-        return self.read(-1)
+        return data  # type: ignore[no-any-return]
 
 
 class _Fetch:
@@ -344,6 +331,10 @@ class ChunkSource:
         threads: Requests in flight at once.
         filtered: The plan counts only rows passing a filter (see :func:`check_footer`).
         manifest: The reshard manifest the files were planned from (as shown), or ``None``.
+        reads: The remote reads through the node-local ``data_cache``, when one is set:
+            every range and footer then comes from the cache or is fetched once into it,
+            and a file is checked against the plan only before its first fetch from
+            storage in a pass (:attr:`cached`).
     """
 
     def __init__(
@@ -357,6 +348,7 @@ class ChunkSource:
         threads: int = FETCH_THREADS,
         filtered: bool = False,
         manifest: str | None = None,
+        reads: RemoteReads | None = None,
     ) -> None:
         self.fs = fs
         self._filtered = filtered
@@ -366,7 +358,14 @@ class ChunkSource:
         self._columns = None if columns is None else list(columns)
         self._footers = dict(footers or {})
         self._threads = threads
+        self._reads = reads if reads is not None else RemoteReads(fs, None, self.config)
+        self._checks = FileChecks(fs, files, manifest=manifest)
         self._reset()
+
+    @property
+    def cached(self) -> bool:
+        """Whether bytes go through the node-local cache (then this source checks files itself)."""
+        return self._reads.active
 
     def _reset(self) -> None:
         self._pid = os.getpid()
@@ -381,7 +380,7 @@ class ChunkSource:
         self.stats = FetchStats()
 
     def __getstate__(self) -> dict[str, object]:
-        keep = ("fs", "config", "_files", "_columns", "_filtered", "_manifest")
+        keep = ("fs", "config", "_files", "_columns", "_filtered", "_manifest", "_reads", "_checks")
         state = {k: v for k, v in self.__dict__.items() if k in keep}
         state["_footers"] = self._footers
         state["_threads"] = self._threads
@@ -435,8 +434,13 @@ class ChunkSource:
         footer = self._footers.pop(path, None)
         if footer is None:
             size = self._files[path].size
+            fetch = None
+            if self.cached:
+                fetch = functools.partial(self._read, path, on_request=self._footer_request, metadata=True)
             try:
-                footer = read_footer(self.fs, path, size, self.config, on_request=self._footer_request)
+                footer = read_footer(
+                    self.fs, path, size, self.config, on_request=self._footer_request, fetch=fetch
+                )
             except NotParquetError as exc:
                 raise ReadError(
                     f"{self.fs.display(path)!r} has no Parquet footer any more ({exc}); the file "
@@ -487,26 +491,53 @@ class ChunkSource:
         groups = self._files[chunk.path].groups_in(chunk.start, chunk.stop)
         return column_ranges(meta, [g.index for g in groups], self._columns)
 
+    def _requests_of(self, chunk: Chunk, meta: pq.FileMetaData) -> list[tuple[int, int]]:
+        """The ranges ``chunk`` is fetched in: its column chunks, coalesced.
+
+        Through the cache, ranges are coalesced within each row group only: chunks are
+        cut at row-group edges in other ways in other epochs and worlds (row mixing
+        splits a worker's chunks into streams), and each row group then still finds its
+        entries whole, instead of reading a larger entry to cut a part out of it.
+        """
+        if not self.cached:
+            return coalesce(self._ranges_of(chunk, meta))
+        groups = self._files[chunk.path].groups_in(chunk.start, chunk.stop)
+        return [r for g in groups for r in coalesce(column_ranges(meta, [g.index], self._columns))]
+
     # -- fetching -------------------------------------------------------------------
-    def _fetch(self, path: str, start: int, stop: int) -> bytes:
-        size = self._files[path].size
-        return fetch_range(
-            self.fs,
+    def _read(
+        self, path: str, start: int, stop: int, *, on_request: Callable[[int], None], metadata: bool = False
+    ) -> bytes:
+        """Bytes of ``path``, with retries; through the cache, the file checked before its first fetch."""
+        info = self._files[path]
+        return self._reads.fetch(
             path,
             start,
             stop,
-            size=size,
-            config=self.config,
-            on_request=self.stats.add,
+            size=info.size,
+            version=info.mtime,
+            on_request=on_request,
             on_retry=self.stats.retry,
+            metadata=metadata,
+            before_fetch=functools.partial(self._check, path) if self.cached else None,
             handles=self._handles,
         )
+
+    def _check(self, path: str) -> None:
+        info = self._files[path]
+        self._checks.check(path, info.size, info.mtime, self._check_request)
+
+    def _check_request(self) -> None:
+        self.stats.add(0)  # a metadata request: counted, no bytes
+
+    def _fetch(self, path: str, start: int, stop: int) -> bytes:
+        return self._read(path, start, stop, on_request=self.stats.add)
 
     def _estimate(self, chunk: Chunk) -> int:
         """Bytes ``chunk`` will fetch: exact when its footer is known, else its row groups' size."""
         meta = self._known(chunk.path)
         if meta is not None:
-            return sum(hi - lo for lo, hi in coalesce(self._ranges_of(chunk, meta)))
+            return sum(hi - lo for lo, hi in self._requests_of(chunk, meta))
         info = self._files[chunk.path]
         if info.size <= FOOTER_READ_BYTES:
             return info.size
@@ -569,7 +600,7 @@ class ChunkSource:
             if fetch.cancelled:
                 raise RuntimeError("the chunk's fetch was cancelled")
             needed = self._ranges_of(chunk, meta)
-            ranges = coalesce(needed)
+            ranges = self._requests_of(chunk, meta)
             with self.stats.lock:
                 self.stats.bytes_needed += sum(hi - lo for lo, hi in needed)
             fetch.nbytes = sum(hi - lo for lo, hi in ranges)
@@ -588,6 +619,8 @@ class ChunkSource:
         # In a forked worker, reset before keeping the plan: a reset at the first read
         # would drop it, and every chunk would then be fetched only when read.
         self._check_process()
+        if self.cached:
+            self._checks.schedule(())  # a new pass: each file checked again, at its first fetch
         for fetch in self._pending.values():
             fetch.cancel()
         self._plan = list(chunks)
@@ -655,6 +688,29 @@ class ChunkSource:
         return pq.ParquetFile(
             pa.PythonFile(sparse, mode="r"), metadata=self.metadata(chunk.path), pre_buffer=False
         )
+
+    def warm(self, chunks: Sequence[Chunk]) -> None:
+        """Fetch the bytes of ``chunks`` into the node-local cache when the fetch threads are idle.
+
+        For the next epoch's first chunks (``data_cache_prefetch``); best effort: a
+        failure is logged at DEBUG and the chunk is fetched when it is read. Nothing
+        happens without a cache.
+        """
+        if not self.cached:
+            return
+        pool = self._executor()
+        for i, chunk in enumerate(chunks):
+            pool.submit(WARM_PRIORITY + i, self._warm_one, chunk)
+
+    def _warm_one(self, chunk: Chunk) -> None:
+        try:
+            meta = self._known(chunk.path)
+            if meta is None:  # in this thread: a pool thread never waits on another's request
+                meta = self._load_footer(chunk.path)
+            for lo, hi in self._requests_of(chunk, meta):
+                self._fetch(chunk.path, lo, hi)
+        except Exception as exc:
+            log.debug("warming the cache with %s failed (it is fetched when read): %s", chunk.path, exc)
 
     def close(self) -> None:
         """Cancel pending requests and stop the thread pool."""

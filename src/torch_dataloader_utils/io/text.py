@@ -22,11 +22,19 @@ newline byte, so cutting at a newline never splits a character.
 Compressed files (``.gz``, ``.bz2``, ``.zst``, ``.lz4``) are streamed whole; a CSV
 declared to hold newlines in quoted fields (``quoted_newlines=True``) is read whole
 by pyarrow's streaming CSV reader, which follows quotes across lines.
+
+A piece that does not parse (a line that is not JSON, a CSV line with too many fields,
+a value that does not convert to the declared type) is split in halves until the lines
+that do not parse are found: with ``on_bad_data='raise'`` the first one is named (its
+byte range) in :class:`BadDataError`; with ``'skip'`` / ``'quarantine'`` each such line
+is dropped and replaced by a one-record stand-in (:mod:`~torch_dataloader_utils.io.bad`),
+so record counts and positions stay exact. A quoted-newline CSV cannot be resumed after
+an error inside pyarrow's stream: there the rest of the file is the unit skipped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import pyarrow as pa
@@ -34,7 +42,8 @@ import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 
 from torch_dataloader_utils.config import FileFormat
-from torch_dataloader_utils.errors import ReadError, RecordBoundaryError
+from torch_dataloader_utils.errors import FileChangedError, ReadError, RecordBoundaryError
+from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, describe, is_standin, standin_batch
 from torch_dataloader_utils.io.base import ReaderBase, ReadRequest
 from torch_dataloader_utils.io.prefetch import FetchStats
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
@@ -46,6 +55,7 @@ from torch_dataloader_utils.storage.records import (
     count_records,
     iter_pieces,
     next_line_start,
+    record_starts,
 )
 
 __all__ = ["TextReader"]
@@ -95,6 +105,10 @@ class TextReader(ReaderBase):
         self._piece = piece_bytes
         self._stats = FetchStats()
         self._checks = FileChecks(request.fs, request.files)  # never read a rewritten file
+        self._reads = request.reads()
+        self._bad = request.bad()
+        self._out_schema = request.output_schema
+        self._exact = request.filters is None  # a skipped line's stand-in keeps its row
 
     def io_totals(self) -> tuple[int, int, int, int, float]:
         """``(bytes_fetched, bytes_needed, requests, retries, wait_sec)`` of this process so far.
@@ -106,7 +120,7 @@ class TextReader(ReaderBase):
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next: remote files are checked meanwhile."""
-        self._checks.schedule(c.path for c in chunks)
+        self._checks.schedule(() if self._reads.active else (c.path for c in chunks))
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the records whose first byte lies in the chunk (filtered, projected)."""
@@ -121,23 +135,26 @@ class TextReader(ReaderBase):
                 f"quoted_newlines=True), but the plan asks for bytes [{chunk.start}, {chunk.stop}); "
                 "use split_strategy='byte_range' or 'file'"
             )
-        self._checks.check(chunk.path, info.size, info.mtime)
+        if not self._reads.active:
+            self._checks.check(chunk.path, info.size, info.mtime)
         try:
             if self._quoted or meta.compression is not None:
                 self._stats.read(info.size, info.size)
             if self._quoted:
-                yield from self._read_quoted(chunk.path, meta)
+                yield from self._read_quoted(chunk, meta)
                 return
             raw: Iterator[pa.RecordBatch] = (
                 batch
-                for offset, piece in self._pieces(chunk, meta)
-                for batch in self._parse(piece, chunk.path, offset, meta).to_batches(
-                    max_chunksize=self._batch_size
-                )
+                for table in self._tables(chunk, meta)
+                for batch in table.to_batches(max_chunksize=self._batch_size)
             )
             if chunk.windowed:
                 raw = self._window(raw, chunk)
             for batch in raw:
+                if is_standin(batch):
+                    if self._exact and self._out_schema is not None:
+                        yield standin_batch(self._out_schema, batch.num_rows)
+                    continue
                 yield self._finish(batch, chunk.path)
         except (OSError, pa.ArrowException) as exc:
             where = f"{self._fs.display(chunk.path)!r} bytes [{chunk.start}, {chunk.stop})"
@@ -175,14 +192,31 @@ class TextReader(ReaderBase):
         )
 
     # -- bytes -----------------------------------------------------------------
+    def _before_fetch(self, path: str) -> Callable[[], None]:
+        info = self._files[path]
+        return lambda: self._checks.check(path, info.size, info.mtime)
+
+    def _open_stream(self, path: str, compression: str | None) -> Any:
+        info = self._files[path]
+        return self._reads.open_stream(
+            path,
+            size=info.size,
+            version=info.mtime,
+            compression=compression,
+            before_fetch=self._before_fetch(path),
+        )
+
     def _pieces(self, chunk: Chunk, meta: TextFileMeta) -> Iterator[tuple[int, bytes]]:
-        fs = self._fs.arrow()
+        info = self._files[chunk.path]
         if meta.compression is not None:
-            with fs.open_input_stream(chunk.path, compression=meta.compression) as stream:
+            with self._open_stream(chunk.path, meta.compression) as stream:
                 stream.read(meta.data_start)
                 yield from iter_pieces(stream.read, meta.data_start, float("inf"), self._piece, meta.newline)
             return
-        with fs.open_input_file(chunk.path) as f:
+        opened = self._reads.open(
+            chunk.path, size=info.size, version=info.mtime, before_fetch=self._before_fetch(chunk.path)
+        )
+        with opened as f:
             if chunk.start <= meta.data_start:
                 first = meta.data_start
             else:
@@ -196,6 +230,91 @@ class TextReader(ReaderBase):
                 yield offset, piece
 
     # -- parsing ---------------------------------------------------------------
+    def _tables(self, chunk: Chunk, meta: TextFileMeta) -> Iterator[pa.Table]:
+        """The chunk's pieces parsed; a piece that does not parse is searched for its bad lines."""
+        checked: list[bool] = []
+        for offset, piece in self._pieces(chunk, meta):
+            try:
+                yield self._parse(piece, chunk.path, offset, meta)
+            except FileChangedError:
+                raise
+            except (pa.ArrowException, ReadError) as exc:
+                if not self._bad.skipping and isinstance(exc, ReadError):
+                    raise  # record boundaries, UTF-8: their own errors name the fix
+                yield from self._isolate(piece, chunk, offset, meta, checked)
+
+    def _isolate(
+        self, piece: bytes, chunk: Chunk, offset: int, meta: TextFileMeta, checked: list[bool]
+    ) -> Iterator[pa.Table]:
+        """A piece that does not parse, as parsed runs of lines and stand-ins of its bad lines.
+
+        Lines are split in halves until each run parses or is one line (about two parses
+        of the piece's bytes per bad line). With ``on_bad_data='raise'`` the first bad
+        line raises.
+        """
+        starts = record_starts(piece, 0, self._csv, meta.newline)
+        ends = [*(int(s) for s in starts[1:]), len(piece)]
+
+        def runs(i: int, j: int) -> Iterator[pa.Table]:
+            data = piece[int(starts[i]) : ends[j - 1]]
+            try:
+                table = self._parse(data, chunk.path, offset + int(starts[i]), meta)
+            except FileChangedError:
+                raise
+            except (pa.ArrowException, ReadError) as exc:
+                if j - i == 1:
+                    yield self._bad_line(piece, chunk, offset, int(starts[i]), meta, exc, checked)
+                    return
+                mid = (i + j) // 2
+                yield from runs(i, mid)
+                yield from runs(mid, j)
+                return
+            yield table
+
+        if len(starts):
+            yield from runs(0, len(starts))
+
+    def _bad_line(
+        self,
+        piece: bytes,
+        chunk: Chunk,
+        offset: int,
+        start: int,
+        meta: TextFileMeta,
+        exc: BaseException,
+        checked: list[bool],
+    ) -> pa.Table:
+        """A line that does not parse: raise, or its one-record stand-in (skip).
+
+        Raises:
+            FileChangedError: the file is no longer the planned one (never bad data).
+            BadDataError: with ``on_bad_data='raise'``.
+        """
+        if not checked:  # once per chunk
+            confirm_unchanged(self._fs, chunk.path, self._files[chunk.path])
+            checked.append(True)
+        nl = piece.find(meta.newline, start)
+        stop = len(piece) if nl < 0 else nl + 1
+        where = (offset + start, offset + stop)
+        unit = BadUnit(self._fs.display(chunk.path), "line", None, None, where, describe(exc), 1)
+        fix = (
+            "if quoted CSV fields hold newlines, pass quoted_newlines=True. "
+            if self._csv
+            else "JSONL needs one JSON object per line. "
+        )
+        hint = f"If a column's type is wrong for later rows, pass schema=; {fix}"
+        if "utf8" in str(exc).lower():
+            hint = f"The line {_NOT_UTF8}. "
+        self._bad.resolve(
+            unit,
+            exc,
+            reading=f"{self._fs.display(chunk.path)!r} bytes [{chunk.start}, {chunk.stop})",
+            padding=chunk.padding,
+            schema=None,  # the record stays (its stand-in below); read() decides what the loop sees
+            hint=hint,
+        )
+        return _line_standin(1)
+
     def _parse(self, piece: bytes, path: str, offset: int, meta: TextFileMeta) -> pa.Table:
         expected = count_records(piece, self._csv, meta.newline)
         if expected == 0:
@@ -261,16 +380,47 @@ class TextReader(ReaderBase):
         types = {n: self._schema.field(n).type for n in meta.column_names if n in self._schema.names}
         return pcsv.ConvertOptions(column_types=types, include_columns=self._data_columns)
 
-    def _read_quoted(self, path: str, meta: TextFileMeta) -> Iterator[pa.RecordBatch]:
-        fs = self._fs.arrow()
-        with fs.open_input_stream(path, compression=meta.compression) as stream:
-            reader = pcsv.open_csv(
-                cast(Any, stream),
-                read_options=pcsv.ReadOptions(use_threads=False, block_size=self._piece),
-                parse_options=pcsv.ParseOptions(newlines_in_values=True),
-                convert_options=self._csv_convert(meta),
-            )
-            for batch in reader:
-                table = pa.Table.from_batches([batch])
-                for piece in table.to_batches(max_chunksize=self._batch_size):
-                    yield self._finish(piece, path)
+    def _read_quoted(self, chunk: Chunk, meta: TextFileMeta) -> Iterator[pa.RecordBatch]:
+        path = chunk.path
+        emitted = 0
+        try:
+            with self._open_stream(path, meta.compression) as stream:
+                reader = pcsv.open_csv(
+                    cast(Any, stream),
+                    read_options=pcsv.ReadOptions(use_threads=False, block_size=self._piece),
+                    parse_options=pcsv.ParseOptions(newlines_in_values=True),
+                    convert_options=self._csv_convert(meta),
+                )
+                for batch in reader:
+                    table = pa.Table.from_batches([batch])
+                    for piece in table.to_batches(max_chunksize=self._batch_size):
+                        emitted += piece.num_rows
+                        yield self._finish(piece, path)
+        except pa.ArrowException as exc:
+            if not self._bad.skipping:
+                raise
+            yield from self._bad_rest(chunk, emitted, exc)
+
+    def _bad_rest(self, chunk: Chunk, emitted: int, exc: BaseException) -> Iterator[pa.RecordBatch]:
+        """A quoted-newline CSV that stopped parsing: the rest of its records is the unit skipped."""
+        info = self._files[chunk.path]
+        confirm_unchanged(self._fs, chunk.path, info)
+        total = chunk.num_rows if chunk.num_rows is not None else info.num_rows
+        lost = max(0, total - emitted) if total is not None and self._exact else 0
+        rows = (emitted, total) if total is not None else None
+        unit = BadUnit(self._fs.display(chunk.path), "records", None, rows, None, describe(exc), lost)
+        standin = self._bad.resolve(
+            unit,
+            exc,
+            reading=f"{self._fs.display(chunk.path)!r}",
+            padding=chunk.padding,
+            schema=self._out_schema,
+        )
+        if standin is not None:
+            yield standin
+
+
+def _line_standin(rows: int) -> pa.Table:
+    """Where a line that did not parse was: ``rows`` records marked as a stand-in (no data)."""
+    batch = standin_batch(pa.schema([("__standin", pa.null())]), rows)
+    return pa.Table.from_batches([batch])

@@ -23,6 +23,7 @@ from torch.utils.data import IterableDataset
 from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches, check_int
 from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.errors import IncompatibleOptionsError, ResumeStateError, UnknownLengthError
+from torch_dataloader_utils.io.bad import is_standin
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import concat_batches, rebatch
 from torch_dataloader_utils.io.helpers import Helpers, helpers
@@ -73,6 +74,9 @@ MAX_AUTO_WORKERS = 8
 REPORT_MAX_RANKS = 256
 """Worlds of up to this many ranks get the plan summary and layout warnings on rank 0 when built."""
 
+STANDIN_COLUMN = "__tdu_standin"
+"""The flag column marking the rows of skipped units inside a worker (never reaches the loop)."""
+
 
 def _check_counts(options: Options, row_count_issue: str | None) -> None:
     """Equal batches need exact row counts (else ranks could yield different batch counts)."""
@@ -84,6 +88,21 @@ def _check_counts(options: Options, row_count_issue: str | None) -> None:
             "hang). Mask those rows in the training step instead, rewrite the data already "
             "filtered, or pass equal_batches='off' and handle uneven inputs yourself "
             "(torch.distributed.algorithms.Join)"
+        )
+
+
+def _check_bad_data(options: Options) -> None:
+    """Skipping bad data with equal_batches='drop' on several ranks could unbalance the ranks."""
+    drop = options.batching.equal_batches is EqualBatches.DROP
+    if options.bad_data.skipping and drop and (options.equalized or options.canonical is not None):
+        ranks = options.world.num_ranks
+        where = f"{ranks} ranks" if options.canonical is None else f"canonical_ranks={options.canonical}"
+        raise IncompatibleOptionsError(
+            f"on_bad_data={options.bad_data.on_bad_data.value!r} with equal_batches='drop' on "
+            f"{where}: the rows of a skipped unit would leave its rank with "
+            "fewer batches than the others (a DDP job would hang). Pass equal_batches='pad': the "
+            f"skipped rows are then replaced, in place, by rows flagged in {PADDING_COLUMN!r} (mask "
+            "them as padding), or equal_batches='off' to let the ranks' batch counts differ"
         )
 
 
@@ -192,6 +211,7 @@ class PlannedDataset(IterableDataset[Any]):
         super().__init__()
         batching = options.batching
         _check_counts(options, row_count_issue)
+        _check_bad_data(options)
         self._files = files if table is not None else tuple(files)
         self._options = options
         self._reader = reader
@@ -948,7 +968,7 @@ class PlannedDataset(IterableDataset[Any]):
         Raises:
             ReadError: the chunk cannot be read (file and range named).
         """
-        return self._reader.read(chunk)
+        return _without_standins(self._reader.read(chunk))
 
     def read_chunks(self, chunks: Sequence[Chunk]) -> Iterator[pa.RecordBatch]:
         """The rows of several chunks, one after the other, as :meth:`read_chunk` gives them.
@@ -958,7 +978,7 @@ class PlannedDataset(IterableDataset[Any]):
         """
         self._reader.schedule(list(chunks))
         for chunk in chunks:
-            yield from self._reader.read(chunk)
+            yield from _without_standins(self._reader.read(chunk))
 
     def worker_chunks(self) -> tuple[Chunk, ...]:
         """The chunks the calling process (main or DataLoader worker) reads this epoch."""
@@ -1014,6 +1034,18 @@ class PlannedDataset(IterableDataset[Any]):
             self._state.end(progress)
             self.metrics.finish(completed)
 
+    def _warm_next(self, slot: env.WorkerSlot, epoch: int) -> None:
+        """Warm the node-local cache with this worker's first chunks of the next epoch (idle threads)."""
+        count = self._options.cache.data_cache_prefetch
+        if not count:
+            return
+        try:
+            chunks = self.rank_plan(epoch + 1, slot.count).chunks_for(slot.id)
+        except Exception as exc:  # best effort: never stop the epoch being read
+            log.debug("no cache warming for epoch %d: %s", epoch + 1, exc)
+            return
+        self._reader.warm(list(chunks[:count]))
+
     def _helpers(self, slot: env.WorkerSlot) -> Helpers | None:
         """Threads for a shuffle's decoding and gathers, when this process has CPUs to spare.
 
@@ -1039,7 +1071,8 @@ class PlannedDataset(IterableDataset[Any]):
         ahead = spare if ahead is None else ahead
         files = None if self._row_count_issue else self._table
         batching = self._options.batching
-        flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
+        padded = batching.equal_batches is EqualBatches.PAD
+        flag = PADDING_COLUMN if padded else None
         mix_rows = MIX_WORKER_READ_ROWS if slot.in_worker else None
         token = self._state.token
         if self._elastic is not None:
@@ -1065,15 +1098,19 @@ class PlannedDataset(IterableDataset[Any]):
         pieces = self._worker_pieces(slot, epoch)
         work = WorkStats(self._reader, len(pieces), flag)  # before any request of this pass
         self._reader.schedule([c for piece in pieces for c in piece_reads(piece, files)])  # remote: ahead
+        self._warm_next(slot, epoch)
+        # Rows of skipped units: flagged as padding (kept), or flagged to be removed.
+        removed = STANDIN_COLUMN if self._options.bad_data.skipping and not padded else None
         positions = Positions(token, slot.id, slot.count, rank=self.world.rank)
         read = positions.read(
             self._reader,
             pieces,
-            flag,
+            flag or removed,
             batching.batch_size,
             files,
             mix_rows,
             ahead=ahead,
+            standins=removed,
             helpers=self._helpers(slot),
         )
         return rebatch(read, batching.batch_size, batching.drop_last), positions, work
@@ -1193,3 +1230,8 @@ class PlannedDataset(IterableDataset[Any]):
                 self._use_split(*previous)
             raise
         self._epoch.fill_(epoch)
+
+
+def _without_standins(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches`` without the stand-ins of skipped units (reading outside the loader)."""
+    return (b for b in batches if not is_standin(b))

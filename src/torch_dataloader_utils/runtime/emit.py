@@ -7,6 +7,12 @@ worker's first ``piece`` pieces and the first ``offset`` rows of piece ``piece``
 been yielded; the batch itself holds ``rows`` rows of ``nbytes`` Arrow bytes (counted
 by :mod:`.metrics`).
 
+Rows of units that did not decode (``on_bad_data='skip'``) arrive from the readers as
+stand-ins flagged in a column (:mod:`~torch_dataloader_utils.io.bad`). Unless they go on
+to the loop as padding (``equal_batches='pad'``), :meth:`Positions.read` removes them
+and counts them as read: positions stay those of the plan, so a resumed epoch starts at
+the same row and meets the same skipped units past its cursor only.
+
 Under the loader of ``create_dataloader``, a worker sends several batches per transfer
 (:func:`grouped`), since every hand-off between processes has a fixed cost. Each group
 also carries the worker's timers and counters since the previous one (:mod:`.workstats`);
@@ -21,7 +27,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from torch_dataloader_utils.io.ahead import read_ahead
 from torch_dataloader_utils.io.base import ChunkReader
@@ -74,8 +82,11 @@ class Positions:
         self.worker = worker
         self.rank = rank
         self._starts: list[int] = []
-        self._read = 0
+        self._read = 0  # rows of the plan read, stand-ins removed included
         self._emitted = 0
+        self._good = 0  # rows read that are not removed stand-ins
+        self._skip_at: list[int] = []  # good rows read before each run of removed stand-ins
+        self._skipped: list[int] = []  # removed stand-ins up to and including each run
 
     def read(
         self,
@@ -86,9 +97,13 @@ class Positions:
         files: Mapping[str, FileInfo] | None = None,
         mix_read_rows: int | None = None,
         ahead: bool = False,
+        standins: str | None = None,
         helpers: Helpers | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """The pieces' batches, in order, counting the rows read before each piece.
+
+        ``standins``: the flag column marking stand-in rows to remove (and the column
+        itself), or ``None`` (nothing removed).
 
         ``files`` (given when row counts are exact) and ``mix_read_rows``: see
         :func:`~torch_dataloader_utils.io.pieces.read_piece`. With ``ahead``, the pieces
@@ -134,6 +149,10 @@ class Positions:
             reach(index)
             for batch in gathered((item,)):
                 self._read += batch.num_rows
+                if standins is not None:
+                    batch = self._without_standins(batch, standins)
+                    if not batch.num_rows:
+                        continue
                 yield batch
         reach(len(pieces) - 1)
         if debug and pieces:
@@ -152,11 +171,39 @@ class Positions:
             time.perf_counter() - began,
         )
 
+    def _without_standins(self, batch: pa.RecordBatch, column: str) -> pa.RecordBatch:
+        """``batch`` without its stand-in rows and their flag column; the removed rows noted."""
+        flag = batch.column(column)
+        kept = batch.drop_columns([column])
+        removed = int(pc.sum(flag).as_py() or 0)
+        if not removed:
+            self._good += batch.num_rows
+            return kept
+        # Each run of stand-ins is noted at the good rows before it, so a tag counts it
+        # once the loop has received a good row after it (positions stay the plan's).
+        mask = flag.to_numpy(zero_copy_only=False)
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
+        for start, stop in zip(edges[::2], edges[1::2], strict=True):
+            good_before = self._good + int(start) - int(mask[:start].sum())
+            total = (self._skipped[-1] if self._skipped else 0) + int(stop - start)
+            if self._skip_at and self._skip_at[-1] == good_before:
+                self._skipped[-1] = total
+            else:
+                self._skip_at.append(good_before)
+                self._skipped.append(total)
+        self._good += batch.num_rows - removed
+        return kept.filter(pc.invert(flag))
+
     def tag(self, rows: int, nbytes: int = 0) -> Tag:
         """The position after a yielded batch of ``rows`` rows (and ``nbytes`` Arrow bytes)."""
         self._emitted += rows
-        index = bisect.bisect_right(self._starts, self._emitted) - 1
-        return (*self._prefix, index, self._emitted - self._starts[index], rows, nbytes)
+        planned = self._emitted
+        if self._skip_at:  # stand-ins removed before the last good row of this batch
+            runs = bisect.bisect_left(self._skip_at, self._emitted)
+            if runs:
+                planned += self._skipped[runs - 1]
+        index = bisect.bisect_right(self._starts, planned) - 1
+        return (*self._prefix, index, planned - self._starts[index], rows, nbytes)
 
 
 def _prepare(item: tuple[int, pa.RecordBatch | Gather]) -> bool:
@@ -234,7 +281,7 @@ def grouped(
         began = clock()
         packed = pack_group(pending, pool)
         work.transfer_sec += clock() - began
-        return Tagged(packed, tuple(tags), (worker, work.delta()))  # type: ignore[arg-type]
+        return Tagged(packed, tuple(tags), (worker, work.delta(), work.files_delta()))  # type: ignore[arg-type]
 
     try:
         asked = clock()
@@ -260,5 +307,6 @@ def grouped(
     if pending:
         yield send()
     rest = work.delta()
-    if any(rest):
-        yield Tagged(BatchGroup(), (), (worker, rest))
+    files = work.files_delta()
+    if any(rest) or files:
+        yield Tagged(BatchGroup(), (), (worker, rest, files))

@@ -218,7 +218,13 @@ class StructuredDataset(PlannedDataset):
         """What discovery found: files, schema, columns."""
         self._init_core(
             files=found.files,
-            reader=make_reader(found, options.batching.batch_size, options.fetch),
+            reader=make_reader(
+                found,
+                options.batching.batch_size,
+                options.fetch,
+                cache=options.cache,
+                bad_data=options.bad_data,
+            ),
             output_schema=found.output_schema,
             options=options,
             row_count_issue=issue,

@@ -89,7 +89,13 @@ class IcebergDataset(PlannedDataset):
             )
         self._init_core(
             files=scan.files,
-            reader=IcebergReader(scan, options.batching.batch_size),
+            reader=IcebergReader(
+                scan,
+                options.batching.batch_size,
+                cache=options.cache,
+                fetch=options.fetch,
+                bad_data=options.bad_data,
+            ),
             output_schema=scan.output_schema,
             options=options,
             row_count_issue=issue,

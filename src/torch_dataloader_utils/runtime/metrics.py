@@ -80,6 +80,17 @@ class WorkerMetrics:
             deletes, filters, re-batching.
         convert_sec: Time converting batches to the output format.
         transfer_sec: Time packing batches into the buffer they cross processes in.
+        cache_hits: Ranges read from the node-local ``data_cache`` (no request).
+        cache_misses: Ranges fetched from storage into it.
+        cache_bytes_served: Bytes read from it.
+        cache_evictions: Entries this worker evicted to keep it under ``data_cache_size``.
+        bad_units: Units of data that did not decode and were skipped (``on_bad_data``;
+            a unit shared by two chunks counts once per chunk).
+        bad_rows: Rows of those units.
+        bad_rows_by_file: ``bad_rows`` per file.
+
+    The cache and bad-data counters count what the worker's process did (a process that
+    reads two datasets counts both).
     """
 
     worker_id: int
@@ -98,6 +109,13 @@ class WorkerMetrics:
     decode_sec: float = 0.0
     convert_sec: float = 0.0
     transfer_sec: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_bytes_served: int = 0
+    cache_evictions: int = 0
+    bad_units: int = 0
+    bad_rows: int = 0
+    bad_rows_by_file: dict[str, int] = field(default_factory=dict)
     _first: float | None = field(default=None, repr=False, compare=False)
     _pieces: int = field(default=0, repr=False, compare=False)
 
@@ -110,9 +128,18 @@ class WorkerMetrics:
         """The public fields as plain values."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.name.startswith("_")}
 
-    def add_work(self, delta: Sequence[float]) -> None:
-        """Add a worker's timers and counters (a delta in :data:`WORK_FIELDS` order)."""
-        (read, convert, transfer, padded, pieces, fetched, needed, requests, retries, wait) = delta
+    def add_work(self, delta: Sequence[float], files: Sequence[tuple[str, int]] = ()) -> None:
+        """Add a worker's counters (a delta in :data:`WORK_FIELDS` order) and rows skipped per file."""
+        (read, convert, transfer, padded, pieces, fetched, needed, requests, retries, wait, *rest) = delta
+        hits, misses, served, evictions, units, bad = (int(v) for v in (*rest, 0, 0, 0, 0, 0, 0)[:6])
+        self.cache_hits += hits
+        self.cache_misses += misses
+        self.cache_bytes_served += served
+        self.cache_evictions += evictions
+        self.bad_units += units
+        self.bad_rows += bad
+        for path, rows in files:
+            self.bad_rows_by_file[path] = self.bad_rows_by_file.get(path, 0) + int(rows)
         self.storage_wait_sec += wait
         self.decode_sec += read - wait
         self.convert_sec += convert
@@ -128,7 +155,7 @@ class WorkerMetrics:
 _SUMMED = [
     f.name
     for f in dataclasses.fields(WorkerMetrics)
-    if not f.name.startswith("_") and f.name not in ("worker_id", "elapsed_sec")
+    if not f.name.startswith("_") and f.name not in ("worker_id", "elapsed_sec", "bad_rows_by_file")
 ]
 
 
@@ -137,6 +164,8 @@ def _total(workers: Sequence[WorkerMetrics]) -> WorkerMetrics:
     for m in workers:
         for name in _SUMMED:
             setattr(out, name, getattr(out, name) + getattr(m, name))
+        for path, rows in m.bad_rows_by_file.items():
+            out.bad_rows_by_file[path] = out.bad_rows_by_file.get(path, 0) + rows
     out.elapsed_sec = max((m.elapsed_sec for m in workers), default=0.0)
     return out
 
@@ -407,12 +436,12 @@ class MetricsRecorder:
         if self._progress is not None:
             self._progress.update(rows, self)
 
-    def add_work(self, worker: int, delta: Sequence[float]) -> None:
-        """Add what worker ``worker`` reported with a group of batches."""
+    def add_work(self, worker: int, delta: Sequence[float], files: Sequence[tuple[str, int]] = ()) -> None:
+        """Add what worker ``worker`` reported with a group of batches (and rows skipped per file)."""
         m = self._workers.get(worker)
         if m is None:
             m = self._workers[worker] = self._new(worker, time.monotonic())
-        m.add_work(delta)
+        m.add_work(delta, files)
 
     def _new(self, worker: int, now: float) -> WorkerMetrics:
         """A worker's counters, timed from the start of the pass (``now`` outside a pass)."""
@@ -451,8 +480,9 @@ class MetricsRecorder:
     def _fold_live(self) -> None:
         for worker, work in self._live.items():
             delta = work.delta()
-            if any(delta):
-                self.add_work(worker, delta)
+            files = work.files_delta()
+            if any(delta) or files:
+                self.add_work(worker, delta, files)
 
     def snapshot(self) -> list[WorkerMetrics]:
         """Copies of the counters so far, by worker id (nothing is cleared)."""
@@ -489,6 +519,17 @@ class MetricsRecorder:
                 total.elapsed_sec,
                 _pct(stall),
             )
+            if total.bad_units:
+                files = ", ".join(
+                    f"{path}: {rows:,}" for path, rows in sorted(total.bad_rows_by_file.items())
+                )
+                logger.info(
+                    "Epoch %d: on_bad_data skipped %d unit(s) of data that did not decode, %s row(s) (%s)",
+                    self.epoch,
+                    total.bad_units,
+                    f"{total.bad_rows:,}",
+                    files,
+                )
         return results
 
     def _clear(self) -> None:

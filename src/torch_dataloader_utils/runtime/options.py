@@ -28,7 +28,10 @@ from torch_dataloader_utils.config import (
     DEFAULT_ROW_GROUP_BYTES,
     DEFAULT_SPLIT_BYTES,
     DEFAULT_TARGET_FILE_SIZE,
+    BadDataConfig,
+    BadDataPolicy,
     BatchConfig,
+    CacheConfig,
     CountConfig,
     EqualBatches,
     FeaturePack,
@@ -47,6 +50,7 @@ from torch_dataloader_utils.config import (
     SplitConfig,
     SplitKind,
     StringLayout,
+    coerce_bad_data,
     coerce_enum,
     coerce_equal_batches,
     coerce_format,
@@ -210,6 +214,30 @@ class ReadOptions(TypedDict, total=False):
     (needed by equal batches on several ranks, and by ``len()``). ``None`` (default)
     counts when equal batches need it; ``False`` never counts (then such a setup is a
     clear error)."""
+    data_cache: str | os.PathLike[str] | None
+    """A directory on this node's local disk (e.g. NVMe) keeping the byte ranges read from
+    remote storage (Parquet column chunks and footers, ORC stripes, text byte ranges,
+    Iceberg data files), shared by every rank and worker of the node: later epochs read
+    them from there. Keyed by each file's URL, size and modification time, so a rewritten
+    file is never served old bytes. ``None`` (default): no cache. See
+    ``docs/object-storage.md``."""
+    data_cache_size: int | str
+    """Bytes ``data_cache`` may hold on disk, an int or a string such as ``"200GiB"``
+    (default 32 GiB); the least recently used ranges are evicted beyond it."""
+    data_cache_prefetch: int
+    """Chunks of the next epoch each worker fetches into ``data_cache`` while its fetch
+    threads are idle (Parquet), so the next epoch starts from the cache (default 0)."""
+    on_bad_data: Literal["raise", "skip", "quarantine"] | BadDataPolicy
+    """A unit of data that does not decode (a Parquet row group, an ORC stripe, a CSV or
+    JSONL line, a value that does not convert to the declared type): ``"raise"``
+    (default) stops with ``BadDataError`` naming the file and the position; ``"skip"``
+    drops the unit, counts it per file in ``loader.metrics()`` and logs it at INFO;
+    ``"quarantine"`` also writes where it is to ``quarantine.jsonl`` in
+    ``quarantine_dir``. With ``equal_batches='pad'`` the unit's rows are replaced by rows
+    flagged in ``_is_padding`` (every rank keeps its batch count); see
+    ``docs/failure-modes.md``."""
+    quarantine_dir: str | os.PathLike[str] | None
+    """With ``on_bad_data="quarantine"``: the local directory of the report (default ``None``)."""
     decode_ahead: bool | None
     """Whether a process that reads its own batches (the main process with
     ``num_workers=0``, or each worker) decodes them on a background thread, at most 2
@@ -345,6 +373,8 @@ class Options:
         loader: DataLoader options (``num_workers=None``: automatic).
         progress: Progress bars.
         world: The ranks to plan for (resolved from the arguments or the runtime).
+        cache: The node-local cache of remote bytes (``data_cache``).
+        bad_data: What readers do with data that does not decode (``on_bad_data``).
     """
 
     split: SplitConfig
@@ -357,6 +387,8 @@ class Options:
     loader: LoaderConfig
     progress: ProgressConfig
     world: World
+    cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)
+    bad_data: BadDataConfig = dataclasses.field(default_factory=BadDataConfig)
 
     def __post_init__(self) -> None:
         if self.canonical is not None:
@@ -393,6 +425,10 @@ _COERCE: dict[str, Callable[[Any], object]] = {
     "read_ahead_bytes": parse_read_ahead,
     "count_cache_dir": _fspath,
     "metadata_cache": _fspath,
+    "data_cache": _fspath,
+    "data_cache_size": lambda v: parse_size(v, "data_cache_size"),
+    "quarantine_dir": _fspath,
+    "on_bad_data": coerce_bad_data,
     "device": resolve_device,
 }
 
@@ -461,6 +497,8 @@ def build_options(
         loader=loader,
         progress=_pick(ProgressConfig, values),
         world=world,
+        cache=_pick(CacheConfig, values),
+        bad_data=_pick(BadDataConfig, values),
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from torch_dataloader_utils.config import FetchConfig, FileFormat
+from torch_dataloader_utils.config import BadDataConfig, CacheConfig, FetchConfig, FileFormat
 from torch_dataloader_utils.discovery.dataset import Discovered
 from torch_dataloader_utils.errors import ConfigError
 from torch_dataloader_utils.io.base import ChunkReader, ReadRequest
@@ -16,11 +16,20 @@ from torch_dataloader_utils.io.text import TextReader
 __all__ = ["make_reader"]
 
 
-def make_reader(found: Discovered, batch_size: int, fetch: FetchConfig | None = None) -> ChunkReader:
+def make_reader(
+    found: Discovered,
+    batch_size: int,
+    fetch: FetchConfig | None = None,
+    *,
+    cache: CacheConfig | None = None,
+    bad_data: BadDataConfig | None = None,
+) -> ChunkReader:
     """The :class:`ChunkReader` for ``found.format``.
 
     Files on remote storage are read through a :class:`ChunkSource` (ranged reads of the
-    needed columns, read-ahead, retries); local files are opened directly.
+    needed columns, read-ahead, retries); local files are opened directly. ``cache``: the
+    node-local ``data_cache`` every remote read goes through; ``bad_data``: what readers
+    do with units that do not decode.
     """
     request = ReadRequest(
         fs=found.fs,
@@ -33,6 +42,9 @@ def make_reader(found: Discovered, batch_size: int, fetch: FetchConfig | None = 
         filters=found.filters,
         output_schema=found.output_schema,
         manifest=found.manifest,
+        cache=cache,
+        fetch=fetch,
+        bad_data=bad_data,
     )
     if found.format is FileFormat.PARQUET:
         filtered = found.filtered_positions
@@ -46,6 +58,7 @@ def make_reader(found: Discovered, batch_size: int, fetch: FetchConfig | None = 
                 config=fetch,
                 filtered=filtered,
                 manifest=found.manifest,
+                reads=request.reads(),
             )
         return ParquetReader(request, source=source, filtered_positions=filtered)
     if found.format is FileFormat.ORC:

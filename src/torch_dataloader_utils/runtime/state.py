@@ -36,13 +36,13 @@ __all__ = ["EpochProgress", "ResumeTracker", "Stateful", "Tagged", "complete_sta
 class Tagged(NamedTuple):
     """A batch and its position in the worker's plan (a namedtuple survives pin_memory).
 
-    ``work``: ``(worker, delta)``, the worker's timers and counters since its previous
-    hand-over (see :mod:`.workstats`), or ``None``.
+    ``work``: ``(worker, delta, files)``, the worker's timers and counters since its
+    previous hand-over and the rows it skipped per file (see :mod:`.workstats`), or ``None``.
     """
 
     batch: Any
     tag: tuple[int, ...]
-    work: tuple[int, tuple[float, ...]] | None = None
+    work: tuple[int, tuple[float, ...], tuple[tuple[str, int], ...]] | None = None
 
 
 @dataclass

@@ -2,9 +2,11 @@
 
 A DataLoader worker times its own work — reading (storage wait + decode), converting,
 packing for the transfer — and reads its reader's I/O counters (bytes fetched and
-needed, requests, retries, storage wait). It sends no message of its own: every group
-of batches it hands over (:func:`~.emit.grouped`) carries the differences since the
-previous group as a short tuple of numbers (:data:`WORK_FIELDS`), which the main
+needed, requests, retries, storage wait), its process's ``data_cache`` counters (hits,
+misses, bytes served, evictions) and the units of bad data it skipped. It sends no
+message of its own: every group of batches it hands over (:func:`~.emit.grouped`)
+carries the differences since the previous group as a short tuple of numbers
+(:data:`WORK_FIELDS`), plus the rows skipped per file when there are any, which the main
 process adds to the worker's :class:`~.metrics.WorkerMetrics`. No lock and no shared
 memory are involved; the cost is a few clock reads per batch and one tuple per group.
 
@@ -17,7 +19,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from torch_dataloader_utils.io.bad import bad_data_files, bad_data_totals
 from torch_dataloader_utils.io.base import ChunkReader
+from torch_dataloader_utils.storage.cache import process_stats
 
 __all__ = ["WORK_FIELDS", "WorkStats"]
 
@@ -32,8 +36,23 @@ WORK_FIELDS = (
     "requests",
     "retries",
     "storage_wait_sec",
+    "cache_hits",
+    "cache_misses",
+    "cache_bytes_served",
+    "cache_evictions",
+    "bad_units",
+    "bad_rows",
 )
 """The order of the numbers in a work delta (what :meth:`WorkStats.delta` returns)."""
+
+FileCounts = tuple[tuple[str, int], ...]
+"""Rows skipped per file (``on_bad_data``), as ``(file, rows)`` pairs."""
+
+
+def _process_counts() -> tuple[int, ...]:
+    """This process's cache and bad-data counters, in :data:`WORK_FIELDS` order."""
+    return (*process_stats().totals(), *bad_data_totals())
+
 
 _NO_IO = (0, 0, 0, 0, 0.0)
 
@@ -57,8 +76,10 @@ class WorkStats:
 
     __slots__ = (
         "_base",
+        "_files_sent",
         "_io",
         "_pieces",
+        "_process_base",
         "_sent",
         "convert_sec",
         "flag_column",
@@ -70,6 +91,8 @@ class WorkStats:
     def __init__(self, reader: ChunkReader, pieces: int, flag_column: str | None = None) -> None:
         self._io = reader.io_totals
         self._base = self._io() or _NO_IO
+        self._process_base = _process_counts()
+        self._files_sent = bad_data_files()
         self._pieces = pieces
         self._sent: tuple[float, ...] = (0.0,) * len(WORK_FIELDS)
         self.read_sec = 0.0
@@ -93,6 +116,7 @@ class WorkStats:
             self.rows_padded,
             self._pieces,
             *(now - base for now, base in zip(io, self._base, strict=True)),
+            *(now - base for now, base in zip(_process_counts(), self._process_base, strict=True)),
         )
 
     def delta(self) -> tuple[float, ...]:
@@ -100,4 +124,17 @@ class WorkStats:
         now = self.totals()
         out = tuple(a - b for a, b in zip(now, self._sent, strict=True))
         self._sent = now
+        return out
+
+    def files_delta(self) -> FileCounts:
+        """Rows skipped per file since the previous call (``()``: none)."""
+        now = bad_data_files()
+        if now == self._files_sent:
+            return ()
+        out = tuple(
+            (path, rows - self._files_sent.get(path, 0))
+            for path, rows in sorted(now.items())
+            if rows != self._files_sent.get(path, 0)
+        )
+        self._files_sent = now
         return out

@@ -24,10 +24,13 @@ def read_footer(
     size: int,
     config: FetchConfig,
     on_request: Callable[[int], None] | None = None,
+    fetch: Callable[[int, int], bytes] | None = None,
 ) -> bytes:
     """The file's footer, usually in one ranged request of its last ``FOOTER_READ_BYTES``.
 
-    ``on_request`` is called with the bytes received after every request.
+    ``on_request`` is called with the bytes received after every request. ``fetch(start,
+    stop)``, when given, reads the bytes instead of :func:`fetch_range` (the node-local
+    cache, :mod:`~torch_dataloader_utils.storage.cached`).
 
     Returns:
         A small buffer that pyarrow reads as a Parquet file with no row data
@@ -40,16 +43,15 @@ def read_footer(
     """
     if size < 12:
         raise NotParquetError(f"{size} bytes is too small for a Parquet file")
-    tail = fetch_range(
-        fs,
-        path,
-        max(0, size - FOOTER_READ_BYTES),
-        size,
-        size=size,
-        config=config,
-        metadata=True,
-        on_request=on_request,
-    )
+
+    def get(start: int, stop: int) -> bytes:
+        if fetch is not None:
+            return fetch(start, stop)
+        return fetch_range(
+            fs, path, start, stop, size=size, config=config, metadata=True, on_request=on_request
+        )
+
+    tail = get(max(0, size - FOOTER_READ_BYTES), size)
     if tail[-4:] != b"PAR1":
         what = "an encrypted footer" if tail[-4:] == b"PARE" else f"magic bytes {tail[-4:]!r}"
         raise NotParquetError(f"the file ends with {what}, not a Parquet footer ('PAR1')")
@@ -57,15 +59,6 @@ def read_footer(
     if length + 12 > size:
         raise NotParquetError(f"the footer length {length} does not fit in a file of {size} bytes")
     if length + 8 > len(tail):
-        head = fetch_range(
-            fs,
-            path,
-            size - 8 - length,
-            size - len(tail),
-            size=size,
-            config=config,
-            metadata=True,
-            on_request=on_request,
-        )
+        head = get(size - 8 - length, size - len(tail))
         tail = head + tail
     return b"PAR1" + tail[-(length + 8) :]

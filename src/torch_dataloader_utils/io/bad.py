@@ -1,0 +1,377 @@
+"""Data a reader cannot decode: an error naming it, or a unit skipped, counted and reported.
+
+With ``on_bad_data='raise'`` (the default) a unit that does not decode stops the read
+with :class:`~torch_dataloader_utils.errors.BadDataError` naming the file and the unit
+(row group, stripe, byte range of a line). With ``'skip'`` or ``'quarantine'`` the
+reader drops the smallest unit its format allows (a Parquet row group, an ORC stripe, a
+CSV / JSONL line, a line whose value does not convert to the declared type), and:
+
+* yields a **stand-in** in its place: a batch of as many rows as the unit held in the
+  chunk, zeros of every column, marked in its schema metadata (:func:`is_standin`). The
+  stand-in keeps every row's position in the plan, so the worker's cursors, the resume
+  state, windows and mixes stay exact; the runtime flags its rows in the padding column
+  (``equal_batches='pad'``: they reach the loop, masked like padding, and every rank keeps
+  its batch count) or removes them (otherwise: the rows vanish). Where positions count
+  rows after an uncounted row filter, the stand-in has no rows (the unit's passing rows
+  are unknown); positions are then counted as emitted anyway.
+* counts the unit and its rows per file in this process (:func:`bad_data_totals`,
+  read by the metrics), logs it at INFO, and with ``'quarantine'`` appends it to
+  ``quarantine.jsonl`` in ``quarantine_dir`` — once per unit, whichever rank, worker or
+  resumed run meets it again (:class:`Quarantine`).
+
+A read that fails because the file changed or disappeared is never bad data: the reader
+checks the file against the plan first (:class:`~torch_dataloader_utils.errors.FileChangedError`).
+Nor are storage failures (:class:`~torch_dataloader_utils.errors.ReadError` after retries).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from torch_dataloader_utils.config import BadDataConfig, BadDataPolicy
+from torch_dataloader_utils.errors import BadDataError
+from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.identity import FileChecks
+
+__all__ = [
+    "QUARANTINE_FILE",
+    "STANDIN_KEY",
+    "BadData",
+    "BadUnit",
+    "Quarantine",
+    "bad_data_files",
+    "bad_data_totals",
+    "confirm_unchanged",
+    "describe",
+    "is_standin",
+    "standin_batch",
+]
+
+log = logging.getLogger(__name__)
+
+STANDIN_KEY = b"tdu:standin"
+"""Schema metadata key marking a stand-in batch (the rows of a unit that did not decode)."""
+QUARANTINE_FILE = "quarantine.jsonl"
+"""The report ``on_bad_data='quarantine'`` writes in ``quarantine_dir``: one JSON object per unit."""
+
+
+# -- stand-ins --------------------------------------------------------------------------
+def _zero(t: pa.DataType) -> Any:
+    """A plain value of type ``t`` (0, False, "", [], ...), or ``None`` where there is none."""
+    if pa.types.is_boolean(t):
+        return False
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return ""
+    if pa.types.is_fixed_size_binary(t):
+        return b"\0" * t.byte_width
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return b""
+    if pa.types.is_fixed_size_list(t):
+        item = _zero(t.value_type)
+        return None if item is None else [item] * t.list_size
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t):
+        return []
+    if pa.types.is_struct(t):
+        items = {t.field(i).name: _zero(t.field(i).type) for i in range(t.num_fields)}
+        return None if any(v is None for v in items.values()) else items
+    if pa.types.is_dictionary(t):
+        return _zero(t.value_type)
+    if pa.types.is_null(t):
+        return None
+    return 0
+
+
+def _zeros(t: pa.DataType, rows: int) -> Any:
+    """``rows`` values of :func:`_zero` (nulls for a type without one), as an Arrow array."""
+    value = _zero(t)
+    arrow: Any = pa
+    if value is not None:
+        with contextlib.suppress(pa.ArrowException, TypeError, ValueError):
+            if pa.types.is_dictionary(t):
+                return arrow.repeat(pa.scalar(value, t.value_type), rows).dictionary_encode().cast(t)
+            return arrow.repeat(pa.scalar(value, t), rows)
+    return arrow.nulls(rows, t)
+
+
+def standin_batch(schema: pa.Schema, rows: int) -> pa.RecordBatch:
+    """``rows`` stand-in rows of ``schema`` (zeros; marked by :data:`STANDIN_KEY`)."""
+    metadata = {**(schema.metadata or {}), STANDIN_KEY: b"1"}
+    arrays = [_zeros(f.type, rows) for f in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema.with_metadata(metadata))
+
+
+def is_standin(batch: pa.RecordBatch | pa.Table) -> bool:
+    """Whether ``batch`` is a stand-in (:func:`standin_batch`)."""
+    metadata = batch.schema.metadata
+    return metadata is not None and STANDIN_KEY in metadata
+
+
+# -- units ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BadUnit:
+    """One unit of a file that did not decode, and where it is.
+
+    Attributes:
+        file: The file, as a URL (or a local path).
+        unit: ``"row_group"``, ``"stripe"``, ``"line"`` or ``"file"``.
+        index: The row group's or stripe's index in the file, or ``None``.
+        rows: The unit's rows in the file, ``(first, stop)``, or ``None`` (text lines).
+        byte_range: The unit's bytes in the file, ``(start, stop)``, or ``None``.
+        error: What the decoder said.
+        lost: Rows of the unit the reading chunk lost (a chunk may hold part of a unit).
+    """
+
+    file: str
+    unit: str
+    index: int | None
+    rows: tuple[int, int] | None
+    byte_range: tuple[int, int] | None
+    error: str
+    lost: int = 0
+
+    def where(self) -> str:
+        """``"row group 3 (rows [196608, 262144))"``, ``"line at bytes [10, 42)"``..."""
+        parts = [self.unit.replace("_", " ")]
+        if self.index is not None:
+            parts.append(str(self.index))
+        if self.rows is not None:
+            parts.append(f"(rows [{self.rows[0]}, {self.rows[1]}))")
+        if self.byte_range is not None:
+            parts.append(f"at bytes [{self.byte_range[0]}, {self.byte_range[1]})")
+        return " ".join(parts)
+
+    def identity(self) -> str:
+        """What makes two reports the same unit (the error text aside)."""
+        return json.dumps([self.file, self.unit, self.index, self.rows, self.byte_range])
+
+    def record(self) -> dict[str, Any]:
+        """The quarantine report's JSON object."""
+        return {
+            "file": self.file,
+            "unit": self.unit,
+            "index": self.index,
+            "rows": None if self.rows is None else list(self.rows),
+            "bytes": None if self.byte_range is None else list(self.byte_range),
+            "error": self.error,
+        }
+
+
+def _identity_of(record: Mapping[str, Any]) -> str:
+    rows, nbytes = record.get("rows"), record.get("bytes")
+    return json.dumps(
+        [
+            record.get("file"),
+            record.get("unit"),
+            record.get("index"),
+            None if rows is None else tuple(rows),
+            None if nbytes is None else tuple(nbytes),
+        ]
+    )
+
+
+# -- counters of this process -----------------------------------------------------------
+_COUNTS: dict[str, list[int]] = {}
+_COUNTS_LOCK = threading.Lock()
+
+
+def bad_data_totals() -> tuple[int, int]:
+    """``(units, rows)`` skipped in this process so far (cumulative; a fork starts from its parent's)."""
+    with _COUNTS_LOCK:
+        return (sum(c[0] for c in _COUNTS.values()), sum(c[1] for c in _COUNTS.values()))
+
+
+def bad_data_files() -> dict[str, int]:
+    """Rows skipped per file in this process so far."""
+    with _COUNTS_LOCK:
+        return {path: c[1] for path, c in _COUNTS.items()}
+
+
+def _after_fork() -> None:
+    global _COUNTS_LOCK
+    _COUNTS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+# -- the report ---------------------------------------------------------------------------
+class Quarantine:
+    """``quarantine.jsonl`` in a local directory, shared by every process that writes to it.
+
+    Each unit is written once: under an exclusive ``flock`` of the file, a writer reads
+    the records appended since its last look and appends its unit only if no record names
+    it. So ranks, workers and a resumed run that meet a unit again add nothing.
+
+    Args:
+        directory: The ``quarantine_dir`` (created on first use).
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, QUARANTINE_FILE)
+        self._seen: set[str] = set()
+        self._offset = 0
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"directory": self.directory}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["directory"])  # type: ignore[misc]
+
+    def add(self, unit: BadUnit) -> bool:
+        """Append ``unit`` unless the report names it already: whether it was written."""
+        if self._pid != os.getpid():  # a forked worker: its own lock, the same view of the file
+            self._pid, self._lock = os.getpid(), threading.Lock()
+        identity = unit.identity()
+        line = (json.dumps(unit.record(), sort_keys=True) + "\n").encode()
+        with self._lock:
+            if identity in self._seen:
+                return False
+            os.makedirs(self.directory, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                self._catch_up(fd)
+                if identity in self._seen:
+                    return False
+                os.write(fd, line)
+                self._offset += len(line)
+                self._seen.add(identity)
+                return True
+            finally:
+                os.close(fd)  # releases the lock
+
+    def _catch_up(self, fd: int) -> None:
+        """Read the records appended since the last look (under the lock)."""
+        size = os.fstat(fd).st_size
+        if size < self._offset:  # the report was truncated or replaced: read it all again
+            self._seen, self._offset = set(), 0
+        if size == self._offset:
+            return
+        data = os.pread(fd, size - self._offset, self._offset)
+        end = data.rfind(b"\n") + 1
+        for raw in data[:end].splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(raw)
+                if isinstance(record, dict):
+                    self._seen.add(_identity_of(record))
+        self._offset += end
+
+
+# -- a reader's policy ------------------------------------------------------------------
+class BadData:
+    """One reader's handling of units it cannot decode (see the module docstring).
+
+    A picklable value (each process keeps its own counters and report handle).
+
+    Args:
+        config: The ``on_bad_data`` options.
+    """
+
+    def __init__(self, config: BadDataConfig | None = None) -> None:
+        self.config = config or BadDataConfig()
+        directory = self.config.quarantine_dir
+        self._quarantine = Quarantine(directory) if directory is not None else None
+
+    @property
+    def skipping(self) -> bool:
+        """Whether units that do not decode are skipped (else raised)."""
+        return self.config.skipping
+
+    def error(self, unit: BadUnit, reading: str, hint: str = "") -> BadDataError:
+        """The error of ``on_bad_data='raise'`` for ``unit`` (raise it from the decoder's error).
+
+        Args:
+            unit: What does not decode.
+            reading: What was being read, e.g. ``"'x.parquet' rows [0, 100)"``.
+            hint: A sentence of advice for this format, or ``""``.
+        """
+        return BadDataError(
+            f"reading {reading} failed: {unit.where()} of {unit.file!r} cannot be decoded ({unit.error}). "
+            f"{hint}Pass on_bad_data='skip' to skip such units (counted in loader.metrics()), or "
+            "on_bad_data='quarantine' with quarantine_dir= to also list them in a report"
+        )
+
+    def skip(self, unit: BadUnit, *, padding: bool = False) -> None:
+        """Count ``unit`` as skipped (unless read as ``padding``), log it, report it."""
+        if not padding:
+            with _COUNTS_LOCK:
+                counts = _COUNTS.setdefault(unit.file, [0, 0])
+                counts[0] += 1
+                counts[1] += unit.lost
+        written = self._quarantine.add(unit) if self._quarantine is not None else False
+        log.info(
+            "on_bad_data=%r: skipped %s of %r, %d row(s)%s: %s",
+            self.config.on_bad_data.value,
+            unit.where(),
+            unit.file,
+            unit.lost,
+            f" (reported in {self._quarantine.path})" if written and self._quarantine else "",
+            unit.error,
+        )
+
+    @property
+    def policy(self) -> BadDataPolicy:
+        """The policy."""
+        return self.config.on_bad_data
+
+    def resolve(
+        self,
+        unit: BadUnit,
+        cause: BaseException,
+        *,
+        reading: str,
+        padding: bool,
+        schema: pa.Schema | None,
+        hint: str = "",
+    ) -> pa.RecordBatch | None:
+        """A unit that did not decode: raise (``'raise'``), or skip it and return its stand-in.
+
+        The caller has checked first that the file is still the planned one (a changed
+        file is never bad data). Returns ``unit.lost`` stand-in rows of ``schema``, or
+        ``None`` when the unit lost no rows (or ``schema`` is unknown).
+
+        Args:
+            unit: What did not decode.
+            cause: The decoder's error (the ``BadDataError`` is raised from it).
+            reading: What was being read, for the error (see :meth:`error`).
+            padding: The chunk repeats rows read elsewhere (``equal_batches='pad'``): not counted.
+            schema: The reader's output schema.
+            hint: Advice for this format in the error.
+
+        Raises:
+            BadDataError: with ``on_bad_data='raise'``.
+        """
+        if not self.skipping:
+            raise self.error(unit, reading, hint) from cause
+        self.skip(unit, padding=padding)
+        if not unit.lost or schema is None:
+            return None
+        return standin_batch(schema, unit.lost)
+
+
+def confirm_unchanged(fs: FileSystemSpec, path: str, planned: Any, manifest: str | None = None) -> None:
+    """Raise :class:`FileChangedError` if ``path`` is no longer the ``planned`` file (size, mtime).
+
+    Called before a failure to decode is taken for bad data. ``manifest``: the reshard
+    manifest the file was planned from, if any (its advice goes in the error).
+    """
+    FileChecks(fs, {path: planned}, manifest=manifest).check(path, planned.size, planned.mtime)
+
+
+def describe(exc: BaseException) -> str:
+    """One line of what a decoder said (``"ArrowInvalid: ..."``), at most 500 characters."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= 500 else text[:497] + "..."
