@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from torch_dataloader_utils.errors import CheckpointMismatchError, ResumeStateError, StateMismatchError
+from torch_dataloader_utils.plan.mixstate import is_mix_state, merge_mixed_states
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import FileInfo
 
@@ -418,6 +419,8 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """
     if not states:
         raise ResumeStateError("merge_states needs at least one state")
+    if is_mix_state(states[0]):  # a mixed loader's states (create_mixed_dataloader)
+        return merge_mixed_states(states)
     for state in states:
         check_shape(state, complete=False)
     first = states[0]
