@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
 
-__all__ = ["rebatch", "with_flag"]
+__all__ = ["concat_batches", "rebatch", "with_flag"]
 
 
 def rebatch(
@@ -37,7 +37,7 @@ def rebatch(
                 count += n
                 continue
             pending.append(batch.slice(0, need))
-            yield _concat(pending)
+            yield concat_batches(pending)
             pending = []
             count = 0
             offset = need
@@ -51,10 +51,11 @@ def rebatch(
             pending.append(batch.slice(offset))
             count = n - offset
     if pending and not drop_last:
-        yield _concat(pending)
+        yield concat_batches(pending)
 
 
-def _concat(pieces: list[pa.RecordBatch]) -> pa.RecordBatch:
+def concat_batches(pieces: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """``pieces`` (one schema) as one record batch: contiguous columns, one copy (none for one piece)."""
     if len(pieces) == 1:
         return pieces[0]
     concat = getattr(pa, "concat_batches", None)

@@ -20,11 +20,11 @@ import torch
 from torch.utils.data import IterableDataset
 
 from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches, check_int
-from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.errors import IncompatibleOptionsError, UnknownLengthError
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
+from torch_dataloader_utils.packing import converter_for
 from torch_dataloader_utils.plan.mixing import RowMixing
 from torch_dataloader_utils.plan.pieces import Piece, as_pieces, mix_pieces, window_pieces
 from torch_dataloader_utils.plan.planner import Planner, PlanSpec, RankPlan, nondeterministic
@@ -107,7 +107,7 @@ class PlannedDataset(IterableDataset[Any]):
         self._options = options
         self._reader = reader
         self._schema = output_schema
-        self._converter = BatchConverter(batch_schema(output_schema, batching.equal_batches), options.output)
+        self._converter = converter_for(batch_schema(output_schema, batching.equal_batches), options.output)
         self._row_count_issue = row_count_issue
         # Shared memory: set_epoch in the main process reaches persistent workers.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
