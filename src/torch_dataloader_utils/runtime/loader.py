@@ -12,9 +12,9 @@ import queue
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from torch_dataloader_utils.config import LoaderConfig
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
@@ -23,7 +23,14 @@ from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.transfer import BatchGroup, SegmentPool
 from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
 
-__all__ = ["RECEIVE_AHEAD", "SPARE_SEGMENTS", "ResumableDataLoader", "make_loader", "received"]
+__all__ = [
+    "RECEIVE_AHEAD",
+    "SPARE_SEGMENTS",
+    "ResumableDataLoader",
+    "build_loader",
+    "make_loader",
+    "received",
+]
 
 RECEIVE_AHEAD = 2
 """Items (groups of batches) the receiving thread holds ready beyond the one in use."""
@@ -234,19 +241,29 @@ def make_loader(dataset: PlannedDataset, loader: LoaderConfig) -> ResumableDataL
 
     ``loader.num_workers=None`` (automatic) takes the count the dataset resolved.
     """
-    if loader.num_workers is None and dataset.num_workers == 0:
+    return build_loader(ResumableDataLoader, dataset, dataset.num_workers, loader)
+
+
+L = TypeVar("L", bound=ResumableDataLoader)
+
+
+def build_loader(
+    loader_class: type[L], dataset: IterableDataset[Any], num_workers: int, loader: LoaderConfig
+) -> L:
+    """A ``loader_class`` over ``dataset``, which resolved its ``num_workers`` already."""
+    if loader.num_workers is None and num_workers == 0:
         # Automatic sizing chose the main process: a start method has nothing to start.
         loader = dataclasses.replace(loader, multiprocessing_context=None)
-    config = dataclasses.replace(loader, num_workers=dataset.num_workers)  # re-checks the combination
+    config = dataclasses.replace(loader, num_workers=num_workers)  # re-checks the combination
     kwargs: dict[str, Any] = {}
     if config.prefetch_factor is not None:
         kwargs["prefetch_factor"] = config.prefetch_factor
     if config.multiprocessing_context is not None:
         kwargs["multiprocessing_context"] = config.multiprocessing_context
-    return ResumableDataLoader(
+    return loader_class(
         dataset,
         batch_size=None,
-        num_workers=dataset.num_workers,
+        num_workers=num_workers,
         collate_fn=_passthrough,
         pin_memory=config.pin_memory,
         persistent_workers=config.persistent_workers,
