@@ -1,0 +1,253 @@
+"""Sequence packing end to end: every token of every document in exactly one packed row.
+
+Token ids encode where they come from (``document * 1000 + position``), so a packed row
+split at its ``cu_seqlens`` tells which document each segment is and where in it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torch_dataloader_utils import (
+    ConfigError,
+    ConversionError,
+    FlatList,
+    SequencePack,
+    StructuredDataset,
+    UnknownColumnError,
+    batch_cu_seqlens,
+    create_dataloader,
+    merge_states,
+)
+
+DOCS = 241  # not a multiple of 2 or 3 ranks: equal batches drop or pad
+RNG_LENGTHS = np.random.default_rng(7).integers(0, 61, size=DOCS)
+
+
+def write_documents(root: Path, lengths: np.ndarray = RNG_LENGTHS, files: int = 4) -> str:
+    """Parquet files of documents whose tokens are ``document * 1000 + position``."""
+    root.mkdir(parents=True, exist_ok=True)
+    docs = [[d * 1000 + p for p in range(int(n))] for d, n in enumerate(lengths)]
+    for f in range(files):
+        ids = list(range(f, len(docs), files))
+        table = pa.table(
+            {
+                "id": pa.array(ids, pa.int64()),
+                "tokens": pa.array([docs[i] for i in ids], pa.list_(pa.int32())),
+            }
+        )
+        pq.write_table(table, root / f"part-{f}.parquet", row_group_size=17)
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_documents(tmp_path_factory.mktemp("corpus") / "docs")
+
+
+def unpack(batch: dict[str, Any], seq_len: int) -> list[tuple[int, int, int]]:
+    """Segments ``(document, first position, tokens)`` of a packed torch batch (padding left out)."""
+    tokens = batch["tokens"].numpy()
+    positions = batch["position_ids"].numpy()
+    cu: FlatList = batch["cu_seqlens"]
+    values, offsets = cu.values.numpy(), cu.offsets.numpy()
+    assert tokens.shape[1] == seq_len
+    out = []
+    for r in range(tokens.shape[0]):
+        bounds = values[offsets[r] : offsets[r + 1]]
+        assert bounds[0] == 0
+        assert bounds[-1] == seq_len
+        for a, b in itertools.pairwise(bounds):
+            seg, pos = tokens[r, a:b], positions[r, a:b]
+            if "attention_mask" in batch and not batch["attention_mask"][r, a]:
+                assert not batch["attention_mask"][r, a:b].any()
+                assert (seg == -1).all()
+                continue
+            docs = seg // 1000
+            if (seg == -1).all():
+                continue  # padding (pad_id=-1 below)
+            assert (docs == docs[0]).all(), "a segment holds one document"
+            assert (seg % 1000 == pos).all(), "position ids are the positions in the document"
+            assert (np.diff(pos) == 1).all()
+            out.append((int(docs[0]), int(pos[0]), int(b - a)))
+    return out
+
+
+def tokens_of(segments: list[tuple[int, int, int]]) -> Counter[tuple[int, int]]:
+    return Counter((d, first + i) for d, first, n in segments for i in range(n))
+
+
+def every_token(
+    lengths: np.ndarray = RNG_LENGTHS, truncate_at: int | None = None
+) -> Counter[tuple[int, int]]:
+    return Counter((d, p) for d, n in enumerate(lengths) for p in range(min(int(n), truncate_at or int(n))))
+
+
+PACK = SequencePack("tokens", seq_len=32, pad_id=-1, attention_mask=True)
+OPTIONS: dict[str, Any] = {"batch_size": 20, "ragged": "offsets", "pack_sequences": PACK}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_token_once_with_workers(corpus: str, workers: int) -> None:
+    loader, _ = create_dataloader(corpus, num_workers=workers, shuffle=True, **OPTIONS)
+    found = [s for batch in loader for s in unpack(batch, 32)]
+    assert tokens_of(found) == every_token()
+    # Rows are full but each batch's last: padding is under one row per batch.
+    metrics = loader.metrics()
+    assert metrics.total.rows_read == DOCS  # rows counted are documents read
+
+
+@settings(max_examples=12)
+@given(
+    num_ranks=st.integers(1, 3),
+    seq_len=st.integers(5, 70),
+    split=st.booleans(),
+    truncate=st.booleans(),
+    batch_size=st.integers(3, 40),
+    equal=st.sampled_from(["drop", "pad"]),
+)
+def test_every_token_once_across_ranks(
+    corpus: str, num_ranks: int, seq_len: int, split: bool, truncate: bool, batch_size: int, equal: str
+) -> None:
+    pack = SequencePack("tokens", seq_len=seq_len, split=split, truncate=truncate, pad_id=-1)
+    found: list[tuple[int, int, int]] = []
+    counts = set()
+    for rank in range(num_ranks):
+        loader, _ = create_dataloader(
+            corpus,
+            num_workers=0,
+            num_ranks=num_ranks,
+            rank=rank,
+            shuffle=True,
+            shuffle_seed=3,
+            batch_size=batch_size,
+            equal_batches=equal,
+            ragged="offsets",
+            pack_sequences=pack,
+        )
+        batches = list(loader)
+        counts.add(len(batches))
+        for batch in batches:
+            segs = unpack(batch, seq_len)
+            if not split:  # whole documents: only those longer than a row are cut, at seq_len
+                assert all(first % seq_len == 0 and (first == 0 or n <= seq_len) for _, first, n in segs)
+            found += segs
+    assert len(counts) == 1  # equal batches on every rank
+    expected = every_token(truncate_at=seq_len if truncate else None)
+    got = tokens_of(found)
+    assert max(got.values(), default=1) == 1  # 'pad' repeats documents, but not into packed rows
+    assert set(got) <= set(expected)
+    # 'drop' leaves out fewer than num_ranks documents; 'pad' repeats fewer than num_ranks.
+    missing = {d for d, _ in set(expected) - set(got)}
+    assert len(missing) < num_ranks
+    if equal == "pad":
+        assert not missing
+
+
+def test_resume_on_other_ranks_and_workers_reads_every_token_once(corpus: str, tmp_path: Path) -> None:
+    opts = {**OPTIONS, "shuffle": True, "equal_batches": "pad"}
+    first: list[tuple[int, int, int]] = []
+    states = []
+    for rank in range(2):
+        loader, _ = create_dataloader(corpus, num_workers=rank + 1, num_ranks=2, rank=rank, **opts)
+        for n, batch in enumerate(loader, start=1):
+            first += unpack(batch, 32)
+            if n == 3:
+                break
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    state = merge_states(states)
+    rest: list[tuple[int, int, int]] = []
+    for rank in range(3):
+        loader, _ = create_dataloader(corpus, num_workers=rank % 2, num_ranks=3, rank=rank, **opts)
+        loader.load_state_dict(state)
+        rest += [s for batch in loader for s in unpack(batch, 32)]
+    # With 'pad' the repeated documents are left out of the packed rows.
+    assert tokens_of(first + rest) == every_token()
+
+
+def test_packed_batches_in_every_output_format(corpus: str) -> None:
+    pack = SequencePack("tokens", seq_len=16)
+    arrow = next(
+        iter(
+            create_dataloader(
+                corpus, num_workers=0, batch_size=8, output_format="arrow", pack_sequences=pack
+            )[0]
+        )
+    )
+    assert isinstance(arrow, pa.RecordBatch)
+    assert arrow.schema.names == ["tokens", "position_ids", "cu_seqlens"]
+    assert arrow.schema.field("tokens").type == pa.list_(pa.int32(), 16)
+    numpy = next(
+        iter(
+            create_dataloader(
+                corpus,
+                num_workers=0,
+                batch_size=8,
+                output_format="numpy",
+                ragged="offsets",
+                pack_sequences=pack,
+            )[0]
+        )
+    )
+    assert numpy["tokens"].shape == (arrow.num_rows, 16)
+    assert numpy["tokens"].dtype == np.int32
+    as_dict = next(
+        iter(
+            create_dataloader(corpus, num_workers=0, batch_size=8, output_format="dict", pack_sequences=pack)[
+                0
+            ]
+        )
+    )
+    assert as_dict["cu_seqlens"] == arrow.column("cu_seqlens").to_pylist()
+    torch_batch = next(iter(create_dataloader(corpus, num_workers=0, batch_size=8, pack_sequences=pack)[0]))
+    assert torch_batch["tokens"].shape == (arrow.num_rows, 16)
+    assert torch_batch["cu_seqlens"].is_nested  # jagged by default
+
+
+def test_batch_cu_seqlens_joins_the_rows(corpus: str) -> None:
+    pack = SequencePack("tokens", seq_len=16)
+    flat = next(
+        iter(create_dataloader(corpus, num_workers=0, batch_size=8, ragged="offsets", pack_sequences=pack)[0])
+    )
+    jagged = next(iter(create_dataloader(corpus, num_workers=0, batch_size=8, pack_sequences=pack)[0]))
+    rows = flat["tokens"].shape[0]
+    per_row = [
+        flat["cu_seqlens"].values[a:b]
+        for a, b in zip(flat["cu_seqlens"].offsets[:-1], flat["cu_seqlens"].offsets[1:], strict=True)
+    ]
+    expected = sorted({int(v) + r * 16 for r, row in enumerate(per_row) for v in row})
+    for given_cu in (flat["cu_seqlens"], jagged["cu_seqlens"], per_row):
+        cu = batch_cu_seqlens(given_cu, 16)
+        assert cu.dtype == torch.int32
+        assert cu.tolist() == expected
+        assert cu[0] == 0
+        assert cu[-1] == rows * 16
+
+
+def test_pack_sequences_errors(corpus: str) -> None:
+    with pytest.raises(UnknownColumnError, match="'text'"):
+        StructuredDataset(corpus, pack_sequences=SequencePack("text", seq_len=8))
+    with pytest.raises(ConversionError, match="list of integer"):
+        StructuredDataset(corpus, pack_sequences=SequencePack("id", seq_len=8))
+    with pytest.raises(UnknownColumnError, match="'tokens'"):
+        StructuredDataset(corpus, columns=["id"], pack_sequences=SequencePack("tokens", seq_len=8))
+    with pytest.raises(ConfigError, match="pack_sequences="):
+        StructuredDataset(corpus, pack_sequences="tokens")  # type: ignore[typeddict-item]
+    with pytest.raises(ConfigError, match="seq_len"):
+        SequencePack("tokens", seq_len=0)
+    with pytest.raises(ConfigError, match="column"):
+        SequencePack("", seq_len=8)
+    with pytest.raises(ConfigError, match="pad_id"):
+        SequencePack("tokens", seq_len=8, pad_id=1.5)  # type: ignore[arg-type]
