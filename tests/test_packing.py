@@ -6,24 +6,21 @@ split at its ``cu_seqlens`` tells which document each segment is and where in it
 
 from __future__ import annotations
 
-import itertools
 import json
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.fixtures.recipes import DOCS, every_token, tokens_of, unpack
 from torch_dataloader_utils import (
     ConfigError,
     ConversionError,
-    FlatList,
     SequencePack,
     StructuredDataset,
     UnknownColumnError,
@@ -31,69 +28,6 @@ from torch_dataloader_utils import (
     create_dataloader,
     merge_states,
 )
-
-DOCS = 241  # not a multiple of 2 or 3 ranks: equal batches drop or pad
-RNG_LENGTHS = np.random.default_rng(7).integers(0, 61, size=DOCS)
-
-
-def write_documents(root: Path, lengths: np.ndarray = RNG_LENGTHS, files: int = 4) -> str:
-    """Parquet files of documents whose tokens are ``document * 1000 + position``."""
-    root.mkdir(parents=True, exist_ok=True)
-    docs = [[d * 1000 + p for p in range(int(n))] for d, n in enumerate(lengths)]
-    for f in range(files):
-        ids = list(range(f, len(docs), files))
-        table = pa.table(
-            {
-                "id": pa.array(ids, pa.int64()),
-                "tokens": pa.array([docs[i] for i in ids], pa.list_(pa.int32())),
-            }
-        )
-        pq.write_table(table, root / f"part-{f}.parquet", row_group_size=17)
-    return str(root)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return write_documents(tmp_path_factory.mktemp("corpus") / "docs")
-
-
-def unpack(batch: dict[str, Any], seq_len: int) -> list[tuple[int, int, int]]:
-    """Segments ``(document, first position, tokens)`` of a packed torch batch (padding left out)."""
-    tokens = batch["tokens"].numpy()
-    positions = batch["position_ids"].numpy()
-    cu: FlatList = batch["cu_seqlens"]
-    values, offsets = cu.values.numpy(), cu.offsets.numpy()
-    assert tokens.shape[1] == seq_len
-    out = []
-    for r in range(tokens.shape[0]):
-        bounds = values[offsets[r] : offsets[r + 1]]
-        assert bounds[0] == 0
-        assert bounds[-1] == seq_len
-        for a, b in itertools.pairwise(bounds):
-            seg, pos = tokens[r, a:b], positions[r, a:b]
-            if "attention_mask" in batch and not batch["attention_mask"][r, a]:
-                assert not batch["attention_mask"][r, a:b].any()
-                assert (seg == -1).all()
-                continue
-            docs = seg // 1000
-            if (seg == -1).all():
-                continue  # padding (pad_id=-1 below)
-            assert (docs == docs[0]).all(), "a segment holds one document"
-            assert (seg % 1000 == pos).all(), "position ids are the positions in the document"
-            assert (np.diff(pos) == 1).all()
-            out.append((int(docs[0]), int(pos[0]), int(b - a)))
-    return out
-
-
-def tokens_of(segments: list[tuple[int, int, int]]) -> Counter[tuple[int, int]]:
-    return Counter((d, first + i) for d, first, n in segments for i in range(n))
-
-
-def every_token(
-    lengths: np.ndarray = RNG_LENGTHS, truncate_at: int | None = None
-) -> Counter[tuple[int, int]]:
-    return Counter((d, p) for d, n in enumerate(lengths) for p in range(min(int(n), truncate_at or int(n))))
-
 
 PACK = SequencePack("tokens", seq_len=32, pad_id=-1, attention_mask=True)
 OPTIONS: dict[str, Any] = {"batch_size": 20, "ragged": "offsets", "pack_sequences": PACK}

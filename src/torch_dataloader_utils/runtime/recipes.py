@@ -703,17 +703,18 @@ class MixedDataset(IterableDataset[Any]):
         """This rank's resume state: where the pass started and what the loop received of it.
 
         Plain JSON values. Merge the ranks' states with ``merge_states`` (or
-        ``gather_state``); a completed pass gives the next epoch's start.
+        ``gather_state``). On one rank, a completed pass gives the next epoch's start.
         """
         epoch = self.epoch
         start, segment = self.start_of(epoch)
         progress = self._state.progress
         consumed: dict[str, list[int]] = {}
-        if progress is not None and progress.done:
+        if progress is not None and progress.done and self.world.num_ranks == 1:
             epoch, segment = epoch + 1, 0
             start = self._advance(start, progress.plan)
         elif progress is not None:
-            consumed[str(self.world.rank)] = list(progress.received)
+            received = [progress.plan.batches] * progress.workers if progress.done else progress.received
+            consumed[str(self.world.rank)] = list(received)
         return {
             "format": MIX_STATE_FORMAT,
             "version": MIX_STATE_VERSION,
@@ -729,8 +730,9 @@ class MixedDataset(IterableDataset[Any]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a (merged) state: the next pass reads what the loop did not receive.
 
-        The rest of every source's interrupted epochs is re-dealt over this dataset's
-        lanes, which may be other ranks and workers than the saved ones.
+        The rest of every source's begun epochs is re-dealt over this dataset's lanes,
+        which may be other ranks and workers than the saved ones. A state whose pass
+        every lane finished resumes at the next epoch.
 
         Raises:
             ResumeStateError: not a state of a mix, another version, or not every rank.
@@ -741,12 +743,25 @@ class MixedDataset(IterableDataset[Any]):
         start = tuple(
             self._checked(s, position_of(p, f"state.start[{s}]")) for s, p in enumerate(plain["start"])
         )
+        lanes = int(plain["lanes"])
+        saved = self._sources
+        if lanes != self.num_lanes:
+            saved = [LaneSource(s.dataset, lanes) for s in self._sources]
         consumed: dict[str, list[int]] = plain["consumed"]
+        rows = [[p.skip] * lanes for p in start]  # rows of every saved lane's stream read so far
         if consumed:
-            start = self._resumed(
-                epoch, segment, start, int(plain["num_ranks"]), int(plain["lanes"]), consumed
-            )
-            segment += 1
+            plan = self._plan(epoch, start, segment, saved)
+            received = _received(consumed, int(plain["num_ranks"]), lanes, plan.batches)
+            for s, position in enumerate(start):
+                rows[s] = [position.skip + int(plan.consumed(n)[s]) for n in received]
+            if all(n == plan.batches for n in received):
+                epoch, segment = epoch + 1, 0  # the pass ended on every lane
+            else:
+                segment += 1
+        # Positions as the sources' own resume segments: they hold for any number of lanes.
+        start = tuple(
+            self._settled(s, _rest(saved[s], position, rows[s])) for s, position in enumerate(start)
+        )
         token = int(torch.randint(1, 2**62, ()).item())
         self._origin = _Origin(epoch, start, segment, token)
         self._origin_token.fill_(token)
@@ -760,49 +775,56 @@ class MixedDataset(IterableDataset[Any]):
         entries = tuple((e, source.check(e, segs)) for e, segs in position.entries)
         return dataclasses.replace(position, entries=entries)
 
-    def _resumed(
-        self,
-        epoch: int,
-        segment: int,
-        start: Start,
-        num_ranks: int,
-        lanes: int,
-        consumed: Mapping[str, list[int]],
-    ) -> Start:
-        """The start of the rest of a pass, from what every saved lane received."""
-        per_rank = lanes // num_ranks
-        if lanes % num_ranks or sorted(consumed) != [str(r) for r in range(num_ranks)]:
-            missing = sorted(set(range(num_ranks)) - {int(r) for r in consumed if r.isdigit()})
+    def _settled(self, s: int, position: SourcePosition) -> SourcePosition:
+        """``position`` without the begun epochs whose rest gives no row to a lane of this world.
+
+        With ``equal_batches='drop'`` a rest of fewer rows than lanes is left out, as the
+        rows an epoch's dealing leaves out.
+        """
+        source = self._sources[s]
+        entries = position.entries
+        while entries and source.rows(*entries[0]) == 0:
+            entries = entries[1:]
+        return dataclasses.replace(position, entries=entries)
+
+
+def _received(consumed: Mapping[str, Any], num_ranks: int, lanes: int, batches: int) -> list[int]:
+    """Batches received from every saved lane, rank after rank, from a state's ``consumed``."""
+    if sorted(consumed) != sorted(str(r) for r in range(num_ranks)):
+        missing = sorted(set(range(num_ranks)) - {int(r) for r in consumed if r.isdigit()})
+        raise ResumeStateError(
+            f"the mix's resume state holds ranks {sorted(consumed)[:20]} of a {num_ranks}-rank job (missing "
+            f"{missing[:20]}); merge the states of all ranks first (merge_states, or gather_state)"
+        )
+    per_rank = lanes // num_ranks
+    received: list[int] = []
+    for rank in range(num_ranks):
+        counts = consumed[str(rank)]
+        if (
+            not isinstance(counts, list)
+            or len(counts) != per_rank
+            or not all(type(n) is int and 0 <= n <= batches for n in counts)
+        ):
             raise ResumeStateError(
-                f"the mix's resume state holds ranks {sorted(consumed)} of a {num_ranks}-rank job (missing "
-                f"{missing[:20]}); merge the states of all ranks first (merge_states, or gather_state)"
+                f"the mix's resume state gives rank {rank} the batch counts {str(counts)[:60]}: expected "
+                f"{per_rank} counts from 0 to {batches}; pass what loader.state_dict() returned"
             )
-        saved = [LaneSource(s.dataset, lanes) for s in self._sources]
-        plan = self._plan(epoch, start, segment, saved)
-        received = []
-        for rank in range(num_ranks):
-            counts = consumed[str(rank)]
-            if len(counts) != per_rank or not all(type(n) is int and 0 <= n <= plan.batches for n in counts):
-                raise ResumeStateError(
-                    f"the mix's resume state gives rank {rank} the batch counts {counts[:8]!r}: expected "
-                    f"{per_rank} counts from 0 to {plan.batches}; pass what loader.state_dict() returned"
-                )
-            received.extend(counts)
-        out = []
-        for s, position in enumerate(start):
-            rows = [position.skip + int(plan.consumed(n)[s]) for n in received]
-            out.append(_rest(saved[s], position, rows))
-        return tuple(out)
+        received.extend(counts)
+    return received
 
 
 def _rest(source: LaneSource, position: SourcePosition, rows: Sequence[int]) -> SourcePosition:
-    """``position`` after lane ``v`` read ``rows[v]`` rows of its stream (from its head)."""
+    """``position`` after lane ``v`` read ``rows[v]`` rows of its stream, as the source's own segments.
+
+    Every begun epoch that some lane has not finished keeps a segment saying what each
+    lane read of it (:meth:`LaneSource.segment`), so its rest can be re-dealt over any
+    number of lanes; epochs every lane finished are left out.
+    """
     entries: list[tuple[int, Segments]] = []
     queue = list(position.entries)
     next_epoch = position.next_epoch
     begin = 0
-    furthest = max(rows)
-    while queue or begin <= furthest:
+    while queue or any(r > begin for r in rows):
         if queue:
             epoch, segments = queue.pop(0)
         else:
@@ -810,15 +832,11 @@ def _rest(source: LaneSource, position: SourcePosition, rows: Sequence[int]) -> 
             next_epoch += 1
         length = source.rows(epoch, segments)
         read = [min(max(r - begin, 0), length) for r in rows]
-        if all(n >= length for n in read):
-            pass  # every lane finished it
-        elif not any(read):
+        if not any(read):
             entries.append((epoch, segments))
-        else:
+        elif min(read) < length:
             entries.append((epoch, (*segments, source.segment(epoch, segments, read))))
         begin += length
-        if begin > furthest and not queue:
-            break
     return SourcePosition(tuple(entries), next_epoch, 0)
 
 
@@ -920,7 +938,9 @@ def _build_source(
         raise ConfigError(
             f"sources[{index}]={dict(spec)!r} names no data: give 'path' (files) or 'table' (Iceberg)"
         )
-    values: dict[str, Any] = {**shared, **given}
+    allowed = IcebergReadOptions if is_table else FileReadOptions
+    keys = allowed.__required_keys__ | allowed.__optional_keys__
+    values: dict[str, Any] = {**{k: v for k, v in shared.items() if k in keys}, **given}
     values.setdefault("count_rows", True)  # a mix needs exact counts on every lane
     mix_keys = {
         "batch_size": options.batching.batch_size,
