@@ -18,13 +18,15 @@ def segments(lengths: list[int], seq_len: int, split: bool, truncate: bool) -> l
     offsets = offsets_of(lengths)
     packing = pack_offsets(offsets, seq_len, split=split, truncate=truncate)
     slots = packing.rows * seq_len
+    source = np.arange(packing.kept) if packing.source is None else packing.source
+    dest = np.arange(packing.kept) if packing.dest is None else packing.dest
     doc_of_token = np.repeat(np.arange(len(lengths)), lengths)
     doc = np.full(slots, -1)
-    doc[packing.dest] = doc_of_token[packing.source]
+    doc[dest] = doc_of_token[source]
     position = np.full(slots, -1)
-    position[packing.dest] = packing.position
+    position[dest] = packing.position
     # The source of every token kept is its document's token at that position.
-    assert (packing.source == offsets[doc_of_token[packing.source]] + packing.position).all()
+    assert (source == offsets[doc_of_token[source]] + packing.position).all()
     out = []
     for r in range(packing.rows):
         cu = packing.cu_values[packing.cu_offsets[r] : packing.cu_offsets[r + 1]]
@@ -79,7 +81,7 @@ def test_next_fit_keeps_documents_whole_unless_longer_than_a_row(
 def test_a_batch_without_tokens_packs_into_one_row_of_padding() -> None:
     packing = pack_offsets(np.array([0, 0, 0]), 4)
     assert packing.rows == 1
-    assert len(packing.dest) == 0
+    assert packing.kept == 0
     assert packing.cu_values.tolist() == [0, 4]
 
 

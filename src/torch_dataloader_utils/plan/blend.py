@@ -165,6 +165,14 @@ class Blend:
         between: np.ndarray = self.count(hi) - self.count(lo)
         return between
 
+    def counts_at(self, n: np.ndarray) -> np.ndarray:
+        """:meth:`count` of every slot index in ``n`` (int64, >= 0): ``[len(n), sources]``."""
+        laps, rest = np.divmod(np.asarray(n, dtype=np.int64), self.period)
+        counts: np.ndarray = laps[:, None] * self.weights[None, :]
+        for s, slots in enumerate(self._slots):
+            counts[:, s] += np.searchsorted(slots, rest)
+        return counts
+
 
 @functools.lru_cache(maxsize=8)
 def blend_for(weights: tuple[int, ...]) -> Blend:
@@ -201,6 +209,17 @@ class PassPlan:
             return self.last_counts
         start = self.phase + t * self.batch_size
         return self.blend.between(start, start + self.batch_size)
+
+    def counts_of(self, first: int, stop: int) -> np.ndarray:
+        """Rows of every source in batches ``[first, stop)``: ``[stop - first, sources]`` (vectorized)."""
+        stop = min(stop, self.batches)
+        if stop <= first:
+            return np.zeros((0, self.blend.num_sources), dtype=np.int64)
+        edges = self.phase + np.arange(first, stop + 1, dtype=np.int64) * self.batch_size
+        counts: np.ndarray = np.diff(self.blend.counts_at(edges), axis=0)
+        if first <= self.last < stop:
+            counts[self.last - first] = self.last_counts
+        return counts
 
     def consumed(self, batches: int) -> np.ndarray:
         """Rows of every source in the pass's first ``batches`` batches (all of it at its end)."""

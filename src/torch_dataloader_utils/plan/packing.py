@@ -40,8 +40,11 @@ class Packing:
 
     Attributes:
         rows: Packed rows (at least 1).
-        source: int64, for every token kept: its index in the flat values.
-        dest: int64, its slot in the packed rows (``rows * seq_len`` slots, row-major).
+        kept: Tokens kept (placed in the rows).
+        source: int64, for every token kept: its index in the flat values; ``None`` when
+            every token is kept, in order (``arange(kept)``: no gather needed).
+        dest: int64, its slot in the packed rows (``rows * seq_len`` slots, row-major);
+            ``None`` for ``arange(kept)`` (the tokens end to end from slot 0).
         position: int32, its position in its document.
         cu_values: int32, every row's segment boundaries, row after row (each from 0 to
             ``seq_len``).
@@ -50,21 +53,37 @@ class Packing:
     """
 
     rows: int
-    source: np.ndarray
-    dest: np.ndarray
+    kept: int
+    source: np.ndarray | None
+    dest: np.ndarray | None
     position: np.ndarray
     cu_values: np.ndarray
     cu_offsets: np.ndarray
 
 
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``concat(arange(s, s + n) for s, n in zip(starts, lengths))``, vectorized."""
+def _ranges(starts: np.ndarray, lengths: np.ndarray, dtype: type = np.int64) -> np.ndarray:
+    """``concat(arange(s, s + n) for s, n in zip(starts, lengths))``, vectorized, as ``dtype``."""
     total = int(lengths.sum())
     if total == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=dtype)
     first = np.cumsum(lengths) - lengths
-    out: np.ndarray = np.repeat(starts - first, lengths) + np.arange(total, dtype=np.int64)
+    out: np.ndarray = np.arange(total, dtype=dtype)
+    out += np.repeat((starts - first).astype(dtype), lengths)
     return out
+
+
+def _positions(total: int, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Positions in their documents of ``total`` tokens laid end to end (documents at ``starts``).
+
+    One running sum over the output: 1 everywhere, and at a document's first token the
+    step back to 0 (``1 - length`` of the document before); no temporary of its size.
+    """
+    position = np.ones(total, dtype=np.int32)
+    if total:
+        position[starts[1:]] = 1 - lengths[:-1]
+        position[0] = 0
+        np.cumsum(position, out=position)
+    return position
 
 
 def _pieces(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -119,27 +138,33 @@ def pack_offsets(offsets: np.ndarray, seq_len: int, *, split: bool = True, trunc
     lengths = np.diff(offsets)
     if truncate:
         lengths = np.minimum(lengths, seq_len)
+    source: np.ndarray | None
+    dest: np.ndarray | None
     if split:
-        source = _ranges(offsets[:-1], lengths)
-        position = _ranges(np.zeros(len(lengths), dtype=np.int64), lengths)
-        kept = len(source)
-        dest = np.arange(kept, dtype=np.int64)
+        # Every token kept, in order, end to end: only the positions need computing.
+        source = _ranges(offsets[:-1], lengths) if truncate else None
+        kept = int(lengths.sum())
+        dest = None
         rows = max(1, -(-kept // seq_len))
-        starts = (np.cumsum(lengths) - lengths)[lengths > 0]
+        nonempty = lengths > 0
+        starts = (np.cumsum(lengths) - lengths)[nonempty]
+        position = _positions(kept, starts, lengths[nonempty])
         points = np.concatenate((starts, [kept]))
     else:
         doc, offset, length = _pieces(lengths, seq_len)
         placed, rows = _next_fit(length, seq_len)
         source = _ranges(offsets[doc] + offset, length)
-        position = _ranges(offset, length)
+        position = _ranges(offset, length, np.int32)
         dest = _ranges(placed, length)
+        kept = len(dest)
         points = np.concatenate((placed, placed + length))
     cu_values, cu_offsets = _boundaries(points, rows, seq_len)
     return Packing(
         rows=rows,
+        kept=kept,
         source=source,
         dest=dest,
-        position=position.astype(np.int32),
+        position=position,
         cu_values=cu_values,
         cu_offsets=cu_offsets,
     )

@@ -58,6 +58,7 @@ from torch_dataloader_utils.errors import (
     ResumeStateError,
     SchemaMismatchError,
 )
+from torch_dataloader_utils.io.ahead import read_ahead
 from torch_dataloader_utils.io.batching import concat_batches
 from torch_dataloader_utils.packing import converter_for
 from torch_dataloader_utils.plan.blend import Blend, PassPlan, advance, blend_for, integer_weights, plan_pass
@@ -133,6 +134,7 @@ class _LaneStream:
         self._batches: Iterator[pa.RecordBatch] | None = None
         self._current: pa.RecordBatch | None = None
         self._offset = 0
+        self._size = 0
 
     def _open(self) -> Iterator[pa.RecordBatch]:
         if self._queue:
@@ -147,21 +149,25 @@ class _LaneStream:
         """Append the next ``rows`` rows to ``out`` (zero-copy slices, columns in ``names`` order)."""
         empty = 0
         while rows > 0:
-            if self._current is None or self._offset >= self._current.num_rows:
+            current = self._current
+            if current is None or self._offset >= self._size:
                 if self._batches is None:
                     self._batches = self._open()
-                self._current = next(self._batches, None)
+                current = self._current = next(self._batches, None)
                 self._offset = 0
-                if self._current is None:
+                if current is None:
                     self._batches = None
+                    self._size = 0
                     empty += 1
                     if empty > 2:  # cannot happen with exact counts; never loop forever
                         raise RuntimeError("a source's lane stream ended before its planned rows")
                     continue
                 empty = 0
-                self._current = self._current.select(self._names)
-            n = min(rows, self._current.num_rows - self._offset)
-            out.append(self._current.slice(self._offset, n))
+                if current.schema.names != self._names:
+                    current = self._current = current.select(self._names)
+                self._size = current.num_rows
+            n = min(rows, self._size - self._offset)
+            out.append(current.slice(self._offset, n))
             self._offset += n
             rows -= n
 
@@ -197,12 +203,25 @@ class _IoTotals:
 class _MixProgress:
     """Batches the loop received from every lane of this rank in the current pass."""
 
+    BLOCK = 1024
+    """Batches whose rows per source are computed at once."""
+
     def __init__(self, workers: int, plan: PassPlan) -> None:
         self.workers = workers
         self.plan = plan
         self.received = [0] * workers
         self.done = False
-        self.rows = np.zeros(plan.blend.num_sources, dtype=np.int64)
+        self._block = -1
+        self._counts = np.zeros((0, plan.blend.num_sources), dtype=np.int64)
+
+    def counts(self, t: int) -> np.ndarray:
+        """Rows of every source in batch ``t`` of a lane (blocks of them computed at once)."""
+        block, at = divmod(t, self.BLOCK)
+        if block != self._block:
+            self._counts = self.plan.counts_of(block * self.BLOCK, (block + 1) * self.BLOCK)
+            self._block = block
+        counts: np.ndarray = self._counts[at]
+        return counts
 
 
 class MixTracker:
@@ -237,9 +256,7 @@ class MixTracker:
         if progress is not None:
             worker, done = int(item.tag[1]), int(item.tag[4])
             progress.received[worker] = done
-            counts = progress.plan.counts(done - 1)
-            progress.rows += counts
-            self.rows += counts
+            self.rows += progress.counts(done - 1)
         return item.batch
 
     def finish(self) -> None:
@@ -550,7 +567,7 @@ class MixedDataset(IterableDataset[Any]):
         }
 
     # -- reading ---------------------------------------------------------------------------
-    def _lane_batches(self, lane: int, epoch: int, in_worker: bool, ahead: bool) -> Iterator[pa.RecordBatch]:
+    def _lane_batches(self, lane: int, epoch: int, in_worker: bool) -> Iterator[pa.RecordBatch]:
         """The mixed record batches of ``lane`` in ``epoch`` (before conversion)."""
         start, segment = self.start_of(epoch)
         plan = self.pass_plan(epoch)
@@ -560,27 +577,41 @@ class MixedDataset(IterableDataset[Any]):
             columns = [*columns, PADDING_COLUMN]
         streams = [
             _LaneStream(
-                source, lane, start[s], columns, batch_size=batch_size, in_worker=in_worker, ahead=ahead
+                source, lane, start[s], columns, batch_size=batch_size, in_worker=in_worker, ahead=False
             )
             for s, source in enumerate(self._sources)
         ]
-        shuffle = self._options.shuffle
         tag_column = self._mix.source_column
-        for t in range(plan.batches):
-            counts = plan.counts(t)
-            parts: list[pa.RecordBatch] = []
-            for s, n in enumerate(counts.tolist()):
-                if n:
-                    streams[s].take(n, parts)
-            batch = concat_batches(parts)
-            if tag_column is not None:
-                index = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
-                batch = batch.append_column(pa.field(tag_column, pa.int32(), nullable=False), pa.array(index))
-            if shuffle.shuffle and batch.num_rows > 1:
-                seed = shuffle.shuffle_seed
-                order = permutation(batch.num_rows, seed, epoch, segment, lane, t, _ORDER_SALT)
-                batch = pc.take(batch, pa.array(order))
-            yield batch
+        block = 1024  # batches whose counts are computed at once (vectorized)
+        for first in range(0, plan.batches, block):
+            for offset, counts in enumerate(plan.counts_of(first, first + block).tolist()):
+                yield self._assemble(streams, counts, epoch, segment, lane, first + offset, tag_column)
+
+    def _assemble(
+        self,
+        streams: Sequence[_LaneStream],
+        counts: Sequence[int],
+        epoch: int,
+        segment: int,
+        lane: int,
+        t: int,
+        tag_column: str | None,
+    ) -> pa.RecordBatch:
+        """Batch ``t`` of a lane: ``counts[s]`` next rows of every source, joined (and shuffled)."""
+        shuffle = self._options.shuffle
+        parts: list[pa.RecordBatch] = []
+        for s, n in enumerate(counts):
+            if n:
+                streams[s].take(n, parts)
+        batch = concat_batches(parts)
+        if tag_column is not None:
+            index = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+            batch = batch.append_column(pa.field(tag_column, pa.int32(), nullable=False), pa.array(index))
+        if shuffle.shuffle and batch.num_rows > 1:
+            seed = shuffle.shuffle_seed
+            order = permutation(batch.num_rows, seed, epoch, segment, lane, t, _ORDER_SALT)
+            batch = pc.take(batch, pa.array(order))
+        return batch
 
     def __iter__(self) -> Iterator[Any]:
         slot = env.worker_slot()
@@ -602,8 +633,16 @@ class MixedDataset(IterableDataset[Any]):
         epoch = self.epoch
         lane = self.world.rank * readers + slot.id
         spare = slot.count < env.cpus_per_rank() if slot.in_worker else env.cpus_per_rank() > 1
+        for source in self._sources:  # as a worker of one source: no Arrow threads when CPUs are full
+            use_threads = getattr(source.dataset.reader, "use_threads", None)
+            if slot.in_worker and use_threads is not None:
+                use_threads(spare)
         ahead = self._options.fetch.decode_ahead
-        batches = self._lane_batches(lane, epoch, slot.in_worker, spare if ahead is None else ahead)
+        batches = self._lane_batches(lane, epoch, slot.in_worker)
+        if spare if ahead is None else ahead:
+            # One thread reads every source and joins the batches, ahead of the converting
+            # thread: one thread per source measured more CPU (the GIL changing hands).
+            batches = read_ahead(batches, name=f"mix-ahead-l{lane}")
         flag = PADDING_COLUMN if self._options.batching.equal_batches is EqualBatches.PAD else None
         work = WorkStats(_IoTotals([s.dataset.reader for s in self._sources]), 0, flag)
         tagger = _Tagger(self._state.token, slot.id, slot.count)
