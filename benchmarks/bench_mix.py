@@ -20,10 +20,6 @@ Run: ``python benchmarks/bench_mix.py`` (``--quick`` for a smoke run).
 from __future__ import annotations
 
 import json
-import os
-import resource
-import statistics
-import subprocess
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -38,7 +34,6 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
 import common  # noqa: E402
-from bench_memory import _peak_mib, _reset_peak, _rss_mib  # noqa: E402
 from torch_dataloader_utils import create_dataloader, create_mixed_dataloader  # noqa: E402
 
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -85,33 +80,8 @@ def child(kind: str, data_dir: str, batch_size: int, workers: int, shuffle: bool
     """One pass in this process; prints the memory figures as a JSON line."""
     files = sorted(Path(data_dir).glob("part-*.parquet"))
     loader = None if kind == "raw" else build(kind, files, batch_size, workers, shuffle)
-    base = _rss_mib()
-    _reset_peak()
-    rows = raw_loop(files, batch_size) if loader is None else loader_loop(loader)
-    peak = _peak_mib()
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(json.dumps({"rows": rows, "growth_mib": peak - base, "worker_peak_mib": kids}))
-
-
-def memory(
-    data_dir: str, batch_size: int, configs: Sequence[tuple[str, int]], shuffle: bool, repeats: int
-) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent / "src")}
-    samples: dict[tuple[str, int], list[dict[str, float]]] = {}
-    for _ in range(repeats):
-        for kind, workers in configs:
-            cmd = [sys.executable, __file__, "--child", kind, data_dir, str(batch_size), str(workers)]
-            if shuffle:
-                cmd.append("--shuffle")
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
-            samples.setdefault((kind, workers), []).append(json.loads(out.strip().splitlines()[-1]))
-    return {
-        f"{kind}/{workers}": {
-            "growth_mib": statistics.median(s["growth_mib"] for s in runs),
-            "worker_peak_mib": statistics.median(s["worker_peak_mib"] for s in runs) if workers else None,
-        }
-        for (kind, workers), runs in samples.items()
-    }
+    run = (lambda: raw_loop(files, batch_size)) if loader is None else (lambda: loader_loop(loader))
+    print(json.dumps(common.pass_memory(run)))
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -143,11 +113,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         runs += [(one, lambda ld=one_loader: loader_loop(ld)), (mix, lambda ld=mix_loader: loader_loop(ld))]
         pairs.append((w, one, mix))
     common.interleave(runs, args.repeats)
-    mem = memory(
-        str(files[0].parent),
-        bs,
-        [("raw", 0)] + [(k, w) for w in args.workers for k in ("one", "mix")],
-        args.shuffle,
+    configs = [("raw", 0)] + [(k, w) for w in args.workers for k in ("one", "mix")]
+    mem = common.fresh_process_memory(
+        {
+            f"{k}/{w}": [sys.executable, __file__, "--child", k, str(files[0].parent), str(bs), str(w)]
+            + (["--shuffle"] if args.shuffle else [])
+            for k, w in configs
+        },
         args.memory_repeats,
     )
 

@@ -23,10 +23,6 @@ writes 1M documents, about 4 GB).
 from __future__ import annotations
 
 import json
-import os
-import resource
-import statistics
-import subprocess
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -43,7 +39,6 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
 import common  # noqa: E402
-from bench_memory import _peak_mib, _reset_peak, _rss_mib  # noqa: E402
 from torch_dataloader_utils import SequencePack, create_dataloader  # noqa: E402
 
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -113,46 +108,14 @@ def build(kind: str, data_dir: str, batch_size: int, workers: int, seq_len: int)
 
 
 def child(kind: str, data_dir: str, batch_size: int, workers: int, seq_len: int) -> None:
+    """One pass in this process; prints the memory figures as a JSON line."""
     files = sorted(Path(data_dir).glob("part-*.parquet"))
     run = (
         None
         if kind == "raw"
         else Packed(build(kind, data_dir, batch_size, workers, seq_len), kind == "packed")
     )
-    base = _rss_mib()
-    _reset_peak()
-    docs = raw_loop(files, batch_size) if run is None else run()
-    peak = _peak_mib()
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(json.dumps({"docs": docs, "growth_mib": peak - base, "worker_peak_mib": kids}))
-
-
-def memory(
-    data_dir: str, batch_size: int, seq_len: int, configs: Sequence[tuple[str, int]], repeats: int
-) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent / "src")}
-    samples: dict[tuple[str, int], list[dict[str, float]]] = {}
-    for _ in range(repeats):
-        for kind, workers in configs:
-            cmd = [
-                sys.executable,
-                __file__,
-                "--child",
-                kind,
-                data_dir,
-                str(batch_size),
-                str(workers),
-                str(seq_len),
-            ]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
-            samples.setdefault((kind, workers), []).append(json.loads(out.strip().splitlines()[-1]))
-    return {
-        f"{kind}/{workers}": {
-            "growth_mib": statistics.median(s["growth_mib"] for s in runs),
-            "worker_peak_mib": statistics.median(s["worker_peak_mib"] for s in runs) if workers else None,
-        }
-        for (kind, workers), runs in samples.items()
-    }
+    print(json.dumps(common.pass_memory((lambda: raw_loop(files, batch_size)) if run is None else run)))
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -186,8 +149,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             runs.append((s, run))
             entries.append((w, kind, s, run))
     common.interleave(runs, args.repeats)
-    mem = memory(
-        data_dir, bs, args.seq_len, [("raw", 0)] + [(k, w) for w, k, _, _ in entries], args.memory_repeats
+    mem = common.fresh_process_memory(
+        {
+            f"{k}/{w}": [sys.executable, __file__, "--child", k, data_dir, str(bs), str(w), str(args.seq_len)]
+            for k, w in [("raw", 0), *[(k, w) for w, k, _, _ in entries]]
+        },
+        args.memory_repeats,
     )
 
     jagged = {w: s for w, k, s, _ in entries if k == "jagged"}
