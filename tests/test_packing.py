@@ -185,3 +185,40 @@ def test_pack_sequences_errors(corpus: str) -> None:
         SequencePack("", seq_len=8)
     with pytest.raises(ConfigError, match="pad_id"):
         SequencePack("tokens", seq_len=8, pad_id=1.5)  # type: ignore[arg-type]
+
+
+@settings(max_examples=10)
+@given(
+    before=st.integers(1, 3),
+    after=st.integers(1, 3),
+    stops=st.lists(st.integers(1, 6), min_size=3, max_size=3),
+    split=st.booleans(),
+    shuffle=st.booleans(),
+)
+def test_resume_mid_epoch_is_exact(
+    corpus: str, before: int, after: int, stops: list[int], split: bool, shuffle: bool
+) -> None:
+    pack = SequencePack("tokens", seq_len=40, split=split, pad_id=-1)
+    opts: dict[str, Any] = {
+        "batch_size": 9,
+        "ragged": "offsets",
+        "pack_sequences": pack,
+        "shuffle": shuffle,
+        "equal_batches": "pad",
+        "num_workers": 0,
+    }
+    first: list[tuple[int, int, int]] = []
+    states = []
+    for rank in range(before):
+        loader, _ = create_dataloader(corpus, num_ranks=before, rank=rank, **opts)
+        for n, batch in enumerate(loader, start=1):
+            first += unpack(batch, 40)
+            if n == stops[rank]:
+                break
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    rest: list[tuple[int, int, int]] = []
+    for rank in range(after):
+        loader, _ = create_dataloader(corpus, num_ranks=after, rank=rank, **opts)
+        loader.load_state_dict(merge_states(states))
+        rest += [s for batch in loader for s in unpack(batch, 40)]
+    assert tokens_of(first + rest) == every_token()
