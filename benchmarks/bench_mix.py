@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
@@ -38,7 +40,7 @@ from torch_dataloader_utils import create_dataloader, create_mixed_dataloader  #
 
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
-COLUMNS = common.NUMERIC_COLUMNS
+COLUMNS = list(common.NUMERIC_COLUMNS)
 SPLIT = (6, 5, 3, 2)
 """Files per source (of 16): the sources' sizes, and their weights."""
 
@@ -54,11 +56,20 @@ def sources_of(files: Sequence[Path]) -> list[list[str]]:
     return out
 
 
+def _tensors(column: Any) -> Any:
+    """A column as tensors without a copy: numbers, or a string's bytes and offsets."""
+    if pa.types.is_string(column.type):
+        buffers = column.buffers()
+        offsets = np.frombuffer(buffers[1], dtype=np.int32, count=len(column) + 1, offset=column.offset * 4)
+        return torch.from_numpy(np.frombuffer(buffers[2], dtype=np.uint8)), torch.from_numpy(offsets)
+    return torch.from_numpy(column.to_numpy())
+
+
 def raw_loop(files: Sequence[Path], batch_size: int) -> int:
     rows = 0
     for f in files:
         for b in pq.ParquetFile(f).iter_batches(batch_size=batch_size, columns=COLUMNS):
-            out = {name: torch.from_numpy(b.column(i).to_numpy()) for i, name in enumerate(COLUMNS)}
+            out = {name: _tensors(b.column(i)) for i, name in enumerate(COLUMNS)}
             rows += len(out["id"])
     return rows
 
@@ -68,7 +79,13 @@ def loader_loop(loader: Any) -> int:
 
 
 def build(kind: str, files: Sequence[Path], batch_size: int, workers: int, shuffle: bool) -> Any:
-    options = {"columns": COLUMNS, "batch_size": batch_size, "num_workers": workers, "shuffle": shuffle}
+    options = {
+        "columns": COLUMNS,
+        "batch_size": batch_size,
+        "num_workers": workers,
+        "shuffle": shuffle,
+        "strings": "bytes",  # Arrow's layout, as the raw loop
+    }
     if kind == "one":
         return create_dataloader([str(f) for f in files], **options)[0]
     groups = sources_of(files)
@@ -90,9 +107,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--batch-size", type=int, default=4096)
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     p.add_argument("--shuffle", action="store_true", help="shuffled reads (row mixing in every source)")
+    p.add_argument("--columns", choices=list(common.COLUMN_SETS), default="numeric", help="columns read")
     p.add_argument("--memory-repeats", type=int, default=2, help="fresh-process passes per config for memory")
     p.add_argument("--child", nargs=4, metavar=("KIND", "DIR", "BS", "WORKERS"), help="(internal)")
     args = p.parse_args(argv)
+    COLUMNS[:] = common.COLUMN_SETS[args.columns]
     if args.child:
         kind, data_dir, bs, workers = args.child
         child(kind, data_dir, int(bs), int(workers), args.shuffle)
@@ -118,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         {
             f"{k}/{w}": [sys.executable, __file__, "--child", k, str(files[0].parent), str(bs), str(w)]
             + (["--shuffle"] if args.shuffle else [])
+            + ["--columns", args.columns]
             for k, w in configs
         },
         args.memory_repeats,
@@ -159,12 +179,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "dataset": {"rows": args.rows, "files": args.files, "row_group_size": args.row_group_size},
         "sources": [len(g) for g in sources_of(files)],
         "shuffle": args.shuffle,
+        "columns": COLUMNS,
         "repeats": args.repeats,
         "machine": info,
         "results": results,
     }
     md = (
-        f"Dataset: {args.rows:,} rows of {len(COLUMNS)} numeric columns in {args.files} files (row groups of "
+        f"Dataset: {args.rows:,} rows of {len(COLUMNS)} columns ({args.columns}; strings as bytes + "
+        f"offsets) in {args.files} files (row groups of "
         f"{args.row_group_size:,}); the mix reads them as 4 sources of {[len(g) for g in sources_of(files)]} "
         f"files weighted by their size (one epoch of the mix = every row once, and up to a batch more: "
         f"its last batch is filled from the other sources); cost = seconds per row; batch size {bs}; "
@@ -187,7 +209,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             md_rows,
         )
     )
-    common.write_results("bench_mix_shuffle" if args.shuffle else "bench_mix", payload, md, args.out_dir)
+    name = (
+        "bench_mix" + ("_shuffle" if args.shuffle else "") + ("" if args.columns == "numeric" else "_strings")
+    )
+    common.write_results(name, payload, md, args.out_dir)
     return payload
 
 
