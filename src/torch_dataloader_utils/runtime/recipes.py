@@ -60,6 +60,7 @@ from torch_dataloader_utils.errors import (
 )
 from torch_dataloader_utils.io.ahead import read_ahead
 from torch_dataloader_utils.io.batching import concat_batches
+from torch_dataloader_utils.io.pieces import ROUND_POOL
 from torch_dataloader_utils.packing import converter_for
 from torch_dataloader_utils.plan.blend import Blend, PassPlan, advance, blend_for, integer_weights, plan_pass
 from torch_dataloader_utils.plan.mixstate import (
@@ -197,6 +198,28 @@ class _IoTotals:
             for i, v in enumerate(totals()):
                 sums[i] += v
         return (int(sums[0]), int(sums[1]), int(sums[2]), int(sums[3]), float(sums[4]))
+
+
+AHEAD_ROWS = 65536
+"""Rows of mixed batches the read-ahead thread hands over at once (as a decoded batch of
+``create_dataloader``'s read path holds)."""
+
+
+def _runs(items: Iterator[pa.RecordBatch], size: int) -> Iterator[list[pa.RecordBatch]]:
+    """``items`` in lists of ``size`` (the last may be shorter)."""
+    run: list[pa.RecordBatch] = []
+    for item in items:
+        run.append(item)
+        if len(run) >= size:
+            yield run
+            run = []
+    if run:
+        yield run
+
+
+def _flat(runs: Iterator[list[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
+    for run in runs:
+        yield from run
 
 
 # -- what the loop consumed -------------------------------------------------------------------
@@ -603,7 +626,7 @@ class MixedDataset(IterableDataset[Any]):
         for s, n in enumerate(counts):
             if n:
                 streams[s].take(n, parts)
-        batch = concat_batches(parts)
+        batch = concat_batches(parts, memory_pool=ROUND_POOL)
         if tag_column is not None:
             index = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
             batch = batch.append_column(pa.field(tag_column, pa.int32(), nullable=False), pa.array(index))
@@ -641,8 +664,10 @@ class MixedDataset(IterableDataset[Any]):
         batches = self._lane_batches(lane, epoch, slot.in_worker)
         if spare if ahead is None else ahead:
             # One thread reads every source and joins the batches, ahead of the converting
-            # thread: one thread per source measured more CPU (the GIL changing hands).
-            batches = read_ahead(batches, name=f"mix-ahead-l{lane}")
+            # thread, handing them over a few at a time (each hand-over passes the GIL):
+            # one thread per source measured more CPU.
+            per_item = max(1, AHEAD_ROWS // self._options.batching.batch_size)
+            batches = _flat(read_ahead(_runs(batches, per_item), name=f"mix-ahead-l{lane}"))
         flag = PADDING_COLUMN if self._options.batching.equal_batches is EqualBatches.PAD else None
         work = WorkStats(_IoTotals([s.dataset.reader for s in self._sources]), 0, flag)
         tagger = _Tagger(self._state.token, slot.id, slot.count)
