@@ -625,16 +625,23 @@ class MixedDataset(IterableDataset[Any]):
         parts: list[pa.RecordBatch] = []
         for s, n in enumerate(counts):
             if n:
+                first = len(parts)
                 streams[s].take(n, parts)
-        batch = concat_batches(parts, memory_pool=ROUND_POOL)
-        if tag_column is not None:
-            index = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
-            batch = batch.append_column(pa.field(tag_column, pa.int32(), nullable=False), pa.array(index))
-        if shuffle.shuffle and batch.num_rows > 1:
-            seed = shuffle.shuffle_seed
-            order = permutation(batch.num_rows, seed, epoch, segment, lane, t, _ORDER_SALT)
-            batch = pc.take(batch, pa.array(order))
-        return batch
+                if tag_column is not None:  # the source's index beside its rows
+                    field = pa.field(tag_column, pa.int32(), nullable=False)
+                    index = pa.scalar(s, pa.int32())
+                    parts[first:] = [
+                        p.append_column(field, pa.repeat(index, p.num_rows)) for p in parts[first:]
+                    ]
+        rows = sum(counts)
+        if not shuffle.shuffle or rows < 2:
+            return concat_batches(parts, memory_pool=ROUND_POOL)
+        # The slices gathered straight into the batch's seeded order: one copy, as a join.
+        order = permutation(rows, shuffle.shuffle_seed, epoch, segment, lane, t, _ORDER_SALT)
+        taken = pc.take(
+            pa.Table.from_batches(parts), pa.array(order), boundscheck=False, memory_pool=ROUND_POOL
+        )
+        return taken.combine_chunks(memory_pool=ROUND_POOL).to_batches()[0]
 
     def __iter__(self) -> Iterator[Any]:
         slot = env.worker_slot()
