@@ -6,9 +6,15 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: demo test lint typecheck unit docs docsbuild bench clean
 
+# Azurite (npm) serves Azure Blob to the tests; installed locally, pinned, next to the venv.
+AZURITE_VERSION := 3.37.0
+AZURITE := $(VENV)/azurite/node_modules/.bin/azurite-blob
+
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt "torch==2.13.0" -e ".[dev]"
+	test -x $(AZURITE) || npm install --prefix $(VENV)/azurite --no-audit --no-fund --loglevel=error \
+		azurite@$(AZURITE_VERSION)
 	touch $(STAMP)
 
 # The Iceberg demo is a dev module at the repository root (it writes delete files through

@@ -3,8 +3,12 @@
 Run: ``PYTHONPATH=src:. python benchmarks/bench_s3.py [--repeats 3] [--skip-s3]``
 
 1. Data path (SeaweedFS on 127.0.0.1, no added latency): the library reading a dataset
-   with bytes through pyarrow's native S3 client vs through s3fs, and the raw pyarrow
-   loop (``ParquetFile.iter_batches``) over each client.
+   with bytes through pyarrow's native S3 client vs through s3fs (the fsspec path),
+   with ``storage_options`` and with ``filesystem=`` objects (a plain s3fs object takes
+   the native path; a subclass of it, which the library cannot prove equal, the fsspec
+   path), and the raw pyarrow loop (``ParquetFile.iter_batches``) over each client; a
+   ratio column against the raw loop over the native client in the same run.
+   ``--data-path-only`` runs this part alone.
 2. Startup: 2,000 small files behind 10 ms per request (``latency://``): seconds from
    ``create_dataloader`` to the first batch; raw: pyarrow dataset discovery + first batch.
 3. Throughput at 0 / 5 / 20 ms per request, projected columns, library vs raw pyarrow
@@ -62,11 +66,20 @@ def write_dataset(root: Path, files: int, rows: int, rg_rows: int) -> None:
         pq.write_table(table, root / f"part-{i:05d}.parquet", row_group_size=rg_rows)
 
 
-def library_rows(url: str, options: dict[str, Any], **kwargs: Any) -> int:
+def library_rows(url: str, options: dict[str, Any] | None, **kwargs: Any) -> int:
     loader, _ = create_dataloader(
         url, storage_options=options, num_workers=0, batch_size=65536, output_format="arrow", **kwargs
     )
     return sum(b.num_rows for b in loader)
+
+
+def _s3fs_subclass() -> type:
+    import s3fs
+
+    class MyS3(s3fs.S3FileSystem):  # a user's own subclass: bytes through it (fsspec path)
+        pass
+
+    return MyS3
 
 
 def raw_rows(fs: pafs.FileSystem, paths: list[str], columns: list[str] | None) -> int:
@@ -173,18 +186,33 @@ def bench_data_path(root: Path, repeats: int) -> list[str]:
             access_key=KEY, secret_key=SECRET, endpoint_override=server.endpoint[7:], scheme="http"
         )
         via_s3fs = pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+        plain = s3fs.S3FileSystem(skip_instance_cache=True, **opts)
+        subclass = _s3fs_subclass()(skip_instance_cache=True, **opts)
         cases = {
-            "library, native pyarrow S3 bytes (default)": lambda: library_rows(url, opts, columns=COLUMNS),
-            "library, s3fs bytes": lambda: library_rows(
-                url, {**opts, "version_aware": False}, columns=COLUMNS
-            ),
             "raw pyarrow loop, native S3FileSystem": lambda: raw_rows(native, paths, COLUMNS),
             "raw pyarrow loop, s3fs via FSSpecHandler": lambda: raw_rows(via_s3fs, paths, COLUMNS),
+            "library, storage_options: native pyarrow S3 bytes (default)": lambda: library_rows(
+                url, opts, columns=COLUMNS
+            ),
+            "library, storage_options with an s3fs-only option: s3fs bytes (fsspec path)": lambda: (
+                library_rows(url, {**opts, "version_aware": False}, columns=COLUMNS)
+            ),
+            "library, filesystem=s3fs.S3FileSystem(...): native bytes": lambda: library_rows(
+                url, None, filesystem=plain, columns=COLUMNS
+            ),
+            "library, filesystem=a subclass of s3fs: the object's bytes (fsspec path)": lambda: library_rows(
+                url, None, filesystem=subclass, columns=COLUMNS
+            ),
         }
-        lines = ["| SeaweedFS on 127.0.0.1, no added latency | seconds | rows/s |", "|---|---|---|"]
+        lines = [
+            "| SeaweedFS on 127.0.0.1, no added latency | seconds | rows/s | time / raw native loop |",
+            "|---|---|---|---|",
+        ]
+        base: float | None = None
         for name, fn in cases.items():
             t, rows = median_time(fn, repeats)
-            lines.append(f"| {name} | {t:.2f} | {rows / t:,.0f} |")
+            base = t if base is None else base
+            lines.append(f"| {name} | {t:.2f} | {rows / t:,.0f} | {t / base:.2f}x |")
         return lines
     finally:
         stop()
@@ -196,11 +224,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-s3", action="store_true")
     parser.add_argument("--files", type=int, default=8, help="files of the throughput dataset")
+    parser.add_argument("--data-path-only", action="store_true", help="only the data path comparison")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tdu-bench-s3-"))
     try:
         big = tmp / "big"
         write_dataset(big, files=args.files, rows=400_000, rg_rows=100_000)
+        if args.data_path_only:
+            print("\n".join(["## Data path", "", *bench_data_path(big, args.repeats)]))
+            return
         small = tmp / "small"
         write_dataset(small, files=2000, rows=50, rg_rows=50)
         out = ["## Startup", "", *bench_startup(small, args.repeats), ""]

@@ -292,12 +292,18 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
             quota = int(planner.shares(1, args.workers).totals().sum()) // args.ranks
             planner.shares(0, args.workers)  # a fresh process has planned epoch 0 (construction), not 1
             state = _state_of(args.ranks, args.workers, quota, expected, not args.no_left)
+            parsed = getattr(
+                __import__("torch_dataloader_utils.plan.state", fromlist=["x"]), "ResumeState", None
+            )
             t = time.perf_counter()
-            checked = check_state(json.loads(json.dumps(state)), expected)
+            if parsed is not None:  # the state parsed once, as load_state_dict does
+                segments = parsed.parse(json.loads(json.dumps(state))).check_against(expected).segments
+            else:
+                segments = check_state(json.loads(json.dumps(state)), expected)["segments"]
             resumer = Resumer(
                 planner,
                 1,
-                checked["segments"],
+                segments,
                 num_ranks=args.new_ranks or args.ranks,
                 num_workers=lambda r: args.workers,
                 window_rows=None,
@@ -345,16 +351,20 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
             def counted(epoch: int, workers: int) -> list[list[int]]:
                 plan = planner.rank_plan(epoch, rank, workers)
                 mixing = _mixing(args)
+                spans = hasattr(plan, "piece_rows")  # the one dealer's plan (else: parts with lo, hi)
                 if mixing is None:
+                    if spans:
+                        return [[n or 0 for n in plan.piece_rows(w)] for w in range(workers)]
                     return [[p.hi - p.lo for p in plan.workers[w]] for w in range(workers)]
                 from torch_dataloader_utils.plan.pieces import as_pieces, mix_pieces
+
+                def pieces(w: int) -> Any:
+                    return plan.pieces_for(w) if spans else as_pieces(plan.chunks_for(w))
 
                 return [  # what the dataset counts: rows per mix (the pieces its cursors point into)
                     [
                         p.num_rows or 0
-                        for p in mix_pieces(
-                            as_pieces(plan.chunks_for(w)), mixing, (7, epoch, 0, rank, w), planner.files
-                        )
+                        for p in mix_pieces(pieces(w), mixing, (7, epoch, 0, rank, w), planner.files)
                     ]
                     for w in range(workers)
                 ]

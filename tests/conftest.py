@@ -20,6 +20,7 @@ pytest_plugins = [
     "tests.fixtures.iceberg",
     "tests.fixtures.recipes",
     "tests.fixtures.s3",
+    "tests.fixtures.stores",
 ]
 
 settings.register_profile(

@@ -18,19 +18,23 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from torch_dataloader_utils.plan.mixing import MixSchedule
+from torch_dataloader_utils.plan.pieces import Piece, ReadMode
+from torch_dataloader_utils.plan.shuffle import permutation
 from torch_dataloader_utils.plan.splits import ByteRangeSplit, FileSplit, RowGroupSplit, resolve_strategy
 from torch_dataloader_utils.plan.table import FileWithDeletes
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo, RecordIndex, RowGroup
 
 __all__ = [
     "file_infos",
+    "piece_rows",
     "layouts",
     "live_row_ids",
     "Cell",
@@ -347,3 +351,42 @@ def live_row_ids(files: tuple[FileInfo, ...]) -> list[tuple[str, int]]:
             for g in f.row_groups:
                 out.extend((f.path, i) for i in range(g.first_row, g.stop_row))
     return out
+
+
+def piece_rows(piece: Piece, files: Mapping[str, FileInfo]) -> list[tuple[str, int, bool]]:
+    """Every row a piece emits, in order, as ``(path, file row, padding)`` (for checks).
+
+    Only for chunks counted in rows; a window is its chunks' rows in a permutation by
+    its key, a mix its streams' rows in the rounds of its schedule, restricted to
+    ``[lo, hi)``.
+    """
+    if piece.mode is ReadMode.MIX and piece.mix is not None and piece.key is not None:
+        streams = [_chunk_rows(c, files) for c in piece.chunks]
+        schedule = MixSchedule([c.weight for c in piece.chunks], piece.mix.rows, piece.key)
+        counts = [len(s) for s in streams]
+        mixed: list[tuple[str, int, bool]] = []
+        taken = [0] * len(streams)
+        for index in range(schedule.num_rounds(counts)):
+            lengths = schedule.round_lengths(index, counts)
+            pool = [row for c, n in enumerate(lengths) for row in streams[c][taken[c] : taken[c] + int(n)]]
+            taken = [t + int(n) for t, n in zip(taken, lengths, strict=True)]
+            mixed.extend(pool[i] for i in schedule.order(index, lengths))
+        return mixed[piece.lo : piece.hi]
+    rows = [row for chunk in piece.chunks for row in _chunk_rows(chunk, files)]
+    if piece.key is not None:
+        order = permutation(len(rows), piece.key[0], piece.key[1], *piece.key[2:])
+        rows = [rows[i] for i in order]
+    return rows[piece.lo : piece.hi]
+
+
+def _chunk_rows(chunk: Chunk, files: Mapping[str, FileInfo]) -> list[tuple[str, int, bool]]:
+    rows: list[tuple[str, int, bool]] = []
+    info = files[chunk.path]
+    if info.row_groups is None:
+        stop = min(chunk.stop, info.num_rows or 0)
+        rows.extend((chunk.path, i, chunk.padding) for i in range(chunk.start, stop))
+    else:
+        for g in info.groups_in(chunk.start, chunk.stop):
+            lo, hi = max(chunk.start, g.first_row), min(chunk.stop, g.stop_row)
+            rows.extend((chunk.path, i, chunk.padding) for i in range(lo, hi))
+    return rows

@@ -37,7 +37,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SKIP_MARKER = "<!-- snippet: skip -->"
 MAX_SKIPPED = 3
-UNTYPED_DOC_IMPORTS = ("accelerate", "horovod")
+UNTYPED_DOC_IMPORTS = ("accelerate", "horovod", "transformers")
 """Libraries the docs use next to ours that ship no type information (mypy treats them as Any)."""
 
 PRELUDE_IMPORTS = """\

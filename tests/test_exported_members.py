@@ -48,3 +48,13 @@ def test_every_public_name_is_exported() -> None:
 def test_unknown_attribute_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="has no attribute 'NoSuchThing'"):
         torch_dataloader_utils.NoSuchThing  # noqa: B018
+
+
+def test_loader_offers_what_trainers_call() -> None:
+    """``len``, ``remaining_batches``, ``set_epoch`` and ``sampler.set_epoch`` (issue 28, items 1-2)."""
+    from torch_dataloader_utils.runtime.loader import EpochSampler
+
+    loader = torch_dataloader_utils.ResumableDataLoader
+    for name in ("__len__", "remaining_batches", "set_epoch", "sampler", "state_dict", "load_state_dict"):
+        assert getattr(loader, name).__doc__, name
+    assert callable(EpochSampler.set_epoch)

@@ -23,7 +23,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # metadata; data; conversion (and sequence packing); batches across processes
     ("discovery", "io", "convert", "packing", "transfer"),
     ("runtime",),  # the only package touching torch.utils.data / torch.distributed
-    ("", "cli", "__main__", "splits", "tools"),  # the public top level, command line, 0.2.0 paths
+    ("", "cli", "__main__", "splits", "tools", "lightning"),  # the public top level, command line,
+    # 0.2.0 paths, the Lightning data module (an optional extra over runtime/)
 )
 SEPARATE = {frozenset({"discovery", "io"})}
 """Packages of one layer that must not import each other (shared parts go to storage/)."""

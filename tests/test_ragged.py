@@ -381,6 +381,50 @@ def test_feature_pack_errors() -> None:
     assert out["f0"].shape == (3, 2)
 
 
+@pytest.mark.parametrize(
+    ("array", "dtype", "value"),
+    [
+        (pa.array([1, 2**31 + 5, 3], pa.int64()), "int32", 2**31 + 5),
+        (pa.array([1, -(2**31) - 1], pa.int64()), "int32", -(2**31) - 1),
+        (pa.array([0, 2**63 + 7], pa.uint64()), "int64", 2**63 + 7),
+        (pa.array([[1, 2], [300, 4]], pa.list_(pa.int32(), 2)), "int8", 300),
+        (pa.array([1, 40000], pa.uint16()), "int16", 40000),
+    ],
+)
+@pytest.mark.parametrize("together", [False, True])
+def test_feature_pack_refuses_integers_that_do_not_fit(
+    array: pa.Array,  # type: ignore[type-arg]
+    dtype: str,
+    value: int,
+    together: bool,
+) -> None:
+    # numpy would wrap them (2**31 + 5 -> -2147483643): a silent wrong value.
+    batch = pa.record_batch({"a": array, "b": pa.array([7] * len(array), pa.int8())})
+    columns = ["b", "a"] if together else ["a"]
+    conv = _converter(batch.schema, pack_features=(FeaturePack(columns, key="x", dtype=dtype),))
+    expected = rf"column 'a' holds the value {value}, which does not fit"
+    for convert in (conv, conv.convert_for_transfer):
+        with pytest.raises(ConversionError, match=expected) as exc:
+            convert(batch)
+        assert f"dtype={dtype!r} of the pack 'x'" in str(exc.value)
+        assert "dtype='int64'" in str(exc.value)
+
+
+def test_feature_pack_narrows_integers_that_fit() -> None:
+    batch = pa.record_batch(
+        {
+            "a": pa.array([-(2**31), 2**31 - 1], pa.int64()),
+            "u": pa.array([0, 2**63 - 1], pa.uint64()),
+            "f": pa.array([True, False]),
+        }
+    )
+    out = _converter(batch.schema, pack_features=(FeaturePack(["a"], key="x", dtype="int32"),))(batch)
+    assert out["x"].dtype == torch.int32
+    assert out["x"].tolist() == [[-(2**31)], [2**31 - 1]]
+    both = _converter(batch.schema, pack_features=(FeaturePack(["u", "f"], key="y", dtype="int64"),))(batch)
+    assert both["y"].tolist() == [[0, 1], [2**63 - 1, 0]]
+
+
 # -- strings -------------------------------------------------------------------------------
 
 TEXTS = {
@@ -604,3 +648,34 @@ def test_named_tuples_keep_their_type_unless_local() -> None:
     plain = _roundtrip(pack({"p": Local(torch.arange(2))}))  # a local class cannot be pickled
     assert type(plain["p"]) is tuple
     assert plain["p"][0].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_jagged_batches_pad_to_their_longest_row(tmp_path: Path, num_workers: int) -> None:
+    """Issue 28, item 3: ``to_padded_tensor`` gave ``[32, 9180]`` (the batch's items) for ``[32, ~590]``."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 60, size=320)
+    tokens = [list(range(n)) for n in lengths]
+    path = tmp_path / "tokens.parquet"
+    pq.write_table(pa.table({"id": np.arange(320), "tokens": tokens}), path, row_group_size=100)
+    loader, _ = create_dataloader(str(path), batch_size=32, num_workers=num_workers)
+    batches = 0
+    for batch in loader:
+        ids = batch["id"].tolist()
+        padded = torch.nested.to_padded_tensor(batch["tokens"], 0)
+        longest = int(max(lengths[ids]))
+        assert padded.shape == (len(ids), longest)
+        assert batch["tokens"]._maybe_max_seqlen == longest  # what attention kernels read
+        assert batch["tokens"]._maybe_min_seqlen == int(min(lengths[ids]))
+        batches += 1
+    assert batches == 10
+
+
+def test_jagged_from_offsets_knows_its_bounds() -> None:
+    from torch_dataloader_utils.upstream.torch import jagged
+
+    empty_rows = jagged(torch.zeros(0), torch.tensor([0, 0, 0]))
+    assert torch.nested.to_padded_tensor(empty_rows, 0.0).shape == (2, 0)
+    assert jagged(torch.zeros(0), torch.tensor([0])).size(0) == 0  # no rows
+    moved = _roundtrip(jagged(torch.arange(10.0), torch.tensor([0, 3, 5, 10])))
+    assert torch.nested.to_padded_tensor(moved, 0.0).shape == (3, 5)

@@ -46,8 +46,10 @@ from torch_dataloader_utils.errors import (
     DistributedConfigError,
     FileChangedError,
     IncompatibleOptionsError,
+    MissingDependencyError,
     NoFilesFoundError,
     NullValueError,
+    OptionTypeError,
     OverlappingChunksError,
     PathNotFoundError,
     PlanError,
@@ -79,6 +81,7 @@ from torch_dataloader_utils.plan.types import (
 if TYPE_CHECKING:
     from torch_dataloader_utils.convert import FlatList, PaddedList
     from torch_dataloader_utils.packing import batch_cu_seqlens
+    from torch_dataloader_utils.runtime.checkpoint import GatheredState
     from torch_dataloader_utils.runtime.files import StructuredDataset, create_dataloader
     from torch_dataloader_utils.runtime.iceberg import IcebergDataset
     from torch_dataloader_utils.runtime.loader import ResumableDataLoader
@@ -100,6 +103,7 @@ if TYPE_CHECKING:
 # torch and pyarrow are imported on first use of these names, so that importing the
 # pure parts (plan/, config, errors) stays light.
 _LAZY = {
+    "GatheredState": "torch_dataloader_utils.runtime.checkpoint",
     "FlatList": "torch_dataloader_utils.convert",
     "PaddedList": "torch_dataloader_utils.convert",
     "FileLoaderOptions": "torch_dataloader_utils.runtime.options",
@@ -154,18 +158,21 @@ __all__ = [
     "FileInfo",
     "FileLoaderOptions",
     "FlatList",
+    "GatheredState",
     "IcebergDataFileInfo",
     "IcebergDataset",
     "IcebergLoaderOptions",
     "IncompatibleOptionsError",
     "LegacySplitStrategy",
     "LoaderMetrics",
+    "MissingDependencyError",
     "MixedDataLoader",
     "MixedDataset",
     "MixedLoaderOptions",
     "NoFilesFoundError",
     "NullValueError",
     "OnExhausted",
+    "OptionTypeError",
     "OutputFormat",
     "OverlappingChunksError",
     "PaddedList",

@@ -6,6 +6,7 @@ Commands (their logic lives in :mod:`torch_dataloader_utils.tools`, one module e
     torch-dataloader-utils plan PATH --epochs 3 --picture plan.png
     torch-dataloader-utils inspect PATH --num-ranks 64 --num-workers 4
     torch-dataloader-utils simulate PATH --num-ranks 64 --num-workers 4 --latency-ms 30
+    torch-dataloader-utils simulate PATH --num-ranks 8 --picture epoch.png
     torch-dataloader-utils reshard SRC DST --target-file-size 256MiB --workers 8
     torch-dataloader-utils demo
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -90,11 +92,32 @@ def _non_negative_number(text: str) -> float:
     return value
 
 
+def _positive_number(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{text!r} must be a number > 0")
+    return value
+
+
 def _dataset_arguments(p: argparse.ArgumentParser) -> None:
     """The options that shape a plan: the source, its reading options, the world."""
+    _source_arguments(p.add_argument_group("dataset"))
+    _plan_arguments(p.add_argument_group("plan options (as create_dataloader's keywords)"))
+    world = p.add_argument_group("world")
+    world.add_argument("--num-ranks", type=_typed(_positive, "int"), default=1, help="ranks of the job")
+    world.add_argument(
+        "--num-workers",
+        type=_typed(_non_negative, "int"),
+        default=0,
+        help="DataLoader workers per rank (0: read in the main process)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON for machines")
+
+
+def _source_arguments(src: argparse._ArgumentGroup) -> None:
+    """Which data: files or an Iceberg table, and how they are read."""
     from torch_dataloader_utils.tools import source
 
-    src = p.add_argument_group("dataset")
     src.add_argument(
         "path", nargs="*", help="files: a file, directory or glob (several allowed); omit with --table"
     )
@@ -138,7 +161,10 @@ def _dataset_arguments(p: argparse.ArgumentParser) -> None:
         "--partitioning", choices=["hive"], help="read key=value directories as columns (default: none)"
     )
     src.add_argument("--count-rows", action="store_true", help="count the rows a filter keeps (exact plans)")
-    opt = p.add_argument_group("plan options (as create_dataloader's keywords)")
+
+
+def _plan_arguments(opt: argparse._ArgumentGroup) -> None:
+    """How the plan is made: batches, chunks, equal batches, shuffling, read-ahead."""
     opt.add_argument(
         "--batch-size", type=_typed(_positive, "int"), help=f"rows per batch (default: {DEFAULT_BATCH_SIZE})"
     )
@@ -173,15 +199,6 @@ def _dataset_arguments(p: argparse.ArgumentParser) -> None:
     opt.add_argument(
         "--read-ahead", help=f"remote read-ahead bytes (default: {DEFAULT_READ_AHEAD_BYTES // 2**20}MiB)"
     )
-    world = p.add_argument_group("world")
-    world.add_argument("--num-ranks", type=_typed(_positive, "int"), default=1, help="ranks of the job")
-    world.add_argument(
-        "--num-workers",
-        type=_typed(_non_negative, "int"),
-        default=0,
-        help="DataLoader workers per rank (0: read in the main process)",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON for machines")
 
 
 def _source(args: argparse.Namespace) -> Any:
@@ -318,6 +335,8 @@ def _simulate(args: argparse.Namespace) -> int:
         step_sec=args.step_ms / 1000,
         detail=args.detail,
         as_json=args.json,
+        picture=Path(args.picture) if args.picture else None,
+        picture_ranks=args.picture_ranks,
     )
     if args.mix is not None:
         from torch_dataloader_utils.tools.mix import simulate_mix
@@ -545,12 +564,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument(
         "--bandwidth-mib",
-        type=float,
+        type=_typed(_positive_number, "number"),
         help="MiB/s of one request (default: unlimited)",
     )
     sim.add_argument(
         "--receive-mib",
-        type=float,
+        type=_typed(_positive_number, "number"),
         help="MiB/s one core can receive (copies, TLS): fetching takes CPU from decoding (default: free)",
     )
     sim.add_argument(
@@ -560,9 +579,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests in flight per worker",
     )
     sim.add_argument(
-        "--decode-rate", type=float, help="rows/s of one reading process (default: measured on one chunk)"
+        "--decode-rate",
+        type=_typed(_positive_number, "number"),
+        help="rows/s of one reading process (default: measured on one chunk)",
     )
-    sim.add_argument("--cores-per-rank", type=float, default=1.0, help="cores each rank's processes share")
+    sim.add_argument(
+        "--cores-per-rank",
+        type=_typed(_positive_number, "number"),
+        default=1.0,
+        help="cores each rank's processes share",
+    )
     sim.add_argument(
         "--worker-start",
         type=_typed(_non_negative_number, "number"),
@@ -575,6 +601,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the training step per batch, ms",
     )
     sim.add_argument("--detail", type=int, default=16, help="ranks listed (-1: all)")
+    sim.add_argument(
+        "--picture",
+        metavar="FILE",
+        help="draw the predicted epoch, a timeline per rank and worker, to FILE (.png, .svg or .pdf; "
+        "needs matplotlib) (default: none)",
+    )
+    sim.add_argument("--picture-ranks", type=_typed(_positive, "int"), default=16, help="ranks drawn at most")
     sim.set_defaults(fn=_simulate)
 
     _add_reshard(sub)
@@ -609,11 +642,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         quiet_library_logs(args.verbose)
     try:
-        return int(args.fn(args))
+        with warnings.catch_warnings():
+            # The library's warnings (a layout that mixes badly, ...) as one line each.
+            warnings.showwarning = _warning_line(f"{PROG} {args.command}")
+            return int(args.fn(args))
     except argparse.ArgumentTypeError as exc:
         return _fail(f"{PROG} {args.command}", str(exc))
     except (DataLoaderUtilsError, OSError) as exc:
         return _fail(f"{PROG} {args.command}", f"{type(exc).__name__}: {exc}")
+
+
+def _warning_line(prog: str) -> Callable[..., None]:
+    def show(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+        print(f"{prog}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    return show
 
 
 def _fail(prog: str, message: str) -> int:

@@ -19,21 +19,31 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-from torch_dataloader_utils.errors import ConfigError, DistributedConfigError, IncompatibleOptionsError
+from torch_dataloader_utils.errors import (
+    ConfigError,
+    DistributedConfigError,
+    IncompatibleOptionsError,
+    OptionTypeError,
+)
 from torch_dataloader_utils.plan.mixing import DEFAULT_MIX_ROWS, RowMixing
 from torch_dataloader_utils.plan.types import EqualBatches  # defined in pure plan/, coerced here
 from torch_dataloader_utils.storage.redact import RedactedRepr, redact
 
 __all__ = [
+    "COMPRESSIONS",
     "DEFAULT_BATCH_SIZE",
+    "DEFAULT_COMPRESSION",
     "DEFAULT_EQUAL_BATCHES",
     "DEFAULT_MIX_ROWS",
+    "DEFAULT_RANK_TIMEOUT",
     "DEFAULT_READ_AHEAD_BYTES",
     "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_RETRIES",
     "DEFAULT_RETRY_BACKOFF",
+    "DEFAULT_ROW_GROUP_BYTES",
     "DEFAULT_SHUFFLE_SEED",
     "DEFAULT_SPLIT_BYTES",
+    "DEFAULT_TARGET_FILE_SIZE",
     "BatchConfig",
     "CountConfig",
     "DistributedConfig",
@@ -50,7 +60,10 @@ __all__ = [
     "OutputFormat",
     "PADDING_COLUMN",
     "ProgressConfig",
+    "RESHARD_SOURCE_FORMATS",
     "RaggedLayout",
+    "ReshardConfig",
+    "ReshardSourceConfig",
     "SequencePack",
     "ShuffleConfig",
     "SplitConfig",
@@ -569,7 +582,9 @@ class ProgressConfig:
             percentage), updated in the main process as batches arrive: a ``tqdm`` bar
             on a terminal, log lines otherwise.
         progress_interval_sec: Seconds between two progress lines when standard error
-            is not a terminal (> 0); bars refresh on their own.
+            is not a terminal (>= 0); ``0`` writes a line for every batch (and redraws a
+            bar at every batch), as 0.2.0's ``progress_interval_sec=0`` refreshed its bars
+            at every batch.
         progress_all_ranks: Show progress on every rank (each line prefixed with its
             rank), not only on rank 0.
     """
@@ -582,8 +597,11 @@ class ProgressConfig:
         check_bool(self.show_progress, "show_progress")
         check_bool(self.progress_all_ranks, "progress_all_ranks")
         interval = self.progress_interval_sec
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
-            raise ConfigError(f"progress_interval_sec={interval!r} must be a number of seconds > 0")
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval < 1e9:
+            raise ConfigError(
+                f"progress_interval_sec={interval!r} must be a number of seconds >= 0 (0: a line "
+                "for every batch)"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -594,17 +612,27 @@ class BatchConfig:
         batch_size: Rows per batch.
         drop_last: Drop each worker's last, short batch.
         equal_batches: The equal-batches policy across ranks.
+        canonical_ranks: Elastic order: plan every epoch for this many canonical ranks,
+            shared by the physical ranks (``None``: plan for the physical ranks).
     """
 
     batch_size: int = DEFAULT_BATCH_SIZE
     drop_last: bool = False
     equal_batches: EqualBatches = DEFAULT_EQUAL_BATCHES
+    canonical_ranks: int | None = None
 
     def __post_init__(self) -> None:
         check_int(self.batch_size, "batch_size", 1, hint=" (rows per batch)")
         check_bool(self.drop_last, "drop_last")
         if not isinstance(self.equal_batches, EqualBatches):
             coerce_equal_batches(self.equal_batches)  # raises, naming the choices
+        hint = " (canonical streams every epoch is planned for; any world size dividing it)"
+        check_int(self.canonical_ranks, "canonical_ranks", 1, optional=True, hint=hint)
+        if self.canonical_ranks is not None and self.equal_batches is EqualBatches.OFF:
+            raise IncompatibleOptionsError(
+                f"canonical_ranks={self.canonical_ranks} gives every canonical stream the same rows, "
+                "which equal_batches='off' does not; pass equal_batches='drop' or 'pad'"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -753,10 +781,12 @@ class DistributedConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderConfig:
-    """Options passed through to ``torch.utils.data.DataLoader``.
+    """Options passed through to ``torch.utils.data.DataLoader``, and where batches are handed over.
 
     ``num_workers=None`` means automatic: the dataset resolves it once (CPUs per rank,
-    at most one per chunk, at most 8), before the loader is built.
+    at most one per chunk, at most 8), before the loader is built. ``device`` (a
+    ``torch.device``, resolved and checked at the edge from ``'cuda'``, ``'auto'``...):
+    the loader copies batches there ahead of the loop (``None``: it does not).
     """
 
     num_workers: int | None = None
@@ -765,10 +795,16 @@ class LoaderConfig:
     prefetch_factor: int | None = None
     timeout: float = 0
     multiprocessing_context: Any = None
+    device: torch.device | None = None
 
     def __post_init__(self) -> None:
         check_int(self.num_workers, "num_workers", 0, optional=True, hint=" (or None for automatic)")
         check_bool(self.pin_memory, "pin_memory")
+        if self.device is not None and type(self.device).__name__ != "device":
+            raise ConfigError(
+                f"device={self.device!r} must be a torch.device here; create_dataloader(device=...) "
+                "also takes 'cuda', 'cuda:N', 'auto' and 'cpu'"
+            )
         check_bool(self.persistent_workers, "persistent_workers")
         if self.num_workers == 0:  # (None: decided later, checked again then)
             if self.persistent_workers:
@@ -865,15 +901,6 @@ class FetchConfig:
         """Connect and read timeout of one attempt: the request's budget shared by its attempts."""
         return float(self.request_timeout) / (self.retries + 1)
 
-    @classmethod
-    def from_user(cls, read_ahead_bytes: object, retries: object, retry_backoff: object) -> FetchConfig:
-        """Build from the public keyword arguments (sizes may be strings like ``"256MiB"``)."""
-        return cls(
-            read_ahead_bytes=parse_read_ahead(read_ahead_bytes),
-            retries=retries,  # type: ignore[arg-type]
-            retry_backoff=retry_backoff,  # type: ignore[arg-type]
-        )
-
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based)."""
         return float(min(MAX_RETRY_BACKOFF, self.retry_backoff * 2 ** (attempt - 1)))
@@ -881,6 +908,37 @@ class FetchConfig:
 
 METADATA_CACHE_CHECKS = ("listing", "on_open")
 """The values of ``metadata_cache_check``."""
+
+
+def _check_filesystem(filesystem: object, storage_options: Mapping[str, Any] | None) -> None:
+    """``filesystem=``: a filesystem instance, and no ``storage_options`` beside it.
+
+    Raises:
+        OptionTypeError: not an fsspec or pyarrow filesystem instance.
+        IncompatibleOptionsError: ``storage_options`` given too (they would be ignored).
+    """
+    import fsspec
+    import pyarrow.fs as pafs
+
+    if not isinstance(filesystem, (fsspec.AbstractFileSystem, pafs.FileSystem)) and not hasattr(
+        filesystem,
+        "protocols",  # already wrapped by the library (storage.userfs.UserFileSystem)
+    ):
+        shown = (
+            f"the class {filesystem.__name__}" if isinstance(filesystem, type) else type(filesystem).__name__
+        )
+        raise OptionTypeError(
+            f"filesystem={filesystem!r} is not a filesystem instance ({shown}); pass an fsspec "
+            "AbstractFileSystem (e.g. s3fs.S3FileSystem(...), fsspec.filesystem('memory')) or a "
+            "pyarrow.fs.FileSystem (e.g. pyarrow.fs.S3FileSystem(...))"
+        )
+    if storage_options:
+        raise IncompatibleOptionsError(
+            f"filesystem={type(filesystem).__name__} and storage_options="
+            f"{redact(dict(storage_options))!r} were both given: the filesystem object is used for "
+            "every request, so storage_options would be ignored; configure the filesystem object "
+            "instead, or drop filesystem="
+        )
 
 
 @dataclass(frozen=True, kw_only=True, repr=False)
@@ -894,6 +952,9 @@ class FileSourceConfig(RedactedRepr):
             statistics and partition values for pruning), or ``None``.
         partitioning: ``"hive"`` to read ``key=value`` directories as columns, or ``None``.
         storage_options: Options of the fsspec filesystem (credentials, endpoint...).
+        filesystem: A filesystem object (an fsspec ``AbstractFileSystem`` or a
+            ``pyarrow.fs.FileSystem`` instance) used for every request instead of one the
+            library builds from ``storage_options``, or ``None``.
         schema: CSV / JSONL: a ``pyarrow.Schema`` for every file, or ``None`` to infer.
         quoted_newlines: CSV: quoted fields may hold newlines (such files are read whole).
         metadata_cache: Parquet: a file (local path or URL) keeping the files' metadata
@@ -912,6 +973,7 @@ class FileSourceConfig(RedactedRepr):
     filters: Any = None
     partitioning: str | None = None
     storage_options: Mapping[str, Any] | None = None
+    filesystem: Any = None
     schema: Any = None
     quoted_newlines: bool = False
     metadata_cache: str | None = None
@@ -937,6 +999,8 @@ class FileSourceConfig(RedactedRepr):
                 f"storage_options={redact(self.storage_options)!r} must be a dict of filesystem "
                 "options, e.g. {'key': ..., 'secret': ..., 'endpoint_url': ...}"
             )
+        if self.filesystem is not None:
+            _check_filesystem(self.filesystem, self.storage_options)
         check_bool(self.quoted_newlines, "quoted_newlines")
         if self.use_manifest is not None:
             check_bool(self.use_manifest, "use_manifest")
@@ -971,3 +1035,151 @@ class IcebergSourceConfig(RedactedRepr):
     columns: Sequence[str] | None = None
     filters: Any = None
     scan_filter: Any = None
+
+
+# -- reshard -------------------------------------------------------------------------------
+
+DEFAULT_TARGET_FILE_SIZE = 256 * 1024**2
+"""Size of every output shard but the last (256 MiB) when ``target_file_size`` is not given."""
+DEFAULT_ROW_GROUP_BYTES = 32 * 1024**2
+"""Size of a row group (32 MiB) when neither ``row_group_bytes`` nor ``row_group_rows`` is given:
+several per shard, so the loader can split a shard among workers."""
+DEFAULT_COMPRESSION = "zstd"
+"""Parquet codec of the shards when ``compression`` is not given."""
+COMPRESSIONS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
+"""The Parquet codecs ``compression`` accepts."""
+DEFAULT_RANK_TIMEOUT = 24 * 3600.0
+"""Seconds a rank waits for the others at a barrier, when ``reshard`` starts the process group."""
+RESHARD_SOURCE_FORMATS = ("parquet", "orc", "csv", "jsonl", "iceberg")
+"""What ``reshard``'s ``format`` accepts; ``"iceberg"`` makes ``src`` a table name."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReshardConfig:
+    """How a reshard job writes its output (built once from :func:`reshard`'s keywords).
+
+    Attributes:
+        target_file_size: Bytes of every shard but the last (and but each partition's last).
+        row_group_bytes: Bytes per row group, or ``None`` when ``row_group_rows`` is set.
+        row_group_rows: Rows per row group, or ``None`` (sized by ``row_group_bytes``).
+        compression: Parquet codec, one of :data:`COMPRESSIONS`.
+        sort_by: Columns each shard is sorted by.
+        group_by: Columns whose rows stay together in one shard, contiguous.
+        partition_by: Columns written as ``key=value`` directories.
+        workers: Local worker processes per rank.
+        verify: Compare row counts and checksums of source and output.
+        rank_timeout: Seconds a rank waits at a barrier (process group started by reshard).
+    """
+
+    target_file_size: int = DEFAULT_TARGET_FILE_SIZE
+    row_group_bytes: int | None = DEFAULT_ROW_GROUP_BYTES
+    row_group_rows: int | None = None
+    compression: str = DEFAULT_COMPRESSION
+    sort_by: tuple[str, ...] = ()
+    group_by: tuple[str, ...] = ()
+    partition_by: tuple[str, ...] = ()
+    workers: int = 1
+    verify: bool = False
+    rank_timeout: float = DEFAULT_RANK_TIMEOUT
+
+    def __post_init__(self) -> None:
+        check_int(self.target_file_size, "target_file_size", 1, hint=" (bytes, or a string like '256MiB')")
+        check_int(self.row_group_bytes, "row_group_bytes", 1, optional=True)
+        check_int(self.row_group_rows, "row_group_rows", 1, optional=True)
+        if (self.row_group_bytes is None) == (self.row_group_rows is None):
+            raise IncompatibleOptionsError(
+                f"pass one of row_group_bytes and row_group_rows (got row_group_bytes="
+                f"{self.row_group_bytes!r}, row_group_rows={self.row_group_rows!r})"
+            )
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(
+                f"compression={self.compression!r} is not supported; use one of "
+                + ", ".join(repr(c) for c in COMPRESSIONS)
+            )
+        check_int(self.workers, "workers", 1, hint=" (worker processes per rank)")
+        check_bool(self.verify, "verify")
+        timeout = self.rank_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ConfigError(f"rank_timeout={timeout!r} must be a number of seconds > 0")
+        both = sorted(set(self.sort_by) & set(self.partition_by))
+        if both:
+            raise IncompatibleOptionsError(
+                f"sort_by and partition_by both name {both}: a partition column is constant "
+                "within a shard; drop it from sort_by"
+            )
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the job runs a map and a reduce phase (``group_by`` or ``partition_by``)."""
+        return bool(self.group_by or self.partition_by)
+
+    def identity(self) -> dict[str, Any]:
+        """The options that decide the output (a rerun must pass the same)."""
+        return {
+            "target_file_size": self.target_file_size,
+            "row_group_bytes": self.row_group_bytes,
+            "row_group_rows": self.row_group_rows,
+            "compression": self.compression,
+            "sort_by": list(self.sort_by),
+            "group_by": list(self.group_by),
+            "partition_by": list(self.partition_by),
+        }
+
+
+@dataclass(frozen=True, kw_only=True, repr=False)
+class ReshardSourceConfig(RedactedRepr):
+    """What a reshard job reads, as values (the loader's datasets open it).
+
+    Attributes:
+        src: Files, directories or globs (one or several), or an Iceberg table name.
+        format: One of :data:`RESHARD_SOURCE_FORMATS`.
+        columns: Columns to keep, or ``None`` for all.
+        filters: A ``pyarrow.compute.Expression``: only rows passing it are written.
+        storage_options: The source's filesystem options.
+        partitioning: ``"hive"`` reads ``key=value`` directories as columns.
+        schema: CSV / JSONL: the column types.
+        catalog_config: Iceberg: ``pyiceberg.catalog.load_catalog`` properties.
+        snapshot_id: Iceberg: the snapshot to read (default: the current one).
+        filesystem: The source's filesystem object (fsspec or pyarrow), or ``None``.
+    """
+
+    src: str | tuple[str, ...]
+    format: str = "parquet"
+    columns: tuple[str, ...] | None = None
+    filters: Any = None
+    storage_options: Mapping[str, Any] | None = None
+    partitioning: str | None = None
+    schema: Any = None
+    catalog_config: Mapping[str, Any] | None = None
+    snapshot_id: int | None = None
+    filesystem: Any = None
+
+    def __post_init__(self) -> None:
+        if self.format not in RESHARD_SOURCE_FORMATS:
+            raise ConfigError(
+                f"format={self.format!r} is not supported; use one of "
+                + ", ".join(repr(f) for f in RESHARD_SOURCE_FORMATS)
+            )
+        iceberg = self.format == "iceberg"
+        for name, value in (("catalog_config", self.catalog_config), ("snapshot_id", self.snapshot_id)):
+            if value is not None and not iceberg:
+                raise IncompatibleOptionsError(
+                    f"{name}= applies to format='iceberg' (got format={self.format!r}); drop it"
+                )
+        if iceberg:
+            for name, given in (
+                ("partitioning", self.partitioning),
+                ("schema", self.schema),
+                ("filesystem", self.filesystem),
+            ):
+                if given is not None:
+                    raise IncompatibleOptionsError(f"{name}= does not apply to format='iceberg'; drop it")
+        if iceberg and not isinstance(self.src, str):
+            raise ConfigError(
+                f"format='iceberg' needs src= to be a table name like 'db.events', got {self.src!r}"
+            )
+
+    @property
+    def first_path(self) -> str:
+        """The first path of ``src`` (``""`` when there is none)."""
+        return self.src if isinstance(self.src, str) else (self.src[0] if self.src else "")

@@ -57,6 +57,7 @@ from torch_dataloader_utils.upstream.torch import jagged, prepare_jagged
 
 __all__ = [
     "BatchConverter",
+    "DeferredPack",
     "DeferredText",
     "FlatList",
     "JaggedParts",
@@ -66,7 +67,7 @@ __all__ = [
     "text_parts",
 ]
 
-ColumnFn = Callable[[Any], Any]
+ColumnFn = Callable[..., Any]
 
 
 class PaddedList(NamedTuple):
@@ -458,21 +459,31 @@ class BatchConverter:
         dtype = pack.numpy_dtype
         specs = []
         for column, index in zip(pack.columns, indices, strict=True):
-            dims, _ = _dense_shape(self._schema.field(column).type)
-            specs.append((column, index, dims[0] if dims else 1))
-        width = sum(w for _, _, w in specs)
+            dims, inner = _dense_shape(self._schema.field(column).type)
+            bounds = _narrowing(_np_dtype(inner), dtype)
+            specs.append((column, index, dims[0] if dims else 1, bounds))
+        width = sum(w for _, _, w, _ in specs)
 
-        def stack(columns: list[Any]) -> Any:
+        def dense(column: str, array: Any, n: int, w: int, bounds: tuple[int, int] | None) -> np.ndarray:
+            arr = self._dense(column, array).reshape(n, w)
+            if bounds is not None:
+                _check_range(column, arr, bounds, pack)
+            return arr
+
+        def stack(columns: list[Any], defer: bool = False) -> Any:
             n = len(columns[specs[0][1]])
             if len(specs) == 1:  # one column: a view where its dtype is the target's
-                column, index, w = specs[0]
-                arr = self._dense(column, columns[index]).reshape(n, w)
-                return self._tensor(arr if arr.dtype == dtype else arr.astype(dtype))
+                column, index, w, bounds = specs[0]
+                arr = dense(column, columns[index], n, w, bounds)
+                if arr.dtype == dtype:
+                    return self._tensor(arr)
+                if not (defer and self._to_torch):
+                    return self._tensor(arr.astype(dtype))
+            parts = [(dense(column, columns[i], n, w, bounds), w) for column, i, w, bounds in specs]
+            if defer and self._to_torch:  # stacked where it travels: one copy, not two
+                return DeferredPack(parts, n, width, dtype)
             out = np.empty((n, width), dtype=dtype)
-            at = 0
-            for column, index, w in specs:
-                out[:, at : at + w] = self._dense(column, columns[index]).reshape(n, w)
-                at += w
+            _stack_into(out, parts)
             return self._tensor(out)
 
         return stack
@@ -491,10 +502,12 @@ class BatchConverter:
 
         The same as calling the converter, except that string and binary columns
         without nulls (``strings='list'``) stay Arrow arrays (wrapped in
-        :class:`DeferredText`) and jagged list columns stay values + offsets
-        (:class:`JaggedParts`): :func:`pack` sends their buffers, and :func:`unpack`
-        builds the ``list`` (or object array) or the nested tensor in the receiving
-        process, which is cheaper than pickling Python strings or a tensor per row.
+        :class:`DeferredText`), jagged list columns stay values + offsets
+        (:class:`JaggedParts`) and feature packs that need a copy stay their columns
+        (:class:`DeferredPack`): :func:`pack` sends their buffers (stacking a pack
+        straight into its buffer), and :func:`unpack` builds the ``list`` (or object
+        array) or the nested tensor in the receiving process, which is cheaper than
+        pickling Python strings or a tensor per row.
         """
         if self._output is OutputFormat.ARROW or self._output is OutputFormat.DICT:
             return self(batch)
@@ -516,7 +529,7 @@ class BatchConverter:
                 values, offsets = fn(columns[index])
                 out[name] = self._ragged_out(values, offsets, defer)
             elif kind == _PACK:
-                out[name] = fn(columns)
+                out[name] = fn(columns, defer)
             elif (
                 kind == _TEXT
                 and defer_text
@@ -527,6 +540,35 @@ class BatchConverter:
             else:
                 out[name] = fn(columns[index])
         return out
+
+
+def _narrowing(source: np.dtype[Any], target: np.dtype[Any]) -> tuple[int, int] | None:
+    """The target's ``(min, max)`` when an integer ``source`` may not fit integer ``target``, else ``None``.
+
+    numpy's casts wrap such values silently (int64 ``2**31 + 5`` -> int32 ``-2147483643``;
+    uint64 above int64's max -> negative), so a pack that narrows integers checks them.
+    """
+    if source.kind in "iu" and target.kind in "iu" and not np.can_cast(source, target, "safe"):
+        info = np.iinfo(target)
+        return int(info.min), int(info.max)
+    return None
+
+
+def _check_range(column: str, arr: np.ndarray, bounds: tuple[int, int], pack: FeaturePack) -> None:
+    """:class:`ConversionError` unless every value of ``arr`` lies within ``bounds``."""
+    if not arr.size:
+        return
+    lo, hi = bounds
+    low, high = int(arr.min()), int(arr.max())
+    if low >= lo and high <= hi:
+        return
+    value = low if low < lo else high
+    raise ConversionError(
+        f"pack_features column {column!r} holds the value {value}, which does not fit "
+        f"dtype={pack.dtype!r} of the pack {pack.key!r} (range {lo}..{hi}); numpy would wrap it "
+        "silently. Pass a wider dtype (e.g. FeaturePack(..., dtype='int64') or 'float64'), leave "
+        "the column out of the pack, or cast it when writing the data"
+    )
 
 
 def _fill_type(t: pa.DataType) -> pa.DataType | None:
@@ -633,6 +675,57 @@ class DeferredText:
     def materialize(self) -> Any:
         """The column as the converter would have returned it."""
         return text_out(self.array, self.to_torch)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _identity, (self.materialize(),)
+
+
+def _stack_into(out: np.ndarray, parts: list[tuple[np.ndarray, int]]) -> None:
+    """Write ``parts`` (``[rows, width]`` arrays) side by side into ``out``, cast to its dtype."""
+    at = 0
+    for arr, width in parts:
+        out[:, at : at + width] = arr
+        at += width
+
+
+class DeferredPack:
+    """A feature pack bound for another process, stacked only where it travels.
+
+    :func:`~torch_dataloader_utils.transfer.pack` has it write its columns straight
+    into the transfer buffer (:meth:`write`): one copy of each value instead of two
+    (stacking, then copying the stack). Pickled alone it becomes the stacked tensor.
+
+    Args:
+        parts: ``([rows, width] array, width)`` per packed column, in order.
+        rows: Rows of the batch.
+        width: Features in all.
+        dtype: The pack's dtype.
+    """
+
+    __slots__ = ("dtype", "parts", "rows", "width")
+
+    def __init__(
+        self, parts: list[tuple[np.ndarray, int]], rows: int, width: int, dtype: np.dtype[Any]
+    ) -> None:
+        self.parts = parts
+        self.rows = rows
+        self.width = width
+        self.dtype = dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stacked ``[rows, width]`` array."""
+        return self.rows * self.width * self.dtype.itemsize
+
+    def write(self, dst: np.ndarray) -> None:
+        """Stack into ``dst``, ``nbytes`` bytes (uint8, aligned to the dtype)."""
+        _stack_into(dst.view(self.dtype).reshape(self.rows, self.width), self.parts)
+
+    def materialize(self) -> torch.Tensor:
+        """The column as the converter would have returned it."""
+        out = np.empty((self.rows, self.width), dtype=self.dtype)
+        _stack_into(out, self.parts)
+        return torch.from_numpy(out)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return _identity, (self.materialize(),)

@@ -3,11 +3,17 @@
 Every error the library raises on purpose derives from :class:`DataLoaderUtilsError`,
 so ``except DataLoaderUtilsError`` catches them all. Errors about a bad argument are
 also :class:`ValueError`, errors about a missing path are also
-:class:`FileNotFoundError`, so code written against the builtins keeps working::
+:class:`FileNotFoundError`, so code written against the builtins keeps working; where torch-dataloader-utils
+0.2.0 raised another builtin for the same mistake (``TypeError`` for a ``filters`` of
+the wrong type, ``ImportError`` for ``show_progress`` without ``tqdm``), the error is
+that builtin too::
 
     DataLoaderUtilsError
     ├── ConfigError (ValueError)              a parameter has an invalid value
     │   ├── IncompatibleOptionsError          two parameters cannot be combined
+    │   │   └── MissingDependencyError (ImportError)
+    │   │                                     an option needs a package not installed
+    │   ├── OptionTypeError (TypeError)       a parameter's value has the wrong type
     │   └── UnknownOptionError (TypeError)    a keyword that is no option (a typo)
     ├── DiscoveryError                        listing files or reading their metadata
     │   ├── PathNotFoundError (FileNotFoundError)
@@ -51,8 +57,10 @@ __all__ = [
     "DistributedConfigError",
     "FileChangedError",
     "IncompatibleOptionsError",
+    "MissingDependencyError",
     "NoFilesFoundError",
     "NullValueError",
+    "OptionTypeError",
     "OverlappingChunksError",
     "PathNotFoundError",
     "PlanError",
@@ -81,6 +89,20 @@ class ConfigError(DataLoaderUtilsError, ValueError):
 
 class IncompatibleOptionsError(ConfigError):
     """Two parameters were given values that cannot be used together."""
+
+
+class MissingDependencyError(IncompatibleOptionsError, ImportError):
+    """An option needs an optional package that is not installed (the message names the extra).
+
+    Also an :class:`ImportError`, as torch-dataloader-utils 0.2.0 raised for it.
+    """
+
+
+class OptionTypeError(ConfigError, TypeError):
+    """A parameter's value has the wrong type (e.g. ``filters`` that is not an Expression).
+
+    Also a :class:`TypeError`, as torch-dataloader-utils 0.2.0 raised for ``filters``.
+    """
 
 
 class UnknownOptionError(ConfigError, TypeError):
@@ -190,7 +212,8 @@ class ReshardError(DataLoaderUtilsError):
 class DestinationConflictError(ReshardError):
     """The destination holds files reshard did not write, or another job's shards.
 
-    Nothing is overwritten: choose a new destination, or delete it to start over.
+    Also: the destination is inside the source or holds it, or another job claimed it
+    first. Nothing is overwritten: choose a new destination, or delete it to start over.
     """
 
 

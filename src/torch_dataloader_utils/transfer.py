@@ -28,34 +28,58 @@ own mapping of the segment and marks the segment free again once nothing refers 
 batch any more (a finalizer on the array every tensor of the group is a view of).
 Nothing a user holds is overwritten: a segment a batch still uses is not free, and a
 worker that finds none free takes a fresh segment as before.
+
+Constant work per batch in the receiving process: the 1-d columns of a batch that
+share a dtype and a length travel as one ``[k, rows]`` block, rebuilt with one
+``unbind`` (C++), not one Python call per column; a feature pack is stacked straight
+into the buffer (:class:`~torch_dataloader_utils.convert.DeferredPack`), one copy.
+
+Page-locked segments (``pin_memory=True`` with CUDA): the main process maps each
+segment a second time and page-locks that mapping once (:class:`HostPinner`), so the
+batches it builds are in pinned memory with no copy and no pin thread. Workers keep
+writing through their own mapping: a forked worker never touches a registered range
+(a driver may keep such ranges out of forked children). The mappings are unregistered
+when the pool goes away, or when a worker replaces a slot's segment.
 """
 
 from __future__ import annotations
 
 import itertools
+import mmap
+import operator
 import os
 import threading
 import warnings
 import weakref
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from torch_dataloader_utils.convert import DeferredText, JaggedParts, as_tensor, text_out, text_parts
+from torch_dataloader_utils.convert import (
+    DeferredPack,
+    DeferredText,
+    JaggedParts,
+    as_tensor,
+    text_out,
+    text_parts,
+)
 from torch_dataloader_utils.upstream.torch import jagged, jagged_parts, new_shared_bytes
 
 __all__ = [
     "PIPE_MAX_BYTES",
     "BatchGroup",
+    "HostPinner",
     "PackedBatch",
     "PooledBatch",
     "SegmentPool",
     "SegmentWriter",
+    "can_pin_segments",
     "pack",
     "pack_group",
     "unpack",
+    "unpack_on",
 ]
 
 _ALIGN = 64
@@ -80,7 +104,13 @@ class PackedBatch:
 
 
 class BatchGroup(list[Any]):
-    """Consecutive batches of one worker that travelled together; the loader flattens it."""
+    """Consecutive batches of one worker that travelled together; the loader flattens it.
+
+    A group that arrived packed also keeps ``source``: its buffer and layout, from which
+    :func:`unpack_on` rebuilds it on a device with one copy of the buffer.
+    """
+
+    source: tuple[Any, Any] | None = None
 
 
 class _Unpackable(Exception):
@@ -142,11 +172,47 @@ def _np_dtype(dtype: torch.dtype) -> np.dtype[Any] | None:
 _NP_DTYPES: dict[torch.dtype, np.dtype[Any] | None] = {}
 
 
+def _numpy_dtype_of(dtype: torch.dtype) -> np.dtype[Any] | None:
+    if dtype not in _NP_DTYPES:
+        _NP_DTYPES[dtype] = _np_dtype(dtype)
+    return _NP_DTYPES[dtype]
+
+
+_TORCH_DTYPES: dict[np.dtype[Any], torch.dtype] = {}
+
+
+def _torch_dtype_of(dtype: np.dtype[Any]) -> torch.dtype:
+    found = _TORCH_DTYPES.get(dtype)
+    if found is None:
+        found = _TORCH_DTYPES[dtype] = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+    return found
+
+
+def _bytes_of(o: torch.Tensor) -> Any:
+    """A tensor's bytes as a uint8 array (a copy only when it is not contiguous)."""
+    return o.detach().contiguous().view(-1).view(torch.uint8).numpy()
+
+
+def _is_column(o: Any) -> bool:
+    """A plain 1-d CPU tensor of a dtype numpy has: a candidate for a column block."""
+    return (
+        type(o) is torch.Tensor
+        and o.dim() == 1
+        and not o.is_cuda
+        and not o.is_sparse
+        and _numpy_dtype_of(o.dtype) is not None
+    )
+
+
 class _Packer:
-    """Walks a structure once: its layout, and the byte ranges to copy into the buffer."""
+    """Walks a structure once: its layout, and the byte ranges to copy into the buffer.
+
+    A part's source is bytes (an array, a buffer) or a function that writes the part
+    into its slice of the buffer (a feature pack stacked in place).
+    """
 
     def __init__(self) -> None:
-        self.parts: list[tuple[int, Any, int]] = []  # (offset, source, nbytes)
+        self.parts: list[tuple[int, Any, int]] = []  # (offset, source or writer, nbytes)
         self.total = 0
         self.leaves = 0
 
@@ -162,15 +228,54 @@ class _Packer:
             raise _Unpackable
         self.leaves += 1
         nbytes = o.numel() * o.element_size()
-        src = o.detach().contiguous().view(-1).view(torch.uint8).numpy() if nbytes else b""
-        at = self.put(src, nbytes)
-        if o.dtype not in _NP_DTYPES:
-            _NP_DTYPES[o.dtype] = _np_dtype(o.dtype)
-        np_dtype = _NP_DTYPES[o.dtype]
+        at = self.put(_bytes_of(o) if nbytes else b"", nbytes)
+        np_dtype = _numpy_dtype_of(o.dtype)
         if np_dtype is not None:
             # numpy views of the received buffer: cheaper than torch slicing.
             return ("n", at, np_dtype, o.numel(), tuple(o.shape))
         return ("t", at, o.dtype, tuple(o.shape), nbytes)
+
+    def feature_pack(self, p: DeferredPack) -> Any:
+        self.leaves += 1
+        at = self.put(p.write, p.nbytes)
+        return ("n", at, p.dtype, p.rows * p.width, (p.rows, p.width))
+
+    def columns(self, columns: list[torch.Tensor]) -> Any:
+        """``k`` 1-d tensors of one dtype and length, back to back: a ``[k, rows]`` block."""
+        first = columns[0]
+        each = first.numel() * first.element_size()
+        at = self.total
+        if each:
+            for j, column in enumerate(columns):
+                self.parts.append((at + j * each, _bytes_of(column), each))
+        self.total += _aligned(each * len(columns))
+        self.leaves += len(columns)
+        return (at, _numpy_dtype_of(first.dtype), len(columns), first.numel())
+
+    def mapping(self, o: dict[Any, Any]) -> Any:
+        """A dict; its 1-d columns that share a dtype and a length go in blocks."""
+        items = list(o.items())
+        same: dict[tuple[torch.dtype, int], list[int]] = {}
+        for i, (_, v) in enumerate(items):
+            if _is_column(v):
+                same.setdefault((v.dtype, v.numel()), []).append(i)
+        runs = [idx for idx in same.values() if len(idx) > 1]
+        if not runs:
+            return ("d", [(k, self.lay(v)) for k, v in items])
+        position: dict[int, int] = {}
+        blocks = []
+        for idx in runs:
+            blocks.append(self.columns([items[i][1] for i in idx]))
+            for i in idx:
+                position[i] = len(position)
+        rest = []
+        for i, (_, v) in enumerate(items):
+            if i not in position:
+                rest.append(self.lay(v))
+                position[i] = len(position)
+        order = tuple(position[i] for i in range(len(items)))
+        keep = order == tuple(range(len(items)))
+        return ("B", tuple(k for k, _ in items), tuple(blocks), tuple(rest), None if keep else order)
 
     def text(self, array: Any) -> tuple[Any, ...]:
         offsets, data = text_parts(array)
@@ -193,10 +298,14 @@ class _Packer:
             return self.tensor(o)
         if isinstance(o, JaggedParts):
             return self.jagged(o.values, o.offsets)
+        if isinstance(o, DeferredPack):
+            return self.feature_pack(o)
         if isinstance(o, DeferredText):
             return ("s", self.text(o.array), o.to_torch)
         if _is_text_array(o):
             return ("a", self.text(o))
+        if type(o) is dict:
+            return self.mapping(o)
         if isinstance(o, dict):
             return ("d", [(k, self.lay(v)) for k, v in o.items()])
         if isinstance(o, tuple) and hasattr(o, "_fields") and "<locals>" not in type(o).__qualname__:
@@ -214,7 +323,8 @@ class _Packer:
 
 def _pack(obj: Any, group: bool, pool: SegmentWriter | None = None) -> Any:
     packer = _Packer()
-    layout = ("g", [packer.lay(item) for item in obj]) if group else packer.lay(obj)
+    items = [packer.lay(item) for item in obj] if group else None
+    layout = packer.lay(obj) if items is None else ("g", items, packer.total)
     if not packer.leaves:
         if group:
             return BatchGroup(obj)
@@ -222,7 +332,8 @@ def _pack(obj: Any, group: bool, pool: SegmentWriter | None = None) -> Any:
     total = packer.total
     buffer: bytearray | torch.Tensor
     result: PackedBatch | PooledBatch
-    taken = pool.take(total) if pool is not None and total > PIPE_MAX_BYTES else None
+    pooled = pool is not None and (total > PIPE_MAX_BYTES or pool.every_size)
+    taken = pool.take(total) if pooled else None  # type: ignore[union-attr]
     if taken is not None:
         slot, dst, new = taken
         result = PooledBatch(pool.pool_id, slot, new, layout)  # type: ignore[union-attr]
@@ -235,7 +346,10 @@ def _pack(obj: Any, group: bool, pool: SegmentWriter | None = None) -> Any:
         dst = buffer.numpy()
         result = PackedBatch(buffer, layout)
     for at, src, nbytes in packer.parts:
-        dst[at : at + nbytes] = np.frombuffer(src, dtype=np.uint8, count=nbytes)
+        if callable(src):
+            src(dst[at : at + nbytes])
+        else:
+            dst[at : at + nbytes] = np.frombuffer(src, dtype=np.uint8, count=nbytes)
     return result
 
 
@@ -250,6 +364,90 @@ _pool_ids = itertools.count(1)
 def _segment_bytes(total: int) -> int:
     """Room for ``total`` bytes and a quarter more (pages never written cost nothing)."""
     return -(-(total + total // 4) // _SEGMENT_ROUND) * _SEGMENT_ROUND
+
+
+class HostPinner(Protocol):
+    """Page-locks host memory for fast, asynchronous copies to a device, and releases it.
+
+    ``torch.cuda.cudart()``'s ``cudaHostRegister`` / ``cudaHostUnregister`` with CUDA
+    (:class:`~torch_dataloader_utils.upstream.torch.CudaHostPinner`).
+    """
+
+    def register(self, address: int, nbytes: int) -> None:
+        """Page-lock ``nbytes`` bytes at ``address`` (page-aligned)."""
+
+    def unregister(self, address: int) -> None:
+        """Release the range registered at ``address`` (no copy reads it any more)."""
+
+    def synchronize(self) -> None:
+        """Wait until no queued copy reads a registered range (before releasing them all)."""
+
+
+class _PinnedViews:
+    """Main process: a second mapping of each segment of a pool, page-locked once.
+
+    The pool keeps the segments as they arrived (forked workers inherit those objects
+    and write through them); batches are built over the second mappings, which only
+    the main process uses.
+    """
+
+    def __init__(self, pinner: HostPinner) -> None:
+        self.pinner = pinner
+        self.views: dict[int, np.ndarray[Any, Any]] = {}  # slot -> the second mapping's bytes
+        self.locked: set[int] = set()  # slots whose mapping is page-locked
+        self.warned = False
+
+    def set(self, slot: int, segment: torch.Tensor) -> None:
+        """Map ``segment`` (a new one, or one replacing the slot's old one) and page-lock it.
+
+        A range the pinner refuses stays in use unpinned (copies from it are then
+        synchronous), with one warning.
+        """
+        self.drop(slot)
+        try:
+            fd, size = segment.untyped_storage()._share_fd_cpu_()
+            view = np.frombuffer(mmap.mmap(fd, size), dtype=np.uint8)  # the mapping lives with its arrays
+        except (OSError, RuntimeError, ValueError) as exc:  # not shared by file descriptor
+            self._unpinned(segment.numel(), exc)
+            self.views[slot] = segment.numpy()
+            return
+        self.views[slot] = view
+        try:
+            self.pinner.register(view.ctypes.data, size)
+        except RuntimeError as exc:
+            self._unpinned(size, exc)
+            return
+        self.locked.add(slot)
+
+    def _unpinned(self, size: int, exc: BaseException) -> None:
+        if not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"pin_memory: a {size}-byte shared-memory segment could not be page-locked ({exc}); "
+                "batches in such segments are not pinned, so their copies to the GPU are synchronous",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def drop(self, slot: int) -> None:
+        old = self.views.pop(slot, None)
+        if old is not None and slot in self.locked:
+            self.locked.discard(slot)
+            self.pinner.unregister(old.ctypes.data)
+
+    def close(self) -> None:
+        if self.locked:
+            self.pinner.synchronize()
+        for slot in list(self.views):
+            self.drop(slot)
+
+
+def can_pin_segments() -> bool:
+    """Whether segments can be mapped twice (torch shares memory by file descriptor)."""
+    import torch.multiprocessing
+
+    strategy: str = torch.multiprocessing.get_sharing_strategy()  # type: ignore[no-untyped-call]
+    return strategy == "file_descriptor"
 
 
 class SegmentPool:
@@ -271,11 +469,21 @@ class SegmentPool:
         workers: The loader's ``num_workers``.
         slots_per_worker: Segments per worker; a worker that finds none free sends a
             fresh segment, as without a pool.
+        pinner: Page-locks the segments in the main process (``pin_memory=True`` with
+            CUDA); every group then travels in a segment, whatever its size. Released
+            by :meth:`close`, or when the pool is collected.
+        min_segment: Bytes of a new segment at least: room for a full group from the
+            start, so that segments are not replaced (and registered again) as a
+            worker's first groups grow.
     """
 
-    def __init__(self, workers: int, slots_per_worker: int) -> None:
+    def __init__(
+        self, workers: int, slots_per_worker: int, pinner: HostPinner | None = None, min_segment: int = 0
+    ) -> None:
         self.pool_id = next(_pool_ids)
         self.slots_per_worker = slots_per_worker
+        self.every_size = pinner is not None
+        self.min_segment = min_segment
         self.flags = new_shared_bytes(workers * slots_per_worker)
         self.flags.zero_()
         self.segments: list[torch.Tensor | None] = [None] * (workers * slots_per_worker)
@@ -284,7 +492,15 @@ class SegmentPool:
         self._held: set[int] = set()
         self._leased = False
         self._lock = threading.Lock()
+        self._pinned = _PinnedViews(pinner) if pinner is not None else None
+        if self._pinned is not None:
+            weakref.finalize(self, self._pinned.close).atexit = False
         _POOLS[self.pool_id] = self
+
+    @property
+    def pinned(self) -> bool:
+        """Whether batches are built over page-locked mappings of the segments."""
+        return self._pinned is not None
 
     # -- main process ---------------------------------------------------------------
     def lease(self) -> bool:
@@ -308,6 +524,11 @@ class SegmentPool:
         with self._lock:
             self._leased = False
 
+    def close(self) -> None:
+        """Unregister every page-locked mapping (batches over them stay valid, unpinned)."""
+        if self._pinned is not None and os.getpid() == self._owner_pid:
+            self._pinned.close()
+
     def receive(self, slot: int, segment: torch.Tensor | None) -> np.ndarray[Any, Any]:
         """Main process: an array over slot ``slot``'s segment, the owner of one group.
 
@@ -316,10 +537,14 @@ class SegmentPool:
         """
         if segment is not None:
             self.segments[slot] = segment
+            if self._pinned is not None:
+                self._pinned.set(slot, segment)
         seg = self.segments[slot]
         if seg is None:  # pragma: no cover - a worker sends every segment it makes
             raise RuntimeError(f"slot {slot} of transfer pool {self.pool_id} has no segment")
-        owner = seg.numpy()  # a fresh array (its base is a tensor): numpy views keep it alive
+        # A fresh array each time (a view of the pinned mapping, or over the tensor):
+        # numpy views of it keep it alive.
+        owner = self._pinned.views[slot][:] if self._pinned is not None else seg.numpy()
         self._held.add(slot)
         weakref.finalize(owner, self._free, slot).atexit = False
         return owner
@@ -341,15 +566,29 @@ class SegmentPool:
         return SegmentWriter(self, worker)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _pool_in_worker, (self.pool_id, self.slots_per_worker, self.flags, list(self.segments))
+        return _pool_in_worker, (
+            self.pool_id,
+            self.slots_per_worker,
+            self.flags,
+            list(self.segments),
+            self.every_size,
+            self.min_segment,
+        )
 
 
 def _pool_in_worker(
-    pool_id: int, slots_per_worker: int, flags: torch.Tensor, segments: list[torch.Tensor | None]
+    pool_id: int,
+    slots_per_worker: int,
+    flags: torch.Tensor,
+    segments: list[torch.Tensor | None],
+    every_size: bool = False,
+    min_segment: int = 0,
 ) -> SegmentPool:
     pool = SegmentPool.__new__(SegmentPool)
     pool.pool_id = pool_id
     pool.slots_per_worker = slots_per_worker
+    pool.every_size = every_size
+    pool.min_segment = min_segment
     pool.flags = flags
     pool.segments = segments
     pool._owner_pid = -1  # never frees
@@ -357,6 +596,7 @@ def _pool_in_worker(
     pool._held = set()
     pool._leased = True
     pool._lock = threading.Lock()
+    pool._pinned = None
     return pool
 
 
@@ -365,6 +605,7 @@ class SegmentWriter:
 
     def __init__(self, pool: SegmentPool, worker: int) -> None:
         self.pool_id = pool.pool_id
+        self.every_size = pool.every_size
         self._pool = pool
         self._flags = pool._flags
         start = worker * pool.slots_per_worker
@@ -389,7 +630,7 @@ class SegmentWriter:
         if spare is None:
             return None
         # A new segment (the main process knows the others): it travels with this group.
-        seg = new_shared_bytes(_segment_bytes(total))
+        seg = new_shared_bytes(max(_segment_bytes(total), self._pool.min_segment))
         segments[spare] = seg
         self._flags[spare] = _BUSY
         return spare, seg.numpy(), seg
@@ -423,15 +664,37 @@ def unpack(buffer: bytes | bytearray | torch.Tensor | np.ndarray[Any, Any], layo
 
     Tensors over a ``bytes`` buffer are, like tensors over Arrow memory in the main
     process, backed by memory Python considers read-only (torch does not enforce it).
+    A group keeps its buffer and layout (``BatchGroup.source``) for :func:`unpack_on`.
     """
     raw: Any
     if isinstance(buffer, np.ndarray):  # a pool's segment: every view must keep it alive
         raw, buffer = buffer, as_tensor(buffer)
     else:
         raw = buffer.numpy() if isinstance(buffer, torch.Tensor) else buffer
+    views = _Views(raw, buffer)
     if layout[0] == "g":
-        return BatchGroup(_unpack(raw, buffer, item) for item in layout[1])
-    return _unpack(raw, buffer, layout)
+        group = BatchGroup(views.build(item) for item in layout[1])
+        group.source = (raw, layout)
+        return group
+    return views.build(layout)
+
+
+def unpack_on(source: tuple[Any, Any], device: torch.device, non_blocking: bool = True) -> BatchGroup:
+    """A received group rebuilt on ``device``: ONE copy of its buffer, the tensors views of it.
+
+    ``source`` is a group's ``BatchGroup.source``. Strings and Arrow arrays stay on the
+    host (built from the host buffer). The copy is queued on the current stream; the
+    returned group's ``source`` is ``(host buffer, device buffer)``: the host buffer
+    must stay alive until the copy is done.
+    """
+    raw, layout = source
+    nbytes = layout[2]
+    host = as_tensor(np.frombuffer(raw, dtype=np.uint8, count=nbytes)) if nbytes else None
+    on = host.to(device, non_blocking=non_blocking) if host is not None else torch.empty(0, device=device)
+    views = _Views(raw, on, device=True)
+    group = BatchGroup(views.build(item) for item in layout[1])
+    group.source = (raw, on)
+    return group
 
 
 def _base(buffer: bytes | bytearray | torch.Tensor) -> torch.Tensor:
@@ -457,27 +720,59 @@ def _text_array(raw: Any, parts: tuple[Any, ...]) -> Any:
     return pa.Array.from_buffers(arrow_type, n, [bitmap, offsets, data], null_count=null_count)
 
 
-def _unpack(raw: Any, buffer: Any, layout: Any) -> Any:
-    kind = layout[0]
-    if kind == "n":
-        _, offset, np_dtype, count, shape = layout
-        arr = np.frombuffer(raw, dtype=np_dtype, count=count, offset=offset)
-        return as_tensor(arr if len(shape) == 1 else arr.reshape(shape))
-    if kind == "t":
-        _, offset, dtype, shape, nbytes = layout
-        return _base(buffer)[offset : offset + nbytes].view(dtype).view(shape)
-    if kind == "j":
-        return jagged(_unpack(raw, buffer, layout[1]), _unpack(raw, buffer, layout[2]))
-    if kind == "s":
-        return text_out(_text_array(raw, layout[1]), layout[2])
-    if kind == "a":
-        return _text_array(raw, layout[1])
-    if kind == "d":
-        return {k: _unpack(raw, buffer, v) for k, v in layout[1]}
-    if kind == "nt":
-        return layout[1](*(_unpack(raw, buffer, v) for v in layout[2]))
-    if kind == "l":
-        return [_unpack(raw, buffer, v) for v in layout[1]]
-    if kind == "u":
-        return tuple(_unpack(raw, buffer, v) for v in layout[1])
-    return layout[1]
+class _Views:
+    """Builds a packed structure over a buffer: tensors from ``buffer``, strings from ``raw``.
+
+    ``raw`` is the host bytes; ``buffer`` the same bytes as a tensor (or bytes), or, with
+    ``device``, the buffer's copy on a device (tensors then are views of the copy,
+    strings stay on the host).
+    """
+
+    def __init__(self, raw: Any, buffer: Any, device: bool = False) -> None:
+        self.raw = raw
+        self.buffer = buffer
+        self.device = device
+
+    def array(self, at: int, np_dtype: np.dtype[Any], count: int) -> torch.Tensor:
+        """``count`` items of ``np_dtype`` at byte ``at``, as a 1-d tensor."""
+        if self.device:
+            return self.buffer[at : at + count * np_dtype.itemsize].view(_torch_dtype_of(np_dtype))  # type: ignore[no-any-return]
+        return as_tensor(np.frombuffer(self.raw, dtype=np_dtype, count=count, offset=at))
+
+    def build(self, layout: Any) -> Any:
+        kind = layout[0]
+        if kind == "n":
+            _, offset, np_dtype, count, shape = layout
+            flat = self.array(offset, np_dtype, count)
+            return flat if len(shape) == 1 else flat.view(shape)
+        if kind == "t":
+            _, offset, dtype, shape, nbytes = layout
+            return _base(self.buffer)[offset : offset + nbytes].view(dtype).view(shape)
+        if kind == "B":
+            return self.columns(layout)
+        if kind == "j":
+            return jagged(self.build(layout[1]), self.build(layout[2]))
+        if kind == "s":
+            return text_out(_text_array(self.raw, layout[1]), layout[2])
+        if kind == "a":
+            return _text_array(self.raw, layout[1])
+        if kind == "d":
+            return {k: self.build(v) for k, v in layout[1]}
+        if kind == "nt":
+            return layout[1](*(self.build(v) for v in layout[2]))
+        if kind == "l":
+            return [self.build(v) for v in layout[1]]
+        if kind == "u":
+            return tuple(self.build(v) for v in layout[1])
+        return layout[1]
+
+    def columns(self, layout: Any) -> dict[Any, Any]:
+        """A dict whose 1-d columns travelled in blocks: one ``unbind`` per block."""
+        _, keys, blocks, rest, order = layout
+        values: list[Any] = []
+        for at, np_dtype, k, n in blocks:
+            values.extend(self.array(at, np_dtype, k * n).view(k, n).unbind(0))
+        values.extend(self.build(leaf) for leaf in rest)
+        if order is not None:  # blocks first, then the rest: back to the keys' order
+            values = operator.itemgetter(*order)(values)
+        return dict(zip(keys, values, strict=True))

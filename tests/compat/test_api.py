@@ -14,8 +14,11 @@ from tests.fixtures.data import WriteParquet
 from tests.fixtures.iceberg import create_id_table, id_table, make_catalog
 from torch_dataloader_utils import (
     CheckpointMismatchError,
+    ConfigError,
     DataFileInfo,
     IcebergDataset,
+    MissingDependencyError,
+    OptionTypeError,
     StructuredDataset,
     UnknownOptionError,
 )
@@ -117,11 +120,56 @@ def test_show_progress_reports_rows(data: str, caplog: pytest.LogCaptureFixture)
     assert "600/600 rows (100.0%)" in caplog.text
 
 
+def test_progress_interval_zero_writes_a_line_per_batch(data: str, caplog: pytest.LogCaptureFixture) -> None:
+    # 0.2.0 passed progress_interval_sec to tqdm's mininterval: 0 redrew the bar at every batch.
+    loader, _ = StructuredDataset.create_dataloader(
+        data, "parquet", batch_size=100, num_workers=0, show_progress=True, progress_interval_sec=0
+    )
+    with caplog.at_level(logging.INFO, logger="torch_dataloader_utils.progress"):
+        assert sorted(_ids(loader)) == list(range(600))
+    lines = [r.getMessage() for r in caplog.records if r.name == "torch_dataloader_utils.progress"]
+    assert [line.split(":")[1].split(" rows")[0].strip() for line in lines[:-1]] == [
+        f"{n}/600" for n in range(100, 601, 100)
+    ]
+    assert lines[-1].endswith("done")
+
+
+def test_elapsed_sec_of_a_full_read_in_one_batch(data: str) -> None:
+    loader, dataset = StructuredDataset.create_dataloader(data, "parquet", batch_size=1000, num_workers=0)
+    assert sorted(_ids(loader)) == list(range(600))
+    (metrics,) = dataset.get_metrics()
+    assert metrics.batches_read == 1
+    assert metrics.elapsed_sec > 0  # from the start of the pass to its last batch, as in 0.2.0
+
+
+def test_wrong_filters_type_is_a_type_error(data: str) -> None:
+    # 0.2.0 raised TypeError; the error is still the library's ConfigError too.
+    with pytest.raises(TypeError, match=r"filters=.*must be a pyarrow.compute.Expression") as caught:
+        StructuredDataset.create_dataloader(data, "parquet", filters="id > 3", num_workers=0)
+    assert isinstance(caught.value, OptionTypeError)
+    assert isinstance(caught.value, ConfigError)
+
+
+def test_show_progress_without_tqdm_is_an_import_error(data: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from torch_dataloader_utils.runtime import env
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "tqdm" else real(name, *a)
+    )
+    monkeypatch.setattr(env, "stderr_is_terminal", lambda: True)
+    with pytest.raises(ImportError, match="tqdm") as caught:  # as 0.2.0 raised
+        StructuredDataset.create_dataloader(data, "parquet", show_progress=True, num_workers=0)
+    assert isinstance(caught.value, MissingDependencyError)
+
+
 def test_option_checks(data: str) -> None:
     with pytest.raises(UnknownOptionError, match="shuffle_buffer_size"):
         StructuredDataset.create_dataloader(data, "parquet", shuffle_bufer_size=10)  # type: ignore[call-arg]
-    with pytest.raises(ValueError, match="progress_interval_sec=0"):
-        StructuredDataset.create_dataloader(data, "parquet", progress_interval_sec=0)
+    with pytest.raises(ValueError, match="progress_interval_sec=-1"):
+        StructuredDataset.create_dataloader(data, "parquet", progress_interval_sec=-1)
     with pytest.raises(ValueError, match="only one"):
         StructuredDataset.create_dataloader(
             data, "parquet", shuffle=True, shuffle_buffer_size=5, row_shuffle_window=5

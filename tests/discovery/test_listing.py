@@ -240,3 +240,38 @@ def test_glob_matches_use_the_fixed_prefix_as_base(tmp_path: Path) -> None:
     listing = list_files(str(tmp_path / "t" / "k=*"))
     assert [f.base for f in listing.files] == [str(tmp_path / "t")] * 2
     assert [parse_hive_keys(f) for f in listing.files] == [[("k", "1")], [("k", "2")]]
+
+
+@pytest.mark.slow
+def test_missing_s3_credentials_are_named(s3_server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 28, item 5: no credentials got a hint about the endpoint and timeouts."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from torch_dataloader_utils import DiscoveryError, ReadError, create_dataloader
+    from torch_dataloader_utils.config import FetchConfig
+    from torch_dataloader_utils.storage.fetch import fetch_range
+    from torch_dataloader_utils.storage.fs import resolve
+
+    prefix = s3_server.new_prefix()
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"id": [1, 2, 3]}), buffer)
+    s3_server.fs().pipe(f"{prefix}/a.parquet", buffer.getvalue())
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    options = {"endpoint_url": s3_server.endpoint, "client_kwargs": {"region_name": "us-east-1"}}
+    with pytest.raises(DiscoveryError) as listing:
+        create_dataloader(f"s3://{prefix}/", storage_options=options, num_workers=0, request_timeout=5)
+    spec, path = resolve(f"s3://{prefix}/a.parquet", options)
+    with pytest.raises(ReadError) as reading:
+        fetch_range(spec, path, 0, 4, size=None, config=FetchConfig(retries=0), metadata=True)
+    for error in (listing.value, reading.value):
+        text = str(error)
+        assert "no credentials were found" in text
+        assert "pass key and secret" in text
+        assert "AWS_ACCESS_KEY_ID" in text
+        assert "request_timeout" not in text

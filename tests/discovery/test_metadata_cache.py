@@ -238,7 +238,7 @@ def test_a_reshard_manifest_comes_first_and_use_manifest_false_uses_the_cache(
     cache = tmp_path / "meta.arrow"
     ds, requests, notes = _build(dst, cache)
     assert (requests, notes) == (1, [])  # the manifest: no listing, no footer, no cache
-    assert "manifest" in ds.discovered.extra
+    assert ds.discovered.manifest is not None
     assert not cache.exists()
     assert np.array_equal(_ids(ds), np.arange(sum(ROWS)))
     cold, _, notes = _build(dst, cache, use_manifest=False)

@@ -180,3 +180,28 @@ def test_counts_need_no_parse(tmp_path: Path) -> None:
 
     with pytest.raises(RecordBoundaryError, match="parsed into 2 records but hold 3"):
         list(ds)
+
+
+@pytest.mark.parametrize("real", ["parquet", "orc"])
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_columnar_file_read_as_text_names_its_format(tmp_path: Path, real: str, fmt: str) -> None:
+    """Issue 28, item 5: Parquet read as CSV was told to iconv its header; ORC gave a row of garbage."""
+    import pyarrow.orc as po
+    import pyarrow.parquet as pq
+
+    table = pa.table({"id": list(range(10))})
+    path = tmp_path / f"data.{real}"
+    (pq.write_table if real == "parquet" else po.write_table)(table, path)
+    with pytest.raises(CorruptFileError) as err:
+        create_dataloader(str(path), format=fmt, num_workers=0)
+    label = {"parquet": "a Parquet", "orc": "an ORC"}[real]
+    assert f"is {label} file" in str(err.value)
+    assert f"not {fmt.upper()}: pass format={real!r}" in str(err.value)
+    assert "iconv" not in str(err.value)
+
+
+def test_text_that_starts_like_a_magic_is_text(tmp_path: Path) -> None:
+    path = tmp_path / "ids.csv"
+    path.write_text("ORCID,PAR1\n" + "".join(f"{i},{i}\n" for i in range(5)))
+    loader, _ = create_dataloader(str(path), format="csv", num_workers=0)
+    assert [int(i) for b in loader for i in b["ORCID"]] == list(range(5))

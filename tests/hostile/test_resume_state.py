@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.data import write_parquet_files
+from tests.strategies import piece_rows
 from torch_dataloader_utils import ResumeStateError, StateMismatchError, StructuredDataset, merge_states
-from torch_dataloader_utils.plan.pieces import piece_rows
 
 ROWS = [130, 70, 100]
 TOTAL = sum(ROWS)
@@ -341,7 +341,7 @@ def test_fuzz_resume_state_is_read_exactly_or_refused(
         return
     event("loaded")
     checked = dataset._state.loaded
-    segments = checked["segments"] if checked is not None else []
+    segments = checked.segments if checked is not None else ()
     expected = _expected_rest(dataset, {"epoch": dataset.epoch, "segments": segments})
     rest = sorted(_ids(iter(dataset)))
     assert rest == expected, mutations

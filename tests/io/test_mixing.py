@@ -12,15 +12,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.data import write_parquet_files
+from tests.strategies import piece_rows
 from torch_dataloader_utils.config import FileFormat, FileSourceConfig
 from torch_dataloader_utils.discovery import discover
+from torch_dataloader_utils.errors import ReadError
+from torch_dataloader_utils.io import parquet
+from torch_dataloader_utils.io.helpers import Helpers, helpers
 from torch_dataloader_utils.io.pieces import Gather, gathered, piece_reads, read_piece
 from torch_dataloader_utils.plan.mixing import RowMixing
-from torch_dataloader_utils.plan.pieces import advance, as_pieces, cut_piece, mix_pieces, piece_rows
+from torch_dataloader_utils.plan.pieces import advance, as_pieces, cut_piece, mix_pieces
 from torch_dataloader_utils.plan.splits import RowGroupSplit
 from torch_dataloader_utils.runtime.readers import make_reader
 
 ROWS = [130, 7, 260, 0, 91]
+HELPERS = Helpers(3)
 
 
 def _setup(root: Path):
@@ -58,6 +63,8 @@ def test_read_mix_is_the_planned_order(tmp_path_factory, rows, streams, split, s
     for piece in pieces:
         planned = [starts[path] + r for path, r, _ in piece_rows(piece, files)]
         assert _ids(gathered(read_piece(reader, piece, batch_size=16, files=files))) == planned
+        # Streams decoded ahead and rounds gathered on helper threads: the same order.
+        assert _ids(gathered(read_piece(reader, piece, files=files, helpers=HELPERS))) == planned
         smaller = gathered(read_piece(reader, piece, files=files, mix_read_rows=20))  # smaller decodes
         assert _ids(smaller) == planned
         # Continued after k rows (resume), and cut into a head and a tail (equal batches).
@@ -116,3 +123,94 @@ def test_a_gather_outside_the_rows_read_raises_instead_of_reading_memory(bad: in
     order = np.array([3, 1, bad, 0], dtype=np.int64)
     with pytest.raises(IndexError, match=r"gather positions outside 0\.\.9"):
         list(Gather(table, order, ((0, 4),)).batches())
+
+
+def test_helpers_are_per_process_and_sized_by_spare_cpus() -> None:
+    assert helpers(0) is None
+    assert helpers(-3) is None
+    assert helpers(2) is helpers(2)
+    assert helpers(100) is helpers(8)  # at most one per stream of the default mixing
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        Helpers(0)
+
+
+def test_a_stream_decoded_on_a_helper_raises_its_error_where_it_is_needed(tmp_path):
+    found, _ = _setup(tmp_path)
+    files = {f.path: f for f in found.files}
+    reader = make_reader(found, batch_size=16)
+    chunks = RowGroupSplit(split_rows=40).split(list(found.files))
+    (piece, *_) = mix_pieces(as_pieces(chunks), RowMixing(30, 4), (0, 0, 0), files)
+    planned = _ids(gathered(read_piece(reader, piece, files=files)))
+    bad = piece.chunks[2].path
+    Path(bad).write_bytes(Path(bad).read_bytes()[:40])  # truncated since it was planned
+    got: list[int] = []
+
+    def read_all() -> None:
+        for batch in gathered(read_piece(reader, piece, files=files, helpers=HELPERS)):
+            got.extend(batch.column("id").to_pylist())
+
+    with pytest.raises(ReadError, match=Path(bad).name):
+        read_all()
+    assert got == planned[: len(got)]
+
+
+def test_stopping_a_mix_early_waits_for_its_helpers(tmp_path):
+    found, _ = _setup(tmp_path)
+    files = {f.path: f for f in found.files}
+    reader = make_reader(found, batch_size=16)
+    chunks = RowGroupSplit(split_rows=20).split(list(found.files))
+    pieces = mix_pieces(as_pieces(chunks), RowMixing(12, 8), (1, 0, 0), files)
+    for _ in range(20):  # stop after the first round, while the next decodes are in flight
+        items = read_piece(reader, pieces[0], files=files, helpers=HELPERS)
+        next(gathered(items))
+        items.close()  # no "generator already executing" from a stream a helper still runs
+
+
+def test_streams_of_one_file_decode_side_by_side(tmp_path, monkeypatch):
+    # Eight streams of one local file, each decoded on a helper with Arrow's threads on:
+    # pyarrow's ParquetFile is not safe to read from two threads at once (8 threads
+    # iterating one ParquetFile crashed the interpreter here), so each stream reads through
+    # a file reader of its own (ParquetReader.for_threads). The race is not deterministic:
+    # this test checks the rows; the reader's own files are checked below.
+    write_parquet_files(tmp_path, [40_000], row_group_size=200, with_strings=True)
+    found = discover(str(tmp_path), FileSourceConfig(format=FileFormat.PARQUET))
+    files = {f.path: f for f in found.files}
+    monkeypatch.setattr(parquet, "READ_BATCH_ROWS", 16)  # many small decodes, side by side
+    reader = make_reader(found, batch_size=16)
+    chunks = RowGroupSplit(split_rows=5000).split(list(found.files))
+    [piece] = mix_pieces(as_pieces(chunks), RowMixing(64, 8), (0, 0, 0), files)
+    assert len({c.path for c in piece.chunks}) == 1 < len(piece.chunks) == 8
+    planned = [r for _, r, _ in piece_rows(piece, files)]
+    for _ in range(3):
+        got = gathered(read_piece(reader, piece, files=files, helpers=Helpers(8), mix_read_rows=16))
+        assert _ids(got) == planned
+
+
+def test_a_reader_for_threads_reads_each_chunk_through_a_file_of_its_own(tmp_path, monkeypatch):
+    found, starts = _setup(tmp_path)
+    reader = make_reader(found, batch_size=16)
+    chunk = RowGroupSplit(split_rows=60).split(list(found.files))[0]
+    expected = list(range(starts[chunk.path] + chunk.start, starts[chunk.path] + chunk.stop))
+    opened: list[object] = []
+    footers: list[bool] = []  # whether each was opened with the footer already read
+    real = parquet.pq.ParquetFile
+
+    def recording(*args, **kwargs):
+        opened.append(real(*args, **kwargs))
+        footers.append(kwargs.get("metadata") is not None)
+        return opened[-1]
+
+    monkeypatch.setattr(parquet.pq, "ParquetFile", recording)
+    own = reader.for_threads()
+    assert own is not reader
+    assert reader.decodes_in_threads
+    first, second = own.read(chunk), own.read(chunk)
+    head = next(first)
+    assert _ids([head]) == _ids([next(second)])  # both reading at once
+    assert len(opened) == 3  # the cached file (its footer), then one reader per read
+    assert opened[1] is not opened[2]
+    assert footers == [False, True, True]
+    assert _ids([head, *first]) == expected
+    second.close()
+    assert _ids(reader.read(chunk)) == expected
+    assert len(opened) == 3  # the plain reader reads through the cached file

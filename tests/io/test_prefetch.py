@@ -14,7 +14,7 @@ import testsupport.latency_fs as latency
 
 from tests.fixtures.data import write_parquet_files
 from torch_dataloader_utils import ConfigError, CorruptFileError, create_dataloader
-from torch_dataloader_utils.config import FetchConfig
+from torch_dataloader_utils.config import FetchConfig, parse_read_ahead
 from torch_dataloader_utils.io.ahead import AHEAD_ITEMS
 from torch_dataloader_utils.io.prefetch import READ_AHEAD_CHUNKS, ChunkSource, PlanOrderPool, coalesce
 from torch_dataloader_utils.storage.fetch import is_transient
@@ -169,9 +169,9 @@ def test_fetch_options_are_validated(tmp_path: Path, kwargs: dict[str, object], 
 
 
 def test_read_ahead_accepts_sizes_and_zero() -> None:
-    assert FetchConfig.from_user("256MiB", 4, 0.2).read_ahead_bytes == 256 * 1024**2
-    assert FetchConfig.from_user(0, 0, 0).read_ahead_bytes == 0
-    assert FetchConfig.from_user(None, 0, 0).read_ahead_bytes == 0
+    assert FetchConfig(read_ahead_bytes=parse_read_ahead("256MiB")).read_ahead_bytes == 256 * 1024**2
+    assert FetchConfig(read_ahead_bytes=parse_read_ahead(0)).read_ahead_bytes == 0
+    assert FetchConfig(read_ahead_bytes=parse_read_ahead(None)).read_ahead_bytes == 0
     assert FetchConfig(retry_backoff=1.0).backoff(1) == 1.0
     assert FetchConfig(retry_backoff=1.0).backoff(20) == 10.0
 

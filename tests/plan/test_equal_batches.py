@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from tests.strategies import layouts, live_row_ids
 from torch_dataloader_utils.config import EqualBatches
 from torch_dataloader_utils.errors import PlanError
+from torch_dataloader_utils.plan.pieces import cut_chunk
 from torch_dataloader_utils.plan.planner import PlanSpec, plan_epoch
-from torch_dataloader_utils.plan.ranks import cut_chunk, worker_quotas
+from torch_dataloader_utils.plan.ranks import worker_quotas
 from torch_dataloader_utils.plan.splits import FileSplit, RowGroupSplit
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, RowGroup
 

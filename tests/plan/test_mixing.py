@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -13,9 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.strategies import layouts, live_row_ids
-from torch_dataloader_utils.plan.mixing import MixSchedule, RowMixing, split_streams
-from torch_dataloader_utils.plan.pieces import Piece, advance, as_pieces, mix_pieces, piece_rows
+from tests.strategies import layouts, live_row_ids, piece_rows
+from torch_dataloader_utils.plan.mixing import ROUND_ROWS_FLOOR, MixSchedule, RowMixing, split_streams
+from torch_dataloader_utils.plan.pieces import Piece, advance, as_pieces, mix_pieces
 from torch_dataloader_utils.plan.splits import RowGroupSplit
 from torch_dataloader_utils.plan.types import Chunk, FileInfo, RowGroup
 
@@ -94,7 +95,11 @@ def test_order_is_the_same_in_another_process():
         "print(json.dumps([_order_of(3, 1), _order_of(3, 2)]))"
     )
     root = Path(__file__).resolve().parents[2]  # `tests` imports from the repository root
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=root)
+    # This checkout's sources first, as pytest has them (an installed copy may be another's).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=root, env=env
+    )
     here = [_order_of(3, 1), _order_of(3, 2)]
     assert json.loads(out.stdout) == [[list(r) for r in o] for o in here]
     assert here[0] != here[1]  # every epoch mixes differently
@@ -121,3 +126,37 @@ def test_mixing_parameters_are_checked():
     assert mix_pieces([Piece((Chunk("a", 0, 5, num_rows=5),))], None, (0,), {}) == [
         Piece((Chunk("a", 0, 5, num_rows=5),))
     ]
+
+
+@pytest.mark.parametrize("rows", [10**7, 10**9])
+def test_a_round_is_sized_by_the_rows_its_streams_hold(rows):
+    """``row_mixing`` far above the data: memory by the rows held, not by the option (issue 28, 17)."""
+    import tracemalloc
+
+    weights = [1000, 1200, 800]
+    tracemalloc.start()
+    try:
+        schedule = MixSchedule(weights, rows, (3, 1, 0))
+        counts = weights
+        order = schedule.order(0, schedule.round_lengths(0, counts))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert schedule.size <= max(sum(weights), ROUND_ROWS_FLOOR)
+    assert sorted(order.tolist()) == list(range(sum(weights)))
+    assert schedule.num_rounds(counts) == 1
+    assert peak < 100 << 20  # at most about 48 bytes per slot of a 2**20-row round
+    # An option up to the floor keeps its round (and the order of earlier versions).
+    assert MixSchedule(weights, ROUND_ROWS_FLOOR, (3, 1, 0)).size == ROUND_ROWS_FLOOR
+    assert MixSchedule(weights, 2 * ROUND_ROWS_FLOOR, (3, 1, 0)).size == ROUND_ROWS_FLOOR
+
+
+def test_a_capped_round_mixes_as_one_round_of_the_option_would():
+    """Above the floor, the whole mix is one round: every row once, every stream drawn from."""
+    big = [3 * ROUND_ROWS_FLOOR // 4, ROUND_ROWS_FLOOR // 2]
+    schedule = MixSchedule(big, 10**12, (0, 0))
+    assert schedule.size == sum(big)
+    assert schedule.sections.tolist() == big
+    order = schedule.order(0, schedule.round_lengths(0, big))
+    assert np.array_equal(np.sort(order), np.arange(sum(big)))
+    assert 0.3 < np.mean(order[: 1 << 16] < big[0]) < 0.8  # the first rows mix both streams

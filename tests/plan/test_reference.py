@@ -1,19 +1,23 @@
 """The per-rank planner against a straightforward all-ranks reference kept here.
 
 The reference plans every rank at once with Chunk objects, as the planner did before it
-became per-rank: split, normalize, shuffle by ``(seed, epoch)``, deal ``[rank::num_ranks]``,
-leave out (``'drop'``) a span of the epoch's row stream, keep each share up to the quota
-and move the surplus, rank after rank, to the short ranks (with ``'pad'``, the padding
-span ends the pool), then LPT and worker quotas per rank. The planner must give exactly
-its chunks, for every rank and worker, over layouts x strategies x ranks x workers x
-epochs.
+became per-rank: split, normalize, shuffle by ``(seed, epoch)``, share ``[rank::num_ranks]``;
+the epoch's row stream is the shares one after another (rank-aware strategies: each rank's
+chunks); leave out (``'drop'``) a span of the stream, keep each share up to the quota and
+move the surplus, rank after rank, to the short ranks (with ``'pad'``, the padding span
+ends the pool), then LPT and worker quotas per rank. Chunks of no rows carry no rows to
+deal: with equal batches they are left out. The planner must give exactly its chunks, for
+every rank and worker, over layouts x strategies x ranks x workers x epochs.
+
+:func:`reference_deal` is the same deal over rows (any stream: a fresh epoch's, or what an
+interrupted pass left), the oracle of fresh and resumed epochs alike.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -21,17 +25,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests import strategies as ts
+from tests.strategies import piece_rows
 from torch_dataloader_utils.config import EqualBatches
 from torch_dataloader_utils.errors import PlanError
 from torch_dataloader_utils.plan.assign import assign
-from torch_dataloader_utils.plan.planner import Planner, PlanSpec, plan_epoch
+from torch_dataloader_utils.plan.deal import DROP_SALT, PAD_SALT
+from torch_dataloader_utils.plan.mixing import RowMixing
+from torch_dataloader_utils.plan.pieces import Piece as PieceOf
+from torch_dataloader_utils.plan.planner import Planner, PlanSpec, plan_epoch, rank_shares
 from torch_dataloader_utils.plan.ranks import worker_quotas
+from torch_dataloader_utils.plan.resume import segment_pieces
 from torch_dataloader_utils.plan.shuffle import random_offset, shuffled
-from torch_dataloader_utils.plan.splits import RankAwareStrategy, normalize_chunks
+from torch_dataloader_utils.plan.splits import FileSplit, RankAwareStrategy, RowGroupSplit, normalize_chunks
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo
-
-DROP_SALT = 0x64726F70
-PAD_SALT = 0x70616400
 
 
 @dataclass(frozen=True)
@@ -74,10 +80,10 @@ def weight(p: Piece) -> int:
 
 
 def reference_stream(spec: PlanSpec, epoch: int) -> list[tuple[Chunk, int]]:
-    """The epoch's chunks in stream order, with the rank each is dealt to.
+    """The epoch's chunks in stream order, with the rank whose share each is.
 
-    Strategies returning every chunk: the shuffled order, chunk ``j`` to rank ``j %
-    num_ranks``. Rank-aware strategies: each rank's (shuffled) chunks, rank after rank.
+    Strategies returning every chunk: chunk ``j`` of the shuffled order is in share ``j %
+    num_ranks``. Rank-aware strategies: each rank's (shuffled) chunks. Shares one after another.
     """
     files = {f.path: f for f in spec.files}  # type: ignore[union-attr]
     strategy = spec.strategy
@@ -103,7 +109,8 @@ def reference_stream(spec: PlanSpec, epoch: int) -> list[tuple[Chunk, int]]:
     )
     if spec.shuffle:
         chunks = shuffled(chunks, spec.seed, epoch)
-    return [(c, j % spec.num_ranks) for j, c in enumerate(chunks)]
+    r = spec.num_ranks
+    return [(c, rank) for rank in range(r) for c in chunks[rank::r]]
 
 
 def reference_plan(
@@ -139,8 +146,6 @@ def reference_plan(
         for p, r in zip(stream, owner, strict=True):
             a = min(max(span_lo - position, 0), p.rows)
             b = min(max(span_hi - position, 0), p.rows)
-            if p.rows == 0:
-                pieces[r].append(p)
             for lo, hi in ((0, a), (b, p.rows)):
                 if hi > lo:
                     pieces[r].append(Piece(p.chunk, lo, hi))
@@ -322,3 +327,114 @@ def test_all_ranks_plan_is_the_per_rank_plans(case: Case) -> None:
         planner.rank_plan(epoch, r).assignments() for r in range(case.num_ranks)
     ]
     assert planner.epoch_plan(epoch) == plan  # planned rank by rank when read
+
+
+# ---------------------------------------------------------------------------------------
+# The deal over rows: one oracle for fresh and resumed epochs
+# ---------------------------------------------------------------------------------------
+
+Row = tuple[str, int, bool]
+"""``(path, file row, padding)``."""
+
+
+def reference_deal(
+    stream: list[tuple[Row, int | None]], num_ranks: int, spec: PlanSpec, key: tuple[int, ...]
+) -> tuple[list[list[Row]], list[Row]]:
+    """Each rank's rows and the rows left out, dealing ``stream`` (rows with their home).
+
+    A home of ``None`` means even homes: the rows (the dropped span aside) cut into
+    ``num_ranks`` runs of the quota (``ceil(total / num_ranks)`` without equal batches).
+    Every rank keeps its home's rows up to the quota; the rest, home after home, then the
+    padding (the stream read cyclically from an offset), fills the short ranks in order.
+    """
+    rows = [row for row, _ in stream]
+    total = len(rows)
+    equal = spec.equal_batches.acts_on(num_ranks)
+    pad = -total % num_ranks if equal and spec.equal_batches is EqualBatches.PAD else 0
+    left_out = total % num_ranks if equal and not pad and spec.equal_batches is EqualBatches.DROP else 0
+    quota = (total + pad - left_out) // num_ranks if equal else -(-total // num_ranks)
+    lo = total - left_out
+    if spec.shuffle and left_out:
+        lo = random_offset(total - left_out + 1, spec.seed, key[0], DROP_SALT, *key[1:])
+    kept = [s for i, s in enumerate(stream) if not lo <= i < lo + left_out]
+    own: list[list[Row]] = [[] for _ in range(num_ranks)]
+    pool: deque[Row] = deque()
+    for j, (row, home) in enumerate(kept):
+        home = min(j // max(quota, 1), num_ranks - 1) if home is None else home
+        (own[home] if len(own[home]) < quota or not equal else pool).append(row)
+    offset = random_offset(total, spec.seed, key[0], PAD_SALT, *key[1:]) if spec.shuffle and pad else 0
+    pool += [(p, r, True) for p, r, _ in (rows[(offset + i) % total] for i in range(pad))]
+    for mine in own:
+        while equal and len(mine) < quota:
+            mine.append(pool.popleft())
+    assert not pool
+    return own, rows[lo : lo + left_out]
+
+
+def _rows_of(pieces: Sequence[Any], files: dict[str, FileInfo]) -> list[Row]:
+    return [row for p in pieces for row in piece_rows(p, files)]
+
+
+def _check_deal(
+    result: Any, expected: list[list[Row]], dropped: list[Row], files: dict[str, FileInfo]
+) -> None:
+    for rank, workers in enumerate(result.assignments):
+        assert Counter(_rows_of([p for w in workers for p in w], files)) == Counter(expected[rank])
+    assert Counter(_rows_of(result.dropped, files)) == Counter(dropped)
+
+
+@ts.more_examples(2)
+@given(
+    files=ts.layouts(),
+    strategy=st.sampled_from([FileSplit(), RowGroupSplit(), RowGroupSplit(split_rows=30)]),
+    before=st.integers(1, 5),
+    after=st.integers(1, 6),
+    workers=st.integers(1, 3),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 9),
+    policy=st.sampled_from(list(EqualBatches)),
+    window=st.one_of(st.none(), st.integers(1, 60)),
+    mixing=st.one_of(st.none(), st.builds(RowMixing, rows=st.integers(1, 60), streams=st.integers(1, 3))),
+    data=st.data(),
+)
+def test_the_deal_partitions_fresh_and_resumed_streams_like_the_reference(
+    files, strategy, before, after, workers, shuffle, seed, policy, window, mixing, data
+) -> None:
+    """Each rank reads its quota of the stream, minus the drop span, plus the pad ranges.
+
+    A fresh epoch's stream is the shares one after another; a resumed one is what every
+    worker of the interrupted pass left, worker after worker, rank after rank, in even homes.
+    """
+    spec = PlanSpec(files, strategy, shuffle=shuffle, seed=seed, equal_batches=policy, batch_size=4)
+    by_path = {f.path: f for f in files}
+    epoch = 3
+
+    def plan(segments: list[dict[str, Any]], num_ranks: int) -> Any:
+        return segment_pieces(
+            spec, epoch, segments, num_ranks=num_ranks, num_workers=lambda r: workers,
+            window_rows=window, exact=True, mixing=None if window else mixing,
+        )  # fmt: skip
+
+    fresh = plan([], before)
+    shares = rank_shares(replace(spec, num_ranks=before), epoch)
+    stream = [
+        (row, rank) for rank, share in enumerate(shares) for c in share for row in chunk_rows(c, by_path)
+    ]
+    _check_deal(fresh, *reference_deal(stream, before, spec, (epoch,)), by_path)
+
+    segment: dict[str, Any] = {"num_ranks": before, "ranks": {}}
+    rest: list[tuple[Row, int | None]] = []
+    for rank, ws in enumerate(fresh.assignments):
+        cursors = []
+        for pieces in ws:
+            i = data.draw(st.integers(0, len(pieces)))
+            k = data.draw(st.integers(0, pieces[i].num_rows or 0)) if i < len(pieces) else 0
+            cursors.append([i, k])
+            rest += [(row, None) for row in _rows_of(pieces[i:], by_path)[k:]]
+        segment["ranks"][str(rank)] = {"num_workers": len(ws), "cursors": cursors, "done": False}
+    resumed = plan([segment], after)
+    _check_deal(resumed, *reference_deal(rest, after, spec, (epoch, 1)), by_path)
+
+
+def chunk_rows(chunk: Chunk, files: dict[str, FileInfo]) -> list[Row]:
+    return piece_rows(PieceOf.file(chunk), files)

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tests.strategies import file_layouts, layouts, live_row_ids
+from tests.strategies import file_layouts, layouts, live_row_ids, piece_rows
 from torch_dataloader_utils.config import EqualBatches
 from torch_dataloader_utils.errors import ResumeStateError, StateMismatchError
 from torch_dataloader_utils.plan.mixing import RowMixing
-from torch_dataloader_utils.plan.pieces import Piece, piece_rows, remaining, window_pieces
+from torch_dataloader_utils.plan.pieces import Piece, remaining, window_pieces
 from torch_dataloader_utils.plan.planner import Planner, PlanSpec
 from torch_dataloader_utils.plan.resume import Resumer, ResumeResult, segment_pieces
 from torch_dataloader_utils.plan.splits import FileSplit, RowGroupSplit
@@ -403,3 +403,14 @@ def test_a_rank_claiming_no_rows_left_is_checked_by_one_rank():
         ResumeStateError, match="rank 1 worker 0 had 0 rows left in segment 0, but its cursor leaves 10"
     ):
         resumer().rank(1)
+
+
+def test_a_state_of_version_1_is_refused_with_what_to_do():
+    """Version 2 deals a fresh epoch's dropped and padding rows differently: old cursors cannot resume."""
+    fp = fingerprint((FileInfo("a", 80, 10),), {})
+    with pytest.raises(
+        ResumeStateError, match=r"version 1 was saved by torch-dataloader-utils 0\.5 or earlier"
+    ):
+        check_state({**_state(fp, 3), "version": 1}, fp)
+    with pytest.raises(ResumeStateError, match=r"finish epoch 3 with the version that saved it"):
+        check_state({**_state(fp, 3), "version": 1}, fp)

@@ -190,3 +190,33 @@ def test_accelerate_two_processes(data, tmp_path):
     results = collect(out, 2)
     assert [r["checks"]["accelerate"] for r in results] == [[0, 2], [1, 2]]
     check_equal_and_exactly_once(results)
+
+
+def test_torchrun_elastic_order_on_two_then_three_ranks(data, tmp_path):
+    """canonical_ranks=6: 2 ranks and 3 ranks read the same global batches; 3 resume 2's state."""
+    from torch_dataloader_utils import StructuredDataset
+
+    script = SCRIPT.with_name("elastic_loop.py")
+    one = StructuredDataset(
+        str(data), batch_size=24, canonical_ranks=6, shuffle=True, shuffle_seed=4, split_rows=50
+    )
+    expected = [sorted(b["id"].tolist()) for b in one]
+    runs = []
+    for world in (2, 3):
+        out = tmp_path / f"out{world}"
+        out.mkdir()
+        state = [str(tmp_path / "out2" / "state.json")] if world == 3 else []
+        cmd = [
+            bin_of("torchrun"),
+            f"--nproc_per_node={world}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}",
+            str(script),
+            str(data),
+            str(out),
+            *state,
+        ]
+        launch([cmd], tmp_path)
+        runs.append(json.loads((out / "batches.json").read_text()))
+    assert runs[0] == {"world": 2, "batches": expected}
+    assert runs[1] == {"world": 3, "batches": expected[5:]}  # resumed after 5 global batches

@@ -115,7 +115,7 @@ def test_resume_counts_each_pass_and_every_row_once(data: Path) -> None:
     del it
     loader2, _ = create_dataloader(str(data), **{**options, "num_workers": 1})
     loader2.load_state_dict(state)
-    left = len(loader2)  # batches of the rest of the epoch
+    left = loader2.remaining_batches  # batches of the rest of the epoch
     rest = [int(i) for b in loader2 for i in b["id"]]
     assert sorted(head + rest) == list(range(sum(ROWS)))
     [worker] = loader2.metrics().ranks[0].workers

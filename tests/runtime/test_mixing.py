@@ -11,6 +11,7 @@ import pytest
 
 from torch_dataloader_utils import StructuredDataset, create_dataloader
 from torch_dataloader_utils.errors import ConfigError, StateMismatchError
+from torch_dataloader_utils.runtime import env
 
 ROWS = [300, 120, 410, 250, 180, 90]
 STARTS = np.cumsum([0, *ROWS])
@@ -133,4 +134,48 @@ def test_resume_with_mixing_and_exact_counts_in_another_world(root, before, afte
         )
         again.load_state_dict(state)
         rest += [i for b in again for i in b["id"].tolist()]
+    assert Counter(first + rest) == Counter(range(TOTAL))
+
+
+@pytest.fixture
+def many_cpus(monkeypatch):
+    """A rank with 16 CPUs: readers get helper threads (forked workers inherit the patch)."""
+    monkeypatch.setattr(env, "cpus_per_rank", lambda: 16)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_helper_threads_change_nothing_but_when_the_work_is_done(root, monkeypatch, num_workers):
+    opts = {
+        "batch_size": 16,
+        "shuffle": True,
+        "shuffle_seed": 5,
+        "split_rows": 50,
+        "num_workers": num_workers,
+    }
+    monkeypatch.setattr(env, "cpus_per_rank", lambda: 2)
+    plain, dataset = create_dataloader(root, **opts)
+    assert dataset._helpers(env.worker_slot()) is None
+    expected = batches_of(plain)
+    monkeypatch.setattr(env, "cpus_per_rank", lambda: 16)
+    loader, dataset = create_dataloader(root, **opts)
+    assert dataset._helpers(env.worker_slot()) is not None
+    got = batches_of(loader)
+    assert got == expected  # the same batches as a rank with 2 CPUs reads
+    assert sorted(i for b in got for i in b) == list(range(TOTAL))
+
+
+@pytest.mark.parametrize("extra", [{}, {"row_shuffle_window": 150}], ids=["mixing", "window"])
+def test_resume_with_helper_threads_is_exact(root, many_cpus, extra):
+    opts = {"batch_size": 16, "shuffle": True, "shuffle_seed": 2, "split_rows": 60, "equal_batches": "off"}
+    opts.update(extra)
+    loader, _ = StructuredDataset.create_dataloader(root, num_workers=2, **opts)
+    first: list[int] = []
+    for n, batch in enumerate(loader, start=1):
+        first.extend(batch["id"].tolist())
+        if n == 40:
+            break
+    state = loader.state_dict()
+    again, _ = StructuredDataset.create_dataloader(root, num_workers=0, **opts)
+    again.load_state_dict(state)
+    rest = [i for b in again for i in b["id"].tolist()]
     assert Counter(first + rest) == Counter(range(TOTAL))

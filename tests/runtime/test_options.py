@@ -150,3 +150,27 @@ def test_options_are_checked_before_discovery(tmp_path: Path) -> None:
     # A bad value is reported before the (missing) path is listed.
     with pytest.raises(ConfigError, match="batch_size=0"):
         create_dataloader(missing, batch_size=0)
+
+
+def test_every_reshard_keyword_is_one_field_of_one_config() -> None:
+    from torch_dataloader_utils.config import ReshardConfig, ReshardSourceConfig
+    from torch_dataloader_utils.runtime.options import ReshardKeywords
+
+    owners: dict[str, list[str]] = {}
+    for config in (ReshardConfig, ReshardSourceConfig):
+        for name in _fields(config):
+            owners.setdefault(name, []).append(config.__name__)
+    destination = {"dst_storage_options", "dst_filesystem"}  # resolved into the destination's filesystem
+    for key in _keys(ReshardKeywords) - destination:
+        assert len(owners.get(key, [])) == 1, f"reshard option {key!r} is a field of {owners.get(key)}"
+    assert set(owners) - _keys(ReshardKeywords) == {"src"}  # the positional argument
+
+
+def test_a_misspelled_reshard_keyword_names_the_closest(tmp_path: Path) -> None:
+    from torch_dataloader_utils import reshard
+
+    with pytest.raises(
+        UnknownOptionError, match=r"reshard\(\) got an unknown option targte_file_size=.*'target_file_size'"
+    ):
+        reshard(str(tmp_path), str(tmp_path / "out"), targte_file_size="1MiB")  # type: ignore[call-arg]
+    assert not (tmp_path / "out").exists()

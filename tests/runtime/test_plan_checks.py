@@ -131,9 +131,9 @@ def test_rows_left_out_without_shuffle_are_logged(root: str, caplog: pytest.LogC
         ds = StructuredDataset(root, num_ranks=3, rank=0, batch_size=8, split_rows=40)
     records = [r.getMessage() for r in caplog.records if "equal_batches" in r.getMessage()]
     assert len(records) == 1
-    assert "leaves out 1 row(s) in every epoch (shuffle=False: the last rows in file order)" in records[0]
-    assert "part-0004.parquet rows [179, 180)" in records[0]
-    assert [(c.start, c.stop) for c in ds.plan(0).dropped] == [(179, 180)]
+    assert "1 row(s) in every epoch (shuffle=False: the last rows of the last rank's share)" in records[0]
+    assert "part-0004.parquet rows [59, 60)" in records[0]  # the last chunk of share [2::3]
+    assert [(c.start, c.stop) for c in ds.plan(0).dropped] == [(59, 60)]
 
 
 def test_state_records_rows_left_and_resumes_elsewhere(root: str) -> None:

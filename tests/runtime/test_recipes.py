@@ -248,8 +248,13 @@ def test_resume_mid_mix_on_other_ranks_reads_each_source_once_per_epoch(
     for loader in resumed:
         loader.load_state_dict(state)
     assert len({len(loader) for loader in resumed}) == 1
+    if after == before:  # len() is the full epoch's batches, also after a resume
+        assert len(resumed[0]) == len(whole1[0])
+    left = [loader.remaining_batches for loader in resumed]
     rest = run_pass(resumed)
     assert len({len(r) for r in rest}) == 1  # equal batches after the resume too
+    assert left == [len(r) for r in rest]
+    assert [loader.remaining_batches for loader in resumed] == [0] * after
     flat = [i for run in (whole0, part, rest) for r in run for b in r for i in b]
     assert_once_per_epoch(flat)
     finished = resumed[0].dataset.epoch == 2  # every rank had read its whole pass
@@ -261,6 +266,51 @@ def test_resume_mid_mix_on_other_ranks_reads_each_source_once_per_epoch(
         loader.dataset.set_epoch(3 if finished else 2)
     flat += [i for r in run_pass(resumed) for b in r for i in b]
     assert_once_per_epoch(flat)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_len_is_the_full_epoch_and_remaining_batches_the_rest(
+    mix_sources: list[str], num_workers: int
+) -> None:
+    options = {"batch_size": 10, "shuffle": True, "num_workers": num_workers}
+    loader, dataset = make(mix_sources, **options)
+    loader.sampler.set_epoch(1)  # Lightning's call reaches the mix
+    assert dataset.epoch == 1
+    full = len(loader)
+    assert full == dataset.num_batches() == loader.remaining_batches == len(list(loader))
+    assert loader.remaining_batches == 0  # the pass ran to its end
+    loader.set_epoch(1)  # HF Trainer's call
+    assert loader.remaining_batches == full
+    ids: list[int] = []
+    taken = 0
+    for taken, batch in enumerate(loader, start=1):
+        ids += ids_of(batch)
+        if taken == 3:
+            assert loader.remaining_batches == full - 3
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    # Resumed twice (the second state is saved in a resumed pass): len() stays the full epoch's.
+    for stop in (2, None):
+        loader, dataset = make(mix_sources, **options)
+        loader.load_state_dict(state)
+        assert dataset.epoch == 1
+        assert len(loader) == full
+        left = loader.remaining_batches
+        if num_workers == 0:  # one lane: the rest is the batches not taken
+            assert left == full - taken
+        n = 0
+        for n, batch in enumerate(loader, start=1):
+            ids += ids_of(batch)
+            if n == stop:
+                break
+        assert loader.remaining_batches == left - n
+        taken += n
+        state = json.loads(json.dumps(loader.state_dict()))
+    if num_workers == 0:
+        assert taken == full
+        again, _ = make(mix_sources, **options)
+        again.set_epoch(1)
+        assert sorted(ids) == sorted(i for b in again for i in ids_of(b))  # the epoch, exactly
 
 
 def test_resume_with_workers_into_other_workers_and_ranks(mix_sources: list[str]) -> None:

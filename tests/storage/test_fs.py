@@ -55,3 +55,20 @@ def test_native_options_translated_once_and_not_pickled(monkeypatch: pytest.Monk
     assert clone == spec
     assert clone.native
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["https://127.0.0.1:9/data/x.parquet", "http://127.0.0.1:9/data/x.parquet", "s3://bucket/x.parquet"],
+)
+def test_urls_are_shown_as_given(url: str) -> None:
+    """Issue 28, item 5: ``https://host/x.parquet`` was shown as ``http://https://host/x.parquet``."""
+    spec, path = resolve(url, {"anon": True} if url.startswith("s3") else None)
+    assert spec.display(path) == url
+
+
+def test_http_path_error_echoes_the_url() -> None:
+    from torch_dataloader_utils import PathNotFoundError, create_dataloader
+
+    with pytest.raises(PathNotFoundError, match=r"path='https://127\.0\.0\.1:9/x\.parquet' does not exist"):
+        create_dataloader("https://127.0.0.1:9/x.parquet", retries=0, request_timeout=2)

@@ -13,13 +13,16 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import testsupport.latency_fs as latency
 
 from torch_dataloader_utils import FileChangedError
-from torch_dataloader_utils.plan.types import FileInfo
+from torch_dataloader_utils.plan.types import FileInfo, RowGroup
 from torch_dataloader_utils.storage.fs import FileSystemSpec
-from torch_dataloader_utils.storage.identity import CHECKS_AHEAD, FileChecks
+from torch_dataloader_utils.storage.identity import CHECKS_AHEAD, FileChecks, check_footer
 
 FILES = 1000
 
@@ -174,3 +177,26 @@ def test_pickled_checks_start_clean(tmp_path: Path) -> None:
     assert counters.requests - before == 50  # no pass, nothing checked yet: each file once
     with pytest.raises(ValueError, match="ahead must be >= 1"):
         FileChecks(fs, files, ahead=0)
+
+
+def _footer(tmp_path: Path, rows: int, group: int) -> pq.FileMetaData:
+    path = tmp_path / f"f-{rows}-{group}.parquet"
+    pq.write_table(pa.table({"id": np.arange(rows)}), path, row_group_size=group)
+    return pq.read_metadata(path)
+
+
+def test_check_footer_compares_row_groups_with_the_plan(tmp_path: Path) -> None:
+    planned = FileInfo("a", 10, 100, (RowGroup(0, 0, 50), RowGroup(1, 50, 50)))
+    check_footer("a", planned, _footer(tmp_path, 100, 50))  # the planned file
+    pruned = FileInfo("a", 10, 100, (RowGroup(1, 50, 50),))  # a group pruned by a filter
+    check_footer("a", pruned, _footer(tmp_path, 100, 50))
+    with pytest.raises(FileChangedError, match=r"its row group 0 holds rows \[0, 25\), the plan's \[0, 50\)"):
+        check_footer("a", planned, _footer(tmp_path, 100, 25))
+    with pytest.raises(FileChangedError, match="the plan reads row group 1, and its footer has 1 row groups"):
+        check_footer("a", planned, _footer(tmp_path, 100, 100))
+    with pytest.raises(FileChangedError, match="its footer has 60 rows in 2 row groups, the plan 100"):
+        check_footer("a", planned, _footer(tmp_path, 60, 30))
+    # Counted rows (filters with count_rows): only the groups' existence is compared.
+    check_footer("a", planned, _footer(tmp_path, 60, 30), filtered=True)
+    with pytest.raises(FileChangedError, match=r"manifest '/d/_manifest\.json' is stale"):
+        check_footer("a", planned, _footer(tmp_path, 60, 30), manifest="/d/_manifest.json")

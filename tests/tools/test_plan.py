@@ -199,3 +199,20 @@ def test_iceberg_table(iceberg_catalog, tmp_path: Path, capsys: pytest.CaptureFi
     assert payload["epochs"][0]["summary"]["rows"] == 64  # 'drop' leaves one row out over 2 ranks
     inline = run(capsys, "plan", "--table", "ns.t", "--catalog-config", json.dumps(config))
     assert "plan of Iceberg table 'ns.t' for 1 ranks x 1 workers" in inline
+
+
+def test_expected_files_per_batch_is_printed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 28, item 4: ``plan`` says how many files a batch draws from, with the split it uses."""
+    write_parquet_files(tmp_path, [2000] * 8, row_group_size=125, with_strings=False)
+    argv = ["plan", str(tmp_path), "--num-ranks", "4", "--num-workers", "2", "--detail", "0"]
+    plain = run(capsys, *argv)
+    assert "expected files per batch: 1.0" in plain  # unshuffled: a batch is one chunk's rows
+    assert "split row_group (split_bytes=67,108,864)" in plain
+    mixed = run(capsys, *argv, "--shuffle")
+    found = re.search(r"expected files per batch: ([0-9.]+)", mixed)
+    assert found is not None
+    assert float(found.group(1)) >= 4.0
+    assert "split row_group (split_bytes=" in mixed
+    assert "split row_group (split_bytes=67,108,864)" not in mixed  # split finer for the mixing
+    payload = json.loads(run(capsys, *argv, "--shuffle", "--json"))
+    assert payload["epochs"][0]["files_per_batch"] == pytest.approx(float(found.group(1)), abs=0.05)

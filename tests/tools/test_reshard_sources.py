@@ -51,7 +51,7 @@ def test_s3_to_s3_with_verify_and_the_loader_reads_the_manifest(s3_server: S3Ser
     loader, dataset = create_dataloader(
         f"s3://{prefix}/dst", storage_options=options, num_workers=2, batch_size=256, output_format="numpy"
     )
-    assert "manifest" in dataset.discovered.extra
+    assert dataset.discovered.manifest is not None
     ids = np.sort(np.concatenate([b["id"] for b in loader]))
     assert np.array_equal(ids, np.arange(total))
 

@@ -101,3 +101,44 @@ def test_command_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "epoch: " in text
     assert "(straggler: rank " in text
     assert "with a 10 ms step per batch: stall about " in text
+
+
+def test_picture_draws_every_workers_predicted_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 28, item 6: ``--picture`` existed on ``plan`` only; ``simulate`` draws its timeline."""
+    pytest.importorskip("matplotlib")
+    from torch_dataloader_utils.tools.picture import draw_timeline
+    from torch_dataloader_utils.tools.simulate import SimulateRequest, run_simulation
+    from torch_dataloader_utils.tools.source import Source
+
+    write_parquet_files(tmp_path / "data", [3000, 2000, 2500], row_group_size=500)
+    out = tmp_path / "epoch.png"
+    argv = ["simulate", str(tmp_path / "data"), "--num-ranks", "3", "--num-workers", "2"]
+    argv += [
+        "--decode-rate",
+        "200000",
+        "--worker-start",
+        "0.2",
+        "--picture",
+        str(out),
+        "--picture-ranks",
+        "2",
+    ]
+    assert main(argv) == 0
+    assert f"picture: {out} (4 workers drawn)" in capsys.readouterr().out
+    assert out.stat().st_size > 1000
+    request = SimulateRequest(
+        source=Source(path=str(tmp_path / "data")),
+        num_ranks=3,
+        num_workers=2,
+        decode_rate=200000.0,
+        worker_start_sec=0.2,
+    )
+    _, sim = run_simulation(request)
+    drawn = draw_timeline(sim.workers, [(r.rank, r.epoch_sec) for r in sim.ranks], tmp_path / "t.svg")
+    bars = {(b.rank, b.worker, b.kind): (b.start, b.end) for b in drawn}
+    assert len(bars) == 2 * len(sim.workers)
+    for w in sim.workers:
+        assert bars[(w.rank, w.worker, "start")] == pytest.approx((0.0, w.first_batch_sec))
+        assert bars[(w.rank, w.worker, "read")] == pytest.approx((w.first_batch_sec, w.finish_sec))

@@ -9,7 +9,8 @@ and, in its schema metadata, what it was built for:
 ``tdu.kind``                      ``torch_dataloader_utils/parquet-metadata``
 ``tdu.version``                   the format version (:data:`CACHE_VERSION`)
 ``tdu.created_by``                the library version that wrote it
-``tdu.filters``                   the row filter it was pruned with (``""``: none)
+``tdu.filters``                   the row filter it was pruned with, as text (``""``: none)
+``tdu.filters_key``               that filter's lossless identity (``storage.expressions``)
 ``tdu.partitioning``              ``"hive"`` or ``""``
 ``tdu.first_path``                the first file, whose schema is the dataset's
 ``tdu.first_footer``              that file's Parquet footer (a few KB)
@@ -72,11 +73,14 @@ class CacheKey:
         partitioning: ``"hive"`` or ``""`` (partition values prune whole files).
         source: The path(s) listed (:func:`source_key`): what a cache used without a
             listing must have been written for.
+        filters_key: The filter's lossless identity (:func:`~.expressions.filter_key`;
+            ``""``: none). The text alone is not one: pyarrow abbreviates long lists.
     """
 
     filters: str
     partitioning: str
     source: str = ""
+    filters_key: str = ""
 
 
 def source_key(paths: Sequence[str]) -> str:
@@ -136,7 +140,7 @@ def _read(fs: FileSystemSpec, path: str, config: FetchConfig) -> bytes:
         with open(path, "rb") as f:
             return f.read()
     try:  # one GET, retried within the request's time budget
-        return bytes(retry_call(lambda: fs.fsspec().cat_file(path), config))
+        return bytes(retry_call(lambda: fs.call("cat_file", path), config))
     except GaveUp as failed:
         if isinstance(failed.error, FileNotFoundError):
             raise failed.error from None
@@ -181,6 +185,12 @@ def load_cache(
         was = meta.get(f"tdu.{field}", b"").decode(errors="replace")
         if was != wanted:
             return f"metadata_cache={shown!r} was written for {field}={was or None!r}, not {wanted or None!r}"
+    if meta.get("tdu.filters_key", b"").decode(errors="replace") != key.filters_key:
+        return (
+            f"metadata_cache={shown!r} was written for another filter that prints the same "
+            f"(filters={key.filters!r}; pyarrow abbreviates long value lists), or by a version "
+            "that did not record the filter's identity"
+        )
     table = table.replace_schema_metadata(None)
     if listing is not None:
         change = _describe_change(table.select(_LISTING_COLUMNS), listing.select(_LISTING_COLUMNS))
@@ -217,6 +227,7 @@ def cache_bytes(
         "tdu.version": str(CACHE_VERSION),
         "tdu.created_by": created_by,
         "tdu.filters": key.filters,
+        "tdu.filters_key": key.filters_key,
         "tdu.partitioning": key.partitioning,
         "tdu.first_path": first_path,
         "tdu.source": key.source,
@@ -230,7 +241,7 @@ def cache_bytes(
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()  # type: ignore[no-any-return]
+    return sink.getvalue().to_pybytes()
 
 
 def save_cache(fs: FileSystemSpec, path: str, data: bytes, fetch: FetchConfig | None = None) -> None:
@@ -242,7 +253,7 @@ def save_cache(fs: FileSystemSpec, path: str, data: bytes, fetch: FetchConfig | 
     if not fs.is_local:
         config = fetch or FetchConfig()
         try:  # one PUT, retried within the request's time budget
-            retry_call(lambda: fs.fsspec().pipe_file(path, data), config)
+            retry_call(lambda: fs.call("pipe_file", path, data), config)
         except GaveUp as failed:
             raise OSError(f"writing it failed {failed.how(config)}") from failed.error
         return

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from torch_dataloader_utils.errors import ConfigError, UnknownColumnError
+from torch_dataloader_utils.errors import ConfigError, OptionTypeError, UnknownColumnError
 
 __all__ = ["check_columns", "check_filter", "filter_fields"]
 
@@ -39,13 +39,14 @@ def check_filter(filters: object, schema: pa.Schema) -> pc.Expression | None:
     """Validate ``filters`` as a boolean pyarrow expression over ``schema``.
 
     Raises:
-        ConfigError: ``filters`` is not a ``pyarrow.compute.Expression``.
+        OptionTypeError: ``filters`` is not a ``pyarrow.compute.Expression`` (a
+            ``TypeError``, as in 0.2.0).
         UnknownColumnError: it references a column that does not exist.
     """
     if filters is None:
         return None
     if not isinstance(filters, pc.Expression):
-        raise ConfigError(
+        raise OptionTypeError(
             f"filters={filters!r} must be a pyarrow.compute.Expression, "
             "e.g. pyarrow.compute.field('label') >= 0"
         )

@@ -5,9 +5,10 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
+import posixpath
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -26,7 +27,7 @@ from torch_dataloader_utils.discovery.cache import (
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
 from torch_dataloader_utils.discovery.exchange import LOCAL, Exchange
 from torch_dataloader_utils.discovery.listing import list_files
-from torch_dataloader_utils.discovery.manifest import Manifest, find_manifest
+from torch_dataloader_utils.discovery.manifest import MANIFEST_NAME, Manifest, find_manifest
 from torch_dataloader_utils.discovery.metadata import (
     FILES_SCHEMA,
     FOOTER_COLUMN,
@@ -55,8 +56,11 @@ from torch_dataloader_utils.discovery.text import TextDiscovery, TextOptions, di
 from torch_dataloader_utils.errors import ConfigError, DiscoveryError, SchemaError, SchemaMismatchError
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import FileInfo
-from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
+from torch_dataloader_utils.storage.expressions import filter_key
+from torch_dataloader_utils.storage.fs import FileSystemSpec, GivenFileSystem, resolve
+from torch_dataloader_utils.storage.records import TextFileMeta
 from torch_dataloader_utils.storage.schemas import nullable_type, same_but_nullability
+from torch_dataloader_utils.storage.userfs import UserFileSystem
 
 _LISTING_COLUMNS = ("path", "size", "mtime", "etag")
 KEEP_FOOTERS_FILES = 1024
@@ -83,17 +87,22 @@ class Discovered:
         partition_columns: Partition columns to add (outputs plus those the filter needs).
         partitions: Partition values per file, or ``None``.
         filters: The row filter, or ``None``.
-        extra: Format-specific metadata for readers. CSV / JSONL: ``"text_meta"`` (a
-            :class:`~torch_dataloader_utils.io.text.TextFileMeta` per path) and
-            ``"text_options"`` (the :class:`TextOptions`). Parquet of at most
-            ``KEEP_FOOTERS_FILES`` files read without the cache: ``"parquet_footers"``
-            (footer bytes by path).
+        footers: Parquet of at most ``KEEP_FOOTERS_FILES`` files read without the cache:
+            the footer bytes by path (readers and row counts need not read them again).
+        filtered_positions: Parquet: the files' row positions count only the rows that
+            pass ``filters`` (rows counted at construction), so readers filter first.
+        text_meta: CSV / JSONL: the text metadata of every file, by path.
+        text_options: CSV / JSONL: how the text is parsed.
+        reshard_manifest: Parquet read from its reshard manifest: the manifest.
         metadata: Parquet: the files as columns (:data:`~.metadata.FILES_SCHEMA`, one
             row per file, in the order of ``files``), which ``files`` is built from and
             the planner's file table is built from (``None`` once ``files`` changed).
         table: Parquet: the same files as the planner's columns (:class:`FileTable`);
             ``files`` is then its view, each ``FileInfo`` built when read (``None``
             once ``files`` changed, and for other formats).
+        manifest: The reshard manifest the files were planned from, as shown to users
+            (``None``: planned from a listing). Readers name it as stale when a file
+            no longer matches it.
     """
 
     fs: FileSystemSpec
@@ -105,9 +114,14 @@ class Discovered:
     partition_columns: tuple[str, ...]
     partitions: Partitions | None
     filters: pc.Expression | None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    footers: Mapping[str, bytes] | None = None
+    filtered_positions: bool = False
+    text_meta: Mapping[str, TextFileMeta] | None = None
+    text_options: TextOptions | None = None
+    reshard_manifest: Manifest | None = None
     metadata: pa.Table | None = None
     table: FileTable | None = None
+    manifest: str | None = None
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -209,9 +223,10 @@ def discover(
     if partitioning not in (None, "hive"):
         raise ConfigError(f"partitioning={partitioning!r} is not supported; use 'hive' or None")
     fs_options = dict(source.storage_options or {})
+    user = given_filesystem(source)
     if format is FileFormat.PARQUET:
-        return _discover_parquet(path, source, fetch or FetchConfig(), share)
-    listing = list_files(path, fs_options, fetch)
+        return _discover_parquet(path, source, fetch or FetchConfig(), share, user)
+    listing = list_files(path, fs_options, fetch, filesystem=user)
     fs = listing.fs
     partitions = infer_partitions(listing.files) if partitioning == "hive" else None
     if format is FileFormat.ORC:
@@ -222,6 +237,14 @@ def discover(
         found = discover_text(fs, format, listing.files, options)
         return _discover_text(fs, format, found, options, partitions, columns, filters)
     raise ConfigError(f"format={format.value!r} is not implemented yet")
+
+
+def given_filesystem(source: FileSourceConfig) -> GivenFileSystem | None:
+    """The user's ``filesystem=`` object, wrapped once for this dataset (``None`` when not given)."""
+    given = source.filesystem
+    if given is None or isinstance(given, UserFileSystem):
+        return given
+    return UserFileSystem(given)
 
 
 def _discover_text(
@@ -247,7 +270,8 @@ def _discover_text(
         format=format,
         files=found.files,
         partitions=partitions,
-        extra={"text_meta": found.meta, "text_options": options},
+        text_meta=found.meta,
+        text_options=options,
         **request._asdict(),
     )
 
@@ -334,12 +358,19 @@ class _Head:
 def _cache_spec(
     source: FileSourceConfig, fs: FileSystemSpec, fetch: FetchConfig
 ) -> tuple[FileSystemSpec, str] | None:
-    """The metadata cache's filesystem and path (the dataset's options on the same store)."""
+    """The metadata cache's filesystem and path (the dataset's filesystem on the same store)."""
     if source.metadata_cache is None:
         return None
-    spec, cache_path = resolve(source.metadata_cache, None, timeout=fetch.attempt_timeout)
-    if spec.protocol == fs.protocol:
-        spec = fs
+    scheme, sep, _ = source.metadata_cache.partition("://")
+    if fs.user is not None and (not sep or scheme in fs.user.protocols):
+        # With filesystem=, a path without a scheme (or with its scheme) is on that filesystem.
+        spec, cache_path = fs, fs.user.strip(source.metadata_cache)
+    else:
+        spec, cache_path = resolve(
+            source.metadata_cache, None, timeout=fetch.attempt_timeout, deadline=fetch.request_timeout
+        )
+        if spec.protocol == fs.protocol and fs.user is None:
+            spec = fs
     if spec.is_local and os.path.isdir(cache_path):
         raise ConfigError(
             f"metadata_cache={source.metadata_cache!r} is a directory; pass a file path such as "
@@ -361,7 +392,7 @@ def _with_listing(listing: pa.Table, rest: pa.Table) -> pa.Table:
 
 
 def _listed_paths(
-    path: str | Sequence[str], source: FileSourceConfig, fetch: FetchConfig
+    path: str | Sequence[str], source: FileSourceConfig, fetch: FetchConfig, user: GivenFileSystem | None
 ) -> tuple[FileSystemSpec, str] | None:
     """The filesystem of ``path`` and the path(s) as a cache records them (:func:`source_key`).
 
@@ -374,7 +405,16 @@ def _listed_paths(
         or not all(isinstance(p, (str, os.PathLike)) for p in paths)
     ):
         return None
-    resolved = [resolve(os.fspath(p), source.storage_options, timeout=fetch.attempt_timeout) for p in paths]
+    resolved = [
+        resolve(
+            os.fspath(p),
+            source.storage_options,
+            timeout=fetch.attempt_timeout,
+            deadline=fetch.request_timeout,
+            filesystem=user,
+        )
+        for p in paths
+    ]
     return resolved[0][0], source_key([f"{spec.protocol}://{stripped}" for spec, stripped in resolved])
 
 
@@ -401,45 +441,22 @@ def _trusted_head(cache: tuple[FileSystemSpec, str], key: CacheKey, fetch: Fetch
 
 
 def _discover_parquet(
-    path: str | Sequence[str], source: FileSourceConfig, fetch: FetchConfig, share: Exchange
+    path: str | Sequence[str],
+    source: FileSourceConfig,
+    fetch: FetchConfig,
+    share: Exchange,
+    user: GivenFileSystem | None,
 ) -> Discovered:
-    listed = _listed_paths(path, source, fetch) if source.metadata_cache is not None else None
+    listed = _listed_paths(path, source, fetch, user) if source.metadata_cache is not None else None
     key = CacheKey(
         filters="" if source.filters is None else str(source.filters),
         partitioning=source.partitioning or "",
         source="" if listed is None else listed[1],
+        filters_key=filter_key(source.filters) or "",
     )
 
-    def head() -> _Head:
-        if source.use_manifest is not False:
-            found = find_manifest(
-                path, source.storage_options, required=source.use_manifest is True, fetch=fetch
-            )
-            if found is not None:
-                return _Head(b"", None, None, None, found)
-        trusted: str | None = None
-        trust = _cache_spec(source, listed[0], fetch) if listed is not None else None
-        if trust is not None and source.metadata_cache_check == "on_open":
-            got = _trusted_head(trust, key, fetch)
-            if isinstance(got, _Head):
-                return got
-            trusted = got
-        listing = list_files(path, dict(source.storage_options or {}), fetch)
-        table = listing_table(listing.files)
-        cache = _cache_spec(source, listing.fs, fetch)
-        loaded = load_cache(*cache, table, key, fetch) if cache is not None else None
-        if isinstance(loaded, CacheHit):
-            if trusted is not None:  # usable with the listing only (e.g. written by an older version)
-                log.info("%s; listed the files to validate it", trusted)
-            kept = loaded.table.drop_columns(list(_LISTING_COLUMNS))
-            return _Head(to_ipc(table), loaded.first_footer, to_ipc(kept), None)
-        note = None
-        if isinstance(loaded, str):
-            note = f"{loaded}; reading the footers again and rewriting it"
-        return _Head(to_ipc(table), None, None, note)
-
     # Rank 0 lists (and reads the cache); every rank receives the listing.
-    got = share.from_rank0(head)
+    got = share.from_rank0(lambda: _parquet_head(path, source, fetch, listed, key, user))
     if got.manifest is not None:
         if source.metadata_cache is not None:
             log.info(
@@ -454,76 +471,35 @@ def _discover_parquet(
         os.fspath(path if isinstance(path, (str, os.PathLike)) else path[0]),
         source.storage_options,
         timeout=fetch.attempt_timeout,
+        deadline=fetch.request_timeout,
+        filesystem=user,
     )[0]
     listing = from_ipc(got.listing)
     partitions = infer_partitions(listed_files(listing)) if source.partitioning == "hive" else None
-    resolved: list[tuple[Reference, _Request]] = []
-
-    def make_check(footer: bytes) -> FooterCheck:
-        """The request, resolved against the first file's footer (the same on every rank)."""
-        first = reference(fs, listing.column("path")[0].as_py(), footer)
-        schema = _dataset_schema((first.path, first.schema), [], source.columns, fs)  # its own names
-        request = _resolve_request(schema, partitions, source.columns, source.filters)
-        resolved.append((first, request))
-        return FooterCheck(first, request.data_columns, request.filters, request.schema, partitions)
-
+    check = _FirstFooter(fs, listing, source, partitions)
     footers: dict[str, bytes] = {}
     if got.cached is not None:
         assert got.first_footer is not None
-        make_check(got.first_footer)
-        first, request = resolved[0]
+        check(got.first_footer)
         table = _with_listing(listing, from_ipc(got.cached))
     else:
-        lo, hi = _share_bounds(listing.num_rows, share.rank, share.size)
-        mine = listed_files(listing, lo, hi)
-        first_file = mine[0] if lo == 0 and mine else listed_files(listing, 0, 1)[0]
-        keep = listing.num_rows <= KEEP_FOOTERS_FILES
-        try:
-            result = read_share(
-                fs, mine, first_file, make_check, first_index=lo, fetch=fetch, keep_footers=keep
-            )
-            part, error = result.table, result.error
-        except Exception as exc:  # still take part in the exchange: no rank is left waiting
-            part, error = files_table([], footers=keep), SharedError(lo, type(exc).__name__, str(exc))
-        # Every rank has the listing: only what the footers said travels (rows, row groups).
-        slim = part.drop_columns(list(_LISTING_COLUMNS))
-        shares = [decode_share(buf) for buf in share.all_gather(encode_share(slim, error))]
-        errors = [e for _, e in shares if e is not None]
-        if errors:
-            raise min(errors, key=lambda e: e.index).exception()
-        for rank, (got_share, _) in enumerate(shares):
-            a, b = _share_bounds(listing.num_rows, rank, share.size)
-            if got_share.num_rows != b - a:
-                raise DiscoveryError(
-                    f"rank {rank} of {share.size} sent the footers of {got_share.num_rows} files, not "
-                    f"the {b - a} of its share: every rank must build the dataset with the same path "
-                    "and options"
-                )
-        joined = pa.concat_tables([t for t, _ in shares])
-        if keep:
-            buffers: list[Any] = joined.column(FOOTER_COLUMN).to_pylist()
-            names: list[Any] = listing.column("path").to_pylist()
-            footers = dict(zip(names, buffers, strict=True))
-            joined = joined.drop_columns([FOOTER_COLUMN])
-        table = _with_listing(listing, joined)
-        first, request = resolved[0]
+        table, footers = _read_footers(fs, listing, share, check, fetch)
         cache = _cache_spec(source, fs, fetch) if share.rank == 0 else None
         if cache is not None:
             bases = listing.column("base").unique()
-            base = bases[0].as_py() if len(bases) == 1 else None
-            _write_cache(cache, table, key, first, fetch, base)
+            _write_cache(cache, table, key, check.first, fetch, bases[0].as_py() if len(bases) == 1 else None)
+    request = check.request
     others = _other_schemas(table)
     if others:
         for other_path, other_schema in others:  # (the footer readers checked theirs already)
-            check_fields(fs, first, other_path, other_schema, request.data_columns)
-        schema = _dataset_schema((first.path, first.schema), others, source.columns, fs)
-        if not schema.equals(first.schema):  # NOT NULL in some files only: nullable
+            check_fields(fs, check.first, other_path, other_schema, request.data_columns)
+        schema = _dataset_schema((check.first.path, check.first.schema), others, source.columns, fs)
+        if not schema.equals(check.first.schema):  # NOT NULL in some files only: nullable
             request = _resolve_request(schema, partitions, source.columns, source.filters)
     files = file_table(table)
-    expr = request.filters
-    if expr is not None and len(files) and not files.live.any():
+    if request.filters is not None and len(files) and not files.live.any():
         warnings.warn(
-            f"filters={expr} excludes every row group of the {len(files)} files by their "
+            f"filters={request.filters} excludes every row group of the {len(files)} files by their "
             "statistics: the dataset yields no rows",
             UserWarning,
             stacklevel=4,
@@ -535,9 +511,117 @@ def _discover_parquet(
         partitions=partitions,
         metadata=table,
         table=files,
-        extra={"parquet_footers": footers} if footers else {},
+        footers=footers or None,
         **request._asdict(),
     )
+
+
+def _parquet_head(
+    path: str | Sequence[str],
+    source: FileSourceConfig,
+    fetch: FetchConfig,
+    listed: tuple[FileSystemSpec, str] | None,
+    key: CacheKey,
+    user: GivenFileSystem | None,
+) -> _Head:
+    """Rank 0: the manifest, or the listing and what the metadata cache holds of it."""
+    if source.use_manifest is not False:
+        found = find_manifest(
+            path, source.storage_options, required=source.use_manifest is True, fetch=fetch, filesystem=user
+        )
+        if found is not None:
+            return _Head(b"", None, None, None, found)
+    trusted: str | None = None
+    trust = _cache_spec(source, listed[0], fetch) if listed is not None else None
+    if trust is not None and source.metadata_cache_check == "on_open":
+        got = _trusted_head(trust, key, fetch)
+        if isinstance(got, _Head):
+            return got
+        trusted = got
+    listing = list_files(path, dict(source.storage_options or {}), fetch, filesystem=user)
+    table = listing_table(listing.files)
+    cache = _cache_spec(source, listing.fs, fetch)
+    loaded = load_cache(*cache, table, key, fetch) if cache is not None else None
+    if isinstance(loaded, CacheHit):
+        if trusted is not None:  # usable with the listing only (e.g. written by an older version)
+            log.info("%s; listed the files to validate it", trusted)
+        kept = loaded.table.drop_columns(list(_LISTING_COLUMNS))
+        return _Head(to_ipc(table), loaded.first_footer, to_ipc(kept), None)
+    note = f"{loaded}; reading the footers again and rewriting it" if isinstance(loaded, str) else None
+    return _Head(to_ipc(table), None, None, note)
+
+
+class _FirstFooter:
+    """The request, resolved against the first file's footer (the same on every rank).
+
+    Called with the first file's footer bytes (by the reader of that footer, or with the
+    cached ones), it returns what every other footer is checked against.
+    """
+
+    def __init__(
+        self, fs: FileSystemSpec, listing: pa.Table, source: FileSourceConfig, partitions: Partitions | None
+    ) -> None:
+        self.fs, self.listing, self.source, self.partitions = fs, listing, source, partitions
+        self.resolved: tuple[Reference, _Request] | None = None
+
+    def __call__(self, footer: bytes) -> FooterCheck:
+        source = self.source
+        first = reference(self.fs, self.listing.column("path")[0].as_py(), footer)
+        schema = _dataset_schema((first.path, first.schema), [], source.columns, self.fs)  # its own names
+        request = _resolve_request(schema, self.partitions, source.columns, source.filters)
+        self.resolved = (first, request)
+        return FooterCheck(first, request.data_columns, request.filters, request.schema, self.partitions)
+
+    @property
+    def first(self) -> Reference:
+        """The first file's reference."""
+        assert self.resolved is not None, "the first footer was not read"
+        return self.resolved[0]
+
+    @property
+    def request(self) -> _Request:
+        """The request resolved against the first file."""
+        assert self.resolved is not None, "the first footer was not read"
+        return self.resolved[1]
+
+
+def _read_footers(
+    fs: FileSystemSpec, listing: pa.Table, share: Exchange, check: _FirstFooter, fetch: FetchConfig
+) -> tuple[pa.Table, dict[str, bytes]]:
+    """Every rank reads its share of the footers; the shares are exchanged and joined.
+
+    Returns the files' table and, for at most ``KEEP_FOOTERS_FILES`` files, their footers.
+    """
+    lo, hi = _share_bounds(listing.num_rows, share.rank, share.size)
+    mine = listed_files(listing, lo, hi)
+    first_file = mine[0] if lo == 0 and mine else listed_files(listing, 0, 1)[0]
+    keep = listing.num_rows <= KEEP_FOOTERS_FILES
+    try:
+        result = read_share(fs, mine, first_file, check, first_index=lo, fetch=fetch, keep_footers=keep)
+        part, error = result.table, result.error
+    except Exception as exc:  # still take part in the exchange: no rank is left waiting
+        part, error = files_table([], footers=keep), SharedError(lo, type(exc).__name__, str(exc))
+    # Every rank has the listing: only what the footers said travels (rows, row groups).
+    slim = part.drop_columns(list(_LISTING_COLUMNS))
+    shares = [decode_share(buf) for buf in share.all_gather(encode_share(slim, error))]
+    errors = [e for _, e in shares if e is not None]
+    if errors:
+        raise min(errors, key=lambda e: e.index).exception()
+    for rank, (got, _) in enumerate(shares):
+        a, b = _share_bounds(listing.num_rows, rank, share.size)
+        if got.num_rows != b - a:
+            raise DiscoveryError(
+                f"rank {rank} of {share.size} sent the footers of {got.num_rows} files, not the "
+                f"{b - a} of its share: every rank must build the dataset with the same path and options"
+            )
+    joined = pa.concat_tables([t for t, _ in shares])
+    footers: dict[str, bytes] = {}
+    if keep:
+        buffers: list[Any] = joined.column(FOOTER_COLUMN).to_pylist()
+        names: list[Any] = listing.column("path").to_pylist()
+        footers = dict(zip(names, buffers, strict=True))
+        joined = joined.drop_columns([FOOTER_COLUMN])
+    return _with_listing(listing, joined), footers
 
 
 def _other_schemas(table: pa.Table) -> list[tuple[str, pa.Schema]]:
@@ -613,6 +697,7 @@ def _discover_manifest(
         format=FileFormat.PARQUET,
         files=files,
         partitions=partitions,
-        extra={"manifest": manifest},
+        reshard_manifest=manifest,
+        manifest=fs.display(posixpath.join(root, MANIFEST_NAME)),
         **request._asdict(),
     )

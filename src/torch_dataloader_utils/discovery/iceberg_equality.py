@@ -71,7 +71,7 @@ class EqualityMatcher:
             return np.zeros(num_rows, dtype=bool)
         if len(columns) == 1:
             hit = pc.is_in(columns[0], value_set=self._distinct[0], skip_nulls=False)
-            return hit.to_numpy(zero_copy_only=False).astype(bool, copy=False)  # type: ignore[no-any-return]
+            return hit.to_numpy(zero_copy_only=False).astype(bool, copy=False)
         if self._keys is None:
             wanted = set(zip(*(c.to_pylist() for c in self._deletes.columns), strict=True))
             rows = zip(*(c.to_pylist() for c in columns), strict=True)

@@ -114,7 +114,7 @@ class _Translator:
             raise _Untranslatable(inner)
         name, op, raw = m.group(1), m.group(2), m.group(3)
         value = self._fit(self._field(name), _literal(raw))
-        return _CMP[op](name, value), True  # type: ignore[no-any-return]
+        return _CMP[op](name, value), True
 
     def _field(self, name: str) -> it.NestedField:
         try:

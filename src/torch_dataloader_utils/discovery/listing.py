@@ -13,8 +13,8 @@ from urllib.parse import unquote
 
 from torch_dataloader_utils.config import FetchConfig
 from torch_dataloader_utils.errors import ConfigError, DiscoveryError, NoFilesFoundError, PathNotFoundError
-from torch_dataloader_utils.storage.fetch import GaveUp, retry_call
-from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
+from torch_dataloader_utils.storage.fetch import CREDENTIALS_FIX, GaveUp, lacks_credentials, retry_call
+from torch_dataloader_utils.storage.fs import FileSystemSpec, GivenFileSystem, resolve
 from torch_dataloader_utils.storage.identity import mtime_of
 from torch_dataloader_utils.storage.redact import redact
 
@@ -123,15 +123,19 @@ def remote_request(fs: FileSystemSpec, config: FetchConfig, path: str, call: Cal
         if isinstance(error, FileNotFoundError):
             raise error from None
         where = f"listing {fs.display(path)!r} on {fs.endpoint}"
+        if lacks_credentials(error):
+            raise DiscoveryError(
+                f"{where} failed: no credentials were found ({type(error).__name__}: {redact(str(error))}); "
+                f"{CREDENTIALS_FIX}"
+            ) from error
         if isinstance(error, PermissionError):
             raise DiscoveryError(
                 f"{where} was refused: {type(error).__name__}: {redact(str(error))}; check the credentials "
                 "(key, secret, token) in storage_options and that they may list this bucket"
             ) from error
         raise DiscoveryError(
-            f"{where} failed {failed.how(config)}; check that endpoint_url in storage_options "
-            "points at a running storage server reachable from here, or raise request_timeout= "
-            "/ retries="
+            f"{where} failed {failed.how(config)}; check that {fs.where_to_fix} points at a running "
+            "storage server reachable from here, or raise request_timeout= / retries="
         ) from error
 
 
@@ -141,7 +145,7 @@ def _list_dir(
     if fs.is_local:
         yield from _walk_local(root)
         return
-    found = remote_request(fs, config, root, lambda: fs.fsspec().find(root, withdirs=False, detail=True))
+    found = remote_request(fs, config, root, lambda: fs.call("find", root, withdirs=False, detail=True))
     for path, info in found.items():
         yield path, int(info.get("size") or 0), mtime_of(info), _etag(info)
 
@@ -150,18 +154,18 @@ def _exists(fs: FileSystemSpec, path: str, config: FetchConfig) -> bool:
     """Whether ``path`` names an existing file or directory, read literally (no pattern)."""
     if fs.is_local:
         return os.path.exists(path)
-    return bool(remote_request(fs, config, path, lambda: fs.fsspec().exists(path)))
+    return bool(remote_request(fs, config, path, lambda: fs.call("exists", path)))
 
 
 def _list_one(fs: FileSystemSpec, path: str, config: FetchConfig) -> tuple[list[ListedFile], int]:
-    client = fs.fsspec()
+    fs.fsspec()  # built first: a client that refuses its options raises as it does, not as a listing
     # A path that exists as spelled is that path, even with glob characters in its name
     # (``run[1]`` is a directory, not the pattern matching ``run1``).
     if _is_glob(path) and not _exists(fs, path, config):
         if fs.is_local:
             matches = sorted(_glob.glob(path, recursive=True))
         else:
-            matches = sorted(remote_request(fs, config, path, lambda: client.glob(path)))
+            matches = sorted(remote_request(fs, config, path, lambda: fs.call("glob", path)))
         base = path[: min(path.index(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
         files: list[ListedFile] = []
         skipped = 0
@@ -195,7 +199,7 @@ def _list_one(fs: FileSystemSpec, path: str, config: FetchConfig) -> tuple[list[
             )
     else:
         try:
-            info = remote_request(fs, config, path, lambda: client.info(path))
+            info = remote_request(fs, config, path, lambda: fs.call("info", path))
         except FileNotFoundError as exc:
             raise PathNotFoundError(
                 f"path={fs.display(path)!r} does not exist; check the URL and that "
@@ -223,7 +227,11 @@ def _list_one(fs: FileSystemSpec, path: str, config: FetchConfig) -> tuple[list[
 
 
 def list_files(
-    path: str | Sequence[str], storage_options: dict[str, Any] | None = None, fetch: FetchConfig | None = None
+    path: str | Sequence[str],
+    storage_options: dict[str, Any] | None = None,
+    fetch: FetchConfig | None = None,
+    *,
+    filesystem: GivenFileSystem | None = None,
 ) -> Listing:
     """List the data files of ``path``.
 
@@ -234,6 +242,8 @@ def list_files(
             glob characters (``run[1]``); only a path that does not exist is a pattern.
         storage_options: Options for the fsspec filesystem.
         fetch: Retries and the time budget of each request to remote storage.
+        filesystem: The user's filesystem object (``filesystem=``), used for every
+            request instead of one built from ``storage_options``.
 
     Returns:
         The filesystem and the files, sorted and without duplicates. Hidden files and
@@ -261,7 +271,13 @@ def list_files(
     for p in paths:
         if not isinstance(p, (str, os.PathLike)):
             raise ConfigError(f"path={p!r} must be a string (file, directory, glob or URL)")
-        p_spec, stripped = resolve(os.fspath(p), storage_options, timeout=config.attempt_timeout)
+        p_spec, stripped = resolve(
+            os.fspath(p),
+            storage_options,
+            timeout=config.attempt_timeout,
+            deadline=config.request_timeout,
+            filesystem=filesystem,
+        )
         if spec is None:
             spec = p_spec
         elif p_spec.protocol != spec.protocol:

@@ -12,12 +12,19 @@ The file is JSON (version :data:`MANIFEST_VERSION`)::
      "partition_by": ["year"], "num_rows": 1000000, "num_bytes": 268435456,
      "source": {"fingerprint": "...", ...}, "options": {...}, "plan": {...},
      "shards": [{"path": "year=2024/part-00000.parquet", "rows": 250000,
-                 "bytes": 67108864, "partition": [2024],
+                 "bytes": 67108864, "mtime": 1795000000.123, "partition": [2024],
                  "row_groups": [[0, 125000, 33554432], [125000, 125000, 33550000]]}]}
 
 Shard paths are relative to the manifest's directory, so the dataset can be moved or
 copied whole. Partition columns (``partition_by``) are not stored in the files: they come
 back from the ``partition`` values, typed by the schema.
+
+A shard's ``mtime`` is its modification time as a listing of the directory reports it
+(absent in manifests written before it was recorded): readers check each shard's size
+and time against it, and the footer they open against its row groups, so a shard
+replaced or copied over is refused with the advice that the manifest is stale. A
+manifest is refused when it lists a path twice, an absolute path or one with ``..``, or
+row groups that do not add up to the shard's rows (a hand edit).
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from torch_dataloader_utils.config import FetchConfig
 from torch_dataloader_utils.discovery.listing import remote_request
 from torch_dataloader_utils.errors import ConfigError, CorruptFileError
 from torch_dataloader_utils.plan.types import FileInfo, RowGroup
-from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
+from torch_dataloader_utils.storage.fs import FileSystemSpec, GivenFileSystem, resolve
 from torch_dataloader_utils.storage.partitions import Partitions
 
 __all__ = [
@@ -47,6 +54,7 @@ __all__ = [
     "MANIFEST_VERSION",
     "Manifest",
     "ShardEntry",
+    "check_directory_names",
     "check_partition_field",
     "find_manifest",
     "hive_directory",
@@ -118,6 +126,27 @@ def hive_directory(names: Sequence[str], values: Sequence[object]) -> str:
     return "/".join(parts)
 
 
+NAME_MAX = 255
+"""Bytes of the longest file or directory name most file systems and object stores take."""
+
+
+def check_directory_names(names: Sequence[str], values: Sequence[object]) -> None:
+    """Refuse a partition whose ``name=value`` directory is longer than a name may be.
+
+    Raises:
+        ConfigError: naming the column, the start of the value, the length and the fix.
+    """
+    for part, name, value in zip(hive_directory(names, values).split("/"), names, values, strict=True):
+        length = len(part.encode("utf-8"))
+        if length > NAME_MAX:
+            shown = str(value)[:40]
+            raise ConfigError(
+                f"partition_by column {name!r} has a value ({shown!r}..., {len(str(value))} characters) "
+                f"whose directory name '{name}=...' is {length} bytes, longer than file systems allow "
+                f"({NAME_MAX}); partition by a shorter column, e.g. a prefix or a hash of this one"
+            )
+
+
 @dataclass(frozen=True)
 class ShardEntry:
     """One shard of a manifest.
@@ -128,6 +157,7 @@ class ShardEntry:
         bytes: Size of the file in bytes.
         row_groups: Its row groups: index, first row, rows, compressed bytes.
         partition: Its partition values, in ``Manifest.partition_by`` order (JSON scalars).
+        mtime: Its modification time as a listing reports it, or ``None`` (not recorded).
     """
 
     path: str
@@ -135,6 +165,7 @@ class ShardEntry:
     bytes: int
     row_groups: tuple[RowGroup, ...]
     partition: tuple[object, ...] = ()
+    mtime: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """As a JSON object."""
@@ -144,6 +175,8 @@ class ShardEntry:
             "bytes": self.bytes,
             "row_groups": [[g.first_row, g.num_rows, g.num_bytes] for g in self.row_groups],
         }
+        if self.mtime is not None:
+            out["mtime"] = self.mtime
         if self.partition:
             out["partition"] = [partition_value(v) for v in self.partition]
         return out
@@ -155,13 +188,38 @@ class ShardEntry:
             RowGroup(i, int(first), int(rows), int(nbytes))
             for i, (first, rows, nbytes) in enumerate(data["row_groups"])
         )
+        mtime = data.get("mtime")
         return cls(
             path=str(data["path"]),
             rows=int(data["rows"]),
             bytes=int(data["bytes"]),
             row_groups=groups,
             partition=tuple(data.get("partition", ())),
+            mtime=None if mtime is None else float(mtime),
         )
+
+    def problem(self) -> str | None:
+        """Why this entry cannot be a shard of its manifest (``None``: it can)."""
+        path = self.path
+        if not path or path.startswith(("/", "\\")) or "://" in path or (len(path) > 1 and path[1] == ":"):
+            return f"shard path {path!r} is not relative to the manifest's directory"
+        if any(part in ("..", ".", "") for part in path.replace("\\", "/").split("/")):
+            return (
+                f"shard path {path!r} has '..', '.' or an empty part (it must name a file below the manifest)"
+            )
+        if self.rows < 0 or self.bytes < 0:
+            return f"shard {path!r} has {self.rows} rows and {self.bytes} bytes"
+        first = 0
+        for g in self.row_groups:
+            if g.first_row != first or g.num_rows < 0:
+                return (
+                    f"shard {path!r} row group {g.index} starts at row {g.first_row}, after "
+                    f"{first} rows of the groups before it"
+                )
+            first += g.num_rows
+        if self.row_groups and first != self.rows:
+            return f"shard {path!r} has {self.rows} rows but its row groups hold {first}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -250,6 +308,7 @@ class Manifest:
             raise CorruptFileError(
                 f"{where!r} is a damaged reshard manifest ({exc!r}); reshard again"
             ) from exc
+        _check_shards(shards, where)
         return cls(
             schema=schema,
             partition_by=partition_by,
@@ -262,7 +321,8 @@ class Manifest:
     def files(self, root: str) -> tuple[FileInfo, ...]:
         """The shards as :class:`FileInfo` (paths under ``root``), without any I/O."""
         return tuple(
-            FileInfo(posixpath.join(root, s.path), s.bytes, s.rows, s.row_groups) for s in self.shards
+            FileInfo(posixpath.join(root, s.path), s.bytes, s.rows, s.row_groups, s.mtime)
+            for s in self.shards
         )
 
     def partitions(self, root: str) -> Partitions | None:
@@ -279,6 +339,26 @@ class Manifest:
         return Partitions(pa.schema(fields), values)
 
 
+def _check_shards(shards: Sequence[ShardEntry], where: str) -> None:
+    """Refuse a manifest whose shards cannot be the output of one job (a hand edit, a copy).
+
+    Raises:
+        CorruptFileError: a path twice, outside the manifest's directory, or row groups
+            that do not add up (the first such shard named).
+    """
+    seen: set[str] = set()
+    for shard in shards:
+        problem = shard.problem()
+        if problem is None and shard.path in seen:
+            problem = f"shard path {shard.path!r} is listed twice"
+        if problem is not None:
+            raise CorruptFileError(
+                f"{where!r} cannot be used: {problem}; it was edited or damaged: reshard again, or "
+                "pass use_manifest=False to list the files and read their footers"
+            )
+        seen.add(shard.path)
+
+
 def _probe(path: str) -> bool:
     name = posixpath.basename(path.rstrip("/"))
     return name == MANIFEST_NAME or not name.lower().endswith(_DATA_SUFFIXES)
@@ -290,6 +370,7 @@ def find_manifest(
     *,
     required: bool,
     fetch: FetchConfig | None = None,
+    filesystem: GivenFileSystem | None = None,
 ) -> tuple[FileSystemSpec, str, Manifest] | None:
     """The manifest of ``path`` (a resharded directory, or its ``_manifest.json``), if any.
 
@@ -311,7 +392,13 @@ def find_manifest(
     if not required and not _probe(path):
         return None
     config = fetch or FetchConfig()
-    spec, stripped = resolve(path, storage_options, timeout=config.attempt_timeout)
+    spec, stripped = resolve(
+        path,
+        storage_options,
+        timeout=config.attempt_timeout,
+        deadline=config.request_timeout,
+        filesystem=filesystem,
+    )
     if posixpath.basename(stripped.rstrip("/")) == MANIFEST_NAME:
         manifest_path = stripped
         root = posixpath.dirname(stripped) if not spec.is_local else os.path.dirname(stripped)
@@ -326,7 +413,7 @@ def find_manifest(
         else:
             # Looking for the manifest is the first request of listing the directory: a
             # failure is reported as the listing's (the directory named, within its budget).
-            data = remote_request(spec, config, root, lambda: bytes(spec.fsspec().cat_file(manifest_path)))
+            data = remote_request(spec, config, root, lambda: bytes(spec.call("cat_file", manifest_path)))
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
         if required:
             raise ConfigError(

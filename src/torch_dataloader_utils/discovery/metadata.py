@@ -293,7 +293,7 @@ def to_ipc(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()  # type: ignore[no-any-return]
+    return sink.getvalue().to_pybytes()
 
 
 def from_ipc(data: bytes) -> pa.Table:

@@ -249,87 +249,111 @@ def read_share(
         threads: Footers read at once.
         keep_footers: Add the footer buffers as a ``footer`` column (for the readers).
     """
-    config = fetch or FetchConfig()
-    own_first = first_index == 0 and bool(files)
-    # Work items in order: -1 is the first file's footer when it is not in this share.
-    items = iter(range(0 if own_first else -1, len(files)))
-    results: list[FileRows | Exception | None] = [None] * len(files)
-    lock = threading.Lock()
-    failed = [len(files)]  # the first failed position: later files are not read
-    ready = threading.Event()
-    state: dict[str, Any] = {}
-
-    def resolve(footer: bytes) -> None:
-        try:
-            state["check"] = make_check(footer)
-            state["parquet_schema"] = state["check"].first.parquet_schema
-        except Exception as exc:  # a bad request: every rank meets the same
-            state["error"] = SharedError(
-                -1 if not isinstance(exc, CorruptFileError) else 0, type(exc).__name__, str(exc)
-            )
-        finally:
-            ready.set()
-
-    def stop() -> None:
-        with lock:
-            failed[0] = -1
-
-    def work() -> None:
-        # Each thread takes the next file until none is left: no future or queue per file
-        # (with thousands of footers per process their cost is a large part of the CPU).
-        while True:
-            with lock:
-                i = next(items, None)
-                if i is None or i > failed[0]:
-                    return
-            listed = first if i < 0 else files[i]
-            try:
-                footer = _fetch_footer(fs, listed, config)
-            except Exception as exc:
-                if i <= 0 and (i < 0 or own_first):
-                    state["error"] = SharedError(0, type(exc).__name__, str(exc))
-                    ready.set()
-                    stop()
-                else:
-                    results[i] = exc
-                    with lock:
-                        failed[0] = min(failed[0], i)
-                continue
-            if i < 0 or (i == 0 and own_first):
-                resolve(footer)
-                if "error" in state:
-                    stop()
-                    continue
-                if i < 0:
-                    continue
-            ready.wait()
-            if "error" in state:
-                return
-            try:
-                results[i] = _check_one(
-                    fs, listed, footer, state["check"], state["parquet_schema"], keep_footers
-                )
-            except Exception as exc:  # passed on to every rank, raised there
-                results[i] = exc
-                with lock:
-                    failed[0] = min(failed[0], i)
-
-    count = max(1, min(threads, len(files) + (0 if own_first else 1)))
+    reader = _ShareReader(fs, files, first, make_check, fetch or FetchConfig(), first_index, keep_footers)
+    count = max(1, min(threads, len(files) + (0 if reader.own_first else 1)))
     if count == 1:
-        work()
+        reader.work()
     else:
-        pool = [threading.Thread(target=work, name=f"tdu-footer-{n}", daemon=True) for n in range(count)]
+        pool = [
+            threading.Thread(target=reader.work, name=f"tdu-footer-{n}", daemon=True) for n in range(count)
+        ]
         for t in pool:
             t.start()
         for t in pool:
             t.join()
-    if "error" in state:
-        return ShareResult(files_table([], footers=keep_footers), state["error"], None)
-    rows: list[FileRows] = []
-    for i, result in enumerate(results):
-        if isinstance(result, Exception):
-            error = SharedError(first_index + i, type(result).__name__, str(result))
-            return ShareResult(files_table(rows, footers=keep_footers), error, state["check"])
-        assert result is not None
-        rows.append(result)
-    return ShareResult(files_table(rows, footers=keep_footers), None, state["check"])
+    return reader.result()
+
+
+class _ShareReader:
+    """The footers of one share, read by a few threads that each take the next file.
+
+    No future or queue per file: with thousands of footers per process their cost is a
+    large part of the CPU. The first file's footer resolves the check every footer is
+    checked against; a failure stops the files after it.
+    """
+
+    def __init__(
+        self,
+        fs: FileSystemSpec,
+        files: Sequence[ListedFile],
+        first: ListedFile,
+        make_check: Callable[[bytes], FooterCheck],
+        config: FetchConfig,
+        first_index: int,
+        keep_footers: bool,
+    ) -> None:
+        self.fs, self.files, self.first, self.make_check = fs, files, first, make_check
+        self.config, self.first_index, self.keep = config, first_index, keep_footers
+        self.own_first = first_index == 0 and bool(files)
+        # Work items in order: -1 is the first file's footer when it is not in this share.
+        self._items = iter(range(0 if self.own_first else -1, len(files)))
+        self.results: list[FileRows | Exception | None] = [None] * len(files)
+        self._lock = threading.Lock()
+        self._failed = len(files)  # the first failed position: later files are not read
+        self._ready = threading.Event()
+        self.check: FooterCheck | None = None
+        self.error: SharedError | None = None
+
+    def _resolve(self, footer: bytes) -> None:
+        try:
+            self.check = self.make_check(footer)
+        except Exception as exc:  # a bad request: every rank meets the same
+            index = -1 if not isinstance(exc, CorruptFileError) else 0
+            self.error = SharedError(index, type(exc).__name__, str(exc))
+        finally:
+            self._ready.set()
+
+    def _fail(self, i: int, exc: Exception) -> None:
+        self.results[i] = exc
+        with self._lock:
+            self._failed = min(self._failed, i)
+
+    def _next(self) -> int | None:
+        with self._lock:
+            i = next(self._items, None)
+            return None if i is None or i > self._failed else i
+
+    def work(self) -> None:
+        """Take the next file until none is left (or one failed before it)."""
+        while (i := self._next()) is not None:
+            listed = self.first if i < 0 else self.files[i]
+            first = i < 0 or (i == 0 and self.own_first)
+            try:
+                footer = _fetch_footer(self.fs, listed, self.config)
+            except Exception as exc:
+                if not first:
+                    self._fail(i, exc)
+                    continue
+                self.error = SharedError(0, type(exc).__name__, str(exc))
+                self._ready.set()
+                footer = None
+            if first and footer is not None:
+                self._resolve(footer)
+            if self.error is not None:
+                with self._lock:
+                    self._failed = -1
+                return
+            if i < 0:
+                continue
+            self._ready.wait()
+            if self.error is not None or self.check is None or footer is None:
+                return
+            try:
+                self.results[i] = _check_one(
+                    self.fs, listed, footer, self.check, self.check.first.parquet_schema, self.keep
+                )
+            except Exception as exc:  # passed on to every rank, raised there
+                self._fail(i, exc)
+
+    def result(self) -> ShareResult:
+        """The share's files up to the first failure, and that failure."""
+        if self.error is not None:
+            return ShareResult(files_table([], footers=self.keep), self.error, None)
+        rows: list[FileRows] = []
+        for i, result in enumerate(self.results):
+            if isinstance(result, Exception):
+                error = SharedError(self.first_index + i, type(result).__name__, str(result))
+                return ShareResult(files_table(rows, footers=self.keep), error, self.check)
+            assert result is not None
+            rows.append(result)
+        return ShareResult(files_table(rows, footers=self.keep), None, self.check)

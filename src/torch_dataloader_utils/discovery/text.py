@@ -235,6 +235,8 @@ def _inspect(
         head, complete = _head(fs, listed.path, compression)
     except (OSError, pa.ArrowException) as exc:
         raise CorruptFileError(f"cannot read the head of {display!r} ({exc})") from exc
+    if compression is None:
+        _refuse_columnar(fs, listed, head, "CSV" if is_csv else "JSONL")
     names: tuple[str, ...] = ()
     data_start = 0
     newline = line_end_of(head)
@@ -276,6 +278,38 @@ def _inspect(
     if is_csv and not sample[data_start:].strip():
         return meta, None  # header only: the names, but no types
     return meta, _sample_schema(sample, is_csv, display)
+
+
+_COLUMNAR_MAGIC = (
+    ("parquet", "a Parquet", b"PAR1", slice(-4, None)),
+    ("orc", "an ORC", b"ORC", slice(-4, -1)),
+)
+"""``(format, name, magic, where the magic sits in the last 4 bytes)``: Parquet files begin
+and end with ``PAR1``; ORC files begin with ``ORC`` and their postscript, before its
+length byte, ends with it."""
+
+
+def _refuse_columnar(fs: FileSystemSpec, listed: ListedFile, head: bytes, as_format: str) -> None:
+    """Raise if a file read as text is a Parquet or ORC file (its magic bytes, head and tail).
+
+    Read as text, such a file gave a misleading error (a header that is "not UTF-8") or,
+    for ORC as CSV, a silent row of garbage.
+
+    Raises:
+        CorruptFileError: naming the file, the format found and the ``format=`` to pass.
+    """
+    for name, label, magic, where in _COLUMNAR_MAGIC:
+        if not head.startswith(magic) or listed.size < 2 * len(magic):
+            continue
+        try:
+            tail = fs.read_range(listed.path, listed.size - 4, listed.size)
+        except OSError:  # the text reader will name the file if it cannot be read
+            return
+        if tail[where] == magic:
+            raise CorruptFileError(
+                f"{fs.display(listed.path)!r} is {label} file (it begins and ends with the magic bytes "
+                f"{magic.decode()!r}), not {as_format}: pass format={name!r}, or leave the file out of path"
+            )
 
 
 def _unify(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema:

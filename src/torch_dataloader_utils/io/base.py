@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -11,22 +11,74 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from torch_dataloader_utils.io.finish import BatchFinisher
+from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.partitions import Partitions
 
-__all__ = ["ChunkReader", "OpenFiles", "ReadRequest"]
+__all__ = ["ChunkReader", "IoTotals", "OpenFiles", "ReadRequest", "ReaderBase"]
 
 T = TypeVar("T")
+
+IoTotals = tuple[int, int, int, int, float]
+"""``(bytes_fetched, bytes_needed, requests, retries, wait_sec)`` of a process so far."""
 
 
 @runtime_checkable
 class ChunkReader(Protocol):
-    """Reads one chunk's rows as record batches, already projected and filtered."""
+    """Reads one chunk's rows as record batches, already projected and filtered.
+
+    Besides :meth:`read`, a reader declares what else it can do; :class:`ReaderBase`
+    gives the defaults of a reader that can do none of it.
+    """
+
+    @property
+    def fetches_ahead(self) -> bool:
+        """Whether bytes come from remote storage through a read-ahead fetcher (thread pool)."""
+        ...
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the chunk's rows, in file order, as batches of the output schema."""
         ...
+
+    def schedule(self, chunks: Sequence[Chunk]) -> None:
+        """Announce the chunks this process reads next, in order (remote read-ahead, checks)."""
+        ...
+
+    def use_threads(self, on: bool) -> None:
+        """Decode with Arrow's thread pool (``True``) or in the calling thread."""
+        ...
+
+    def with_read_rows(self, rows: int) -> ChunkReader:
+        """This reader decoding batches of about ``rows`` rows (or itself, when it cannot choose)."""
+        ...
+
+    def io_totals(self) -> IoTotals | None:
+        """What this process fetched and waited for so far (``None``: not counted)."""
+        ...
+
+
+class ReaderBase:
+    """The defaults of :class:`ChunkReader`'s capabilities: a reader that has none of them."""
+
+    @property
+    def fetches_ahead(self) -> bool:
+        """Bytes are not fetched ahead."""
+        return False
+
+    def schedule(self, chunks: Sequence[Chunk]) -> None:
+        """Nothing is fetched or checked ahead."""
+
+    def use_threads(self, on: bool) -> None:
+        """Decoding threads are not the reader's to choose."""
+
+    def with_read_rows(self, rows: int) -> ChunkReader:
+        """The batch size is not the reader's to choose: the reader itself."""
+        return self  # type: ignore[return-value]  # a subclass is a ChunkReader
+
+    def io_totals(self) -> IoTotals | None:
+        """Nothing is counted."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -45,6 +97,8 @@ class ReadRequest:
         filters: The row filter, or ``None``.
         output_schema: The schema of every output batch (files differing from it only in
             NOT NULL declarations are relabelled to it), or ``None``.
+        manifest: The reshard manifest the files were planned from (as shown to users),
+            or ``None`` (planned from a listing): the advice when a file changed.
     """
 
     fs: FileSystemSpec
@@ -56,6 +110,7 @@ class ReadRequest:
     partition_columns: tuple[str, ...] = ()
     filters: pc.Expression | None = None
     output_schema: pa.Schema | None = None
+    manifest: str | None = None
 
     def finisher(self) -> BatchFinisher:
         """Adds partition columns, filters rows and projects, as every reader does last."""
@@ -83,24 +138,37 @@ class OpenFiles(Generic[T]):
         self._opener = opener
         self._size = size
         self._closer = closer
-        self._open: OrderedDict[str, T] = OrderedDict()
+        self._open = self._empty()
+        self._lock = threading.Lock()
+
+    def _empty(self) -> BoundedDict[str, T]:
+        closer = self._closer
+        return BoundedDict(self._size, lru=True, on_drop=None if closer is None else lambda _, f: closer(f))
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_open"] = OrderedDict()
+        state["_open"] = None
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open = self._empty()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._open)
 
     def get(self, path: str) -> T:
-        """The open file of ``path`` (opened now if it is not in the cache)."""
-        handle = self._open.pop(path, None)
-        if handle is None:
-            handle = self._opener(path)
-        self._open[path] = handle
-        while len(self._open) > self._size:
-            _, old = self._open.popitem(last=False)
-            if self._closer is not None:
-                self._closer(old)
+        """The open file of ``path`` (opened now if it is not in the cache); safe from several threads."""
+        with self._lock:
+            handle = self._open.get(path)
+            if handle is None:
+                handle = self._opener(path)
+                self._open[path] = handle
         return handle
+
+    def close(self) -> None:
+        """Drop (and close, with a ``closer``) every open file."""
+        with self._lock:
+            self._open.clear()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -54,7 +54,9 @@ def rebatch(
         yield concat_batches(pending)
 
 
-def concat_batches(pieces: list[pa.RecordBatch], memory_pool: pa.MemoryPool | None = None) -> pa.RecordBatch:
+def concat_batches(
+    pieces: Sequence[pa.RecordBatch], memory_pool: pa.MemoryPool | None = None
+) -> pa.RecordBatch:
     """``pieces`` (one schema) as one record batch: contiguous columns, one copy (none for one piece).
 
     ``memory_pool``: where the copy is allocated (``None``: Arrow's default pool).

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from torch_dataloader_utils.errors import ReadError
-from torch_dataloader_utils.io.base import OpenFiles
+from torch_dataloader_utils.io.base import OpenFiles, ReaderBase
 from torch_dataloader_utils.io.prefetch import FetchStats, column_ranges
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
 from torch_dataloader_utils.storage.iceberg_columns import (
@@ -39,7 +39,7 @@ from torch_dataloader_utils.storage.identity import check_size
 __all__ = ["IcebergReader"]
 
 
-class IcebergReader:
+class IcebergReader(ReaderBase):
     """A :class:`ChunkReader` for the data files of an :class:`IcebergScan`."""
 
     def __init__(self, scan: IcebergScan, batch_size: int, use_threads: bool = True) -> None:

@@ -9,18 +9,19 @@ import pyarrow as pa
 import pyarrow.orc as orc
 
 from torch_dataloader_utils.errors import ReadError
-from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
+from torch_dataloader_utils.io.base import OpenFiles, ReaderBase, ReadRequest
 from torch_dataloader_utils.plan.types import Chunk
 from torch_dataloader_utils.storage.identity import FileChecks
 
 __all__ = ["OrcReader"]
 
 
-def _close_source(entry: tuple[Any, orc.ORCFile]) -> None:
+def _close(entry: tuple[Any, orc.ORCFile]) -> None:
+    """Close an open ORC file's source (a module-level function: the reader pickles to workers)."""
     entry[0].close()
 
 
-class OrcReader:
+class OrcReader(ReaderBase):
     """A :class:`ChunkReader` for ORC files.
 
     A chunk ``[start, stop)`` of rows reads the stripes overlapping it; a stripe only
@@ -34,9 +35,7 @@ class OrcReader:
         self._data_columns = list(request.data_columns)
         self._finish = request.finisher()
         self._batch_size = request.batch_size
-        self._open: OpenFiles[tuple[Any, orc.ORCFile]] = OpenFiles(
-            self._open_orc, closer=lambda e: e[0].close()
-        )
+        self._open: OpenFiles[tuple[Any, orc.ORCFile]] = OpenFiles(self._open_orc, closer=_close)
         self._checks = FileChecks(request.fs, request.files)  # never read a rewritten file
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from torch_dataloader_utils.errors import ReadError
-from torch_dataloader_utils.io.base import OpenFiles, ReadRequest
+from torch_dataloader_utils.io.base import OpenFiles, ReaderBase, ReadRequest
 from torch_dataloader_utils.io.prefetch import ChunkSource, FetchStats, column_ranges
-from torch_dataloader_utils.plan.types import Chunk, RowGroup
-from torch_dataloader_utils.storage.identity import FileChecks
+from torch_dataloader_utils.plan.types import Chunk, FileInfo, RowGroup
+from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.handles import too_many_open_files
+from torch_dataloader_utils.storage.identity import FileChecks, check_footer, stale_advice
 
 __all__ = ["READ_BATCH_ROWS", "ParquetReader"]
 
@@ -26,7 +29,7 @@ cuts the large batches into exact ``batch_size`` batches as zero-copy slices.
 """
 
 
-class ParquetReader:
+class ParquetReader(ReaderBase):
     """A :class:`ChunkReader` for Parquet files.
 
     Batches are read with :data:`READ_BATCH_ROWS` rows (or ``batch_size`` when larger);
@@ -53,14 +56,28 @@ class ParquetReader:
         self._batch_size = request.batch_size
         self._read_rows = max(request.batch_size, READ_BATCH_ROWS)
         self._use_threads = use_threads
-        self._open = OpenFiles(self._open_parquet)
-        self._checks = FileChecks(request.fs, request.files)  # never read a rewritten file
-        # Remote files: bytes come from the source (read-ahead, retries); see io/prefetch.py.
-        self._source = source
-        self._local_stats = FetchStats()
         # Files counted by discovery.counts: row positions count only rows that pass the
         # filter, so a row group is filtered first and sliced after.
         self._filtered_positions = filtered_positions
+        self._manifest = request.manifest
+        # Local files, kept open (the opener holds no reference to this reader, so the
+        # files close as soon as the dataset is deleted).
+        self._open = OpenFiles(
+            functools.partial(
+                _open_checked,
+                request.fs,
+                request.files,
+                filtered_positions,
+                request.manifest,
+                tuple(request.data_columns),
+            )
+        )
+        # Never read a rewritten file.
+        self._checks = FileChecks(request.fs, request.files, manifest=request.manifest)
+        # Remote files: bytes come from the source (read-ahead, retries); see io/prefetch.py.
+        self._source = source
+        self._local_stats = FetchStats()
+        self._private_files = False  # see for_threads
 
     def use_threads(self, on: bool) -> None:
         """Decode with Arrow's thread pool (``True``, the default) or in the calling thread.
@@ -82,9 +99,30 @@ class ParquetReader:
 
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next, in order (remote read-ahead)."""
-        self._checks.schedule((c.path for c in chunks), self._metadata_request)
+        self._checks.schedule((c.path for c in chunks), self._metadata_request())
         if self._source is not None:
             self._source.schedule(chunks)
+
+    @property
+    def decodes_in_threads(self) -> bool:
+        """Whether several chunks may be decoded at once on other threads (local files).
+
+        Remote files come through the read-ahead fetcher, in the order it was given.
+        Use the reader :meth:`for_threads` returns.
+        """
+        return self._source is None
+
+    def for_threads(self) -> ParquetReader:
+        """This reader, each chunk read through a file reader of its own.
+
+        pyarrow's ``ParquetFile`` is not safe to iterate from two threads at once (its
+        read cache is shared: "ReadRangeCache did not find matching cache entry"), and
+        two streams of a mix may read one file. A chunk's reader shares the cached
+        file's parsed footer, so the footer is not read again.
+        """
+        own = copy.copy(self)
+        own._private_files = True
+        return own
 
     @property
     def fetches_ahead(self) -> bool:
@@ -100,13 +138,13 @@ class ParquetReader:
         stats = self._source.stats if self._source is not None else self._local_stats
         return stats.totals()
 
-    def _metadata_request(self) -> None:
-        """A remote file's size and time were asked (is it the planned file?): one request."""
-        stats = self._source.stats if self._source is not None else self._local_stats
-        stats.add(0)
+    def _metadata_request(self) -> functools.partial[None]:
+        """Counts one request: a remote file's size and time were asked (is it the planned file?).
 
-    def _open_parquet(self, path: str) -> pq.ParquetFile:
-        return pq.ParquetFile(path, filesystem=self._fs.arrow())
+        Bound to the statistics, not to this reader: the file checks keep it.
+        """
+        stats = self._source.stats if self._source is not None else self._local_stats
+        return functools.partial(stats.add, 0)
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the chunk's rows (filtered, projected) in file order."""
@@ -114,12 +152,15 @@ class ParquetReader:
         groups = info.groups_in(chunk.start, chunk.stop)
         if not groups:
             return
+        own: pq.ParquetFile | None = None  # this read's own file reader (for_threads), closed after
         try:
-            self._checks.check(chunk.path, info.size, info.mtime, self._metadata_request)
+            self._checks.check(chunk.path, info.size, info.mtime, self._metadata_request())
             if self._source is not None:
                 pf = self._source.open(chunk)
             else:
                 pf = self._open.get(chunk.path)
+                if self._private_files:
+                    pf = own = pq.ParquetFile(chunk.path, filesystem=self._fs.arrow(), metadata=pf.metadata)
                 needed = column_ranges(pf.metadata, [g.index for g in groups], self._data_columns)
                 nbytes = sum(hi - lo for lo, hi in needed)
                 self._local_stats.read(nbytes, nbytes)
@@ -144,9 +185,14 @@ class ParquetReader:
                 for batch in table.slice(lo, hi - lo).to_batches(max_chunksize=self._read_rows):
                     yield self._finish(batch, chunk.path)
         except (OSError, pa.ArrowException) as exc:
+            descriptors = too_many_open_files(exc)
             raise ReadError(
                 f"reading {self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop}) failed: {exc}"
+                + ("" if descriptors is None else f": {descriptors}")
             ) from exc
+        finally:
+            if own is not None:
+                own.close()
 
     def _read_filtered(
         self, pf: pq.ParquetFile, chunk: Chunk, groups: Sequence[RowGroup]
@@ -162,7 +208,7 @@ class ParquetReader:
                 raise ReadError(
                     f"row group {g.index} of {self._fs.display(chunk.path)!r} has {passing} rows passing "
                     f"filters={self._filters} but {g.num_rows} were counted when the dataset was built; "
-                    "the file changed since then: build the dataset again"
+                    f"the file changed since then: {stale_advice(self._manifest)}"
                 )
             if lo == 0 and hi == g.num_rows:
                 yield from parts
@@ -172,3 +218,22 @@ class ParquetReader:
 
     def _finish(self, batch: pa.RecordBatch, path: str) -> pa.RecordBatch:
         return self._finisher(batch, path)
+
+
+def _open_checked(
+    fs: FileSystemSpec,
+    files: Mapping[str, FileInfo],
+    filtered: bool,
+    manifest: str | None,
+    columns: Sequence[str],
+    path: str,
+) -> pq.ParquetFile:
+    """Open a local Parquet file and check its footer against the plan (:func:`check_footer`)."""
+    pf = pq.ParquetFile(path, filesystem=fs.arrow())
+    try:
+        shown = fs.display(path)
+        check_footer(shown, files[path], pf.metadata, filtered=filtered, manifest=manifest, columns=columns)
+    except BaseException:
+        pf.close()
+        raise
+    return pf

@@ -11,12 +11,19 @@ Held at once: one round and every stream's current decoded batch
 (``MIX_WORKER_READ_ROWS`` rows in DataLoader workers, where the reader can choose). A
 mix continued after a resume starts reading at the round of its cursor when row counts
 are exact, else at its start, skipping what was emitted.
+
+With helper threads (:mod:`~torch_dataloader_utils.io.helpers`, when the process has
+CPUs to spare), each stream of a mix decodes its next batch on a helper while its
+current one is taken (readers that declare ``decodes_in_threads``; a stream then holds
+one more decoded batch), the 8 streams' first batches are decoded side by side, and
+every round (or window) is gathered on a helper as soon as it is read.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future
 
 import numpy as np
 import pyarrow as pa
@@ -24,8 +31,9 @@ import pyarrow.compute as pc
 
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import with_flag
+from torch_dataloader_utils.io.helpers import Helpers
 from torch_dataloader_utils.plan.mixing import MixSchedule
-from torch_dataloader_utils.plan.pieces import Piece
+from torch_dataloader_utils.plan.pieces import Piece, ReadMode
 from torch_dataloader_utils.plan.shuffle import permutation
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo
 
@@ -144,11 +152,12 @@ def read_piece(
     batch_size: int = 65536,
     files: Mapping[str, FileInfo] | None = None,
     mix_read_rows: int | None = None,
+    helpers: Helpers | None = None,
 ) -> Iterator[pa.RecordBatch | Gather]:
     """A piece's rows in its emission order, restricted to ``[lo, hi)``, as items.
 
     Batches, and the shuffles' rows as :class:`Gather` items, gathered by whoever
-    takes them.
+    takes them (a helper thread first, when there are ``helpers``).
 
     Args:
         reader: Reads one chunk.
@@ -161,6 +170,8 @@ def read_piece(
             filter): a continued mix then starts reading at its cursor's round.
         mix_read_rows: Rows per decoded batch of a mix's streams, for readers that can
             choose (``with_read_rows``); ``None`` keeps the reader's own size.
+        helpers: Threads of this process with time to spare: they decode a mix's
+            streams ahead and gather its rounds (see the module).
     """
 
     def chunk_batches(index: int) -> Iterator[pa.RecordBatch]:
@@ -168,25 +179,34 @@ def read_piece(
         batches = reader.read(chunk)
         return with_flag(batches, flag_column, chunk.padding) if flag_column else batches
 
-    if piece.mix is not None and piece.key is not None:
-        narrow = getattr(reader, "with_read_rows", None)
-        if narrow is not None and mix_read_rows is not None:
-            reader = narrow(mix_read_rows)
-        yield from _read_mix(reader, piece, flag_column, files)
+    if piece.mode is ReadMode.MIX:
+        if mix_read_rows is not None:
+            reader = reader.with_read_rows(mix_read_rows)
+        yield from _read_mix(reader, piece, flag_column, files, helpers)
         return
-    if piece.key is None:
+    if piece.mode is ReadMode.FILE:
         yield from _rows_between(chunk_batches(0), piece.lo, piece.hi)
         return
     parts = [b for i in range(len(piece.chunks)) for b in chunk_batches(i) if b.num_rows]
     if not parts:
         return
     table = pa.Table.from_batches(parts)  # take() gathers across chunks: no concatenation copy
-    order = permutation(table.num_rows, piece.key[0], piece.key[1], *piece.key[2:])
+    key = piece.key or (0, 0)  # a window: its permutation key
+    order = permutation(table.num_rows, key[0], key[1], *key[2:])
     order = order[piece.lo : piece.hi]
     if not len(order):
         return
     order = order.astype(np.int64, copy=False)
-    yield Gather(table, order, ((0, len(order)),), max_rows=max(batch_size, WINDOW_YIELD_ROWS))
+    yield _handed(
+        Gather(table, order, ((0, len(order)),), max_rows=max(batch_size, WINDOW_YIELD_ROWS)), helpers
+    )
+
+
+def _handed(gather: Gather, helpers: Helpers | None) -> Gather:
+    """``gather``, its gather started on a helper thread when there is one."""
+    if helpers is not None:
+        helpers.submit(gather.prepare)
+    return gather
 
 
 def _rows_between(batches: Iterator[pa.RecordBatch], lo: int, hi: int | None) -> Iterator[pa.RecordBatch]:
@@ -243,20 +263,55 @@ def _stream_chunks(
 
 def piece_reads(piece: Piece, files: Mapping[str, FileInfo] | None = None) -> list[Chunk]:
     """The chunks reading ``piece`` opens, in the order it opens them (for remote read-ahead)."""
-    if piece.mix is None or piece.key is None:
+    if piece.mode is not ReadMode.MIX:
         return list(piece.chunks)
     schedule = _schedule(piece)
     index, _ = _start(piece, schedule, files)
     return [c for c in _stream_chunks(piece, schedule, index, files) if c is not None]
 
 
-class _Stream:
-    """One stream of a mix: its decoded batches, handed out a section at a time."""
+def _advance(batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch | None:
+    return next(batches, None)
 
-    def __init__(self, batches: Iterator[pa.RecordBatch] | None) -> None:
+
+class _Stream:
+    """One stream of a mix: its decoded batches, handed out a section at a time.
+
+    With ``helpers``, the next batch is always being decoded on a helper thread (one
+    decode in flight per stream, so the stream's iterator never runs in two threads).
+    """
+
+    def __init__(self, batches: Iterator[pa.RecordBatch] | None, helpers: Helpers | None = None) -> None:
         self._batches = batches
         self._current: pa.RecordBatch | None = None
         self._offset = 0
+        self._helpers = helpers
+        self._next: Future[pa.RecordBatch | None] | None = None
+        if helpers is not None and batches is not None:
+            self._next = helpers.submit(_advance, batches)
+
+    def _pull(self) -> pa.RecordBatch | None:
+        """The stream's next decoded batch (``None`` at its end), starting the one after."""
+        batches = self._batches
+        if batches is None:
+            return None
+        if self._next is None:
+            return next(batches, None)
+        batch = self._next.result()
+        self._next = (
+            None if batch is None or self._helpers is None else self._helpers.submit(_advance, batches)
+        )
+        return batch
+
+    def close(self) -> None:
+        """Stop: wait for a decode in flight, then close the stream's iterator."""
+        pending, self._next = self._next, None
+        if pending is not None and not pending.cancel():
+            pending.exception()  # let it finish; its error (if any) is not this caller's
+        batches, self._batches = self._batches, None
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
 
     def take(self, rows: int, out: list[pa.RecordBatch]) -> int:
         """Append up to ``rows`` next rows to ``out`` (zero-copy slices); returns how many."""
@@ -265,7 +320,7 @@ class _Stream:
             if self._current is None or self._offset >= self._current.num_rows:
                 if self._batches is None:
                     break
-                self._current = next(self._batches, None)
+                self._current = self._pull()
                 self._offset = 0
                 if self._current is None:
                     self._batches = None
@@ -283,30 +338,38 @@ def _read_mix(
     piece: Piece,
     flag_column: str | None,
     files: Mapping[str, FileInfo] | None,
+    helpers: Helpers | None = None,
 ) -> Iterator[Gather]:
     schedule = _schedule(piece)
     index, emitted = _start(piece, schedule, files)
+    decoders = helpers if getattr(reader, "decodes_in_threads", False) else None
+    if decoders is not None:
+        reader = reader.for_threads()  # type: ignore[attr-defined]
 
     def open_stream(chunk: Chunk | None) -> _Stream:
         if chunk is None:
             return _Stream(None)
         batches = reader.read(chunk)
-        return _Stream(with_flag(batches, flag_column, chunk.padding) if flag_column else batches)
+        return _Stream(with_flag(batches, flag_column, chunk.padding) if flag_column else batches, decoders)
 
     streams = [open_stream(c) for c in _stream_chunks(piece, schedule, index, files)]
     sections = [int(n) for n in schedule.sections]
     lo, hi = piece.lo, piece.hi
-    while hi is None or emitted < hi:
-        parts: list[pa.RecordBatch] = []
-        lengths = [stream.take(n, parts) for stream, n in zip(streams, sections, strict=True)]
-        size = sum(lengths)
-        if not size:
-            return
-        start, stop = max(lo - emitted, 0), size if hi is None else min(size, hi - emitted)
-        if start < stop:
-            yield _round(parts, *schedule.rotation(index, lengths), start, stop)
-        emitted += size
-        index += 1
+    try:
+        while hi is None or emitted < hi:
+            parts: list[pa.RecordBatch] = []
+            lengths = [stream.take(n, parts) for stream, n in zip(streams, sections, strict=True)]
+            size = sum(lengths)
+            if not size:
+                return
+            start, stop = max(lo - emitted, 0), size if hi is None else min(size, hi - emitted)
+            if start < stop:
+                yield _handed(_round(parts, *schedule.rotation(index, lengths), start, stop), helpers)
+            emitted += size
+            index += 1
+    finally:
+        for stream in streams:
+            stream.close()
 
 
 def _round(parts: list[pa.RecordBatch], base: np.ndarray, shift: int, start: int, stop: int) -> Gather:

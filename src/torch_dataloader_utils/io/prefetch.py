@@ -31,7 +31,6 @@ import queue
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -42,10 +41,13 @@ import pyarrow.parquet as pq
 
 from torch_dataloader_utils.config import FetchConfig
 from torch_dataloader_utils.errors import ReadError
+from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
 from torch_dataloader_utils.storage.fetch import fetch_range
 from torch_dataloader_utils.storage.footers import FOOTER_READ_BYTES, NotParquetError, read_footer
 from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.handles import Handles
+from torch_dataloader_utils.storage.identity import check_footer, stale_advice
 
 __all__ = ["ChunkSource", "FetchStats", "PlanOrderPool", "coalesce", "column_ranges"]
 
@@ -159,8 +161,9 @@ class FetchStats:
 
     def read(self, fetched: int, needed: int) -> None:
         """Count bytes read without requests of their own (a local file): fetched and needed."""
-        self.bytes_fetched += fetched
-        self.bytes_needed += needed
+        with self.lock:
+            self.bytes_fetched += fetched
+            self.bytes_needed += needed
 
     def totals(self) -> tuple[int, int, int, int, float]:
         """``(bytes_fetched, bytes_needed, requests, retries, wait_sec)`` so far."""
@@ -339,6 +342,8 @@ class ChunkSource:
             read; any other footer is fetched when a chunk of its file is first fetched.
         config: Read-ahead bound and retries.
         threads: Requests in flight at once.
+        filtered: The plan counts only rows passing a filter (see :func:`check_footer`).
+        manifest: The reshard manifest the files were planned from (as shown), or ``None``.
     """
 
     def __init__(
@@ -350,8 +355,12 @@ class ChunkSource:
         footers: Mapping[str, bytes] | None = None,
         config: FetchConfig | None = None,
         threads: int = FETCH_THREADS,
+        filtered: bool = False,
+        manifest: str | None = None,
     ) -> None:
         self.fs = fs
+        self._filtered = filtered
+        self._manifest = manifest
         self.config = config or FetchConfig()
         self._files = files
         self._columns = None if columns is None else list(columns)
@@ -362,16 +371,18 @@ class ChunkSource:
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._pool: PlanOrderPool | None = None
-        self._metadata: OrderedDict[str, pq.FileMetaData] = OrderedDict()
+        self._metadata: BoundedDict[str, pq.FileMetaData] = BoundedDict(FOOTER_CACHE_FILES, lru=True)
         self._loading: dict[str, Future[pq.FileMetaData]] = {}
         self._meta_lock = threading.Lock()
         self._plan: list[Chunk] = []
         self._cursor = 0
         self._pending: dict[int, _Fetch] = {}
+        self._handles = Handles()  # this reader's open native files (per process)
         self.stats = FetchStats()
 
     def __getstate__(self) -> dict[str, object]:
-        state = {k: v for k, v in self.__dict__.items() if k in ("fs", "config", "_files", "_columns")}
+        keep = ("fs", "config", "_files", "_columns", "_filtered", "_manifest")
+        state = {k: v for k, v in self.__dict__.items() if k in keep}
         state["_footers"] = self._footers
         state["_threads"] = self._threads
         return state
@@ -396,16 +407,10 @@ class ChunkSource:
     def _remember(self, path: str, meta: pq.FileMetaData) -> None:
         with self._meta_lock:
             self._metadata[path] = meta
-            self._metadata.move_to_end(path)
-            while len(self._metadata) > FOOTER_CACHE_FILES:
-                self._metadata.popitem(last=False)
 
     def _known(self, path: str) -> pq.FileMetaData | None:
         with self._meta_lock:
-            meta = self._metadata.get(path)
-            if meta is not None:
-                self._metadata.move_to_end(path)
-            return meta
+            return self._metadata.get(path)
 
     def _parse(self, path: str, footer: bytes) -> pq.FileMetaData:
         try:
@@ -413,8 +418,16 @@ class ChunkSource:
         except (OSError, pa.ArrowException) as exc:
             raise ReadError(
                 f"the footer of {self.fs.display(path)!r} cannot be read ({exc}); the file changed "
-                "since the dataset was built: build the dataset again"
+                f"since the dataset was built: {stale_advice(self._manifest)}"
             ) from exc
+        check_footer(
+            self.fs.display(path),
+            self._files[path],
+            meta,
+            filtered=self._filtered,
+            manifest=self._manifest,
+            columns=self._columns,
+        )
         self._remember(path, meta)
         return meta
 
@@ -427,7 +440,7 @@ class ChunkSource:
             except NotParquetError as exc:
                 raise ReadError(
                     f"{self.fs.display(path)!r} has no Parquet footer any more ({exc}); the file "
-                    "changed since the dataset was built: build the dataset again"
+                    f"changed since the dataset was built: {stale_advice(self._manifest)}"
                 ) from exc
         return self._parse(path, footer)
 
@@ -486,6 +499,7 @@ class ChunkSource:
             config=self.config,
             on_request=self.stats.add,
             on_retry=self.stats.retry,
+            handles=self._handles,
         )
 
     def _estimate(self, chunk: Chunk) -> int:
@@ -528,7 +542,7 @@ class ChunkSource:
             if data[-4:] != b"PAR1" or not 0 <= length <= len(data) - 12:
                 raise ReadError(
                     f"{self.fs.display(chunk.path)!r} has no Parquet footer any more; the file "
-                    "changed since the dataset was built: build the dataset again"
+                    f"changed since the dataset was built: {stale_advice(self._manifest)}"
                 )
             meta = self._parse(chunk.path, b"PAR1" + data[-(length + 8) :])
         needed = self._ranges_of(chunk, meta)
@@ -650,3 +664,4 @@ class ChunkSource:
         if self._pool is not None and self._pid == os.getpid():
             self._pool.shutdown()
         self._pool = None
+        self._handles.close()

@@ -35,7 +35,7 @@ import pyarrow.json as pjson
 
 from torch_dataloader_utils.config import FileFormat
 from torch_dataloader_utils.errors import ReadError, RecordBoundaryError
-from torch_dataloader_utils.io.base import ReadRequest
+from torch_dataloader_utils.io.base import ReaderBase, ReadRequest
 from torch_dataloader_utils.io.prefetch import FetchStats
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
 from torch_dataloader_utils.storage.identity import FileChecks
@@ -56,7 +56,7 @@ _NOT_UTF8 = (
 )
 
 
-class TextReader:
+class TextReader(ReaderBase):
     """A :class:`ChunkReader` for CSV and JSONL, by byte range (see the module docstring).
 
     Args:

@@ -295,20 +295,20 @@ class _GroupChunks(ChunkTable):
         object.__setattr__(self, "skip", None)
         object.__setattr__(self, "padding", None)
 
-    @property  # type: ignore[misc]
-    def file(self) -> Array:  # type: ignore[override]
+    @property
+    def file(self) -> Array:
         """File id of each chunk (computed now)."""
         offsets = self.files.group_offsets
         ids = np.arange(len(offsets) - 1, dtype=np.int32 if len(offsets) <= 2**31 else np.int64)
         return np.repeat(ids, np.diff(offsets))
 
-    @property  # type: ignore[misc]
-    def start(self) -> Array:  # type: ignore[override]
+    @property
+    def start(self) -> Array:
         """First row of each chunk (the file table's, or computed now)."""
         return self.files.group_first_row
 
-    @property  # type: ignore[misc]
-    def stop(self) -> Array:  # type: ignore[override]
+    @property
+    def stop(self) -> Array:
         """One past the last row of each chunk (computed now)."""
         return self.start + self.rows
 

@@ -30,7 +30,15 @@ import numpy as np
 from torch_dataloader_utils.plan.shuffle import permutation
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo, RowGroup
 
-__all__ = ["DEFAULT_MIX_ROWS", "DEFAULT_MIX_STREAMS", "MixSchedule", "RowMixing", "split_streams"]
+__all__ = [
+    "DEFAULT_MIX_ROWS",
+    "DEFAULT_MIX_STREAMS",
+    "ROUND_ROWS_FLOOR",
+    "MixSchedule",
+    "RowMixing",
+    "round_rows",
+    "split_streams",
+]
 
 DEFAULT_MIX_ROWS = 32768
 """Rows of one round of the default row mixing (``row_mixing``)."""
@@ -109,6 +117,29 @@ def _cut_at(chunk: Chunk, file: FileInfo, edge: int) -> tuple[Chunk, Chunk] | No
     return head, tail
 
 
+ROUND_ROWS_FLOOR = 1 << 20
+"""A round is never sized above ``max(the streams' weight, this)`` rows, whatever ``rows`` says.
+
+A round's permutation and the map of a partly filled round take memory for every slot
+of the round (about 40 bytes a slot), rows or not: ``row_mixing=10**8`` over 3,000
+rows took 4.3 GB, ``10**9`` a ``MemoryError``. Streams of fewer rows than ``rows`` fill
+one round anyway, so a smaller round mixes them the same way. Up to this many rows the
+round keeps the size asked for, so the orders of 0.4.0 (and the resume states saved
+with them) are unchanged for every ``row_mixing`` up to 1,048,576."""
+
+
+def round_rows(weights: Sequence[int], rows: int) -> int:
+    """Rows of a full round of streams of ``weights``: ``rows``, capped by what the streams hold.
+
+    The weights are row counts when known, else byte sizes (at least a byte per row), so
+    their sum bounds the rows a round can hold. The cap is at least
+    :data:`ROUND_ROWS_FLOOR` (orders of smaller ``rows`` are unchanged) and at least one
+    row per stream.
+    """
+    held = max(sum(int(w) for w in weights), len(weights), ROUND_ROWS_FLOOR)
+    return min(rows, held)
+
+
 def _splitmix(x: int) -> int:
     """splitmix64's finalizer: a well-mixed 64-bit hash of ``x`` (pure integer arithmetic)."""
     x = (x + 0x9E3779B97F4A7C15) & _MASK
@@ -150,6 +181,7 @@ class MixSchedule:
     """
 
     def __init__(self, weights: Sequence[int], rows: int, key: tuple[int, ...]) -> None:
+        rows = round_rows(weights, rows)
         self.sections = np.asarray(_apportion(weights, rows), dtype=np.int64)
         """Rows of every stream in a full round."""
         self.size = int(self.sections.sum())

@@ -6,9 +6,12 @@ A mixed dataset's state (format ``torch_dataloader_utils.mix``, version 1) holds
   mix's options (names, integer weights, ``on_exhausted``, ``source_column``,
   ``batch_size``, ``drop_last``, ``equal_batches``, ``shuffle``, ``shuffle_seed``);
 * ``epoch`` of the mix and ``segment``: the pass of it (0, then one more per resume);
-* ``start``: where every source stood when the pass started (:class:`SourcePosition`:
+* ``start``: where every source stood when the pass started (a
+  :class:`~torch_dataloader_utils.plan.mixposition.SourcePosition`:
   the epochs it had begun, each with the segments of the source's own resume state,
   its next whole epoch, and rows already read of the head on every lane);
+* ``epoch_start``: where every source stood when the epoch's first pass started (the
+  same as ``start`` in pass 0): ``len()`` of a resumed loader is that pass's batches;
 * ``num_ranks`` and ``lanes`` (ranks x reading processes per rank) of the saving job;
 * ``consumed``: per rank, the batches the loop received from each of its lanes in the
   pass (``{}`` at the start of a pass).
@@ -21,7 +24,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from torch_dataloader_utils.errors import ResumeStateError, StateMismatchError
@@ -29,12 +31,9 @@ from torch_dataloader_utils.errors import ResumeStateError, StateMismatchError
 __all__ = [
     "MIX_STATE_FORMAT",
     "MIX_STATE_VERSION",
-    "Segments",
-    "SourcePosition",
     "check_mix_state",
     "is_mix_state",
     "merge_mixed_states",
-    "position_of",
 ]
 
 MIX_STATE_FORMAT = "torch_dataloader_utils.mix"
@@ -42,69 +41,19 @@ MIX_STATE_FORMAT = "torch_dataloader_utils.mix"
 MIX_STATE_VERSION = 1
 """The version of that format this library reads and writes."""
 STATE_KEYS = frozenset(
-    {"format", "version", "fingerprint", "epoch", "segment", "start", "num_ranks", "lanes", "consumed"}
+    {
+        "format",
+        "version",
+        "fingerprint",
+        "epoch",
+        "segment",
+        "start",
+        "epoch_start",
+        "num_ranks",
+        "lanes",
+        "consumed",
+    }
 )
-
-Segments = tuple[Mapping[str, Any], ...]
-"""The segments of a source's own resume state for one of its epochs (``()``: the whole epoch)."""
-
-
-@dataclass(frozen=True)
-class SourcePosition:
-    """Where one source's lane streams stand (the same on every lane).
-
-    Attributes:
-        entries: Epochs of the source begun and not finished, in order: ``(epoch,
-            segments)``, the segments of the source's own resume state saying what
-            every lane of each interrupted pass consumed.
-        next_epoch: The first epoch after them, read whole (and every one after it).
-        skip: Rows of the stream's head (the first entry, or ``next_epoch``) already
-            read on every lane.
-    """
-
-    entries: tuple[tuple[int, Segments], ...] = ()
-    next_epoch: int = 0
-    skip: int = 0
-
-    def head(self) -> tuple[int, Segments]:
-        """The epoch (and its segments) the stream reads first."""
-        return self.entries[0] if self.entries else (self.next_epoch, ())
-
-    def as_json(self) -> dict[str, Any]:
-        """Plain JSON values."""
-        return {
-            "entries": [{"epoch": e, "segments": list(s)} for e, s in self.entries],
-            "next_epoch": self.next_epoch,
-            "skip": self.skip,
-        }
-
-
-def position_of(value: object, where: str) -> SourcePosition:
-    """A :class:`SourcePosition` from a state's JSON (its segments are checked by the source).
-
-    Raises:
-        ResumeStateError: not a position.
-    """
-    fail = ResumeStateError(
-        f"resume state field {where} is not a source position ({{'entries': [...], 'next_epoch': int, "
-        "'skip': int}}); pass what loader.state_dict() returned, unchanged"
-    )
-    if not isinstance(value, Mapping) or set(value) != {"entries", "next_epoch", "skip"}:
-        raise fail
-    entries = value["entries"]
-    if not isinstance(entries, list) or not all(
-        isinstance(e, Mapping) and set(e) == {"epoch", "segments"} and isinstance(e["segments"], list)
-        for e in entries
-    ):
-        raise fail
-    ints = [value["next_epoch"], value["skip"], *(e["epoch"] for e in entries)]
-    if not all(type(i) is int and i >= 0 for i in ints):
-        raise fail
-    return SourcePosition(
-        tuple((int(e["epoch"]), tuple(e["segments"])) for e in entries),
-        int(value["next_epoch"]),
-        int(value["skip"]),
-    )
 
 
 def is_mix_state(state: object) -> bool:
@@ -146,13 +95,23 @@ def check_mix_state(state: object, expected: Mapping[str, Any]) -> dict[str, Any
             f"resume state fields state.lanes={plain['lanes']} and state.num_ranks={plain['num_ranks']} "
             "disagree (lanes are ranks x reading processes); pass what loader.state_dict() returned"
         )
-    if not isinstance(plain["start"], list) or not isinstance(plain["consumed"], dict):
-        raise ResumeStateError("resume state fields state.start / state.consumed are damaged")
+    if (
+        not isinstance(plain["start"], list)
+        or not isinstance(plain["epoch_start"], list)
+        or not isinstance(plain["consumed"], dict)
+    ):
+        raise ResumeStateError(
+            "resume state fields state.start / state.epoch_start / state.consumed are damaged"
+        )
     if not isinstance(plain["fingerprint"], dict):
         raise ResumeStateError("resume state field state.fingerprint is damaged")
     _compare(plain["fingerprint"], expected)
-    if len(plain["start"]) != len(expected["sources"]):
-        raise ResumeStateError("resume state field state.start must hold one position per source")
+    if len(plain["start"]) != len(expected["sources"]) or len(plain["epoch_start"]) != len(
+        expected["sources"]
+    ):
+        raise ResumeStateError(
+            "resume state fields state.start and state.epoch_start must hold one position per source"
+        )
     return dict(plain)
 
 

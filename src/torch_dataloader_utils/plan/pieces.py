@@ -1,34 +1,35 @@
-"""Pieces: what a worker reads, in order, and where a cursor points in it.
+"""Pieces: the unit of work a worker reads, in order, and where a cursor points in it.
 
-A worker reads a list of :class:`Piece` values in order. A piece is one chunk in file
-order, a *window*: a few consecutive chunks read together whose rows are emitted in a
-seeded permutation (``row_shuffle_window``), or a *mix*: a few chunks read side by side
-whose rows are emitted in seeded rounds (row mixing, :mod:`.mixing`). A piece may be restricted to
-the rows ``[lo, hi)`` of its emission order. So every row a worker yields sits at a
-position ``(piece index, row offset)`` of its list, and what the training loop has
-consumed is a *cursor* per worker: the pieces before ``piece`` are done, and the first
-``offset`` rows of ``piece`` are done (:func:`remaining` cuts a list at a cursor).
+A worker reads a list of :class:`Piece` values in order. Every piece has a read mode
+(:class:`ReadMode`): one chunk in file order (``FILE``), a *window*: a few consecutive
+chunks read together whose rows are emitted in a seeded permutation
+(``row_shuffle_window``), or a *mix*: a few chunks read side by side whose rows are
+emitted in seeded rounds (row mixing, :mod:`.mixing`). A piece may be restricted to the
+rows ``[lo, hi)`` of its emission order. So every row a worker yields sits at a position
+``(piece index, row offset)`` of its list, and what the training loop has consumed is a
+*cursor* per worker: the pieces before ``piece`` are done, and the first ``offset`` rows
+of ``piece`` are done (:func:`remaining` cuts a list at a cursor).
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from torch_dataloader_utils.errors import ResumeStateError
-from torch_dataloader_utils.plan.mixing import MixSchedule, RowMixing, split_streams
-from torch_dataloader_utils.plan.ranks import cut_chunk
-from torch_dataloader_utils.plan.shuffle import permutation
+from torch_dataloader_utils.plan.mixing import RowMixing, split_streams
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo
 
 __all__ = [
     "Cursor",
     "Piece",
+    "ReadMode",
     "advance",
     "as_pieces",
+    "cut_chunk",
     "cut_piece",
     "mix_pieces",
-    "piece_rows",
     "remaining",
     "window_pieces",
 ]
@@ -37,18 +38,34 @@ Cursor = tuple[int, int]
 """``(piece index, rows consumed of that piece)`` for one worker."""
 
 
+class ReadMode(enum.Enum):
+    """How a :class:`Piece`'s rows are read and in which order they are emitted."""
+
+    FILE = "file"
+    """One chunk, its rows in file order."""
+    WINDOW = "window"
+    """Consecutive chunks read into one table, rows emitted in a seeded permutation."""
+    MIX = "mix"
+    """Chunks read side by side, rows emitted in seeded rounds (:mod:`.mixing`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Piece:
     """Rows a worker emits: one chunk in file order, a shuffled window, or a mix of chunks.
 
+    Build one with :meth:`file`, :meth:`window` or :meth:`mixed`; the read mode follows
+    from what it is given and is checked (a ``FILE`` piece has one chunk and no key, a
+    ``MIX`` piece a key and a :class:`~.mixing.RowMixing`).
+
     Attributes:
-        chunks: The chunks read (a mix's streams); exactly one when ``key`` is ``None``.
+        chunks: The chunks read (a mix's streams); exactly one in ``FILE`` mode.
         key: Seed of the row permutation of a window or a mix (``(seed, epoch, segment,
-            rank, worker, index)``), or ``None`` for file order.
+            rank, worker, index)``), or ``None`` in ``FILE`` mode.
         lo: First emitted row (in emission order) that belongs to the piece.
         hi: One past the last emitted row, or ``None`` for "to the end".
-        mix: How a mix's rows are emitted (:class:`~.mixing.MixSchedule`), or ``None``
-            for a window (one permutation of all its rows) or a chunk.
+        mix: How a mix's rows are emitted (:class:`~.mixing.MixSchedule`); ``None`` but
+            in ``MIX`` mode.
+        mode: The read mode.
     """
 
     chunks: tuple[Chunk, ...]
@@ -56,6 +73,28 @@ class Piece:
     lo: int = 0
     hi: int | None = None
     mix: RowMixing | None = None
+    mode: ReadMode = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        mode = ReadMode.FILE if self.key is None else ReadMode.WINDOW if self.mix is None else ReadMode.MIX
+        if self.key is None and (len(self.chunks) != 1 or self.mix is not None):
+            raise ValueError(f"a piece without a key reads one chunk in file order, got {self.chunks}")
+        object.__setattr__(self, "mode", mode)
+
+    @classmethod
+    def file(cls, chunk: Chunk) -> Piece:
+        """One chunk in file order."""
+        return cls((chunk,))
+
+    @classmethod
+    def window(cls, chunks: Sequence[Chunk], key: tuple[int, ...]) -> Piece:
+        """Chunks read together, their rows emitted in the permutation of ``key``."""
+        return cls(tuple(chunks), key)
+
+    @classmethod
+    def mixed(cls, chunks: Sequence[Chunk], key: tuple[int, ...], mixing: RowMixing) -> Piece:
+        """Chunks read side by side, their rows emitted in the rounds of ``mixing`` and ``key``."""
+        return cls(tuple(chunks), key, mix=mixing)
 
     @property
     def total_rows(self) -> int | None:
@@ -84,7 +123,7 @@ class Piece:
     @property
     def whole(self) -> bool:
         """One whole chunk in file order (it can join a window)."""
-        return self.key is None and self.lo == 0 and self.hi is None
+        return self.mode is ReadMode.FILE and self.lo == 0 and self.hi is None
 
     @property
     def padding(self) -> bool:
@@ -94,7 +133,7 @@ class Piece:
 
 def as_pieces(chunks: Sequence[Chunk]) -> list[Piece]:
     """Every chunk as a piece read in file order."""
-    return [Piece((c,)) for c in chunks]
+    return [Piece.file(c) for c in chunks]
 
 
 def _exact(chunk: Chunk) -> bool:
@@ -119,7 +158,7 @@ def window_pieces(pieces: Sequence[Piece], window_rows: int | None, key: tuple[i
     def close() -> None:
         nonlocal group, rows
         if group:
-            out.append(Piece(tuple(group), (*key, len(out))))
+            out.append(Piece.window(group, (*key, len(out))))
         group, rows = [], 0
 
     for piece in pieces:
@@ -156,7 +195,7 @@ def mix_pieces(
         nonlocal group
         if group:
             streams = split_streams(group, mixing.streams, files)
-            out.append(Piece(tuple(streams), (*key, len(out)), mix=mixing))
+            out.append(Piece.mixed(streams, (*key, len(out)), mixing))
         group = []
 
     for piece in pieces:
@@ -171,6 +210,34 @@ def mix_pieces(
     return out
 
 
+def cut_chunk(chunk: Chunk, file: FileInfo, rows: int) -> tuple[Chunk, Chunk]:
+    """Cut ``chunk`` after its first ``rows`` live rows: ``(head, tail)``.
+
+    Rows of pruned row groups (and, for Iceberg, deleted positions) are not counted, so
+    the cut lands after the ``rows``-th row that will actually be read. Bytes are shared
+    in proportion to rows. A byte range cannot be cut at a record without reading it:
+    both halves read the range and keep their own window of its records (``skip``).
+
+    Raises:
+        ValueError: ``rows`` is not strictly between 0 and the chunk's row count.
+    """
+    total = chunk.num_rows
+    if total is None or not 0 < rows < total:
+        raise ValueError(f"can only cut a chunk of {total} rows after 1..{(total or 1) - 1} rows, got {rows}")
+    head_bytes = chunk.num_bytes * rows // total
+    tail_bytes = chunk.num_bytes - head_bytes
+    if chunk.unit is ChunkUnit.BYTES:
+        return (
+            replace(chunk, num_rows=rows, num_bytes=head_bytes),
+            replace(chunk, skip=chunk.skip + rows, num_rows=total - rows, num_bytes=tail_bytes),
+        )
+    at = file.stop_after(chunk.start, rows)  # FileInfo knows the positions of no live row
+    return (
+        Chunk(chunk.path, chunk.start, at, ChunkUnit.ROWS, rows, head_bytes, chunk.padding),
+        Chunk(chunk.path, at, chunk.stop, ChunkUnit.ROWS, total - rows, tail_bytes, chunk.padding),
+    )
+
+
 def cut_piece(piece: Piece, rows: int, files: Mapping[str, FileInfo], exact: bool) -> tuple[Piece, Piece]:
     """``(head, tail)``: the piece's first ``rows`` emitted rows and the rest.
 
@@ -179,7 +246,7 @@ def cut_piece(piece: Piece, rows: int, files: Mapping[str, FileInfo], exact: boo
     """
     if piece.whole and exact and _exact(piece.chunks[0]):
         head, tail = cut_chunk(piece.chunks[0], files[piece.chunks[0].path], rows)
-        return Piece((head,)), Piece((tail,))
+        return Piece.file(head), Piece.file(tail)
     stop = piece.lo + rows
     return replace(piece, hi=stop), replace(piece, lo=stop)
 
@@ -218,42 +285,3 @@ def remaining(
         )
     rest = advance(pieces[index], offset, files, exact)
     return ([rest] if rest is not None else []) + [p for p in pieces[index + 1 :] if p.num_rows != 0]
-
-
-def piece_rows(piece: Piece, files: Mapping[str, FileInfo]) -> list[tuple[str, int, bool]]:
-    """Every row a piece emits, in order, as ``(path, file row, padding)`` (for checks).
-
-    Only for chunks counted in rows; a window is its chunks' rows in a permutation by
-    its key, a mix its streams' rows in the rounds of its schedule, restricted to
-    ``[lo, hi)``.
-    """
-    if piece.mix is not None and piece.key is not None:
-        streams = [_chunk_rows(c, files) for c in piece.chunks]
-        schedule = MixSchedule([c.weight for c in piece.chunks], piece.mix.rows, piece.key)
-        counts = [len(s) for s in streams]
-        mixed: list[tuple[str, int, bool]] = []
-        taken = [0] * len(streams)
-        for index in range(schedule.num_rounds(counts)):
-            lengths = schedule.round_lengths(index, counts)
-            pool = [row for c, n in enumerate(lengths) for row in streams[c][taken[c] : taken[c] + int(n)]]
-            taken = [t + int(n) for t, n in zip(taken, lengths, strict=True)]
-            mixed.extend(pool[i] for i in schedule.order(index, lengths))
-        return mixed[piece.lo : piece.hi]
-    rows = [row for chunk in piece.chunks for row in _chunk_rows(chunk, files)]
-    if piece.key is not None:
-        order = permutation(len(rows), piece.key[0], piece.key[1], *piece.key[2:])
-        rows = [rows[i] for i in order]
-    return rows[piece.lo : piece.hi]
-
-
-def _chunk_rows(chunk: Chunk, files: Mapping[str, FileInfo]) -> list[tuple[str, int, bool]]:
-    rows: list[tuple[str, int, bool]] = []
-    info = files[chunk.path]
-    if info.row_groups is None:
-        stop = min(chunk.stop, info.num_rows or 0)
-        rows.extend((chunk.path, i, chunk.padding) for i in range(chunk.start, stop))
-    else:
-        for g in info.groups_in(chunk.start, chunk.stop):
-            lo, hi = max(chunk.start, g.first_row), min(chunk.stop, g.stop_row)
-            rows.extend((chunk.path, i, chunk.padding) for i in range(lo, hi))
-    return rows

@@ -1,22 +1,17 @@
 """Planning an epoch for one rank: numpy over the chunk table, objects for this rank only.
 
-    files ──split (once)──▶ chunk table ──shuffle(seed, epoch)──▶ [rank::num_ranks]
-        ──equalize (prefix sums)──▶ this rank's parts ──LPT + quotas──▶ workers
+    files ──split (once)──▶ chunk table ──shuffle(seed, epoch)──▶ shares [rank::num_ranks]
+        ──deal (.deal)──▶ this rank's rows ──LPT + worker quotas (.ranks)──▶ workers
 
-The only work over the whole dataset is numpy over integer columns: the permutation of
-the chunk table, each rank's row total (a reshape and a sum) and prefix sums for the
-rows a short rank receives. Only this rank's chunks become objects, and in a
-DataLoader worker only that worker's (:meth:`RankPlan.chunks_for`).
-
-Equal batches (``equal_batches`` on, more than one rank): the epoch's *row stream* is
-every rank's share of chunks, rank after rank. With ``'drop'``, the ``total %
-num_ranks`` rows left out are a span of that stream at an offset drawn from ``(seed,
-epoch)`` when shuffling (so they change every epoch, as a shuffled sampler's dropped
-tail does), else its last rows. Then every rank keeps its share up to the quota, and
-ranks over it hand their surplus, in rank order, to ranks under it, in rank order,
-cutting chunks at row granularity (:mod:`.ranks`). With ``'pad'``, the pool of surplus
-rows ends with the ``-total % num_ranks`` padding rows: a span of the stream (cyclic)
-at an offset drawn from ``(seed, epoch)`` when shuffling, else its first rows.
+The epoch's *stream* is the ranks' shares one after another (a rank-aware strategy's
+shares are what it returned for each rank, shuffled by ``(seed, epoch, rank)``); each
+share is its rank's home. Without equal batches a rank reads its share; with them the
+deal (:mod:`.deal`) gives every rank the same number of rows as a few ranges of the
+stream. The only work over the whole dataset is numpy over integer columns: the
+permutation of the chunk table and each share's row total (a reshape and a sum). A
+rank's ranges are found in the shares they cross only, as :data:`~.ranks.Span` values;
+no object is built per chunk until a worker asks for its pieces
+(:meth:`RankPlan.pieces_for`).
 
 Every rank and every DataLoader worker computes the same decisions from values alone,
 with no communication. :func:`plan_epoch` gives the plan of every rank (for the command
@@ -27,12 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple, overload
+from typing import Any, Protocol, overload
 
 import numpy as np
 
 from torch_dataloader_utils.errors import PlanError
-from torch_dataloader_utils.plan.assign import assign
+from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.chunks import (
     ChunkTable,
     build_chunks,
@@ -40,8 +35,10 @@ from torch_dataloader_utils.plan.chunks import (
     from_chunks,
     is_builtin,
 )
-from torch_dataloader_utils.plan.ranks import fill_quotas_by, worker_quotas
-from torch_dataloader_utils.plan.shuffle import permutation, random_offset
+from torch_dataloader_utils.plan.deal import Deal, Range, deal
+from torch_dataloader_utils.plan.pieces import Piece
+from torch_dataloader_utils.plan.ranks import Span, to_workers
+from torch_dataloader_utils.plan.shuffle import permutation
 from torch_dataloader_utils.plan.splits import RankAwareStrategy, Splitter
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, EqualBatches, FileInfo, WorkerChunks
@@ -49,11 +46,12 @@ from torch_dataloader_utils.plan.types import Chunk, EpochPlan, EqualBatches, Fi
 __all__ = [
     "AUTO_VERIFY_RANKS",
     "LazyRanks",
-    "Part",
     "PartColumns",
     "PlanSpec",
     "Planner",
     "RankPlan",
+    "Source",
+    "Stream",
     "plan_epoch",
     "rank_shares",
     "verify_plan",
@@ -63,11 +61,6 @@ Array = np.ndarray[Any, Any]
 
 AUTO_VERIFY_RANKS = 16
 """Worlds of at most this many ranks check a rank-aware strategy's chunks across ranks."""
-
-_DROP_SALT = 0x64726F70
-"""Salt of the offset of the rows ``equal_batches='drop'`` leaves out."""
-_PAD_SALT = 0x70616400
-"""Salt of the offset of the rows ``equal_batches='pad'`` repeats."""
 
 
 @dataclass(frozen=True)
@@ -114,55 +107,176 @@ class PlanSpec:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
 
-class Part(NamedTuple):
-    """Rows ``[lo, hi)`` of chunk ``item`` of ``table`` (``hi = -1``: all, count unknown)."""
+# ---------------------------------------------------------------------------------------
+# Streams: what the dealt ranges of an epoch hold
+# ---------------------------------------------------------------------------------------
 
-    table: ChunkTable
-    item: int
-    lo: int
-    hi: int
-    padding: bool = False
+
+class Source(Protocol):
+    """The items of one segment of a stream, in stream order (a share; a worker's rest)."""
+
+    rows: Array
+    """Rows of every item (``int64``; ``-1``: unknown)."""
+
+    def weight(self, item: int) -> int:
+        """Balancing weight of an item: its rows when known, else its bytes."""
+        ...
+
+    def pieces(self, spans: Sequence[Span]) -> list[Piece]:
+        """The pieces the spans of this segment stand for."""
+        ...
+
+
+class Stream:
+    """Segments one after another, each built when a range first crosses it.
+
+    Args:
+        sizes: Positions of every segment: rows (``items=False``) or items; a callable
+            is called when positions are first needed.
+        source: The items of a segment.
+        items: Positions count items (whole items; their rows may be unknown), not rows.
+    """
+
+    def __init__(
+        self, sizes: Array | Callable[[], Array], source: Callable[[int], Source], *, items: bool = False
+    ) -> None:
+        self._sizes = sizes
+        self._source = source
+        self.items = items
+        self._sources: dict[int, Source] = {}
+        self._prefix: dict[int, Array] = {}
+        self._starts: Array | None = None
 
     @property
-    def rows(self) -> int | None:
-        """Rows of the part, or ``None`` when unknown."""
-        return None if self.hi < 0 else self.hi - self.lo
+    def starts(self) -> Array:
+        """Stream position of every segment's start, and the total, last."""
+        if self._starts is None:
+            sizes = self._sizes() if callable(self._sizes) else self._sizes
+            self._starts = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
+        return self._starts
 
-    def chunk(self) -> Chunk:
-        """The part as a :class:`Chunk`."""
-        if self.hi < 0:
-            return self.table.chunk(self.item)
-        return self.table.part(self.item, self.lo, self.hi, self.padding)
+    def source(self, segment: int) -> Source:
+        """The items of ``segment`` (built once)."""
+        found = self._sources.get(segment)
+        if found is None:
+            found = self._sources[segment] = self._source(segment)
+        return found
+
+    def whole(self, segment: int) -> list[Span]:
+        """Every item of ``segment``, whole."""
+        rows = self.source(segment).rows.tolist()
+        return [(segment, i, 0, n, False) for i, n in enumerate(rows)]
+
+    def _in(self, segment: int, a: int, b: int, padding: bool) -> list[Span]:
+        """Spans of positions ``[a, b)`` of one segment (items with rows only)."""
+        rows = self.source(segment).rows
+        if self.items:
+            return [(segment, i, 0, int(rows[i]), padding) for i in range(a, b)]
+        first = self._prefix.get(segment)
+        if first is None:
+            first = self._prefix[segment] = np.concatenate(([0], np.cumsum(rows, dtype=np.int64)))
+        i0 = max(0, int(np.searchsorted(first, a, side="right")) - 1)
+        i1 = int(np.searchsorted(first, b, side="left"))
+        at = np.arange(i0, i1)
+        lo = np.maximum(a - first[i0:i1], 0)
+        hi = np.minimum(b - first[i0:i1], rows[i0:i1])
+        keep = hi > lo
+        return [
+            (segment, i, x, y, padding)
+            for i, x, y in zip(at[keep].tolist(), lo[keep].tolist(), hi[keep].tolist(), strict=True)
+        ]
+
+    def spans(self, ranges: Sequence[Range]) -> list[Span]:
+        """What the stream positions ``ranges`` hold, in order (items of no rows left out)."""
+        starts = self.starts
+        out: list[Span] = []
+        for lo, hi, padding in ranges:
+            segment = max(0, int(np.searchsorted(starts, lo, side="right")) - 1)
+            while segment < len(starts) - 1 and starts[segment] < hi:
+                s = int(starts[segment])
+                out += self._in(segment, max(lo, s) - s, min(hi, int(starts[segment + 1])) - s, padding)
+                segment += 1
+        return out
+
+    def weight(self, span: Span) -> int:
+        """Balancing weight of a span: its rows when known, else its item's bytes."""
+        return span[3] - span[2] if span[3] >= 0 else self.source(span[0]).weight(span[1])
+
+    def pieces(self, spans: Sequence[Span]) -> list[Piece]:
+        """The pieces ``spans`` stand for, in order (built now)."""
+        out: list[Piece | None] = [None] * len(spans)
+        by_segment: dict[int, list[int]] = {}
+        for k, span in enumerate(spans):
+            by_segment.setdefault(span[0], []).append(k)
+        for segment, at in by_segment.items():
+            for k, piece in zip(at, self.source(segment).pieces([spans[k] for k in at]), strict=True):
+                out[k] = piece
+        return out  # type: ignore[return-value]  # every position filled
 
 
-def _part_rows(part: Part) -> int:
-    return part.hi - part.lo
+class TableSource:
+    """The items of a segment that are chunks of a :class:`~.chunks.ChunkTable`.
+
+    Args:
+        table: The chunk table.
+        index: The segment's chunks, in stream order (positions in ``table``).
+    """
+
+    def __init__(self, table: ChunkTable, index: Array) -> None:
+        self.table = table
+        self.index = index
+        self.rows = table.rows[index].astype(np.int64, copy=False)
+
+    def weight(self, item: int) -> int:
+        """Balancing weight of an item."""
+        return self.table.weight(int(self.index[item]))
+
+    def columns(self, spans: Sequence[Span]) -> tuple[Array, Array, Array, Array, Array]:
+        """``(table index, lo, hi, padding, whole)`` of ``spans``: whole spans are their chunk."""
+        n = len(spans)
+        items, lo, hi = (np.fromiter((s[k] for s in spans), dtype=np.int64, count=n) for k in (1, 2, 3))
+        pad = np.fromiter((s[4] for s in spans), dtype=bool, count=n)
+        return self.index[items], lo, hi, pad, (lo == 0) & ((hi == self.rows[items]) | (hi < 0))
+
+    def chunks(self, spans: Sequence[Span]) -> list[Chunk]:
+        """The chunks ``spans`` stand for: whole chunks built in bulk, cut ones one by one."""
+        index, lo, hi, pad, whole = self.columns(spans)
+        out: list[Chunk] = [None] * len(spans)  # type: ignore[list-item]  # every position filled below
+        at = np.flatnonzero(whole).tolist()
+        for k, chunk in zip(at, self.table.chunks(index[whole], pad[whole]) if at else [], strict=True):
+            out[k] = chunk
+        for k in np.flatnonzero(~whole).tolist():
+            out[k] = self.table.part(int(index[k]), int(lo[k]), int(hi[k]), bool(pad[k]))
+        return out
+
+    def chunk(self, span: Span) -> Chunk:
+        """The chunk one span stands for (built alone)."""
+        return self.table.part(int(self.index[span[1]]), span[2], span[3], span[4])
+
+    def pieces(self, spans: Sequence[Span]) -> list[Piece]:
+        """Every span as one chunk read in file order."""
+        return [Piece.file(c) for c in self.chunks(spans)]
 
 
-def _part_weight(part: Part) -> int:
-    return part.hi - part.lo if part.hi >= 0 else int(part.table.bytes[part.item])
-
-
-def _cut(part: Part, rows: int) -> tuple[Part, Part]:
-    mid = part.lo + rows
-    return part._replace(hi=mid), part._replace(lo=mid)
+# ---------------------------------------------------------------------------------------
+# One rank's plan
+# ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, eq=False)
 class PartColumns:
-    """A rank plan's parts as columns: what each part's :class:`Chunk` would hold.
+    """A rank plan's chunks as columns, worker after worker, in reading order.
 
-    Parts are in reading order, worker after worker, as :meth:`RankPlan.chunks_for`
-    gives them; only parts cut inside a chunk (a few per rank) are built as chunks to
-    compute their figures.
+    Only chunks cut inside a chunk of the table (a few per rank) are built to compute
+    their figures.
 
     Attributes:
-        counts: Parts of each worker (``int64``, ``num_workers``).
-        rows: ``Chunk.num_rows`` of each part (``int64``, ``-1``: unknown).
-        bytes: ``Chunk.num_bytes`` of each part (``int64``).
-        padding: ``Chunk.padding`` of each part (``bool``).
-        file: The file id of each part in :attr:`files` (``int64``).
-        files: The file table of the parts' files (``None`` without parts).
+        counts: Chunks of each worker (``int64``, ``num_workers``).
+        rows: ``Chunk.num_rows`` of each chunk (``int64``, ``-1``: unknown).
+        bytes: ``Chunk.num_bytes`` of each chunk (``int64``).
+        padding: ``Chunk.padding`` of each chunk (``bool``).
+        file: The file id of each chunk in :attr:`files` (``int64``).
+        files: The file table of the chunks' files (``None`` without chunks).
     """
 
     counts: Array
@@ -173,96 +287,51 @@ class PartColumns:
     files: FileTable | None
 
 
-def _columns_of(parts: Sequence[Part]) -> tuple[list[tuple[ChunkTable, Array]], Array, Array, Array, Array]:
-    """``parts`` as columns: ``(groups, item, lo, hi, padding)``.
-
-    ``groups`` pairs each chunk table with the positions of its parts (one table, by
-    identity, but for a rank-aware strategy's rank receiving other ranks' rows).
-    """
-    n = len(parts)
-    tables, raw_items, raw_lo, raw_hi, raw_pad = zip(*parts, strict=True) if n else ((), (), (), (), ())
-    items = np.fromiter(raw_items, dtype=np.int64, count=n)
-    lo = np.fromiter(raw_lo, dtype=np.int64, count=n)
-    hi = np.fromiter(raw_hi, dtype=np.int64, count=n)
-    pad = np.fromiter(raw_pad, dtype=bool, count=n)
-    if not n:
-        return [], items, lo, hi, pad
-    first = tables[0]
-    if tables.count(first) == n:
-        return [(first, np.arange(n))], items, lo, hi, pad
-    distinct = {id(t): t for t in tables}
-    ids = np.fromiter(map(id, tables), dtype=np.int64, count=n)
-    return [(t, np.flatnonzero(ids == key)) for key, t in distinct.items()], items, lo, hi, pad
-
-
-def _whole(table: ChunkTable, item: Array, lo: Array, hi: Array) -> Array:
-    """Which parts :meth:`Part.chunk` gives as their chunk (all its rows, or an unknown count).
-
-    A whole part is its chunk (flagged when the part pads); any other part is cut.
-    """
-    count = table.rows[item]
-    whole: Array = (hi < 0) | ((lo == 0) & ((hi == count) | (count < 0)))
-    return whole
-
-
-def _chunks_of(parts: Sequence[Part]) -> list[Chunk]:
-    """``[p.chunk() for p in parts]``, whole chunks built in bulk."""
-    out: list[Chunk | None] = [None] * len(parts)
-    groups, items, lo, hi, pad = _columns_of(parts)
-    for table, at in groups:
-        it, h = items[at], hi[at]
-        whole = _whole(table, it, lo[at], h)
-        built = table.chunks(it[whole], (pad[at] & (h >= 0))[whole])
-        for k, chunk in zip(at[whole].tolist(), built, strict=True):
-            out[k] = chunk
-        for k in at[~whole].tolist():
-            out[k] = parts[k].chunk()
-    return out  # type: ignore[return-value]  # every position filled
-
-
-def _part_columns(parts: Sequence[Part]) -> tuple[Array, Array, Array, Array, FileTable | None]:
-    """``(rows, bytes, padding, file, files)`` of ``parts`` as :meth:`Part.chunk` gives them.
-
-    ``files`` is the file table of every part's chunk table (``None`` without parts).
-    """
-    n = len(parts)
-    rows = np.empty(n, dtype=np.int64)
-    nbytes = np.empty(n, dtype=np.int64)
+def _columns(stream: Stream, spans: Sequence[Span]) -> tuple[Array, Array, Array, Array, FileTable | None]:
+    """``(rows, bytes, padding, file, files)`` of the chunks ``spans`` of a table stream stand for."""
+    n = len(spans)
+    rows, nbytes, file = (np.empty(n, dtype=np.int64) for _ in range(3))
     padding = np.zeros(n, dtype=bool)
-    file = np.empty(n, dtype=np.int64)
-    groups, items, lo, hi, pad = _columns_of(parts)
-    if not groups:
-        return rows, nbytes, padding, file, None
-    files = groups[0][0].files
-    for table, at in groups:
-        if table.files is not files:
-            raise ValueError("the parts' chunk tables have different file tables")
-        it, h = items[at], hi[at]
-        rows[at] = table.rows[it]
-        nbytes[at] = table.bytes[it]
-        own = table.padding[it] if table.padding is not None else np.zeros(len(it), dtype=bool)
-        padding[at] = own | (pad[at] & (h >= 0))
-        file[at] = table.files_of(it)
-        for k in at[~_whole(table, it, lo[at], h)].tolist():  # cut: built (a few per rank)
-            chunk = parts[k].chunk()
+    files = None
+    by_segment: dict[int, list[int]] = {}
+    for k, span in enumerate(spans):
+        by_segment.setdefault(span[0], []).append(k)
+    for segment, positions in by_segment.items():
+        source = stream.source(segment)
+        assert isinstance(source, TableSource)
+        table, at = source.table, np.asarray(positions, dtype=np.int64)
+        if files is not None and table.files is not files:
+            raise ValueError("the spans' chunk tables have different file tables")
+        files = table.files
+        index, _, _, pad, whole = source.columns([spans[k] for k in positions])
+        rows[at], nbytes[at], file[at] = table.rows[index], table.bytes[index], table.files_of(index)
+        padding[at] = pad | (table.padding[index] if table.padding is not None else False)
+        cut = np.flatnonzero(~whole)
+        for k, chunk in zip(at[cut].tolist(), source.chunks([spans[positions[j]] for j in cut]), strict=True):
             rows[k] = -1 if chunk.num_rows is None else chunk.num_rows
-            nbytes[k] = chunk.num_bytes
-            padding[k] = chunk.padding
+            nbytes[k], padding[k] = chunk.num_bytes, chunk.padding
     return rows, nbytes, padding, file, files
+
+
+def _chunk(stream: Stream, span: Span) -> Chunk:
+    source = stream.source(span[0])
+    assert isinstance(source, TableSource)
+    return source.chunk(span)
 
 
 @dataclass(frozen=True, eq=False)
 class RankPlan:
-    """One rank's plan of one epoch: its parts per worker, made into chunks on demand.
+    """One rank's plan of one epoch: its rows per worker, made into pieces on demand.
 
     Attributes:
         epoch: The epoch.
         rank: The rank.
         num_ranks: Ranks in the job.
         num_workers: Reading workers of the rank.
-        workers: Each worker's parts, in reading order.
-        share_size: Parts of the rank before they were dealt to workers (its chunk
+        workers: Each worker's spans of :attr:`stream`, in reading order.
+        share_size: Spans of the rank before they were dealt to workers (its chunk
             count; the same for any ``num_workers``).
+        stream: The stream the spans point into.
         digest: For a custom strategy, a digest of the chunks it returned for this plan
             (``None`` for built-in strategies), so processes can check they agree.
     """
@@ -271,32 +340,41 @@ class RankPlan:
     rank: int
     num_ranks: int
     num_workers: int
-    workers: tuple[tuple[Part, ...], ...]
+    workers: tuple[tuple[Span, ...], ...]
     share_size: int
+    stream: Stream
     digest: int | None = None
 
+    def pieces_for(self, worker: int) -> list[Piece]:
+        """The pieces of one worker, in reading order (built now)."""
+        return self.stream.pieces(self.workers[worker])
+
     def chunks_for(self, worker: int) -> WorkerChunks:
-        """The chunks of one worker, in reading order (built now)."""
-        return tuple(_chunks_of(self.workers[worker]))
+        """The chunks of one worker, in reading order (built now; one per piece)."""
+        return tuple(p.chunks[0] for p in self.pieces_for(worker))
+
+    def chunk(self, worker: int, index: int) -> Chunk:
+        """Chunk ``index`` of one worker (built alone)."""
+        return _chunk(self.stream, self.workers[worker][index])
 
     def assignments(self) -> tuple[WorkerChunks, ...]:
         """Every worker's chunks (built now)."""
         return tuple(self.chunks_for(w) for w in range(self.num_workers))
 
     def columns(self) -> PartColumns:
-        """Every worker's parts as columns (chunks built only for parts cut inside one)."""
-        rows, nbytes, padding, file, files = _part_columns([p for w in self.workers for p in w])
+        """Every worker's chunks as columns (chunks built only for spans cut inside one)."""
+        rows, nbytes, padding, file, files = _columns(self.stream, [s for w in self.workers for s in w])
         counts = np.fromiter((len(w) for w in self.workers), dtype=np.int64, count=len(self.workers))
         return PartColumns(counts, rows, nbytes, padding, file, files)
 
+    def piece_rows(self, worker: int) -> list[int | None]:
+        """Rows of each piece of one worker (``None`` when unknown)."""
+        return [None if s[3] < 0 else s[3] - s[2] for s in self.workers[worker]]
+
     def rows_for(self, worker: int) -> int | None:
         """Rows of one worker, or ``None`` when a chunk's count is unknown."""
-        total = 0
-        for part in self.workers[worker]:
-            if part.hi < 0:
-                return None
-            total += part.hi - part.lo
-        return total
+        counts = self.piece_rows(worker)
+        return None if None in counts else sum(n or 0 for n in counts)
 
     def rows(self) -> int | None:
         """Rows of the rank (padding included), or ``None`` when unknown."""
@@ -305,47 +383,8 @@ class RankPlan:
 
 
 # ---------------------------------------------------------------------------------------
-# Shares: each rank's chunks in reading order, before equalizing
+# Shares: each rank's chunks in reading order
 # ---------------------------------------------------------------------------------------
-
-
-class _Shares:
-    """Each rank's items ``(table, indices)``, row totals, and the epoch's row stream.
-
-    The row stream orders every item of every share: the shuffled chunk order for
-    strategies that return every chunk (share ``r`` holds positions ``r, r + R, ...``),
-    the shares one after another for rank-aware strategies.
-    """
-
-    num_ranks: int
-    stream: _Stream | None = None
-    """The equal-batches arithmetic over the stream, once computed."""
-
-    def share(self, rank: int) -> tuple[ChunkTable, Array]:
-        raise NotImplementedError
-
-    def totals(self) -> Array:
-        raise NotImplementedError
-
-    def digest(self, rank: int) -> int | None:
-        return None
-
-    def stream_starts(self, rank: int) -> Array:
-        """Stream row of each item of the share's first row."""
-        raise NotImplementedError
-
-    def items_in(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
-        """``(rank, k, start)`` of the items with rows in stream rows ``[lo, hi)``, in stream order."""
-        raise NotImplementedError
-
-    def overlap(self, lo: int, hi: int) -> Array:
-        """Rows of each share in stream rows ``[lo, hi)``."""
-        out = np.zeros(self.num_ranks, dtype=np.int64)
-        for rank, k, start in self.items_in(lo, hi):
-            table, index = self.share(rank)
-            n = int(table.rows[index[k]])
-            out[rank] += min(hi, start + n) - max(lo, start)
-        return out
 
 
 def _unknown_rows(table: ChunkTable, index: int) -> PlanError:
@@ -357,16 +396,31 @@ def _unknown_rows(table: ChunkTable, index: int) -> PlanError:
     )
 
 
-class _Dealt(_Shares):
-    """One chunk table in shuffled order, dealt ``[rank::num_ranks]``.
+class _Shares:
+    """Each rank's share of an epoch's chunks (its home in the stream)."""
 
-    The row stream is the shuffled order; its prefix sums are kept at block starts only
-    (every ``num_ranks``-th position, one row of shares), and a share's stream rows are
-    computed when that share is planned: no array of 8 bytes per chunk is kept.
+    num_ranks: int
+
+    def source(self, rank: int) -> TableSource:
+        raise NotImplementedError
+
+    def totals(self) -> Array:
+        """Rows of every share (:class:`PlanError` on an unknown count)."""
+        raise NotImplementedError
+
+    def digest(self, rank: int) -> int | None:
+        return None
+
+
+class _Dealt(_Shares):
+    """One chunk table in shuffled order, share ``r`` its positions ``r, r + R, ...``.
+
+    The row totals of the shares are computed a block of positions at a time (a reshape
+    and a sum): no column of every chunk's rows in stream order is kept.
     """
 
     _GATHER = 1 << 16
-    """Items gathered at a time when computing a share's stream rows (bounds the temporaries)."""
+    """Positions gathered at a time when counting rows (bounds the temporaries)."""
 
     def __init__(self, table: ChunkTable, order: Array, num_ranks: int, digest: int | None) -> None:
         self.table = table
@@ -374,68 +428,24 @@ class _Dealt(_Shares):
         self.num_ranks = num_ranks
         self._digest = digest
         self._totals: Array | None = None
-        self._blocks: Array = np.zeros(1, dtype=np.int64)
 
-    def share(self, rank: int) -> tuple[ChunkTable, Array]:
-        return self.table, self.order[rank :: self.num_ranks]
+    def source(self, rank: int) -> TableSource:
+        return TableSource(self.table, self.order[rank :: self.num_ranks])
 
     def totals(self) -> Array:
         if self._totals is None:
             r, n = self.num_ranks, len(self.order)
             totals = np.zeros(r, dtype=np.int64)
-            self._blocks = np.zeros(-(-n // r) + 1, dtype=np.int64)
-            step = max(1, self._GATHER // r) * r  # positions at a time, whole blocks
-            for a in range(0, n, step):  # in pieces: no column of every chunk's rows
+            step = max(1, self._GATHER // r) * r
+            for a in range(0, n, step):
                 rows = self.table.rows[self.order[a : a + step]]
                 if np.any(rows < 0):
-                    bad = a + int(np.argmax(rows < 0))
-                    raise _unknown_rows(self.table, int(self.order[bad]))
+                    raise _unknown_rows(self.table, int(self.order[a + int(np.argmax(rows < 0))]))
                 full = len(rows) // r * r
-                grid = rows[:full].reshape(-1, r)
-                k = a // r
-                if full:
-                    totals += grid.sum(axis=0, dtype=np.int64)
-                    self._blocks[k + 1 : k + 1 + full // r] = grid.sum(axis=1, dtype=np.int64)
-                if full < len(rows):  # the last block, shorter than num_ranks
-                    totals[: len(rows) - full] += rows[full:]
-                    self._blocks[-1] = int(rows[full:].sum(dtype=np.int64))
-            np.cumsum(self._blocks, out=self._blocks)
+                totals += rows[:full].reshape(-1, r).sum(axis=0, dtype=np.int64)
+                totals[: len(rows) - full] += rows[full:]
             self._totals = totals
         return self._totals
-
-    def stream_starts(self, rank: int) -> Array:
-        self.totals()
-        r, n = self.num_ranks, len(self.order)
-        count = len(range(rank, n, r))
-        first = self._blocks[:count].copy()  # stream row of each block's start
-        if rank:
-            step = max(1, self._GATHER // rank)  # blocks at a time
-            for k in range(0, count, step):
-                a, b = k * r, min(n, (k + step) * r)
-                idx = self.order[a:b]
-                full = (b - a) // r
-                part = self.table.rows[idx[: full * r].reshape(full, r)[:, :rank]]
-                first[k : k + full] += part.sum(axis=1, dtype=np.int64)
-                if full < min(step, count - k):  # the last block, shorter than num_ranks
-                    first[k + full] += int(
-                        self.table.rows[idx[full * r : full * r + rank]].sum(dtype=np.int64)
-                    )
-        return first
-
-    def items_in(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
-        self.totals()
-        r, n, blocks = self.num_ranks, len(self.order), self._blocks
-        k = max(0, int(np.searchsorted(blocks, lo, side="right")) - 1)
-        while k * r < n and blocks[k] < hi:
-            a = k * r
-            rows = self.table.rows[self.order[a : min(n, a + r)]].astype(np.int64)
-            ends = np.cumsum(rows) + int(blocks[k])
-            for m in np.flatnonzero((ends > lo) & (rows > 0)).tolist():
-                start = int(ends[m] - rows[m])
-                if start >= hi:
-                    return
-                yield m, k, start
-            k += 1
 
     def digest(self, rank: int) -> int | None:
         return self._digest
@@ -449,32 +459,30 @@ class _PerRank(_Shares):
         self.epoch = epoch
         self.num_workers = num_workers
         self.num_ranks = planner.spec.num_ranks
-        self._tables: dict[int, tuple[ChunkTable, Array]] = {}
+        self._tables: dict[int, TableSource] = {}
         self._given = None if totals is None else np.asarray(totals, dtype=np.int64)
         self._totals: Array | None = None
 
     def call(self, rank: int) -> ChunkTable:
-        spec = self.planner.spec
-        strategy = spec.strategy
+        strategy = self.planner.spec.strategy
         assert isinstance(strategy, RankAwareStrategy)
         chunks = strategy.split_rank(
             self.planner.files.infos,
             num_workers=self.num_workers,
             epoch=self.epoch,
-            num_ranks=spec.num_ranks,
+            num_ranks=self.num_ranks,
             rank=rank,
         )
         return from_chunks(chunks, self.planner.files, strategy.name)
 
-    def share(self, rank: int) -> tuple[ChunkTable, Array]:
+    def source(self, rank: int) -> TableSource:
         found = self._tables.get(rank)
         if found is None:
             spec = self.planner.spec
             table = self.call(rank)
             n = len(table)
             order = permutation(n, spec.seed, self.epoch, rank) if spec.shuffle else np.arange(n)
-            found = (table, order)
-            self._tables[rank] = found
+            found = self._tables[rank] = TableSource(table, order)
         return found
 
     def totals(self) -> Array:
@@ -485,42 +493,15 @@ class _PerRank(_Shares):
         if self._totals is None:
             out = np.zeros(self.num_ranks, dtype=np.int64)
             for rank in range(self.num_ranks):
-                table, order = self.share(rank)
-                rows = table.rows[order]
-                if np.any(rows < 0):
-                    raise _unknown_rows(table, int(order[int(np.argmax(rows < 0))]))
-                out[rank] = int(rows.sum())
+                source = self.source(rank)
+                if np.any(source.rows < 0):
+                    raise _unknown_rows(source.table, int(source.index[int(np.argmax(source.rows < 0))]))
+                out[rank] = int(source.rows.sum())
             self._totals = out
         return self._totals
 
     def digest(self, rank: int) -> int | None:
-        return self.share(rank)[0].digest()
-
-    def _starts(self) -> Array:
-        starts = np.zeros(self.num_ranks + 1, dtype=np.int64)
-        np.cumsum(self.totals(), out=starts[1:])
-        return starts
-
-    def stream_starts(self, rank: int) -> Array:
-        table, index = self.share(rank)
-        rows = table.rows[index]
-        first = np.zeros(len(rows), dtype=np.int64)
-        if len(rows) > 1:
-            np.cumsum(rows[:-1], out=first[1:])
-        first += int(self._starts()[rank])
-        return first
-
-    def items_in(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
-        starts = self._starts()
-        rank = max(0, int(np.searchsorted(starts, lo, side="right")) - 1)
-        while rank < self.num_ranks and starts[rank] < hi:
-            if starts[rank + 1] > lo:
-                table, index = self.share(rank)
-                first = self.stream_starts(rank)
-                end = first + table.rows[index]
-                for k in np.flatnonzero((first < hi) & (end > lo) & (end > first)).tolist():
-                    yield rank, k, int(first[k])
-            rank += 1
+        return self.source(rank).table.digest()
 
     def verify(self, fresh: bool) -> None:
         """Check that no two ranks share a row (calling the strategy for every rank).
@@ -534,10 +515,10 @@ class _PerRank(_Shares):
             if fresh:
                 table = self.call(rank)
                 known = self._tables.get(rank)
-                if known is not None and known[0].digest() != table.digest():
+                if known is not None and known.table.digest() != table.digest():
                     raise nondeterministic(strategy.name, f"two calls for rank {rank} of epoch {self.epoch}")
             else:
-                table = self.share(rank)[0]
+                table = self.source(rank).table
             tables.append(table)
         check_table_overlap(
             ChunkTable.concat(self.planner.files, tables),
@@ -555,188 +536,45 @@ def nondeterministic(name: str, where: str) -> PlanError:
     )
 
 
-# ---------------------------------------------------------------------------------------
-# Equalizing: this rank's parts from prefix sums
-# ---------------------------------------------------------------------------------------
+class _Epoch:
+    """One epoch's shares, its stream (share after share) and, with equal batches, its deal."""
 
-
-@dataclass(frozen=True)
-class _Stream:
-    """The epoch's row stream and the equal-batches arithmetic over it."""
-
-    total: int
-    quota: int
-    span: tuple[int, int]  # stream rows left out (drop)
-    pad_offset: int  # stream row the padding starts at (pad)
-    pad_rows: int
-    kept: Array  # rows of each share after the span is left out
-    surplus_starts: Array  # pool offset of each share's surplus (len num_ranks + 1)
-    deficit_starts: Array  # pool offset of each rank's deficit (len num_ranks + 1)
-
-
-def _stream(shares: _Shares, *, pad: bool, shuffle: bool, seed: int, salt: Sequence[int]) -> _Stream:
-    totals = shares.totals()
-    num_ranks = len(totals)
-    total = int(totals.sum())
-    span = (total, total)
-    pad_offset = pad_rows = 0
-    if pad:
-        pad_rows = -total % num_ranks
-        quota = (total + pad_rows) // num_ranks
-        if shuffle and total > 0 and pad_rows:
-            pad_offset = random_offset(total, seed, *salt[:1], _PAD_SALT, *salt[1:])
-    else:
-        left_out = total % num_ranks
-        quota = (total - left_out) // num_ranks
-        offset = total - left_out
-        if shuffle and left_out:
-            offset = random_offset(total - left_out + 1, seed, *salt[:1], _DROP_SALT, *salt[1:])
-        span = (offset, offset + left_out)
-    kept = totals - shares.overlap(*span) if span[1] > span[0] else totals
-    surplus = np.maximum(0, kept - quota)
-    deficit = np.maximum(0, quota - kept)
-    surplus_starts = np.zeros(num_ranks + 1, dtype=np.int64)
-    np.cumsum(surplus, out=surplus_starts[1:])
-    deficit_starts = np.zeros(num_ranks + 1, dtype=np.int64)
-    np.cumsum(deficit, out=deficit_starts[1:])
-    return _Stream(total, quota, span, pad_offset, pad_rows, kept, surplus_starts, deficit_starts)
-
-
-@dataclass(frozen=True)
-class _ShareRows:
-    """One share's items with their rows, the span's cut of them, and kept prefix sums."""
-
-    table: ChunkTable
-    index: Array
-    rows: Array
-    cut_lo: Array  # removed rows [cut_lo, cut_hi) of each item (item coordinates)
-    cut_hi: Array
-    kept: Array
-    before: Array  # kept rows of the share before each item
-
-
-def _share_rows(shares: _Shares, stream: _Stream, rank: int) -> _ShareRows:
-    table, index = shares.share(rank)
-    rows = table.rows[index]
-    first = shares.stream_starts(rank)
-    lo, hi = stream.span
-    cut_lo = np.minimum(np.maximum(lo - first, 0), rows)
-    cut_hi = np.minimum(np.maximum(hi - first, 0), rows)
-    kept = rows - (cut_hi - cut_lo)
-    before = np.zeros(len(rows), dtype=np.int64)
-    if len(rows) > 1:
-        np.cumsum(kept[:-1], out=before[1:])
-    return _ShareRows(table, index, rows, cut_lo, cut_hi, kept, before)
-
-
-def _live(share: _ShareRows, k: int, x: int, y: int, padding: bool = False) -> list[Part]:
-    """Parts for kept rows ``[x, y)`` of item ``k`` (rows the span left out are skipped)."""
-    a, b = int(share.cut_lo[k]), int(share.cut_hi[k])
-    w = b - a
-    i = int(share.index[k])
-    if w == 0 or y <= a:
-        spans = [(x, y)]
-    elif x >= a:
-        spans = [(x + w, y + w)]
-    else:
-        spans = [(x, a), (b, y + w)]
-    return [Part(share.table, i, lo, hi, padding) for lo, hi in spans if hi > lo]
-
-
-def _kept_range(share: _ShareRows, x: int, y: int, padding: bool = False) -> list[Part]:
-    """Parts for the share's kept rows ``[x, y)``, in order."""
-    if y <= x:
-        return []
-    end = share.before + share.kept
-    live = np.flatnonzero((share.kept > 0) & (share.before < y) & (end > x))
-    out: list[Part] = []
-    for k in live.tolist():
-        b = int(share.before[k])
-        out.extend(_live(share, k, max(x, b) - b, min(y, int(end[k])) - b, padding))
-    return out
-
-
-def _own(share: _ShareRows, quota: int) -> list[Part]:
-    """The share's parts a rank keeps: items up to the quota (and items of no rows)."""
-    take = np.minimum(np.maximum(quota - share.before, 0), share.kept)
-    zero = share.rows == 0
-    chosen = np.flatnonzero(zero | (take > 0))
-    table = share.table
-    out: list[Part] = []
-    # One pass over plain ints: an item the span does not cut (most) is one part [0, take).
-    for k, i, n, cut in zip(
-        chosen.tolist(),
-        share.index[chosen].tolist(),
-        np.where(zero[chosen], 0, take[chosen]).tolist(),
-        (share.cut_hi[chosen] - share.cut_lo[chosen]).tolist(),
-        strict=True,
-    ):
-        if n == 0 or cut == 0:
-            out.append(Part(table, i, 0, n))
-        else:
-            out.extend(_live(share, k, 0, n))
-    return out
-
-
-class _ShareCache:
-    """Share rows computed at most once per rank while planning a rank."""
-
-    def __init__(self, shares: _Shares, stream: _Stream) -> None:
+    def __init__(self, spec: PlanSpec, epoch: int, shares: _Shares) -> None:
+        self.spec = spec
+        self.epoch = epoch
         self.shares = shares
-        self.stream = stream
-        self._rows: dict[int, _ShareRows] = {}
+        self.stream = Stream(shares.totals, shares.source)  # without equal batches: whole shares only
+        self._deal: Deal | None = None
 
-    def __call__(self, rank: int) -> _ShareRows:
-        found = self._rows.get(rank)
-        if found is None:
-            found = _share_rows(self.shares, self.stream, rank)
-            self._rows[rank] = found
-        return found
+    def totals(self) -> Array:
+        """Rows of every share (:class:`PlanError` on an unknown count)."""
+        return self.shares.totals()
 
+    @property
+    def deal(self) -> Deal:
+        """The equal-batches deal of the stream, the shares as homes."""
+        if self._deal is None:
+            spec, starts = self.spec, self.stream.starts
+            self._deal = deal(
+                int(starts[-1]),
+                spec.num_ranks,
+                spec.equal_batches,
+                homes=starts,
+                shuffle=spec.shuffle,
+                seed=spec.seed,
+                key=(self.epoch,),
+            )
+        return self._deal
 
-def _stream_range(rows: _ShareCache, x: int, y: int, padding: bool) -> list[Part]:
-    """Parts for stream rows ``[x, y)``, in stream order (no span left out: ``'pad'``)."""
-    out: list[Part] = []
-    for rank, k, start in rows.shares.items_in(x, y):
-        share = rows(rank)
-        n = int(share.rows[k])
-        out.extend(_live(share, k, max(x, start) - start, min(y, start + n) - start, padding))
-    return out
+    def spans(self, rank: int) -> list[Span]:
+        """What ``rank`` reads: its share, or (equal batches) its deal's ranges."""
+        if not self.spec.equalized:
+            return self.stream.whole(rank)
+        return self.stream.spans(self.deal.ranges(rank))
 
-
-def _pool_range(rows: _ShareCache, x: int, y: int) -> list[Part]:
-    """Parts for rows ``[x, y)`` of the pool: the shares' surplus, rank after rank, then padding."""
-    stream = rows.stream
-    ps = stream.surplus_starts
-    out: list[Part] = []
-    first = int(np.searchsorted(ps, x, side="right")) - 1
-    for rank in range(max(first, 0), len(ps) - 1):
-        lo, hi = int(ps[rank]), int(ps[rank + 1])
-        if lo >= y:
-            break
-        if hi <= x or hi == lo:
-            continue
-        q = stream.quota
-        out.extend(_kept_range(rows(rank), q + max(x, lo) - lo, q + min(y, hi) - lo))
-    pad_lo = int(ps[-1])
-    a, b = max(x, pad_lo) - pad_lo, min(y, pad_lo + stream.pad_rows) - pad_lo
-    total = stream.total
-    while a < b and total > 0:  # padding: the stream read cyclically from pad_offset
-        s = (stream.pad_offset + a) % total
-        n = min(b - a, total - s)
-        out.extend(_stream_range(rows, s, s + n, True))
-        a += n
-    return out
-
-
-def _dropped(rows: _ShareCache) -> list[Part]:
-    """Parts for the stream rows ``'drop'`` leaves out, in stream order."""
-    lo, hi = rows.stream.span
-    out: list[Part] = []
-    for rank, k, _ in rows.shares.items_in(lo, hi):
-        share = rows(rank)
-        out.append(Part(share.table, int(share.index[k]), int(share.cut_lo[k]), int(share.cut_hi[k])))
-    return out
+    def chunks(self, ranges: Sequence[Range]) -> tuple[Chunk, ...]:
+        """The chunks of stream positions ``ranges`` (the few rows dropped or padded)."""
+        return tuple(_chunk(self.stream, span) for span in self.stream.spans(ranges))
 
 
 # ---------------------------------------------------------------------------------------
@@ -748,10 +586,9 @@ class Planner:
     """Plans of one dataset, one rank at a time, with what does not change kept.
 
     The chunk table of a built-in strategy is built once (epochs do not change it); the
-    shuffled order and the ranks' row totals once per epoch; a rank's parts once per
-    ``(epoch, rank)`` and its workers' once per ``(epoch, rank, num_workers)``. The
-    cached values are dropped when the planner is pickled (to DataLoader workers),
-    except the chunk table.
+    shuffled order and the shares' row totals once per epoch; a rank's plan once per
+    ``(epoch, rank, num_workers)``. The cached values are dropped when the planner is
+    pickled (to DataLoader workers), except the chunk table.
 
     Args:
         spec: What the plans depend on (its ``num_workers`` is the default of
@@ -762,16 +599,16 @@ class Planner:
         self.spec = spec
         self.files = spec.files if isinstance(spec.files, FileTable) else FileTable.from_infos(spec.files)
         self._chunks: ChunkTable | None = None
-        self._shares: dict[tuple[int, int], _Shares] = {}
-        self._parts: dict[tuple[int, int, int], tuple[list[Part], _Shares]] = {}
-        self._plans: dict[tuple[int, int, int], RankPlan] = {}
+        self._epochs: dict[tuple[int, int], _Epoch] = {}
+        self._plans: BoundedDict[tuple[int, int, int], RankPlan] = BoundedDict(16)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"spec": self.spec, "files": self.files, "_chunks": self._chunks}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._shares, self._parts, self._plans = {}, {}, {}
+        self._epochs = {}
+        self._plans = BoundedDict(16)
 
     def for_world(self, num_ranks: int) -> Planner:
         """This planner for a world of ``num_ranks`` ranks (sharing the chunk table)."""
@@ -793,7 +630,7 @@ class Planner:
         A rank-aware strategy is not asked for every rank: with equal batches its counts
         are known (planning needs them), without they count as unknown.
         """
-        shares = self.shares(epoch, num_workers)
+        shares = self.shares(epoch, num_workers).shares
         if isinstance(shares, _Dealt):
             return shares.table.known
         return self.spec.equalized
@@ -809,25 +646,22 @@ class Planner:
             self._chunks = build_chunks(self.spec.strategy, self.files)  # type: ignore[arg-type]
         return self._chunks
 
-    def _key(self, num_workers: int) -> int:
-        """Part of the cache keys: custom strategies are told ``num_workers``, built-ins not."""
-        return 0 if is_builtin(self.spec.strategy) else num_workers
+    def shares(self, epoch: int, num_workers: int, totals: Sequence[int] | None = None) -> _Epoch:
+        """Each rank's chunks of ``epoch``, in reading order, and their deal (cached per epoch).
 
-    def shares(self, epoch: int, num_workers: int, totals: Sequence[int] | None = None) -> _Shares:
-        """Each rank's chunks of ``epoch``, in reading order (cached per epoch)."""
+        Custom strategies are told ``num_workers``; built-in ones are not.
+        """
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
-        key = (epoch, self._key(num_workers))
-        found = self._shares.get(key)
+        strategy = self.spec.strategy
+        key = (epoch, 0 if is_builtin(strategy) else num_workers)
+        found = self._epochs.get(key)
         if found is not None:
             return found
-        spec = self.spec
-        strategy = spec.strategy
-        if self._shares:  # one epoch's arrays at a time: they hold 16 bytes per chunk
-            self._shares.clear()
-            self._parts.clear()
+        self._epochs.clear()  # one epoch's arrays at a time: they hold 4 bytes per chunk
+        self._plans.clear()
         if isinstance(strategy, RankAwareStrategy):
-            found = _PerRank(self, epoch, num_workers, totals)
+            shares: _Shares = _PerRank(self, epoch, num_workers, totals)
         else:
             table = self.chunk_table()
             digest = None
@@ -838,52 +672,17 @@ class Planner:
                 digest = table.digest()
             n = len(table)
             order = (  # int32 when it fits: 4 bytes per chunk held for the epoch
-                permutation(n, spec.seed, epoch, narrow=True)
-                if spec.shuffle
+                permutation(n, self.spec.seed, epoch, narrow=True)
+                if self.spec.shuffle
                 else np.arange(n, dtype=np.int32 if n <= np.iinfo(np.int32).max else np.int64)
             )
-            found = _Dealt(table, order, spec.num_ranks, digest)
-        self._shares[key] = found
+            shares = _Dealt(table, order, self.spec.num_ranks, digest)
+        found = self._epochs[key] = _Epoch(self.spec, epoch, shares)
         return found
 
-    def _stream(self, shares: _Shares, epoch: int) -> _Stream:
-        if shares.stream is None:
-            spec = self.spec
-            shares.stream = _stream(
-                shares,
-                pad=spec.equal_batches is EqualBatches.PAD,
-                shuffle=spec.shuffle,
-                seed=spec.seed,
-                salt=(epoch,),
-            )
-        return shares.stream
-
-    def parts(
-        self, epoch: int, rank: int, num_workers: int, totals: Sequence[int] | None = None
-    ) -> tuple[list[Part], _Shares]:
-        """This rank's parts of ``epoch`` before they are dealt to workers."""
-        spec = self.spec
-        if not 0 <= rank < spec.num_ranks:
-            raise ValueError(f"rank must be in [0, {spec.num_ranks}), got {rank}")
-        key = (epoch, self._key(num_workers), rank)
-        found = self._parts.get(key)
-        if found is not None:
-            return found
-        shares = self.shares(epoch, num_workers, totals)
-        if spec.equalized:
-            stream = self._stream(shares, epoch)
-            rows = _ShareCache(shares, stream)
-            out = _own(rows(rank), stream.quota)
-            d0, d1 = int(stream.deficit_starts[rank]), int(stream.deficit_starts[rank + 1])
-            out += _pool_range(rows, d0, d1)
-        else:
-            table, index = shares.share(rank)
-            rows_of = table.rows[index]
-            out = [Part(table, i, 0, n) for i, n in zip(index.tolist(), rows_of.tolist(), strict=True)]
-        if len(self._parts) >= 64:
-            self._parts.pop(next(iter(self._parts)))
-        self._parts[key] = (out, shares)
-        return out, shares
+    def totals(self, epoch: int, num_workers: int) -> Array:
+        """Every rank's share of rows in ``epoch`` (:class:`PlanError` on unknown counts)."""
+        return self.shares(epoch, num_workers).totals()
 
     def rank_plan(
         self,
@@ -915,53 +714,46 @@ class Planner:
         workers = spec.num_workers if num_workers is None else num_workers
         if workers < 1:
             raise ValueError(f"num_workers must be >= 1 in a plan, got {workers}")
+        if not 0 <= rank < spec.num_ranks:
+            raise ValueError(f"rank must be in [0, {spec.num_ranks}), got {rank}")
         key = (epoch, rank, workers)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        parts, shares = self.parts(epoch, rank, workers, totals)
+        found = self.shares(epoch, workers, totals)
+        shares = found.shares
+        spans = found.spans(rank)
         if verify and isinstance(shares, _PerRank) and (spec.verify or spec.num_ranks <= AUTO_VERIFY_RANKS):
-            shares.verify(fresh=True)
-        bins = assign(parts, workers, _part_weight)
-        if spec.equalized:
-            rows = sum(_part_rows(p) for p in parts)
-            bins, rest = fill_quotas_by(
-                bins, worker_quotas(rows, workers, spec.batch_size), rows=_part_rows, cut=_cut
-            )
-            assert not rest, "worker quotas add up to the rank's rows"
+            shares.verify(fresh=True)  # after this rank's own call: a second call must agree with it
+        bins = to_workers(
+            spans, workers, found.stream.weight, batch_size=spec.batch_size, equal=spec.equalized
+        )
         plan = RankPlan(
             epoch=epoch,
             rank=rank,
             num_ranks=spec.num_ranks,
             num_workers=workers,
             workers=tuple(tuple(b) for b in bins),
-            share_size=len(parts),
+            share_size=len(spans),
+            stream=found.stream,
             digest=shares.digest(rank),
         )
-        if len(self._plans) >= 16:
-            self._plans.pop(next(iter(self._plans)))
         self._plans[key] = plan
         return plan
 
     def dropped(self, epoch: int, num_workers: int | None = None) -> tuple[Chunk, ...]:
         """Rows ``equal_batches='drop'`` leaves out of ``epoch`` (fewer than ``num_ranks``)."""
-        spec = self.spec
-        if not spec.equalized or spec.equal_batches is not EqualBatches.DROP:
+        if not self.spec.equalized:
             return ()
-        shares = self.shares(epoch, spec.num_workers if num_workers is None else num_workers)
-        rows = _ShareCache(shares, self._stream(shares, epoch))
-        return tuple(p.chunk() for p in _dropped(rows))
+        found = self.shares(epoch, self.spec.num_workers if num_workers is None else num_workers)
+        return found.chunks(found.deal.dropped())
 
     def padding(self, epoch: int, num_workers: int | None = None) -> tuple[Chunk, ...]:
         """Rows ``equal_batches='pad'`` repeats in ``epoch`` (fewer than ``num_ranks``)."""
-        spec = self.spec
-        if not spec.equalized or spec.equal_batches is not EqualBatches.PAD:
+        if not self.spec.equalized:
             return ()
-        shares = self.shares(epoch, spec.num_workers if num_workers is None else num_workers)
-        stream = self._stream(shares, epoch)
-        rows = _ShareCache(shares, stream)
-        start = int(stream.surplus_starts[-1])
-        return tuple(p.chunk() for p in _pool_range(rows, start, start + stream.pad_rows))
+        found = self.shares(epoch, self.spec.num_workers if num_workers is None else num_workers)
+        return found.chunks(found.deal.padding())
 
     def verify(self, epoch: int, num_workers: int | None = None) -> None:
         """Check the epoch's chunks: no two chunks (of any ranks) share a row.
@@ -973,8 +765,7 @@ class Planner:
             OverlappingChunksError: two chunks share rows.
             PlanError: a strategy returned invalid chunks.
         """
-        workers = self.spec.num_workers if num_workers is None else num_workers
-        shares = self.shares(epoch, workers)
+        shares = self.shares(epoch, self.spec.num_workers if num_workers is None else num_workers).shares
         if isinstance(shares, _PerRank):
             shares.verify(fresh=False)
         elif isinstance(shares, _Dealt):
@@ -1004,7 +795,7 @@ class LazyRanks(Sequence[tuple[WorkerChunks, ...]]):
         self._done: dict[int, tuple[WorkerChunks, ...]] = {}
 
     def rank_plan(self, rank: int) -> RankPlan:
-        """The plan of ``rank`` (its parts; no chunks built)."""
+        """The plan of ``rank`` (its spans; no chunks built)."""
         if not 0 <= rank < self._n:
             raise IndexError(rank)
         return self._plan(rank)
@@ -1027,8 +818,7 @@ class LazyRanks(Sequence[tuple[WorkerChunks, ...]]):
             raise IndexError(rank)
         found = self._done.get(rank)
         if found is None:
-            found = self._plan(rank).assignments()
-            self._done[rank] = found
+            found = self._done[rank] = self._plan(rank).assignments()
         return found
 
     def __iter__(self) -> Iterator[tuple[WorkerChunks, ...]]:
@@ -1054,17 +844,19 @@ class LazyRanks(Sequence[tuple[WorkerChunks, ...]]):
 # ---------------------------------------------------------------------------------------
 
 
-def rank_shares(spec: PlanSpec, epoch: int) -> list[list[Chunk]]:
-    """Each rank's chunks for ``epoch``, shuffled, before equalizing and assignment to workers."""
+def _checked(spec: PlanSpec, epoch: int) -> Planner:
+    """A planner whose ``epoch`` is planned, a rank-aware strategy checked across ranks."""
     planner = Planner(spec)
-    shares = planner.shares(epoch, spec.num_workers)
+    shares = planner.shares(epoch, spec.num_workers).shares
     if isinstance(shares, _PerRank):
         shares.verify(fresh=False)
-    out = []
-    for rank in range(spec.num_ranks):
-        table, index = shares.share(rank)
-        out.append([table.chunk(i) for i in index.tolist()])
-    return out
+    return planner
+
+
+def rank_shares(spec: PlanSpec, epoch: int) -> list[list[Chunk]]:
+    """Each rank's chunks for ``epoch``, shuffled, before equalizing and assignment to workers."""
+    found = _checked(spec, epoch).shares(epoch, spec.num_workers)
+    return [found.shares.source(r).chunks(found.stream.whole(r)) for r in range(spec.num_ranks)]
 
 
 def plan_epoch(spec: PlanSpec, epoch: int) -> EpochPlan:
@@ -1081,10 +873,7 @@ def plan_epoch(spec: PlanSpec, epoch: int) -> EpochPlan:
     Returns:
         The :class:`EpochPlan` for every rank and worker.
     """
-    planner = Planner(spec)
-    shares = planner.shares(epoch, spec.num_workers)
-    if isinstance(shares, _PerRank):
-        shares.verify(fresh=False)
+    planner = _checked(spec, epoch)
     return replace(
         planner.epoch_plan(epoch),
         assignments=tuple(planner.rank_plan(epoch, r).assignments() for r in range(spec.num_ranks)),

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 
-from torch_dataloader_utils.plan.ranks import cut_chunk
+from torch_dataloader_utils.plan.pieces import cut_chunk
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
 
 __all__ = ["Run", "ReduceShard", "Segment", "cut_shards", "pack_sizes", "plan_reduce"]

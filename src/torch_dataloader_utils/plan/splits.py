@@ -14,13 +14,9 @@ with a ``generate`` method (no base class needed), in one of two signatures:
 
 The signature is detected with :func:`inspect.signature`.
 
-Strategies written for torch-dataloader-utils 0.2.0 run unchanged: besides ``Chunk``
-objects a strategy may return 0.2.0's ``Shard`` objects (anything with ``splits``) or
-``Split`` objects (anything with ``file.path`` and ``row_range``, whose
-``offset``/``length`` are file row positions; ``None`` is the whole file). They are
-recognized by their attributes (this module stays free of the compat layer) and
-become chunks, checked like any other; the worker a ``Shard`` named is not kept, the
-planner assigns chunks to workers itself.
+Strategies written for torch-dataloader-utils 0.2.0 run unchanged: what they return
+besides ``Chunk`` objects (``Shard`` and ``Split``) is turned into chunks by the compat
+layer (:data:`ITEM_ADAPTERS`), then checked like any other chunk.
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -36,6 +32,7 @@ from torch_dataloader_utils.errors import ConfigError, OverlappingChunksError, P
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo, RowGroup
 
 __all__ = [
+    "ITEM_ADAPTERS",
     "ByteRangeSplit",
     "FileSplit",
     "LegacySplitStrategy",
@@ -234,24 +231,12 @@ def _by_path(files: Sequence[FileInfo]) -> dict[str, FileInfo]:
     return {f.path: f for f in files}
 
 
-def _from_split(item: object, files: Mapping[str, FileInfo], name: str) -> list[Chunk]:
-    """A 0.2.0 ``Split`` (``file.path`` + ``row_range`` or ``None``) as a chunk."""
-    path = getattr(getattr(item, "file", None), "path", None)
-    f = files.get(path) if isinstance(path, str) else None
-    if f is None:
-        raise PlanError(
-            f"split strategy {name!r} returned a Split of {path!r}, which is not one of the dataset's files"
-        )
-    rr = getattr(item, "row_range", None)
-    if rr is None:
-        return FileSplit().split([f])
-    if f.num_rows is None:
-        raise PlanError(
-            f"split strategy {name!r} returned a Split with row_range={rr!r} of {path!r}, whose row "
-            "count is unknown (a text format): return the whole file (row_range=None) instead"
-        )
-    offset, length = int(rr.offset), int(rr.length)
-    return [Chunk.rows(f, offset, offset + length)] if length > 0 else []
+ItemAdapter = Callable[[object, Mapping[str, FileInfo], str], "list[Chunk] | None"]
+
+ITEM_ADAPTERS: list[ItemAdapter] = []
+"""What turns items a strategy returned besides :class:`Chunk` objects into chunks:
+``adapt(item, files_by_path, strategy_name)`` gives the chunks, or ``None`` when the item
+is not its kind. The compat layer registers 0.2.0's ``Shard`` and ``Split`` here."""
 
 
 def _flatten(out: object, name: str, files: Mapping[str, FileInfo]) -> list[Chunk]:
@@ -264,15 +249,16 @@ def _flatten(out: object, name: str, files: Mapping[str, FileInfo]) -> list[Chun
         elif isinstance(item, (list, tuple)):
             # Older strategies sometimes return one list per worker.
             chunks.extend(_flatten(item, name, files))
-        elif isinstance(getattr(item, "splits", None), (list, tuple)):
-            chunks.extend(_flatten(item.splits, name, files))  # type: ignore[attr-defined]  # a 0.2.0 Shard
-        elif hasattr(item, "file") and hasattr(item, "row_range"):
-            chunks.extend(_from_split(item, files, name))  # a 0.2.0 Split
         else:
-            raise PlanError(
-                f"split strategy {name!r} returned {item!r}; expected Chunk objects "
-                "(build them with Chunk.rows(file, start, stop) or Chunk.bytes(file, start, stop))"
+            adapted = next(
+                (c for adapt in ITEM_ADAPTERS if (c := adapt(item, files, name)) is not None), None
             )
+            if adapted is None:
+                raise PlanError(
+                    f"split strategy {name!r} returned {item!r}; expected Chunk objects "
+                    "(build them with Chunk.rows(file, start, stop) or Chunk.bytes(file, start, stop))"
+                )
+            chunks.extend(adapted)
     return chunks
 
 
@@ -320,7 +306,7 @@ def resolve_strategy(strategy: object) -> Splitter | RankAwareStrategy:
         UserWarning,
         stacklevel=3,
     )
-    return LegacyAdapter(strategy, name=name)  # type: ignore[arg-type,return-value]
+    return LegacyAdapter(strategy, name=name)  # type: ignore[arg-type]
 
 
 def normalize_chunks(

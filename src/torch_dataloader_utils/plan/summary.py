@@ -119,10 +119,13 @@ class FileSummary:
         files: Number of files.
         bytes: Their total size.
         rows: Rows in them (``None`` when a count is unknown: text before counting).
-        live_rows: Rows in row groups left after pruning by ``filters`` (``None``: unknown).
+        live_rows: Rows the plan deals out: in row groups left after pruning by ``filters``,
+            less deleted positions (``None``: unknown).
         row_groups: Unpruned row groups (or stripes); 0 when the format has none.
         sizes: File sizes in bytes, in the files' order.
         empty_files: Files with no live rows.
+        deleted_rows: Row positions excluded one by one: Iceberg deletes (position and
+            equality delete files), and the rows a counted row filter drops there.
     """
 
     files: int
@@ -132,13 +135,14 @@ class FileSummary:
     row_groups: int
     sizes: tuple[int, ...] = field(repr=False)
     empty_files: int = 0
+    deleted_rows: int = 0
 
     @property
     def pruned_rows(self) -> int | None:
         """Rows in row groups pruned by statistics or partition values (``None``: unknown)."""
         if self.rows is None or self.live_rows is None:
             return None
-        return self.rows - self.live_rows
+        return self.rows - self.live_rows - self.deleted_rows
 
     @property
     def size_spread(self) -> Spread:
@@ -157,8 +161,10 @@ def summarize_files(files: FileTable | Sequence[FileInfo]) -> FileSummary:
         return _summarize_table(files)
     rows: int | None = 0
     live: int | None = 0
-    groups = empty = 0
+    groups = empty = deleted = 0
     for f in files:
+        positions = getattr(f, "deleted", None)
+        deleted += 0 if positions is None else len(positions)
         if rows is not None:
             rows = None if f.num_rows is None else rows + f.num_rows
         live_rows = f.live_rows
@@ -168,7 +174,7 @@ def summarize_files(files: FileTable | Sequence[FileInfo]) -> FileSummary:
         if live_rows == 0:
             empty += 1
     sizes = tuple(f.size for f in files)
-    return FileSummary(len(files), sum(sizes), rows, live, groups, sizes, empty)
+    return FileSummary(len(files), sum(sizes), rows, live, groups, sizes, empty, deleted)
 
 
 def _summarize_table(table: FileTable) -> FileSummary:
@@ -177,8 +183,9 @@ def _summarize_table(table: FileTable) -> FileSummary:
     live = None if bool(np.any(table.live < 0)) else int(table.live.sum())
     groups = int(np.diff(table.group_offsets)[table.has_groups].sum())  # as FileInfo.row_groups
     sizes = tuple(table.size.tolist())
+    deleted = 0 if table.deleted is None else len(table.deleted)
     return FileSummary(
-        len(table), sum(sizes), rows, live, groups, sizes, int(np.count_nonzero(table.live == 0))
+        len(table), sum(sizes), rows, live, groups, sizes, int(np.count_nonzero(table.live == 0)), deleted
     )
 
 
@@ -289,7 +296,7 @@ def summarize_plan(plan: EpochPlan) -> PlanSummary:
     """The figures of ``plan`` (only its ``num_ranks``, ``num_workers``, ``chunks_for`` and ``dropped``).
 
     A plan of the :class:`~.planner.Planner` (whose ranks are planned when read) is
-    summarized from each rank's parts as columns (:meth:`~.planner.RankPlan.columns`):
+    summarized from each rank's chunks as columns (:meth:`~.planner.RankPlan.columns`):
     no chunk is built but the largest. Any other plan in one pass over its chunks. The
     rest is vectorized.
     """
@@ -313,7 +320,7 @@ def summarize_plan(plan: EpochPlan) -> PlanSummary:
 
 
 def _summarize_columns(plan: EpochPlan, ranks: LazyRanks) -> PlanSummary:
-    """:func:`summarize_plan` of a planner's plan, from its ranks' parts as columns."""
+    """:func:`summarize_plan` of a planner's plan, from its ranks' chunks as columns."""
     plans = [ranks.rank_plan(r) for r in range(plan.num_ranks)]
     cols = [p.columns() for p in plans]
     counts = np.concatenate([c.counts for c in cols]) if cols else np.zeros(0, dtype=np.int64)
@@ -334,10 +341,10 @@ def _summarize_columns(plan: EpochPlan, ranks: LazyRanks) -> PlanSummary:
     def chunk_at(k: int) -> Chunk:
         rank = int(np.searchsorted(starts, k, side="right")) - 1
         j = k - int(starts[rank])
-        for parts in plans[rank].workers:
-            if j < len(parts):
-                return parts[j].chunk()
-            j -= len(parts)
+        for w, spans in enumerate(plans[rank].workers):
+            if j < len(spans):
+                return plans[rank].chunk(w, j)
+            j -= len(spans)
         raise IndexError(k)
 
     return _summary(plan, counts, rows, nbytes, padding, files, chunk_at)
@@ -432,73 +439,79 @@ def layout_issues(
             round; ``None``: rows keep their chunk's order).
         batch_size: Rows per batch.
     """
-    out: list[LayoutIssue] = []
-    idle_ranks = plan.idle_ranks
-    if idle_ranks:
-        out.append(
-            LayoutIssue(
-                "idle_ranks",
-                f"{len(idle_ranks)} of {plan.num_ranks} ranks have nothing to read in epoch {plan.epoch} "
-                f"(ranks {_examples(idle_ranks)}; {plan.total_chunks} chunks in all): they yield no "
-                "batches. Lower split_rows / split_bytes so there are at least as many chunks as ranks, "
-                "or run fewer ranks",
-            )
-        )
+    found = (
+        _idle_ranks(plan),
+        _idle_workers(plan),
+        _large_chunk(plan),
+        _small_files(files),
+        _one_file_batches(plan, shuffle and row_window is None, batch_size),
+    )
+    return [issue for issue in found if issue is not None]
+
+
+def _idle_ranks(plan: PlanSummary) -> LayoutIssue | None:
+    idle = plan.idle_ranks
+    if not idle:
+        return None
+    return LayoutIssue(
+        "idle_ranks",
+        f"{len(idle)} of {plan.num_ranks} ranks have nothing to read in epoch {plan.epoch} "
+        f"(ranks {_examples(idle)}; {plan.total_chunks} chunks in all): they yield no "
+        "batches. Lower split_rows / split_bytes so there are at least as many chunks as ranks, "
+        "or run fewer ranks",
+    )
+
+
+def _idle_workers(plan: PlanSummary) -> LayoutIssue | None:
     idle = plan.idle_workers
-    if idle:
-        out.append(
-            LayoutIssue(
-                "idle_workers",
-                f"{len(idle)} of {plan.num_ranks * plan.num_workers} workers have nothing to read in "
-                f"epoch {plan.epoch} ((rank, worker) {_examples(idle)}): num_workers={plan.num_workers} "
-                "is more than some ranks have chunks. Lower split_rows / split_bytes or num_workers",
-            )
-        )
-    largest = plan.largest_chunk
-    if (
-        largest is not None
-        and plan.total_chunks >= 3
-        and plan.median_weight > 0
-        and largest.weight >= LARGE_CHUNK_RATIO * plan.median_weight
-    ):
-        unit = "rows" if largest.num_rows is not None else "bytes"
-        ratio = largest.weight / plan.median_weight
-        out.append(
-            LayoutIssue(
-                "large_chunk",
-                f"chunk {largest.path}[{largest.start}:{largest.stop}) holds {largest.weight:,} {unit}, "
-                f"{ratio:.0f}x the median chunk ({plan.median_weight:,.0f} {unit}): the worker reading it "
-                "finishes long after the others. Split it finer (split_rows / split_bytes; a file with "
-                "one huge row group needs rewriting with smaller row groups, e.g. "
-                "`torch-dataloader-utils reshard`)",
-            )
-        )
-    if (
-        files is not None
-        and files.files >= SMALL_FILES_MIN_COUNT
-        and files.median_size < SMALL_FILES_MAX_BYTES
-    ):
-        target = max(1, min(files.files, round(files.bytes / RESHARD_TARGET_BYTES)))
-        out.append(
-            LayoutIssue(
-                "small_files",
-                f"{files.files:,} files with a median size of {_size(files.median_size)}: every file costs "
-                "an open, a footer read and requests of its own, so reading is dominated by per-file "
-                f"overhead (on object storage most of all). Rewrite them into about {target:,} files of "
-                f"~{_size(RESHARD_TARGET_BYTES)} with `torch-dataloader-utils reshard`",
-            )
-        )
-    chunk_rows = plan.median_chunk_rows
-    if shuffle and row_window is None and chunk_rows is not None and chunk_rows >= batch_size:
-        window = int(4 * chunk_rows)
-        out.append(
-            LayoutIssue(
-                "one_file_batches",
-                f"shuffle=True shuffles the order of the {plan.total_chunks:,} chunks, but rows keep their "
-                f"file order inside a chunk: with chunks of a median {chunk_rows:,.0f} rows >= "
-                f"batch_size={batch_size}, nearly every batch holds rows of one file only. If files group "
-                f"similar rows (by time, label or source), mix them: keep row_mixing on (its default) or "
-                f"set row_shuffle_window={window}, which shuffles rows across about 4 chunks",
-            )
-        )
-    return out
+    if not idle:
+        return None
+    return LayoutIssue(
+        "idle_workers",
+        f"{len(idle)} of {plan.num_ranks * plan.num_workers} workers have nothing to read in "
+        f"epoch {plan.epoch} ((rank, worker) {_examples(idle)}): num_workers={plan.num_workers} "
+        "is more than some ranks have chunks. Lower split_rows / split_bytes or num_workers",
+    )
+
+
+def _large_chunk(plan: PlanSummary) -> LayoutIssue | None:
+    largest, median = plan.largest_chunk, plan.median_weight
+    if largest is None or plan.total_chunks < 3 or median <= 0 or largest.weight < LARGE_CHUNK_RATIO * median:
+        return None
+    unit = "rows" if largest.num_rows is not None else "bytes"
+    return LayoutIssue(
+        "large_chunk",
+        f"chunk {largest.path}[{largest.start}:{largest.stop}) holds {largest.weight:,} {unit}, "
+        f"{largest.weight / median:.0f}x the median chunk ({median:,.0f} {unit}): the worker reading it "
+        "finishes long after the others. Split it finer (split_rows / split_bytes; a file with "
+        "one huge row group needs rewriting with smaller row groups, e.g. "
+        "`torch-dataloader-utils reshard`)",
+    )
+
+
+def _small_files(files: FileSummary | None) -> LayoutIssue | None:
+    if files is None or files.files < SMALL_FILES_MIN_COUNT or files.median_size >= SMALL_FILES_MAX_BYTES:
+        return None
+    target = max(1, min(files.files, round(files.bytes / RESHARD_TARGET_BYTES)))
+    return LayoutIssue(
+        "small_files",
+        f"{files.files:,} files with a median size of {_size(files.median_size)}: every file costs "
+        "an open, a footer read and requests of its own, so reading is dominated by per-file "
+        f"overhead (on object storage most of all). Rewrite them into about {target:,} files of "
+        f"~{_size(RESHARD_TARGET_BYTES)} with `torch-dataloader-utils reshard`",
+    )
+
+
+def _one_file_batches(plan: PlanSummary, unmixed: bool, batch_size: int) -> LayoutIssue | None:
+    """``shuffle=True`` without row mixing, over chunks of at least a batch: batches of one file."""
+    rows = plan.median_chunk_rows
+    if not unmixed or rows is None or rows < batch_size:
+        return None
+    return LayoutIssue(
+        "one_file_batches",
+        f"shuffle=True shuffles the order of the {plan.total_chunks:,} chunks, but rows keep their "
+        f"file order inside a chunk: with chunks of a median {rows:,.0f} rows >= "
+        f"batch_size={batch_size}, nearly every batch holds rows of one file only. If files group "
+        f"similar rows (by time, label or source), mix them: keep row_mixing on (its default) or "
+        f"set row_shuffle_window={int(4 * rows)}, which shuffles rows across about 4 chunks",
+    )

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 import numpy as np
+from numpy.typing import ArrayLike
 
+from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.types import FileInfo, RecordIndex, RowGroup
 
 __all__ = ["FileTable", "FileWithDeletes", "encode_paths", "search"]
@@ -97,7 +99,7 @@ class FileWithDeletes(FileInfo):
         return stop
 
 
-def _i64(values: Any, n: int, name: str, default: int | None = None) -> Array:
+def _i64(values: ArrayLike | None, n: int, name: str, default: int | None = None) -> Array:
     if values is None:
         if default is None:
             raise ValueError(f"{name} is required")
@@ -129,7 +131,7 @@ def _index_column(index: Array) -> Array:
     return np.ascontiguousarray(index, dtype=np.int16 if small else np.int32)
 
 
-def _column(values: Any, n: int, name: str) -> Array:
+def _column(values: ArrayLike | None, n: int, name: str) -> Array:
     """An integer column of length ``n`` (``int32`` or ``int64`` kept as given; default zeros)."""
     if values is None:
         return np.zeros(n, dtype=np.int32)
@@ -142,7 +144,7 @@ def _column(values: Any, n: int, name: str) -> Array:
     return out
 
 
-def _offsets(values: Any, n: int, total: int, name: str, narrow: bool = False) -> Array:
+def _offsets(values: ArrayLike | None, n: int, total: int, name: str, narrow: bool = False) -> Array:
     """Offsets ``0 .. total`` (``n + 1``), checked; ``narrow``: ``int32`` when ``total`` fits."""
     out = _column(values, n + 1, name)
     if out.dtype == np.int16:
@@ -290,7 +292,7 @@ class FileTable(Mapping[str, FileInfo]):
     _infos: Sequence[FileInfo] | None
     _by_path: dict[str, int] | None
     _order: Array | None
-    _cache: dict[int, FileInfo]
+    _cache: BoundedDict[int, FileInfo]
     _seen: dict[str, int]
     _deleted_count: Array | None
 
@@ -300,24 +302,24 @@ class FileTable(Mapping[str, FileInfo]):
         cls,
         *,
         paths: Sequence[str] | None = None,
-        paths_blob: Any = None,
-        path_offsets: Any = None,
-        size: Any,
-        rows: Any = None,
-        mtime: Any = None,
-        splittable: Any = None,
-        group_offsets: Any = None,
-        group_index: Any = None,
-        group_first_row: Any = None,
-        group_rows: Any = None,
-        group_bytes: Any = None,
-        has_groups: Any = None,
-        block_bytes: Any = None,
-        record_offsets: Any = None,
-        record_counts: Any = None,
-        delete_offsets: Any = None,
-        deleted: Any = None,
-        live: Any = None,
+        paths_blob: ArrayLike | None = None,
+        path_offsets: ArrayLike | None = None,
+        size: ArrayLike,
+        rows: ArrayLike | None = None,
+        mtime: ArrayLike | None = None,
+        splittable: ArrayLike | None = None,
+        group_offsets: ArrayLike | None = None,
+        group_index: ArrayLike | None = None,
+        group_first_row: ArrayLike | None = None,
+        group_rows: ArrayLike | None = None,
+        group_bytes: ArrayLike | None = None,
+        has_groups: ArrayLike | None = None,
+        block_bytes: ArrayLike | None = None,
+        record_offsets: ArrayLike | None = None,
+        record_counts: ArrayLike | None = None,
+        delete_offsets: ArrayLike | None = None,
+        deleted: ArrayLike | None = None,
+        live: ArrayLike | None = None,
     ) -> FileTable:
         """A table from plain numpy columns (what a columnar discovery produces).
 
@@ -371,30 +373,57 @@ class FileTable(Mapping[str, FileInfo]):
         self.splittable = (
             np.ones(n, dtype=bool) if splittable is None else np.ascontiguousarray(splittable, dtype=bool)
         )
-        if group_offsets is None:
+        self._set_groups(n, group_offsets, group_index, group_first_row, group_rows, group_bytes, has_groups)
+        self._set_extras(n, block_bytes, record_offsets, record_counts, delete_offsets, deleted)
+        self._infos = None
+        self._init_derived(live)
+        return self
+
+    def _set_groups(
+        self,
+        n: int,
+        offsets: ArrayLike | None,
+        index: ArrayLike | None,
+        first_row: ArrayLike | None,
+        rows: ArrayLike | None,
+        nbytes: ArrayLike | None,
+        has_groups: ArrayLike | None,
+    ) -> None:
+        """The row-group columns of :meth:`from_arrays`, narrowed where their values fit."""
+        if offsets is None:
             self.group_offsets = np.zeros(n + 1, dtype=np.int32)
             self.has_groups = np.zeros(n, dtype=bool)
             groups = 0
         else:
-            groups = len(np.asarray(group_rows))
-            self.group_offsets = _offsets(group_offsets, n, groups, "group_offsets", narrow=True)
+            groups = len(np.asarray(rows))
+            self.group_offsets = _offsets(offsets, n, groups, "group_offsets", narrow=True)
             self.has_groups = (
                 np.ones(n, dtype=bool) if has_groups is None else np.ascontiguousarray(has_groups, dtype=bool)
             )
         # Group columns are kept as int32 when their values fit (checked), half the memory:
         # rows and first rows together (a group's stop row, first + rows, must fit too).
-        rows_col = _column(group_rows, groups, "group_rows")
-        first_col = _column(group_first_row, groups, "group_first_row")
-        index_col = _column(group_index, groups, "group_index")
+        rows_col = _column(rows, groups, "group_rows")
+        first_col = _column(first_row, groups, "group_first_row")
+        index_col = _column(index, groups, "group_index")
         fits = _fits_int32(rows_col, first_col)
         same_index, same_first = _derivable(self.group_offsets, index_col, first_col, rows_col)
         self.group_rows = _narrow(rows_col, fits)
         self._group_first_row = None if same_first else _narrow(first_col, fits)
         self._group_index = None if same_index else _index_column(index_col)
         del rows_col, first_col, index_col
-        bytes_col = _column(group_bytes, groups, "group_bytes")
+        bytes_col = _column(nbytes, groups, "group_bytes")
         self.group_bytes = _narrow(bytes_col, _fits_int32(bytes_col))
-        del bytes_col
+
+    def _set_extras(
+        self,
+        n: int,
+        block_bytes: ArrayLike | None,
+        record_offsets: ArrayLike | None,
+        record_counts: ArrayLike | None,
+        delete_offsets: ArrayLike | None,
+        deleted: ArrayLike | None,
+    ) -> None:
+        """The text record counts and the deleted positions of :meth:`from_arrays`."""
         if record_counts is not None:
             counts = np.ascontiguousarray(record_counts, dtype=np.int64)
             self.record_counts = counts
@@ -402,15 +431,12 @@ class FileTable(Mapping[str, FileInfo]):
             self.block_bytes = _i64(block_bytes, n, "block_bytes", 0)
         else:
             self.record_counts = self.record_offsets = self.block_bytes = None
-        if deleted is not None and len(deleted):
-            dels = np.ascontiguousarray(deleted, dtype=np.int64)
+        dels = None if deleted is None else np.ascontiguousarray(deleted, dtype=np.int64)
+        if dels is not None and len(dels):
             self.deleted = dels
             self.delete_offsets = _offsets(delete_offsets, n, len(dels), "delete_offsets")
         else:
             self.deleted = self.delete_offsets = None
-        self._infos = None
-        self._init_derived(live)
-        return self
 
     @classmethod
     def from_infos(cls, infos: Sequence[FileInfo]) -> FileTable:
@@ -476,7 +502,7 @@ class FileTable(Mapping[str, FileInfo]):
                 raise ValueError(f"{name} must have shape ({n},)")
         self._by_path = None
         self._order = None
-        self._cache = {}
+        self._cache = BoundedDict(64)
         self._seen = {}
         if self.delete_offsets is not None:
             self._deleted_count = np.diff(self.delete_offsets)
@@ -554,7 +580,7 @@ class FileTable(Mapping[str, FileInfo]):
             return int(self._group_first_row[g])
         lo = int(self.group_offsets[self.group_file(g) if file is None else file])
         if g - lo <= 64:  # a few groups: faster as Python ints
-            return sum(self.group_rows[lo:g].tolist())  # type: ignore[no-any-return]
+            return sum(self.group_rows[lo:g].tolist())
         return int(self.group_rows[lo:g].sum(dtype=np.int64))
 
     # -- Mapping[str, FileInfo] -----------------------------------------------------
@@ -581,7 +607,7 @@ class FileTable(Mapping[str, FileInfo]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = {name: getattr(self, name) for name in self.__slots__}
-        state.update(_by_path=None, _cache={}, _seen={})
+        state.update(_by_path=None, _cache=BoundedDict(64), _seen={})
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -629,7 +655,7 @@ class FileTable(Mapping[str, FileInfo]):
             return seen
         order = self._sorted()
         key = path.encode()
-        i = bisect.bisect_left(order, key, key=self._path_bytes)  # type: ignore[arg-type]
+        i = bisect.bisect_left(order, key, key=self._path_bytes)
         if i < len(order) and self._path_bytes(int(order[i])) == key:
             return int(order[i])
         raise KeyError(path)
@@ -692,8 +718,6 @@ class FileTable(Mapping[str, FileInfo]):
         )
         deleted = self.deleted_of(i)
         info = FileWithDeletes(*args, deleted=deleted) if len(deleted) else FileInfo(*args)
-        if len(self._cache) >= 64:
-            self._cache.pop(next(iter(self._cache)))
         self._cache[i] = info
         return info
 

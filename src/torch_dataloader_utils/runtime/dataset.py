@@ -8,36 +8,57 @@ data and hand the core its files, a reader and the output schema.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset
 
 from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches, check_int
-from torch_dataloader_utils.errors import IncompatibleOptionsError, UnknownLengthError
+from torch_dataloader_utils.errors import IncompatibleOptionsError, ResumeStateError, UnknownLengthError
 from torch_dataloader_utils.io.base import ChunkReader
-from torch_dataloader_utils.io.batching import rebatch
+from torch_dataloader_utils.io.batching import concat_batches, rebatch
+from torch_dataloader_utils.io.helpers import Helpers, helpers
 from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
 from torch_dataloader_utils.packing import converter_for
+from torch_dataloader_utils.plan.bounded import BoundedDict
+from torch_dataloader_utils.plan.elastic import Canonical
 from torch_dataloader_utils.plan.mixing import RowMixing
-from torch_dataloader_utils.plan.pieces import Piece, as_pieces, mix_pieces, window_pieces
+from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.planner import Planner, PlanSpec, RankPlan, nondeterministic
-from torch_dataloader_utils.plan.resume import Resumer
+from torch_dataloader_utils.plan.resume import Resumer, group
+from torch_dataloader_utils.plan.splits import RankAwareStrategy, Splitter
+from torch_dataloader_utils.plan.spread import SPREAD_RANKS, FileSpread
+from torch_dataloader_utils.plan.state import Segment, segments_of
 from torch_dataloader_utils.plan.table import FileTable
-from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
-from torch_dataloader_utils.runtime import env
+from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, WorkerChunks, World
+from torch_dataloader_utils.runtime import env, share
+from torch_dataloader_utils.runtime.elastic import (
+    ElasticPlans,
+    Joiner,
+    StreamPositions,
+    interleave,
+    join_converted,
+    joinable,
+)
 from torch_dataloader_utils.runtime.emit import ArrowBytes, Positions, grouped
 from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics, WorkerMetrics, stall_clock
 from torch_dataloader_utils.runtime.options import Options
 from torch_dataloader_utils.runtime.progress import Progress
 from torch_dataloader_utils.runtime.report import report_plan
-from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged, complete_state
+from torch_dataloader_utils.runtime.split_choice import (
+    MIN_TEXT_SPLIT_BYTES,
+    finer_split,
+    need_of,
+    strategy_for,
+)
+from torch_dataloader_utils.runtime.state import EpochProgress, ResumeTracker, Tagged, complete_state
 from torch_dataloader_utils.runtime.watchdog import watch_parent
 from torch_dataloader_utils.runtime.workstats import WorkStats
 from torch_dataloader_utils.transfer import SegmentPool, pack
@@ -51,6 +72,82 @@ MAX_AUTO_WORKERS = 8
 
 REPORT_MAX_RANKS = 256
 """Worlds of up to this many ranks get the plan summary and layout warnings on rank 0 when built."""
+
+
+def _check_counts(options: Options, row_count_issue: str | None) -> None:
+    """Equal batches need exact row counts (else ranks could yield different batch counts)."""
+    if options.equalized and row_count_issue:
+        raise IncompatibleOptionsError(
+            f"equal_batches={options.batching.equal_batches.value!r} needs exact row counts, but "
+            f"{row_count_issue}, so the {options.world.num_ranks} ranks' row counts are unknown "
+            "before reading and they could yield different numbers of batches (a DDP job would "
+            "hang). Mask those rows in the training step instead, rewrite the data already "
+            "filtered, or pass equal_batches='off' and handle uneven inputs yourself "
+            "(torch.distributed.algorithms.Join)"
+        )
+
+
+def _tied_options(options: Options, identity: Mapping[str, Any]) -> dict[str, Any]:
+    """The options a resume state is tied to (part of its fingerprint), as JSON-ready values."""
+    batching, shuffle = options.batching, options.shuffle
+    strategy = repr(options.strategy)
+    if " at 0x" in strategy:
+        strategy = f"{type(options.strategy).__module__}.{type(options.strategy).__qualname__}"
+    if options.canonical is None:
+        size: dict[str, Any] = {"batch_size": batching.batch_size}
+    else:  # elastic order: any world at the same global batch
+        size = {
+            "canonical_ranks": options.canonical,
+            "global_batch_size": batching.batch_size * options.world.num_ranks,
+        }
+    return {
+        "split_strategy": strategy,
+        "shuffle": shuffle.shuffle,
+        "shuffle_seed": shuffle.shuffle_seed,
+        **size,
+        "drop_last": batching.drop_last,
+        "equal_batches": batching.equal_batches.value,
+        "row_shuffle_window": shuffle.row_window,
+        # Only when in effect: states of unshuffled (or chunk-only) reads stay valid.
+        **({} if shuffle.mixing is None else {"row_mixing": shuffle.mixing.rows}),
+        **identity,
+    }
+
+
+def _plan_spec(table: FileTable, options: Options) -> PlanSpec:
+    """What every plan of the dataset depends on (workers are given per plan)."""
+    batching, shuffle = options.batching, options.shuffle
+    return PlanSpec(
+        files=table,
+        strategy=options.strategy,
+        num_ranks=options.world.num_ranks,
+        num_workers=1,
+        shuffle=shuffle.shuffle,
+        seed=shuffle.shuffle_seed,
+        equal_batches=batching.equal_batches,
+        batch_size=batching.batch_size,
+        verify=options.split.verify_plan,
+    )
+
+
+def _elastic_plans(planner: Planner, options: Options) -> ElasticPlans | None:
+    """Elastic order's plans of this rank (``canonical_ranks``), or ``None``."""
+    if options.canonical is None:
+        return None
+    shuffle, world = options.shuffle, options.world
+    return ElasticPlans(
+        planner,
+        Canonical(options.canonical, world.num_ranks, options.batching.batch_size),
+        world.rank,
+        window_rows=shuffle.row_window,
+        mixing=shuffle.mixing,
+        seed=shuffle.shuffle_seed if shuffle.shuffle else 0,
+    )
+
+
+def _as_is(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A worker's part of a batch travels as Arrow, joined and converted in the main process."""
+    return batch
 
 
 def batch_schema(schema: pa.Schema, equal: EqualBatches) -> pa.Schema:
@@ -93,16 +190,8 @@ class PlannedDataset(IterableDataset[Any]):
         table: FileTable | None = None,
     ) -> None:
         super().__init__()
-        batching, shuffle = options.batching, options.shuffle
-        if options.equalized and row_count_issue:
-            raise IncompatibleOptionsError(
-                f"equal_batches={batching.equal_batches.value!r} needs exact row counts, but "
-                f"{row_count_issue}, so the {options.world.num_ranks} ranks' row counts are unknown "
-                "before reading and they could yield different numbers of batches (a DDP job would "
-                "hang). Mask those rows in the training step instead, rewrite the data already "
-                "filtered, or pass equal_batches='off' and handle uneven inputs yourself "
-                "(torch.distributed.algorithms.Join)"
-            )
+        batching = options.batching
+        _check_counts(options, row_count_issue)
         self._files = files if table is not None else tuple(files)
         self._options = options
         self._reader = reader
@@ -111,44 +200,27 @@ class PlannedDataset(IterableDataset[Any]):
         self._row_count_issue = row_count_issue
         # Shared memory: set_epoch in the main process reaches persistent workers.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
-        strategy = repr(options.strategy)
-        if " at 0x" in strategy:
-            strategy = f"{type(options.strategy).__module__}.{type(options.strategy).__qualname__}"
         # ``table``: the same files as columns when discovery has them (no pass over objects).
         if table is not None and len(table) != len(self._files):
             raise ValueError(f"a file table of {len(table)} files for {len(self._files)} files")
         self._table = table if table is not None else FileTable.from_infos(self._files)
+        self._planner = Planner(_plan_spec(self._table, options))
+        self._split_auto = self._choose_split()
         self._state = ResumeTracker(
             self._table,
             {
-                "split_strategy": strategy,
-                "shuffle": shuffle.shuffle,
-                "shuffle_seed": shuffle.shuffle_seed,
-                "batch_size": batching.batch_size,
-                "drop_last": batching.drop_last,
-                "equal_batches": batching.equal_batches.value,
-                "row_shuffle_window": shuffle.row_window,
-                # Only when in effect: states of unshuffled (or chunk-only) reads stay valid.
-                **({} if shuffle.mixing is None else {"row_mixing": shuffle.mixing.rows}),
-                **identity,
+                **_tied_options(options, identity),
+                # Only when the library split finer for the mixing (see split_choice).
+                **({} if self._split_auto is None else {"split_auto": self._split_auto}),
             },
             options.world,
-            shuffle.shuffle_seed,
-            piece_rows=self._rows_per_piece,
+            options.shuffle.shuffle_seed,
         )
-        self._planner = Planner(
-            PlanSpec(
-                files=self._table,
-                strategy=options.strategy,
-                num_ranks=options.world.num_ranks,
-                num_workers=1,
-                shuffle=shuffle.shuffle,
-                seed=shuffle.shuffle_seed,
-                equal_batches=batching.equal_batches,
-                batch_size=batching.batch_size,
-                verify=options.split.verify_plan,
-            )
-        )
+        self._elastic = _elastic_plans(self._planner, options)
+        self._joiner: Joiner | None = None
+        self._joining: EpochProgress | None = None  # the pass the joiner records in
+        # Elastic order's parts of a batch: converted by the workers and concatenated, or Arrow.
+        self._join_converted = joinable(options.output, output_schema)
         # What the main process planned for an epoch, for its DataLoader workers (shared
         # memory, so persistent workers see it): [epoch + 1, num_workers, digest of a custom
         # strategy's chunks]; and, for a rank-aware strategy with equal batches, every rank's rows.
@@ -156,11 +228,12 @@ class PlannedDataset(IterableDataset[Any]):
         self._totals: torch.Tensor | None = None
         if self._planner.rank_aware and options.equalized:
             self._totals = torch.zeros(options.world.num_ranks + 1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
-        self._plans: dict[tuple[int, int], EpochPlan] = {}
-        self._resumers: dict[tuple[int, int, int], Resumer] = {}
-        self._piece_rows: dict[tuple[int, int, int], list[list[int]] | None] = {}
-        self._last_rows: tuple[list[dict[str, Any]], int, int, list[list[int]] | None] | None = None
+        self._plans: BoundedDict[tuple[int, int], EpochPlan] = BoundedDict(4)
+        self._resumers: BoundedDict[tuple[int, int, int], Resumer] = BoundedDict(4)
+        self._piece_rows: BoundedDict[tuple[int, int, int], list[list[int]] | None] = BoundedDict(4)
+        self._last_rows: tuple[tuple[Segment, ...], int, int, list[list[int]] | None] | None = None
         self._logged: set[int] = set()
+        self._warned_repeat = False
         self.metrics = MetricsRecorder(options.progress)
         """Per-worker counters of the batches received (see :meth:`get_metrics`)."""
         self.transport: SegmentPool | None = None
@@ -168,6 +241,127 @@ class PlannedDataset(IterableDataset[Any]):
         workers = options.loader.num_workers
         self._num_workers = self._auto_workers() if workers is None else workers
         self._check_plan()
+        self._check_mixing()
+
+    # -- the split --------------------------------------------------------------
+    def _choose_split(self) -> dict[str, int] | None:
+        """Split finer than the default when the row mixing needs more chunks; the sizes chosen.
+
+        Only when the split is left to the library (see :mod:`.split_choice`). The readers
+        are this world's ranks times the workers asked for (``num_workers=None``: the most
+        the automatic choice may pick, a constant, as the CPUs may differ between nodes);
+        under a process group every rank takes rank 0's figure, so all plan alike.
+        """
+        workers = self._options.loader.num_workers
+        need = need_of(self._options, MAX_AUTO_WORKERS if workers is None else max(1, workers))
+        table = self._planner.chunk_table()
+        if need is None or table is None:
+            return None
+        if self.world.num_ranks > 1:
+            chosen = need
+            need = share.from_rank0(lambda: chosen)
+        if need.met_by(table):
+            return None
+        strategy, sizes = finer_split(self._options.strategy, self._table, need)
+        self._planner = Planner(dataclasses.replace(self._planner.spec, strategy=strategy))
+        log.info(
+            "split %s for the row mixing: %d readers (ranks x workers) mix %d chunks each, and the default "
+            "split gives %d chunks",
+            ", ".join(f"{k}={v:,}" for k, v in sizes.items()),
+            need.readers,
+            need.streams,
+            len(table),
+        )
+        return sizes
+
+    @property
+    def split_strategy(self) -> Splitter | RankAwareStrategy:
+        """The split strategy planned with: the options', or a finer one the row mixing needed."""
+        return self._planner.spec.strategy
+
+    def _use_split(self, strategy: Splitter | RankAwareStrategy, sizes: dict[str, int] | None) -> None:
+        """Plan with ``strategy`` from now on (a loaded state's automatic split); caches dropped."""
+        self._planner = Planner(dataclasses.replace(self._planner.spec, strategy=strategy))
+        self._elastic = _elastic_plans(self._planner, self._options)
+        self._split_auto = sizes
+        self._state.set_option("split_auto", sizes)
+        self._plans.clear()
+        self._resumers.clear()
+        self._piece_rows.clear()
+        self._last_rows = None
+        self._logged = set()
+
+    def _adopt_split(self, state: Mapping[str, Any]) -> tuple[Splitter | RankAwareStrategy, Any] | None:
+        """Take the automatic split ``state`` was saved with, when ours differs; returns ours."""
+        workers = self._options.loader.num_workers
+        if need_of(self._options, max(1, workers or 1)) is None:
+            return None  # the split is the user's: a state of another split is a mismatch
+        fingerprint = state.get("fingerprint") if isinstance(state, Mapping) else None
+        saved = fingerprint.get("options") if isinstance(fingerprint, Mapping) else None
+        if not isinstance(saved, Mapping) or "split_strategy" not in saved:
+            return None
+        sizes = saved.get("split_auto")
+        if sizes == self._split_auto:
+            return None
+        strategy = strategy_for(self._options.strategy, sizes)
+        if strategy is None:
+            return None
+        previous = (self._planner.spec.strategy, self._split_auto)
+        self._use_split(strategy, dict(sizes) if sizes is not None else None)
+        log.info(
+            "the resume state was saved with split %s; this dataset reads with it", sizes or "by default"
+        )
+        return previous
+
+    def _check_mixing(self) -> None:
+        """Warn (rank 0) when the readers get fewer chunks than the row mixing draws from."""
+        workers = self._readers(None)
+        need = need_of(self._options, workers, library_only=False)
+        table = self._planner.chunk_table()
+        if need is None or table is None or self.world.rank != 0 or len(table) >= need.chunks:
+            return
+        mean = self.files_per_batch(0, workers, ranks=SPREAD_RANKS)
+        figure = "" if mean is None else f"; a batch draws from about {mean:.1f} files"
+        split = self._options.split
+        groups = int(np.diff(self._table.group_offsets)[self._table.has_groups].sum())
+        if split.split_bytes is not None or split.split_rows is not None:
+            limit = "split_bytes / split_rows give"
+            fix = "Lower split_bytes / split_rows, or leave them out: the library then splits as needed"
+        elif groups:
+            limit = f"the files' {groups:,} row groups (stripes), the smallest unit of a chunk, give"
+            fix = (
+                "Rewrite the files with smaller row groups, or into more files (`torch-dataloader-utils "
+                "reshard`), or read with fewer workers"
+            )
+        else:
+            limit = f"the {len(self._table):,} files give"
+            fix = (
+                "Split the data into more files (compressed files and CSV with quoted_newlines are read "
+                f"whole; byte ranges are at least {MIN_TEXT_SPLIT_BYTES // 2**20} MiB), or use fewer workers"
+            )
+        warnings.warn(
+            f"shuffle=True mixes the rows of {need.streams} chunks per reader, but {limit} the "
+            f"{need.readers:,} readers ({self.world.num_ranks:,} ranks x {workers} workers) only "
+            f"{len(table):,} chunks, about {len(table) / need.readers:.1f} each{figure}. {fix}",
+            UserWarning,
+            stacklevel=5,
+        )
+
+    def files_per_batch(
+        self, epoch: int = 0, num_workers: int | None = None, ranks: int | None = None
+    ) -> float | None:
+        """Expected distinct files in a batch of ``epoch``, over the readers of the first ``ranks`` ranks.
+
+        From the plan alone (:mod:`~torch_dataloader_utils.plan.spread`): a batch of a
+        piece read in file order holds one file, one of a mix or window the files of its
+        chunks in proportion to their rows. ``None`` when no rows are planned.
+        """
+        workers = self._readers(num_workers)
+        count = self.world.num_ranks if ranks is None else min(ranks, self.world.num_ranks)
+        spread = FileSpread(self._options.batching.batch_size)
+        for rank in range(count):
+            spread.add_all([self._reader_pieces(epoch, rank, w, workers) for w in range(workers)])
+        return spread.mean
 
     # -- values -----------------------------------------------------------------
     @property
@@ -231,9 +425,54 @@ class PlannedDataset(IterableDataset[Any]):
         ``DistributedSampler.set_epoch``). Works with persistent workers.
         """
         check_int(epoch, "epoch", 0)
+        loaded = self._state.unread_loaded_epoch()
+        if loaded is not None and loaded != epoch:
+            self._warn_dropped_state(loaded, epoch)
         self._epoch.fill_(epoch)
         self._state.on_set_epoch(epoch)
         self.metrics.reset()
+
+    def _warn_dropped_state(self, loaded: int, epoch: int) -> None:
+        """``set_epoch(epoch)`` drops a state loaded for epoch ``loaded`` before any of it was read."""
+        consumed = ""
+        try:
+            total, done = self._progress_rows(loaded, self._readers(None))
+        except Exception:  # a figure for the message only
+            total, done = None, 0
+        if total is not None:
+            consumed = f" ({done:,} of this rank's {total:,} rows of epoch {loaded} had been consumed)"
+        what = (
+            f"epoch {epoch} is read in full and the rest of epoch {loaded} is never read"
+            if epoch > loaded
+            else f"epoch {epoch} is read in full, then epoch {loaded} from its start: its consumed rows "
+            "are read again"
+        )
+        warnings.warn(
+            f"set_epoch({epoch}) drops the resume state loaded for epoch {loaded} before any of it was "
+            f"read{consumed}: {what}. A resumed loop continues at the state's epoch: call "
+            f"set_epoch({loaded}) (dataset.epoch after load_state_dict) and count epochs from there",
+            UserWarning,
+            stacklevel=3,
+        )
+
+    def begin_pass(self, num_workers: int) -> EpochProgress:
+        """Main process: a pass over the current epoch starts; returns its record.
+
+        Warns once when ``shuffle=True`` and a pass over the same epoch already ran to its
+        end with no ``set_epoch`` since: every epoch would repeat one order.
+        """
+        state = self._state
+        if state.completed_pass and self._options.shuffle.shuffle and not self._warned_repeat:
+            self._warned_repeat = True
+            warnings.warn(
+                f"a second pass over epoch {self.epoch} starts with shuffle=True and no set_epoch() "
+                "since the first one ended: it repeats the same order. Call loader.set_epoch(epoch) "
+                "(or dataset.set_epoch, or loader.sampler.set_epoch, which Lightning calls) before "
+                "every epoch",
+                UserWarning,
+                stacklevel=4,
+            )
+        return state.begin(num_workers, self.epoch)
 
     # -- metrics ----------------------------------------------------------------
     def get_metrics(self) -> list[WorkerMetrics]:
@@ -262,8 +501,17 @@ class PlannedDataset(IterableDataset[Any]):
         epoch = self.epoch
         workers = self._readers(num_workers)
         segments = self._state.live_segments(epoch)
-        self._rows_per_piece(epoch, workers, segments or [])
+        self._rows_per_piece(epoch, workers, segments or ())
         self._state.fingerprint()
+        self._joiner = None
+        if self._elastic is not None and num_workers > 0 and self._elastic.layout.readers(num_workers) > 1:
+            join = join_converted if self._join_converted else self._joined
+            layout, rank = self._elastic.layout, self.world.rank
+            rows = [
+                layout.per_stream * len(layout.of_worker(rank, w, num_workers))
+                for w in range(layout.readers(num_workers))
+            ]
+            self._joiner = Joiner(rows, join, self._consume_part)
         config = self._options.progress
         rank = self.world.rank
         if not Progress.shown_on(config, rank):
@@ -288,9 +536,12 @@ class PlannedDataset(IterableDataset[Any]):
             size = batching.batch_size
             return sum((r or 0) // size * size if batching.drop_last else (r or 0) for r in rows)
 
+        segments = self._state.live_segments(epoch)
+        if self._elastic is not None:
+            rows, done = self._elastic.rows(epoch, segments or ())
+            return self._elastic.layout.per_rank * rows, self._elastic.layout.per_rank * done
         plan = self.rank_plan(epoch, workers)
         total = delivered([plan.rows_for(w) for w in range(plan.num_workers)])
-        segments = self._state.live_segments(epoch)
         if total is None or not segments:
             return total, 0
         left = delivered(
@@ -306,7 +557,8 @@ class PlannedDataset(IterableDataset[Any]):
         dropped = 0
         if self._options.equalized and not self._row_count_issue:
             workers = self._readers(None)
-            dropped = sum(c.num_rows or 0 for c in self._planner.dropped(self.metrics.epoch, workers))
+            planner = self._planner if self._elastic is None else self._elastic.planner
+            dropped = sum(c.num_rows or 0 for c in planner.dropped(self.metrics.epoch, workers))
         return self.metrics.rank_metrics(self.world.rank, self.world.num_ranks, dropped)
 
     # -- planning ---------------------------------------------------------------
@@ -359,8 +611,7 @@ class PlannedDataset(IterableDataset[Any]):
         if not in_worker:
             self._digest[0], self._digest[1], self._digest[2] = epoch + 1, plan.num_workers, digest
             if self._totals is not None:
-                shares = self._planner.shares(epoch, plan.num_workers)
-                self._totals[1:] = torch.as_tensor(shares.totals())
+                self._totals[1:] = torch.as_tensor(self._planner.totals(epoch, plan.num_workers))
                 self._totals[0] = epoch + 1
             return
         published = self._digest.tolist()
@@ -399,9 +650,9 @@ class PlannedDataset(IterableDataset[Any]):
         when = (
             f"in epoch {epoch} (other rows in other epochs: shuffle=True)"
             if shuffle
-            else "in every epoch (shuffle=False: the last rows in file order)"
+            else "in every epoch (shuffle=False: the last rows of the last rank's share)"
             if policy is EqualBatches.DROP
-            else "in every epoch (shuffle=False: the first rows in file order)"
+            else "in every epoch (shuffle=False: the first rows of rank 0's share)"
         )
         log.log(
             level,
@@ -440,16 +691,40 @@ class PlannedDataset(IterableDataset[Any]):
         key = (epoch, workers)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._planner.epoch_plan(epoch, workers)
-            if len(self._plans) >= 4:
-                self._plans.pop(next(iter(self._plans)))
+            plan = (
+                self._planner.epoch_plan(epoch, workers)
+                if self._elastic is None
+                else self._elastic_plan(epoch, workers)
+            )
             self._plans[key] = plan
         return plan
+
+    def _elastic_plan(self, epoch: int, workers: int) -> EpochPlan:
+        """Elastic order: every rank's workers' chunks, their canonical streams' (fresh) chunks."""
+        assert self._elastic is not None
+        elastic, layout = self._elastic, self._elastic.layout
+
+        def chunks(rank: int, worker: int) -> WorkerChunks:
+            streams = layout.of_worker(rank, worker, workers)
+            return tuple(c for s in streams for p in elastic.fresh(epoch, s) for c in p.chunks)
+
+        return EpochPlan(
+            epoch=epoch,
+            seed=self._options.shuffle.shuffle_seed if self._options.shuffle.shuffle else None,
+            num_ranks=self.world.num_ranks,
+            num_workers=workers,
+            assignments=tuple(
+                tuple(chunks(r, w) for w in range(workers)) for r in range(self.world.num_ranks)
+            ),
+            dropped=elastic.planner.dropped(epoch, 1),
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Workers plan their own epoch; do not ship plans (the planner keeps its chunk table).
-        state["_plans"], state["_resumers"], state["_piece_rows"], state["_last_rows"] = {}, {}, {}, None
+        for name in ("_plans", "_resumers", "_piece_rows"):
+            state[name] = BoundedDict(4)
+        state["_last_rows"] = None
         return state
 
     def _auto_workers(self) -> int:
@@ -457,7 +732,12 @@ class PlannedDataset(IterableDataset[Any]):
 
         One worker would only add a process hop, so 1 becomes 0 (read in the main process).
         """
-        chunks = self.rank_plan(0, num_workers=1).share_size
+        # Elastic order: a worker reads whole canonical streams, at most one per stream.
+        chunks = (
+            self.rank_plan(0, num_workers=1).share_size
+            if self._elastic is None
+            else self._elastic.layout.per_rank
+        )
         workers = min(env.cpus_per_rank(), chunks, MAX_AUTO_WORKERS)
         return 0 if workers <= 1 else workers
 
@@ -469,7 +749,10 @@ class PlannedDataset(IterableDataset[Any]):
         command instead; each rank then only warns about its own idle workers.
         """
         shuffle = self._options.shuffle
-        chunks = self.rank_plan(0).share_size  # this rank's plan, checked (a custom strategy too)
+        if self._elastic is None:
+            chunks = self.rank_plan(0).share_size  # this rank's plan, checked (a custom strategy too)
+        else:
+            chunks = self._elastic.layout.readers(self._num_workers)  # workers reading streams
         if self.world.num_ranks <= REPORT_MAX_RANKS:
             report_plan(
                 self.plan(0),
@@ -489,8 +772,20 @@ class PlannedDataset(IterableDataset[Any]):
                 stacklevel=5,
             )
 
-    def _resumer(self, epoch: int, workers: int, segments: list[dict[str, Any]]) -> Resumer:
-        key = (epoch, workers, _segments_key(segments))
+    def _plan_digest(self, epoch: int, workers: int) -> int | None:
+        """A custom strategy's digest of the chunks this rank's fresh pass reads (a state records it)."""
+        if self._elastic is not None:
+            return self._elastic.digest(epoch, self._elastic.layout.of_rank(self.world.rank)[0])
+        return self.rank_plan(epoch, workers).digest
+
+    def _validate(self, epoch: int, segments: tuple[Segment, ...]) -> object:
+        """Plan the rest of ``epoch`` after ``segments`` (raising on a state that does not fit)."""
+        if self._elastic is not None:
+            return self._elastic.streams(epoch, segments)
+        return self._pieces(epoch, self._num_workers, segments)
+
+    def _resumer(self, epoch: int, workers: int, segments: tuple[Segment, ...]) -> Resumer:
+        key = (epoch, workers, hash(segments))
         found = self._resumers.get(key)
         if found is None or found.levels != len(segments):
             found = Resumer(
@@ -503,31 +798,35 @@ class PlannedDataset(IterableDataset[Any]):
                 exact=self._row_count_issue is None,
                 mixing=self.row_mixing,
             )
-            if len(self._resumers) >= 4:
-                self._resumers.pop(next(iter(self._resumers)))
             self._resumers[key] = found
         return found
 
     def _pieces(
-        self, epoch: int, workers: int, segments: list[dict[str, Any]]
+        self, epoch: int, workers: int, segments: Sequence[Segment | Mapping[str, Any]]
     ) -> tuple[tuple[Piece, ...], ...]:
         """This rank's pieces per worker after the resumed ``segments`` (or with a row window)."""
-        return self._resumer(epoch, workers, segments).rank(self.world.rank)
+        return self._resumer(epoch, workers, segments_of(segments)).rank(self.world.rank)
 
     def _worker_pieces(self, slot: env.WorkerSlot, epoch: int) -> tuple[Piece, ...]:
         segments = self._state.live_segments(epoch)
         if segments:
             return self._pieces(epoch, slot.count, segments)[slot.id]
-        pieces = as_pieces(self.rank_plan(epoch, slot.count).chunks_for(slot.id))
+        return self._reader_pieces(epoch, self.world.rank, slot.id, slot.count)
+
+    def _reader_pieces(self, epoch: int, rank: int, worker: int, workers: int) -> tuple[Piece, ...]:
+        """The pieces worker ``worker`` of ``workers`` of ``rank`` reads in a full pass over ``epoch``."""
+        if rank == self.world.rank:
+            plan = self.rank_plan(epoch, workers)
+        else:
+            plan = self._planner.rank_plan(epoch, rank, workers)
+        pieces = plan.pieces_for(worker)
         # Only this worker's windows / mixes, keyed as the Resumer keys segment 0.
         shuffle = self._options.shuffle
-        key = (shuffle.shuffle_seed if shuffle.shuffle else 0, epoch, 0, self.world.rank, slot.id)
-        if self.row_shuffle_window is not None:
-            return tuple(window_pieces(pieces, self.row_shuffle_window, key))
-        return tuple(mix_pieces(pieces, self.row_mixing, key, self._table))
+        key = (shuffle.shuffle_seed if shuffle.shuffle else 0, epoch, 0, rank, worker)
+        return tuple(group(pieces, self.row_shuffle_window, self.row_mixing, key, self._table))
 
     def _rows_per_piece(
-        self, epoch: int, workers: int, segments: list[dict[str, Any]]
+        self, epoch: int, workers: int, segments: tuple[Segment, ...]
     ) -> list[list[int]] | None:
         """Rows of each piece of each worker of this rank (``None`` if a count is unknown).
 
@@ -538,44 +837,78 @@ class PlannedDataset(IterableDataset[Any]):
         last = self._last_rows
         if last is not None and last[0] is segments and last[1:3] == (epoch, workers):
             return last[3]  # state_dict() during a pass: no hashing of the segments
-        key = (epoch, workers, _segments_key(segments))
+        key = (epoch, workers, hash(segments))
         if key in self._piece_rows:
             self._last_rows = (segments, epoch, workers, self._piece_rows[key])
             return self._piece_rows[key]
         rows: list[list[int]] | None = []
-        if not segments and self.row_shuffle_window is None and self.row_mixing is None:
+        counts: list[list[int | None]]
+        if self._elastic is not None:  # a worker's streams, read interleaved: one piece
+            total, done = self._elastic.rows(epoch, segments)
+            layout = self._elastic.layout
+            counts = [
+                [len(layout.of_worker(self.world.rank, w, workers)) * (total - done)] for w in range(workers)
+            ]
+        elif not segments and self.row_shuffle_window is None and self.row_mixing is None:
             plan = self.rank_plan(epoch, workers)  # a piece is a chunk: no pieces built
-            counts = [[p.rows for p in plan.workers[w]] for w in range(workers)]
+            counts = [plan.piece_rows(w) for w in range(workers)]
         else:
             counts = [[p.num_rows for p in ps] for ps in self._pieces(epoch, workers, segments)]
         if any(n is None for ps in counts for n in ps):
             rows = None
         else:
             rows = [[int(n or 0) for n in ps] for ps in counts]
-        if len(self._piece_rows) >= 4:
-            self._piece_rows.pop(next(iter(self._piece_rows)))
         self._piece_rows[key] = rows
         self._last_rows = (segments, epoch, workers, rows)
         return rows
 
     def num_batches(self, epoch: int | None = None, num_workers: int | None = None) -> int:
-        """Batches this rank yields in ``epoch`` with ``num_workers`` DataLoader workers.
+        """Batches this rank yields in a full pass over ``epoch`` with ``num_workers`` workers.
 
-        With ``equal_batches`` on, the count is the same on every rank and for any
-        ``num_workers``; otherwise each worker's last batch may be short, so it depends
-        on ``num_workers`` (default: the dataset's).
+        The whole epoch's count, also after ``load_state_dict`` (as torchdata's
+        ``StatefulDataLoader`` reports ``len()``): trainers read it once and keep it for
+        later epochs. The batches left of a resumed or running pass are
+        :attr:`remaining_batches`. With ``equal_batches`` on, the count is the same on
+        every rank and for any ``num_workers``; otherwise each worker's last batch may be
+        short, so it depends on ``num_workers`` (default: the dataset's).
 
         Raises:
             UnknownLengthError: row counts are unknown before reading (a ``TypeError``).
         """
+        epoch = self.epoch if epoch is None else epoch
+        return self._pass_batches(epoch, self._readers(num_workers), None)
+
+    @property
+    def remaining_batches(self) -> int:
+        """Batches left in the current epoch from the consumed (or loaded) position.
+
+        During a pass: the batches that pass has still to yield. Between passes: what
+        the next pass yields, the rest of the epoch after ``load_state_dict``, or the
+        full epoch (``len()``); 0 once a pass ran to its end, until ``set_epoch`` (a new
+        pass over the same epoch then reads it whole again).
+
+        Raises:
+            UnknownLengthError: row counts are unknown before reading (a ``TypeError``).
+        """
+        epoch = self.epoch
+        progress = self._state.progress
+        if progress is None:
+            workers = self._readers(None)
+            return self._pass_batches(epoch, workers, self._state.live_segments(epoch))
+        if progress.done:
+            return 0
+        total = self._pass_batches(epoch, progress.num_workers, progress.base or None)
+        return max(0, total - progress.batches)
+
+    def _pass_batches(self, epoch: int, workers: int, segments: tuple[Segment, ...] | None) -> int:
+        """Batches of a pass over ``epoch`` by ``workers`` readers: whole, or after ``segments``."""
         if self._row_count_issue:
             raise UnknownLengthError(
                 f"the number of batches is unknown before reading: {self._row_count_issue}. "
                 "Iterate to count, or drop the row filter to get len()"
             )
-        epoch = self.epoch if epoch is None else epoch
-        workers = self._readers(num_workers)
-        segments = self._state.live_segments(epoch)
+        if self._elastic is not None:
+            return self._elastic.batches(epoch, segments or (), self._options.batching.drop_last)
         if segments:
             rows: list[int | None] = [
                 None if any(p.num_rows is None for p in pieces) else sum(p.num_rows or 0 for p in pieces)
@@ -598,7 +931,7 @@ class PlannedDataset(IterableDataset[Any]):
         return total
 
     def __len__(self) -> int:
-        """Batches this rank yields in the current epoch (see :meth:`num_batches`)."""
+        """Batches this rank yields in a full pass over the current epoch (see :meth:`num_batches`)."""
         return self.num_batches()
 
     # -- reading ----------------------------------------------------------------
@@ -623,15 +956,17 @@ class PlannedDataset(IterableDataset[Any]):
         On remote storage the bytes of the next chunks are fetched while one is decoded
         (``read_ahead_bytes``), as the loader does for a worker's chunks.
         """
-        schedule = getattr(self._reader, "schedule", None)
-        if schedule is not None:
-            schedule(list(chunks))
+        self._reader.schedule(list(chunks))
         for chunk in chunks:
             yield from self._reader.read(chunk)
 
     def worker_chunks(self) -> tuple[Chunk, ...]:
         """The chunks the calling process (main or DataLoader worker) reads this epoch."""
         slot = env.worker_slot()
+        if self._elastic is not None:
+            segments = self._state.live_segments(self.epoch) or ()
+            streams = self._elastic.of_worker(self.epoch, segments, slot.id, slot.count)
+            return tuple(c for pieces in streams for p in pieces for c in p.chunks)
         return self.rank_plan(self.epoch, slot.count).chunks_for(slot.id)
 
     def __iter__(self) -> Iterator[Any]:
@@ -639,34 +974,25 @@ class PlannedDataset(IterableDataset[Any]):
         if slot.in_worker:
             watch_parent()
         epoch = self.epoch
-        pieces = self._worker_pieces(slot, epoch)
-        # Workers that already fill this rank's CPUs decode in their own thread, and
-        # only when asked; with a CPU to spare, batches are decoded ahead of the caller.
-        spare = slot.count < env.cpus_per_rank() if slot.in_worker else env.cpus_per_rank() > 1
-        use_threads = getattr(self._reader, "use_threads", None)
-        if slot.in_worker and use_threads is not None:
-            use_threads(spare)
-        ahead = self._options.fetch.decode_ahead
-        ahead = spare if ahead is None else ahead
-        files = None if self._row_count_issue else self._table
-        batching = self._options.batching
-        flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
-        work = WorkStats(self._reader, len(pieces), flag)  # before any request of this pass
-        schedule = getattr(self._reader, "schedule", None)
-        if schedule is not None:  # readers of remote files fetch the next chunks ahead
-            schedule([c for piece in pieces for c in piece_reads(piece, files)])
-        positions = Positions(self._state.token, slot.id, slot.count, rank=self.world.rank)
-        mix_rows = MIX_WORKER_READ_ROWS if slot.in_worker else None
-        read = positions.read(self._reader, pieces, flag, batching.batch_size, files, mix_rows, ahead=ahead)
-        batches = rebatch(read, batching.batch_size, batching.drop_last)
+        batches, positions, work = self._reads(slot, epoch)
+        # Elastic order with several reading workers: each yields its part of every batch,
+        # as Arrow, and the main process joins and converts them (Joiner).
+        joined = self._elastic is not None and slot.in_worker and self._elastic.layout.readers(slot.count) > 1
         tagging = self._state.tagging
         if slot.in_worker and tagging:
             # Under the loader of create_dataloader (which flattens groups): several
             # batches per transfer, since each hand-off between processes has a fixed
             # cost; the worker's timers and counters travel with them.
             pool = self.transport.writer(slot.id) if self.transport is not None else None
-            yield from grouped(batches, self._for_transfer, positions, work, pool)
+            convert = _as_is if joined and not self._join_converted else self._for_transfer
+            yield from grouped(batches, convert, positions, work, pool)
             return
+        if joined:
+            raise IncompatibleOptionsError(
+                f"canonical_ranks={self._options.canonical} with {slot.count} DataLoader workers needs the "
+                "loader of create_dataloader, which joins the workers' parts of every batch; iterate "
+                "that loader, or read with num_workers=0"
+            )
         if slot.in_worker:  # a DataLoader of the user's own: no tags, no metrics
             yield from self._plain(batches)
             return
@@ -675,17 +1001,111 @@ class PlannedDataset(IterableDataset[Any]):
             yield from self._tagged(batches, positions, work)
             return
         # Iterated directly in the main process: record what the loop consumes here.
-        self._state.begin(1, epoch)
+        progress = self.begin_pass(1)
         self.begin_metrics(0)
         completed = False
         try:
             for item in stall_clock(self._tagged(batches, positions, work), self.metrics):
                 self.metrics.record(item.tag)
-                yield self._state.consume(item)
-            self._state.finish()
+                yield self._state.consume(item, progress)
+            self._state.finish(progress)
             completed = True
         finally:
+            self._state.end(progress)
             self.metrics.finish(completed)
+
+    def _helpers(self, slot: env.WorkerSlot) -> Helpers | None:
+        """Threads for a shuffle's decoding and gathers, when this process has CPUs to spare.
+
+        A worker gets its share of the rank's CPUs less its own thread; the main process
+        all of them less its own and the read-ahead thread. None on small machines.
+        """
+        if self.row_mixing is None and self.row_shuffle_window is None:
+            return None
+        cpus = env.cpus_per_rank()
+        spare = cpus // slot.count - 1 if slot.in_worker else cpus - 2
+        return helpers(spare)
+
+    def _reads(
+        self, slot: env.WorkerSlot, epoch: int
+    ) -> tuple[Iterator[pa.RecordBatch], Positions, WorkStats]:
+        """This process's batches of ``epoch``, their positions, and its counters."""
+        # Workers that already fill this rank's CPUs decode in their own thread, and
+        # only when asked; with a CPU to spare, batches are decoded ahead of the caller.
+        spare = slot.count < env.cpus_per_rank() if slot.in_worker else env.cpus_per_rank() > 1
+        if slot.in_worker:
+            self._reader.use_threads(spare)
+        ahead = self._options.fetch.decode_ahead
+        ahead = spare if ahead is None else ahead
+        files = None if self._row_count_issue else self._table
+        batching = self._options.batching
+        flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
+        mix_rows = MIX_WORKER_READ_ROWS if slot.in_worker else None
+        token = self._state.token
+        if self._elastic is not None:
+            streams = self._elastic.of_worker(
+                epoch, self._state.live_segments(epoch) or (), slot.id, slot.count
+            )
+            work = WorkStats(self._reader, sum(map(len, streams)), flag)
+            part = self._elastic.layout.per_stream
+            batches = interleave(
+                self._reader,
+                streams,
+                part,
+                drop_last=batching.drop_last,
+                flag_column=flag,
+                files=files,
+                mix_read_rows=MIX_WORKER_READ_ROWS,
+                # A worker whose parts are joined sends its parts of a few batches at once:
+                # about a batch of rows per transfer and conversion.
+                batches=self._elastic.layout.readers(slot.count) if slot.in_worker else 1,
+                ahead=ahead,
+            )
+            return batches, StreamPositions(token, slot.id, slot.count, rank=self.world.rank), work
+        pieces = self._worker_pieces(slot, epoch)
+        work = WorkStats(self._reader, len(pieces), flag)  # before any request of this pass
+        self._reader.schedule([c for piece in pieces for c in piece_reads(piece, files)])  # remote: ahead
+        positions = Positions(token, slot.id, slot.count, rank=self.world.rank)
+        read = positions.read(
+            self._reader,
+            pieces,
+            flag,
+            batching.batch_size,
+            files,
+            mix_rows,
+            ahead=ahead,
+            helpers=self._helpers(slot),
+        )
+        return rebatch(read, batching.batch_size, batching.drop_last), positions, work
+
+    def deliver(self, item: Any, progress: EpochProgress) -> Iterable[Any]:
+        """Main process: a batch received from a worker, on its way to the loop.
+
+        A plain batch is returned as it came (tagged: the loop's hand-over records it in
+        ``progress``). In elastic order with several reading workers an item is a
+        worker's part of a batch: the batches it completes, joined and converted, are
+        returned, each recorded in ``progress`` when it is made.
+        """
+        joiner = self._joiner
+        if joiner is None or not isinstance(item, Tagged):
+            return (item,)
+        self._joining = progress
+        return joiner.add(item)  # an iterator: each batch made (and consumed) when asked for
+
+    def _consume_part(self, part: Tagged) -> Any:
+        """Elastic order: record a worker's part of a joined batch in the pass being joined."""
+        return self._state.consume(part, self._joining)
+
+    def delivered(self) -> None:
+        """Main process: the pass ended; every worker's part was joined into a batch."""
+        if self._joiner is not None:
+            self._joiner.check_done()
+
+    def _joined(self, parts: list[pa.RecordBatch]) -> Any:
+        """Parts of a batch read as Arrow: joined and converted here (``collate_fn`` too)."""
+        collate = self._options.output.collate_fn
+        out = self._converter(concat_batches(parts))
+        return out if collate is None else collate(out)
 
     def _tagged(
         self, batches: Iterator[pa.RecordBatch], positions: Positions, work: WorkStats
@@ -739,7 +1159,13 @@ class PlannedDataset(IterableDataset[Any]):
         It is tied to the files and options (``fingerprint``) and is small: a cursor
         ``(piece, row offset)`` per worker, per interrupted segment of the epoch.
         """
-        return self._state.state_dict(self.epoch)
+        if env.worker_slot().in_worker:
+            raise ResumeStateError(
+                "state_dict() was called in a DataLoader worker, which does not know what the "
+                "training loop consumed (batches count as consumed when the loop receives them, in "
+                "the main process); call loader.state_dict() in the training loop"
+            )
+        return self._state.state_dict(self.epoch, self._rows_per_piece, self._plan_digest)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a state: the next pass over its epoch reads only what was not consumed.
@@ -759,12 +1185,11 @@ class PlannedDataset(IterableDataset[Any]):
             StateMismatchError: saved for other files or options (says what changed).
         """
         state = complete_state(state, self.world)
-        epoch = self._state.load(
-            state, lambda epoch, segments: self._pieces(epoch, self._num_workers, segments)
-        )
+        previous = self._adopt_split(state)
+        try:
+            epoch = self._state.load(state, self._validate)
+        except BaseException:
+            if previous is not None:  # a refused state changes nothing
+                self._use_split(*previous)
+            raise
         self._epoch.fill_(epoch)
-
-
-def _segments_key(segments: list[dict[str, Any]]) -> int:
-    """A cache key of a state's segments (0: none)."""
-    return hash(json.dumps(segments, sort_keys=True)) if segments else 0

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from torch_dataloader_utils.io.ahead import read_ahead
 from torch_dataloader_utils.io.base import ChunkReader
+from torch_dataloader_utils.io.helpers import Helpers
 from torch_dataloader_utils.io.pieces import Gather, gathered, read_piece
 from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.types import FileInfo
@@ -85,6 +86,7 @@ class Positions:
         files: Mapping[str, FileInfo] | None = None,
         mix_read_rows: int | None = None,
         ahead: bool = False,
+        helpers: Helpers | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """The pieces' batches, in order, counting the rows read before each piece.
 
@@ -94,7 +96,9 @@ class Positions:
         (:func:`~torch_dataloader_utils.io.ahead.read_ahead`), and each of the shuffles'
         gathers (:class:`~torch_dataloader_utils.io.pieces.Gather`) is done by whichever
         thread is free first. The rows are counted as the caller takes them, so the tags
-        are the same either way.
+        are the same either way. ``helpers``: threads with time to spare, which decode a
+        mix's streams ahead and gather the shuffles' rows as soon as they are read
+        (:mod:`~torch_dataloader_utils.io.helpers`); the order is the same.
         """
         debug = log.isEnabledFor(logging.DEBUG)
 
@@ -107,6 +111,7 @@ class Positions:
                     batch_size=batch_size,
                     files=files,
                     mix_read_rows=mix_read_rows,
+                    helpers=helpers,
                 )
                 for item in items:
                     yield index, item

@@ -21,6 +21,7 @@ __all__ = [
     "WorkerSlot",
     "cpus_per_rank",
     "detect",
+    "local_rank",
     "resolve_world",
     "stderr_is_terminal",
     "worker_slot",
@@ -176,6 +177,11 @@ def cpus_per_rank() -> int:
         cpus = os.cpu_count() or 1
     local = _env_int("LOCAL_WORLD_SIZE") or 1
     return max(1, cpus // max(1, local))
+
+
+def local_rank() -> int | None:
+    """This process's rank on its node, when the launcher says (``LOCAL_RANK``)."""
+    return _env_int("LOCAL_RANK")
 
 
 def stderr_is_terminal() -> bool:

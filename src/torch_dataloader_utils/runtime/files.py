@@ -27,7 +27,8 @@ from torch_dataloader_utils.runtime.options import (
     file_source,
 )
 from torch_dataloader_utils.runtime.readers import make_reader
-from torch_dataloader_utils.runtime.report import log_files
+from torch_dataloader_utils.runtime.report import log_data_path, log_files
+from torch_dataloader_utils.storage.expressions import filter_identity
 
 __all__ = ["StructuredDataset", "create_dataloader"]
 
@@ -54,6 +55,13 @@ def text_options(source: FileSourceConfig, options: Options) -> TextOptions | No
     if source.quoted_newlines and format is not FileFormat.CSV:
         raise IncompatibleOptionsError(
             f"quoted_newlines=True applies to format='csv' only (got format={format.value!r}); drop it"
+        )
+    if source.metadata_cache is not None and format is not FileFormat.PARQUET:
+        instead = " (record counts of CSV / JSONL are kept across runs by count_cache_dir)" if is_text else ""
+        raise IncompatibleOptionsError(
+            f"metadata_cache={source.metadata_cache!r} keeps Parquet footers and applies to "
+            f"format='parquet' only (got format={format.value!r}, whose metadata it would not keep); "
+            f"drop it{instead}"
         )
     if not is_text:
         return None
@@ -101,14 +109,12 @@ def count_filtered(
             filter_columns=data_fields,
             partitions=found.partitions,
             partition_columns=[f for f in fields if f in part_names],
-            footers=found.extra.get("parquet_footers"),
+            footers=found.footers,
         )
     )
     # The counted files differ from the columns discovery kept: those are dropped.
     return (
-        dataclasses.replace(
-            found, files=files, metadata=None, table=None, extra={**found.extra, "filtered_positions": True}
-        ),
+        dataclasses.replace(found, files=files, metadata=None, table=None, filtered_positions=True),
         None,
     )
 
@@ -200,6 +206,7 @@ class StructuredDataset(PlannedDataset):
         found = discover(path, source, text=text, fetch=options.fetch, share=share.exchange())
         found, issue = count_filtered(found, options.counts_rows, options.counting.count_rows)
         where = found.fs.display(_first(path))
+        log_data_path(found.fs.data_path_description, not found.fs.is_local, options.world.rank)
         log_files(
             found.table if found.table is not None else found.files,
             f"found {len(found.files):,} {source.format.value} files under {where!r}",
@@ -219,8 +226,8 @@ class StructuredDataset(PlannedDataset):
             identity={
                 "format": source.format.value,
                 "columns": list(found.output_columns),
-                "filters": None if found.filters is None else str(found.filters),
                 "partitioning": source.partitioning,
+                **filter_identity(found.filters),
             },
         )
 

@@ -25,6 +25,7 @@ from torch_dataloader_utils.runtime.options import (
     iceberg_source,
 )
 from torch_dataloader_utils.runtime.report import log_files
+from torch_dataloader_utils.storage.expressions import filter_identity
 
 __all__ = ["IcebergDataset"]
 
@@ -96,7 +97,7 @@ class IcebergDataset(PlannedDataset):
                 "table": source.table,
                 "snapshot_id": scan.snapshot_id,
                 "columns": list(scan.output_schema.names),
-                "filters": None if scan.filters is None else str(scan.filters),
+                **filter_identity(scan.filters),
             },
         )
 

@@ -17,7 +17,6 @@ pieces and cursors (:mod:`~torch_dataloader_utils.plan.resume`,
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -25,19 +24,16 @@ import pyarrow as pa
 
 from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches
 from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
-from torch_dataloader_utils.plan.mixstate import Segments
+from torch_dataloader_utils.plan.bounded import BoundedDict
+from torch_dataloader_utils.plan.mixposition import Segments
 from torch_dataloader_utils.plan.pieces import Piece, remaining
 from torch_dataloader_utils.plan.resume import Resumer
-from torch_dataloader_utils.plan.state import STATE_FORMAT, STATE_VERSION, check_state
+from torch_dataloader_utils.plan.state import ResumeState, Segment
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.emit import Positions
 from torch_dataloader_utils.runtime.state import EpochProgress
 
 __all__ = ["LaneSource"]
-
-
-def _key(segments: Segments) -> str:
-    return json.dumps(list(segments), sort_keys=True) if segments else ""
 
 
 class LaneSource:
@@ -52,30 +48,28 @@ class LaneSource:
         self.dataset = dataset
         self.num_lanes = num_lanes
         self._planner = dataset.planner.for_world(num_lanes)
-        self._resumers: dict[tuple[int, str], Resumer] = {}
-        self._rows: dict[tuple[int, str], int] = {}
+        self._resumers: BoundedDict[tuple[int, Segments], Resumer] = BoundedDict(8)
+        self._rows: BoundedDict[tuple[int, Segments], int] = BoundedDict(64)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_resumers"], state["_rows"] = {}, {}
+        state["_resumers"], state["_rows"] = BoundedDict(8), BoundedDict(64)
         return state
 
     def _resumer(self, epoch: int, segments: Segments) -> Resumer:
-        key = (epoch, _key(segments))
+        key = (epoch, segments)
         found = self._resumers.get(key)
         if found is None:
             found = Resumer(
                 self._planner,
                 epoch,
-                list(segments),
+                segments,
                 num_ranks=self.num_lanes,
                 num_workers=lambda rank: 1,
                 window_rows=self.dataset.row_shuffle_window,
                 exact=True,
                 mixing=self.dataset.row_mixing,
             )
-            if len(self._resumers) >= 8:
-                self._resumers.pop(next(iter(self._resumers)))
             self._resumers[key] = found
         return found
 
@@ -85,7 +79,7 @@ class LaneSource:
 
     def rows(self, epoch: int, segments: Segments) -> int:
         """Rows of the entry ``(epoch, segments)`` on every lane (lanes are equal)."""
-        key = (epoch, _key(segments))
+        key = (epoch, segments)
         found = self._rows.get(key)
         if found is None:
             found = sum(p.num_rows or 0 for p in self.pieces(epoch, segments, 0))
@@ -102,15 +96,15 @@ class LaneSource:
             rows -= n
         return len(pieces), 0
 
-    def segment(self, epoch: int, segments: Segments, consumed: Sequence[int]) -> dict[str, Any]:
+    def segment(self, epoch: int, segments: Segments, consumed: Sequence[int]) -> Segment:
         """The resume-state segment saying lane ``v`` consumed ``consumed[v]`` rows of the entry."""
-        ranks: dict[str, Any] = {}
+        ranks = {}
         for lane, rows in enumerate(consumed):
             pieces = self.pieces(epoch, segments, lane)
             total = sum(p.num_rows or 0 for p in pieces)
             progress = EpochProgress(1, cursors={0: self.cursor(pieces, rows)}, done=rows >= total)
-            ranks[str(lane)] = progress.entry([[p.num_rows or 0 for p in pieces]])
-        return {"num_ranks": self.num_lanes, "ranks": ranks, "index": len(segments)}
+            ranks[lane] = progress.entry([[p.num_rows or 0 for p in pieces]])
+        return Segment(self.num_lanes, ranks, len(segments))
 
     def check(self, epoch: int, segments: Segments) -> Segments:
         """``segments`` checked as the source's own resume state of ``epoch`` (and planned once).
@@ -119,14 +113,10 @@ class LaneSource:
             ResumeStateError: not valid segments of a resume state.
             StateMismatchError: saved for other data or options than the source's.
         """
-        state = {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "fingerprint": self.dataset.fingerprint(),
-            "epoch": epoch,
-            "segments": list(segments),
-        }
-        checked = tuple(check_state(json.loads(json.dumps(state)), self.dataset.fingerprint())["segments"])
+        expected = self.dataset.fingerprint()
+        # Through the state's JSON: the checks between a state's fields run on parsing.
+        state = ResumeState.parse(ResumeState(epoch, expected, segments).to_json())
+        checked = state.check_against(expected).segments
         if checked:
             self.rows(epoch, checked)  # plans the rest: a cursor past its pieces fails here
         return checked
@@ -148,9 +138,8 @@ class LaneSource:
         if skip:
             pieces = remaining(pieces, self.cursor(pieces, skip), files, True)
         reader = self.dataset.reader
-        schedule = getattr(reader, "schedule", None)
-        if schedule is not None:  # remote storage: the next chunks are fetched ahead
-            schedule([c for piece in pieces for c in piece_reads(piece, files)])
+        # Remote storage: the next chunks are fetched ahead (a no-op for local files).
+        reader.schedule([c for piece in pieces for c in piece_reads(piece, files)])
         flag = PADDING_COLUMN if self.dataset.equal_batches is EqualBatches.PAD else None
         positions = Positions(0, lane, self.num_lanes)
         mix_rows = MIX_WORKER_READ_ROWS if in_worker else None

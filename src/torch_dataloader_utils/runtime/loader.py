@@ -3,29 +3,44 @@
 With workers, a thread of the main process receives their batches while the training
 step runs (:func:`received`): unpickling a group, the shared-memory handshake and
 building the tensors happen behind the step, and the loop takes a batch that is ready.
+
+``pin_memory=True`` with CUDA and workers: the workers' shared-memory segments are
+page-locked once in the main process (``transfer.SegmentPool`` with a
+:class:`~torch_dataloader_utils.upstream.torch.CudaHostPinner`), so batches arrive in
+pinned memory with no copy and no pin thread. ``device=``: the receiving thread also
+queues each group's copy to the GPU on a stream of its own (:mod:`.device`), and the
+loop gets batches already on the device.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import logging
 import queue
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from torch.utils.data import DataLoader, IterableDataset
+import torch
+from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from torch_dataloader_utils.config import LoaderConfig
+from torch_dataloader_utils.errors import IncompatibleOptionsError
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
+from torch_dataloader_utils.runtime.device import DeviceStage, OnDevice, copied_ahead
 from torch_dataloader_utils.runtime.metrics import LoaderMetrics, gather_metrics, stall_clock
-from torch_dataloader_utils.runtime.state import Tagged
-from torch_dataloader_utils.transfer import BatchGroup, SegmentPool
+from torch_dataloader_utils.runtime.state import EpochProgress, Tagged
+from torch_dataloader_utils.transfer import BatchGroup, HostPinner, SegmentPool, can_pin_segments
 from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
+from torch_dataloader_utils.upstream.torch import CudaHostPinner
 
 __all__ = [
+    "PINNED_SEGMENT_BYTES",
     "RECEIVE_AHEAD",
     "SPARE_SEGMENTS",
+    "EpochSampler",
     "ResumableDataLoader",
     "build_loader",
     "make_loader",
@@ -40,15 +55,35 @@ SPARE_SEGMENTS = RECEIVE_AHEAD + 2
 thread holds, the one being yielded and the previous one, which the loop may still hold
 (see ``transfer.SegmentPool``)."""
 
+PINNED_SEGMENT_BYTES = 10 << 20
+"""A page-locked pool's segments hold at least this much: a full group (``GROUP_BYTES``,
+8 MiB) and a quarter more, so a worker's first, growing groups do not replace (and
+register again) its segments."""
+
 _POLL = 0.05
+
+log = logging.getLogger(__name__)
+
+
+def _host_pinner() -> HostPinner | None:
+    """What page-locks the workers' segments: CUDA's host registration, when there is CUDA."""
+    return CudaHostPinner() if torch.cuda.is_available() else None
 
 
 class _Receiver:
-    """A thread that takes items from a DataLoader iterator into a small queue."""
+    """A thread that takes items from a DataLoader iterator into a small queue.
 
-    def __init__(self, source: Iterator[Any], ahead: int) -> None:
+    ``prepare``, when given, is applied to each item in the thread (the device copy).
+    """
+
+    def __init__(
+        self, source: Iterator[Any], ahead: int, prepare: Callable[[Any], Any] | None = None
+    ) -> None:
         self.queue: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=max(1, ahead))
         self.stopped = threading.Event()
+        self.superseded = False
+        """Set when a new pass took over the persistent workers this thread reads from."""
+        self.prepare = prepare
         self.thread = threading.Thread(
             target=self._run, args=(source,), name="torch_dataloader_utils-receive", daemon=True
         )
@@ -65,8 +100,9 @@ class _Receiver:
 
     def _run(self, source: Iterator[Any]) -> None:
         try:
+            prepare = self.prepare
             for item in source:
-                if not self._put(0, item):
+                if not self._put(0, item if prepare is None else prepare(item)):
                     return
             self._put(1, None)
         except BaseException as exc:  # handed to the loop, raised there
@@ -82,10 +118,23 @@ class _Receiver:
         self.thread.join()
 
 
+def superseded() -> IncompatibleOptionsError:
+    """The error of a pass whose persistent workers a newer pass took over."""
+    return IncompatibleOptionsError(
+        "this pass over the loader was ended by a new pass over the same loader: with "
+        "persistent_workers=True every pass uses the same workers, so a pass started inside "
+        "another (e.g. an evaluation over the training loader) ends the outer one. Evaluate "
+        "with a loader of its own, or use persistent_workers=False (each pass then has its "
+        "own workers and the resume state keeps describing the outer pass)"
+    )
+
+
 def received(receiver: _Receiver) -> Iterator[Any]:
     """The items of ``receiver``, in order; its error, raised here; never a silent hang."""
     try:
         while True:
+            if receiver.superseded:
+                raise superseded()
             try:
                 kind, value = receiver.queue.get(timeout=1.0)
             except queue.Empty:
@@ -102,6 +151,40 @@ def received(receiver: _Receiver) -> Iterator[Any]:
                 raise value
     finally:
         receiver.stop()
+
+
+class EpochSampler(Sampler[None]):
+    """``loader.sampler``: the object trainers call ``set_epoch`` on; it reaches the dataset.
+
+    Lightning calls ``loader.sampler.set_epoch(epoch)`` at every epoch (and
+    ``loader.batch_sampler.sampler``, which this loader has none of); HF Trainer and
+    Accelerate call ``loader.set_epoch``. Both select the dataset's epoch, so each epoch
+    gets its own order with ``shuffle=True``. Iterated, it yields ``None`` forever, as the
+    sampler torch gives an ``IterableDataset`` does (the DataLoader draws one per batch
+    and ignores it).
+    """
+
+    def __init__(self, dataset: PlannedDataset) -> None:
+        super().__init__()
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[None]:
+        return itertools.repeat(None)
+
+    def set_epoch(self, epoch: int) -> None:
+        """``dataset.set_epoch(epoch)``: the epoch the next pass reads."""
+        self.dataset.set_epoch(epoch)
+
+
+def _copier(stage: DeviceStage) -> Callable[[Any], Any]:
+    """Queue the device copy of a tagged batch or group (nothing else is copied)."""
+
+    def copy(item: Any) -> Any:
+        if isinstance(item, Tagged) and not (isinstance(item.batch, BatchGroup) and not item.batch):
+            return item._replace(batch=stage.copy(item.batch))
+        return item
+
+    return copy
 
 
 def _passthrough(batch: Any) -> Any:
@@ -128,8 +211,53 @@ class ResumableDataLoader(DataLoader[Any]):
 
     dataset: PlannedDataset
     _receiver: _Receiver | None = None
+    _progress: EpochProgress | None = None
+    _epoch_sampler: EpochSampler | None = None
+
+    @property
+    def sampler(self) -> EpochSampler:
+        """An :class:`EpochSampler`: ``loader.sampler.set_epoch(epoch)`` selects the dataset's epoch."""
+        if self._epoch_sampler is None:
+            self._epoch_sampler = EpochSampler(self.dataset)
+        return self._epoch_sampler
+
+    @sampler.setter
+    def sampler(self, value: object) -> None:
+        # DataLoader.__init__ assigns the sampler torch gives an IterableDataset (None
+        # forever); EpochSampler iterates the same way and forwards set_epoch. After
+        # __init__ torch's __setattr__ refuses the assignment, as for any DataLoader.
+        self._epoch_sampler = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next pass reads (``dataset.set_epoch``); call it before every epoch."""
+        self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        """Batches of a full pass over the current epoch on this rank, also after ``load_state_dict``.
+
+        As torchdata's ``StatefulDataLoader`` reports it: trainers read ``len()`` once and
+        keep it for every epoch. The batches left of a resumed or running pass are
+        :attr:`remaining_batches`.
+
+        Raises:
+            UnknownLengthError: row counts are unknown before reading (a ``TypeError``).
+        """
+        return self.dataset.num_batches()
+
+    @property
+    def remaining_batches(self) -> int:
+        """Batches left in the current epoch from the consumed (or loaded) position.
+
+        During a pass, what it has still to yield; after ``load_state_dict``, the batches
+        of the resumed rest of the epoch; otherwise the full epoch (``len()``); 0 once a
+        pass ran to its end, until ``set_epoch``. See :attr:`PlannedDataset.remaining_batches`.
+        """
+        return self.dataset.remaining_batches
 
     _transport: SegmentPool | None = None
+    device: torch.device | None = None
+    """Where batches are handed over (``device=``); ``None``: where they were built."""
+    _pinner: HostPinner | None = None
 
     def _lease_transport(self) -> SegmentPool | None:
         """The segments this iteration's workers send batches in (see ``transfer``)."""
@@ -140,34 +268,88 @@ class ResumableDataLoader(DataLoader[Any]):
         import numpy.random  # noqa: F401
 
         if self._transport is None:
-            self._transport = SegmentPool(self.num_workers, (self.prefetch_factor or 2) + SPARE_SEGMENTS)
+            slots = (self.prefetch_factor or 2) + SPARE_SEGMENTS
+            least = PINNED_SEGMENT_BYTES if self._pinner is not None else 0
+            self._transport = SegmentPool(self.num_workers, slots, pinner=self._pinner, min_segment=least)
+            if self._pinner is not None:  # page-locked memory goes back with the loader
+                weakref.finalize(self, self._transport.close).atexit = False
         return self._transport if self._transport.lease() else None
 
+    def _device_stage(self) -> DeviceStage | None:
+        device = self.device
+        return DeviceStage(device) if device is not None and device.type == "cuda" else None
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        if self._receiver is not None and self.persistent_workers:
-            # A pass left early: its thread must be out of the persistent iterator first
-            # (without persistent workers each pass has its own iterator and thread).
-            self._receiver.join()
-        self._receiver = None
-        # len() may differ between a resumed pass and a full one; drop torch's cached value.
+        self._end_previous_pass()
+        # len() may differ between epochs (equal_batches='off' deals them anew); drop torch's cached value.
         self._IterableDataset_len_called = None
         metrics = self.dataset.metrics
+        consume = self.dataset._state.consume
         completed: list[bool] = []
+        passes: list[EpochProgress] = []
         try:
             # The loop's wait is timed around this loader's batches, up to StopIteration.
-            yield from stall_clock(self._batches(completed), metrics)
+            for item in stall_clock(self._batches(completed, passes), metrics):
+                # A batch counts as consumed here, in the generator the loop resumes, with
+                # nothing that can raise between the record and the hand-over: torch's SIGCHLD
+                # handler raises in the main thread wherever it runs (a worker died), and a
+                # batch recorded but never handed over would be skipped by a resume.
+                yield consume(item, passes[0])
         finally:
             metrics.finish(bool(completed))
 
-    def _batches(self, completed: list[bool]) -> Iterator[Any]:
+    def _end_previous_pass(self) -> None:
+        """With persistent workers: the previous pass's thread out of the shared iterator first.
+
+        A pass that is still running (not exhausted, closed or failed) is ended: it raises
+        if it is used again. The thread is waited for while the workers live; if one died,
+        the thread may never return (a read the dead worker left half written), so the
+        workers are dropped instead (:meth:`_drop_workers`). Without persistent workers
+        each pass has its own iterator and thread, and passes may nest.
+        """
+        receiver, progress = self._receiver, self._progress
+        self._receiver = self._progress = None
+        if receiver is None or not self.persistent_workers:
+            return
+        receiver.superseded = True
+        if progress is not None:
+            self.dataset._state.end(progress)
+        receiver.stop()
+        while receiver.thread.is_alive():
+            receiver.thread.join(_POLL)
+            workers = getattr(self._iterator, "_workers", ())
+            if any(not w.is_alive() for w in workers):
+                self._drop_workers()
+                return
+
+    def _drop_workers(self) -> None:
+        """Shut down the persistent workers; the next pass starts new ones.
+
+        After a pass failed (a worker died or raised): reusing its workers would hang or
+        fail again (torch waits for every worker to acknowledge the new pass). The
+        failed pass's thread is not waited for.
+        """
+        iterator, self._iterator = self._iterator, None
+        self._receiver = self._progress = None
+        self._transport = None  # the failed pass's segments may still be leased
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception:  # already shut down or half gone: nothing left to stop
+                log.debug("shutting down the workers of a failed pass", exc_info=True)
+
+    def _batches(self, completed: list[bool], passes: list[EpochProgress]) -> Iterator[Any]:
+        """This pass's items, tagged (``__iter__`` records them); its record goes to ``passes``."""
         state = self.dataset._state
-        metrics = self.dataset.metrics
-        state.begin(self.num_workers, self.dataset.epoch)
+        progress = self._progress = self.dataset.begin_pass(self.num_workers)
+        passes.append(progress)
         self.dataset.begin_metrics(self.num_workers)
         state.tagging = True  # set before workers start: they pickle the dataset
         pool = self._lease_transport()
         self.dataset.transport = pool  # the workers starting now take it
         receiver: _Receiver | None = None
+        stage: DeviceStage | None = None
         try:
             try:
                 source: Iterator[Any] = super().__iter__()  # starts (or resets) the workers, here
@@ -179,28 +361,59 @@ class ResumableDataLoader(DataLoader[Any]):
             if pool is not None:
                 # Free for the next iteration once this one's workers are gone.
                 weakref.finalize(source, pool.release)
+            stage = self._device_stage()
+            copy = None if stage is None else _copier(stage)
             if self.num_workers > 0:
-                receiver = self._receiver = _Receiver(source, RECEIVE_AHEAD)
+                receiver = self._receiver = _Receiver(source, RECEIVE_AHEAD, copy)
                 source = received(receiver)
-            for item in source:
-                if isinstance(item, Tagged) and isinstance(item.batch, BatchGroup):
-                    # Several batches of one worker that travelled together, and the
-                    # worker's timers and counters since its previous group.
-                    if item.work is not None:
-                        metrics.add_work(*item.work)
-                    for batch, tag in zip(item.batch, item.tag, strict=True):
-                        metrics.record(tag)  # type: ignore[arg-type]
-                        yield state.consume(Tagged(batch, tag))  # type: ignore[arg-type]
-                else:
-                    if isinstance(item, Tagged):
-                        metrics.record(item.tag)
-                    yield state.consume(item)
-            state.finish()
+            elif copy is not None:
+                source = copied_ahead(source, copy)
+            yield from self._delivered(source, stage, receiver, progress)
+            self.dataset.delivered()
+            state.finish(progress)
             completed.append(True)
+        except GeneratorExit:  # the loop left the pass early (break, close): workers stay
+            raise
+        except BaseException:
+            if self.persistent_workers and (receiver is None or not receiver.superseded):
+                self._drop_workers()  # the next pass starts new workers, never a hang
+            raise
         finally:
+            state.end(progress)
             state.tagging = False
             if receiver is not None:  # this pass's thread (another pass may have started since)
                 receiver.stop()
+            if stage is not None:
+                stage.close()
+
+    def _delivered(
+        self,
+        source: Iterator[Any],
+        stage: DeviceStage | None,
+        receiver: _Receiver | None,
+        progress: EpochProgress,
+    ) -> Iterator[Any]:
+        """The received items as the loop's batches: groups split, device copies handed over."""
+        metrics = self.dataset.metrics
+        for item in source:
+            if stage is not None and isinstance(item, Tagged) and isinstance(item.batch, OnDevice):
+                on = item.batch
+                handed = stage.hand(on)
+                item = item._replace(batch=BatchGroup(handed) if on.group else handed[0])
+            if isinstance(item, Tagged) and isinstance(item.batch, BatchGroup):
+                # Several batches of one worker that travelled together, and the
+                # worker's timers and counters since its previous group.
+                if item.work is not None:
+                    metrics.add_work(*item.work)
+                for batch, tag in zip(item.batch, item.tag, strict=True):
+                    if receiver is not None and receiver.superseded:
+                        raise superseded()
+                    metrics.record(tag)  # type: ignore[arg-type]
+                    yield from self.dataset.deliver(Tagged(batch, tag), progress)  # type: ignore[arg-type]
+            else:
+                if isinstance(item, Tagged):
+                    metrics.record(item.tag)
+                yield from self.dataset.deliver(item, progress)
 
     def metrics(self, gather: bool = False, group: Any = None) -> LoaderMetrics:
         """What the loader did since the last ``set_epoch``, ``reset_metrics`` or ``get_metrics``.
@@ -260,13 +473,21 @@ def build_loader(
         kwargs["prefetch_factor"] = config.prefetch_factor
     if config.multiprocessing_context is not None:
         kwargs["multiprocessing_context"] = config.multiprocessing_context
-    return loader_class(
+    device = config.device
+    # Workers' segments page-locked once: with pin_memory=True, or when batches are
+    # copied to a GPU (its copies are then asynchronous). Otherwise torch pins (a copy).
+    wants_pinned = config.pin_memory or (device is not None and device.type == "cuda")
+    pinner = _host_pinner() if wants_pinned and num_workers > 0 and can_pin_segments() else None
+    result = loader_class(
         dataset,
         batch_size=None,
         num_workers=num_workers,
         collate_fn=_passthrough,
-        pin_memory=config.pin_memory,
+        pin_memory=config.pin_memory and pinner is None,
         persistent_workers=config.persistent_workers,
         timeout=config.timeout,
         **kwargs,
     )
+    result.device = device
+    result._pinner = pinner
+    return result

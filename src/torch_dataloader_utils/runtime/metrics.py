@@ -62,7 +62,8 @@ class WorkerMetrics:
         batches_read: Batches received.
         bytes_read: Arrow size of those batches before conversion (the decoded bytes).
         files_read: Pieces of the plan (chunks, or windows of the row shuffle) begun.
-        elapsed_sec: Seconds from the first to the last batch received (0 for one batch).
+        elapsed_sec: Seconds from the start of the pass (the loop asking for its first
+            batch) to the last batch received, as in 0.2.0.
         chunks_done: Pieces whose every row reached the loop.
         rows_padded: Rows flagged ``_is_padding`` (``equal_batches='pad'``).
         bytes_fetched: Bytes read from storage: remote files, what the ranged requests
@@ -339,7 +340,7 @@ def gather_metrics(source: _HasDataset | _HasRankMetrics, group: Any = None) -> 
         source: The loader of ``create_dataloader`` (or its dataset).
         group: A process group, or ``None`` for the default one.
     """
-    dataset = source if hasattr(source, "rank_metrics") else source.dataset  # type: ignore[union-attr]
+    dataset = source if hasattr(source, "rank_metrics") else source.dataset
     mine = dataset.rank_metrics()
     return LoaderMetrics(tuple(sorted(share.all_gather(mine, group), key=lambda r: r.rank)))
 
@@ -381,6 +382,7 @@ class MetricsRecorder:
         self._workers: dict[int, WorkerMetrics] = {}
         self._live: dict[int, WorkStats] = {}
         self._progress: Progress | None = None
+        self._pass_started: float | None = None
         self.epoch = 0
         self.wait_sec = 0.0
         self.between_sec = 0.0
@@ -394,17 +396,13 @@ class MetricsRecorder:
         self._setup(state["_progress_config"])
 
     # -- a pass -------------------------------------------------------------------
-    @property
-    def progress_config(self) -> ProgressConfig:
-        """The ``show_progress`` options."""
-        return self._progress_config
-
     def begin(self, epoch: int, progress: Callable[[], Progress | None] | None = None) -> None:
         """A pass over ``epoch`` starts; ``progress`` makes its display (when one is shown)."""
         self._close_progress()
         self._fold_live()
         self.epoch = epoch
         self.first_batch_sec = None
+        self._pass_started = time.monotonic()
         self._progress = progress() if progress is not None else None
 
     def record(self, tag: Sequence[int]) -> None:
@@ -415,7 +413,7 @@ class MetricsRecorder:
         now = time.monotonic()
         m = self._workers.get(worker)
         if m is None:
-            m = self._workers[worker] = WorkerMetrics(worker_id=worker, _first=now)
+            m = self._workers[worker] = self._new(worker, now)
         m.rows_read += rows
         m.batches_read += 1
         m.bytes_read += nbytes
@@ -429,8 +427,13 @@ class MetricsRecorder:
         """Add what worker ``worker`` reported with a group of batches."""
         m = self._workers.get(worker)
         if m is None:
-            m = self._workers[worker] = WorkerMetrics(worker_id=worker, _first=time.monotonic())
+            m = self._workers[worker] = self._new(worker, time.monotonic())
         m.add_work(delta)
+
+    def _new(self, worker: int, now: float) -> WorkerMetrics:
+        """A worker's counters, timed from the start of the pass (``now`` outside a pass)."""
+        started = self._pass_started if self._pass_started is not None else now
+        return WorkerMetrics(worker_id=worker, _first=min(started, now))
 
     def attach(self, worker: int, work: WorkStats) -> None:
         """Read ``work`` directly (the dataset is read in this process)."""

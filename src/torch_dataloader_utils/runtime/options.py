@@ -13,15 +13,21 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import fnmatch
 import os
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, TypedDict, TypeVar
 
 import pyarrow as pa
+import torch
 
 from torch_dataloader_utils.config import (
+    DEFAULT_COMPRESSION,
+    DEFAULT_RANK_TIMEOUT,
+    DEFAULT_ROW_GROUP_BYTES,
     DEFAULT_SPLIT_BYTES,
+    DEFAULT_TARGET_FILE_SIZE,
     BatchConfig,
     CountConfig,
     EqualBatches,
@@ -36,6 +42,8 @@ from torch_dataloader_utils.config import (
     OutputFormat,
     ProgressConfig,
     RaggedLayout,
+    ReshardConfig,
+    ReshardSourceConfig,
     SequencePack,
     ShuffleConfig,
     SplitConfig,
@@ -49,7 +57,13 @@ from torch_dataloader_utils.config import (
     parse_read_ahead,
     parse_size,
 )
-from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError, UnknownOptionError
+from torch_dataloader_utils.errors import (
+    ConfigError,
+    DestinationConflictError,
+    IncompatibleOptionsError,
+    UnknownOptionError,
+)
+from torch_dataloader_utils.plan.elastic import Canonical
 from torch_dataloader_utils.plan.splits import (
     ByteRangeSplit,
     FileSplit,
@@ -62,7 +76,10 @@ from torch_dataloader_utils.plan.splits import (
 )
 from torch_dataloader_utils.plan.types import World
 from torch_dataloader_utils.runtime import env
+from torch_dataloader_utils.runtime.device import resolve_device
 from torch_dataloader_utils.runtime.iceberg_props import catalog_properties
+from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
+from torch_dataloader_utils.storage.userfs import UserFileSystem
 
 __all__ = [
     "FileLoaderOptions",
@@ -73,7 +90,10 @@ __all__ = [
     "MixedLoaderOptions",
     "Options",
     "ReadOptions",
+    "ReshardKeywords",
+    "ReshardRequest",
     "build_options",
+    "reshard_request",
 ]
 
 
@@ -121,7 +141,8 @@ class ReadOptions(TypedDict, total=False):
     ``False``)."""
     progress_interval_sec: float
     """Seconds between two progress lines when standard error is not a terminal
-    (default 120; a line is also written at the end of each pass)."""
+    (default 120; a line is also written at the end of each pass); ``0`` writes a line
+    for every batch (and redraws a bar at every batch, as 0.2.0 did)."""
     progress_all_ranks: bool
     """Show progress on every rank, each prefixed with its rank (default ``False``:
     rank 0 only)."""
@@ -186,6 +207,14 @@ class ReadOptions(TypedDict, total=False):
     fewer than ``num_ranks`` rows per epoch; ``"pad"`` repeats fewer than ``num_ranks``
     rows and adds a bool column ``_is_padding`` to mask them; ``"off"`` reads chunks
     whole, with uneven batch counts. See ``docs/distributed.md``."""
+    canonical_ranks: int | None
+    """Elastic order: plan every epoch for this many canonical ranks (streams) that the
+    ranks share, ``num_ranks`` dividing it; each rank draws every batch evenly from its
+    ``canonical_ranks / num_ranks`` streams, so the rows of global batch ``t`` are the same
+    for any ``num_ranks`` and ``num_workers`` at the same global batch size (``batch_size *
+    num_ranks``), and a resumed job may have another ``num_ranks``. Needs ``equal_batches``
+    ``"drop"`` or ``"pad"`` and ``batch_size`` a multiple of ``canonical_ranks / num_ranks``.
+    ``None`` (default): plans follow the ranks. See ``docs/distributed.md``."""
     count_rows: bool | None
     """Count rows exactly at construction where the metadata does not hold them (CSV /
     JSONL records, rows a row filter drops), so every chunk carries its exact row count
@@ -206,6 +235,15 @@ class FileReadOptions(ReadOptions, total=False):
 
     storage_options: Mapping[str, Any] | None
     """Filesystem options (credentials, endpoint), used for listing, footers and reading."""
+    filesystem: Any
+    """A filesystem object used for every request (listing, footers, file checks, reads,
+    the ``metadata_cache``): an fsspec ``AbstractFileSystem`` (``s3fs.S3FileSystem(...)``,
+    ``gcsfs``, ``adlfs``, ``memory``...) or a ``pyarrow.fs.FileSystem`` instance. The
+    library then builds no filesystem of its own (``storage_options`` must be left out);
+    ``path`` is on it, with its scheme or none. DataLoader workers rebuild it from its
+    pickle. Bytes take pyarrow's native client only where it provably reaches the same
+    storage with the same credentials, else the object itself (logged at INFO; see
+    docs/object-storage.md). Default ``None``."""
     partitioning: str | None
     """``"hive"`` reads ``key=value`` directories as typed columns."""
     schema: pa.Schema | None
@@ -273,7 +311,9 @@ class LoaderOptions(TypedDict, total=False):
     """Options passed to ``torch.utils.data.DataLoader``."""
 
     pin_memory: bool
-    """DataLoader passthrough."""
+    """Batches in page-locked memory, for asynchronous copies to a GPU. With workers and
+    CUDA, the workers' shared-memory segments are page-locked once and batches are built
+    over them (no copy, no pin thread); otherwise torch's DataLoader pins them (a copy)."""
     persistent_workers: bool
     """DataLoader passthrough; ``set_epoch`` still reaches them."""
     prefetch_factor: int | None
@@ -282,6 +322,15 @@ class LoaderOptions(TypedDict, total=False):
     """DataLoader passthrough."""
     multiprocessing_context: Any
     """DataLoader passthrough (``"fork"``, ``"spawn"``...)."""
+    device: str | torch.device | None
+    """Hand batches over on this device: ``"cuda"`` (the current GPU), ``"cuda:N"``, a
+    ``torch.device``, ``"auto"`` (the GPU of this process's ``LOCAL_RANK``, the CPU
+    without CUDA) or ``"cpu"`` (batches stay where they are). The loader copies each
+    batch (with workers, each group of batches, in one transfer) to the GPU on a CUDA
+    stream of its own while the training step runs, and hands it over safe to use on
+    the current stream. Strings stay on the host. With CUDA and workers it page-locks
+    the workers' shared memory, as ``pin_memory=True`` does. ``None`` (default): no
+    device stage."""
 
 
 class FileLoaderOptions(FileReadOptions, LoaderOptions, total=False):
@@ -339,10 +388,19 @@ class Options:
     progress: ProgressConfig
     world: World
 
+    def __post_init__(self) -> None:
+        if self.canonical is not None:
+            Canonical(self.canonical, self.world.num_ranks, self.batching.batch_size)  # raises when unfit
+
+    @property
+    def canonical(self) -> int | None:
+        """The canonical ranks of elastic order, or ``None``."""
+        return self.batching.canonical_ranks
+
     @property
     def equalized(self) -> bool:
-        """Whether ranks are given equal row counts (a policy is on and there are ranks)."""
-        return self.batching.equal_batches.acts_on(self.world.num_ranks)
+        """Whether ranks (canonical ones in elastic order) are given equal row counts."""
+        return self.batching.equal_batches.acts_on(self.canonical or self.world.num_ranks)
 
     @property
     def counts_rows(self) -> bool:
@@ -366,6 +424,7 @@ _COERCE: dict[str, Callable[[Any], object]] = {
     "read_ahead_bytes": parse_read_ahead,
     "count_cache_dir": _fspath,
     "metadata_cache": _fspath,
+    "device": resolve_device,
 }
 
 C = TypeVar("C")
@@ -419,17 +478,36 @@ def build_options(
     batching = _pick(BatchConfig, values)
     split = _pick(SplitConfig, values)
     world = env.resolve_world(values.get("num_ranks"), values.get("rank"))  # type: ignore[arg-type]
+    output = _pick(OutputConfig, values)
+    loader = _pick(LoaderConfig, values)
+    _check_device(loader, output, given)
     return Options(
         split=split,
         strategy=build_strategy(split, format, shown=given),
         shuffle=_pick(ShuffleConfig, values),
         batching=batching,
-        output=_pick(OutputConfig, values),
+        output=output,
         counting=_pick(CountConfig, values),
         fetch=_pick(FetchConfig, values),
-        loader=_pick(LoaderConfig, values),
+        loader=loader,
         progress=_pick(ProgressConfig, values),
         world=world,
+    )
+
+
+def _check_device(loader: LoaderConfig, output: OutputConfig, given: Mapping[str, object]) -> None:
+    """A GPU ``device`` moves torch tensors: other output formats have none.
+
+    Raises:
+        IncompatibleOptionsError: ``device`` is a GPU and ``output_format`` is not ``'torch'``.
+    """
+    device = loader.device
+    if device is None or device.type == "cpu" or output.output_format is OutputFormat.TORCH:
+        return
+    raise IncompatibleOptionsError(
+        f"device={given.get('device')!r} copies torch tensors to the GPU, but "
+        f"output_format={output.output_format.value!r} gives no tensors; use output_format='torch' "
+        "or leave device unset"
     )
 
 
@@ -507,3 +585,269 @@ def build_strategy(
             f"split_strategy ({type(given).__name__}) sizes its own chunks"
         )
     return resolve_strategy(given)
+
+
+# -- reshard ---------------------------------------------------------------------------
+
+
+class ReshardKeywords(TypedDict, total=False):
+    """Keywords of :func:`~torch_dataloader_utils.reshard` (beside ``src`` and ``dst``)."""
+
+    format: str
+    """The source's format: ``"parquet"`` (default), ``"orc"``, ``"csv"``, ``"jsonl"``, or
+    ``"iceberg"`` (``src`` is then a table name)."""
+    columns: Sequence[str] | None
+    """Columns to keep (default: all)."""
+    filters: Any
+    """A ``pyarrow.compute.Expression``: only rows passing it are written."""
+    storage_options: Mapping[str, Any] | None
+    """The source's filesystem options (credentials, endpoint); also used for ``dst`` when
+    it is on the same kind of filesystem."""
+    partitioning: str | None
+    """``"hive"`` reads the source's ``key=value`` directories as columns."""
+    schema: pa.Schema | None
+    """CSV / JSONL: the column types."""
+    catalog_config: Mapping[str, Any] | None
+    """Iceberg: ``pyiceberg.catalog.load_catalog`` properties."""
+    snapshot_id: int | None
+    """Iceberg: the snapshot to read (default: the current one)."""
+    dst_storage_options: Mapping[str, Any] | None
+    """The output's filesystem options, when they differ from the source's."""
+    target_file_size: int | str
+    """Bytes of every shard but the last (an int, or ``"256MiB"``, the default). Shards come
+    within about 10% of it when rows have similar sizes; with ``group_by`` a shard holds
+    whole groups, with ``partition_by`` each partition has its own last shard."""
+    row_group_bytes: int | str | None
+    """Bytes per row group (default 32 MiB), e.g. ``"16MiB"``."""
+    row_group_rows: int | None
+    """Rows per row group, instead of ``row_group_bytes``."""
+    compression: str
+    """``"zstd"`` (default), ``"snappy"``, ``"lz4"``, ``"gzip"``, ``"brotli"`` or ``"none"``."""
+    sort_by: str | Sequence[str] | None
+    """Column(s) each shard is sorted by (the shard is sorted in memory)."""
+    group_by: str | Sequence[str] | None
+    """Column(s) whose equal values stay in one shard, in consecutive rows."""
+    partition_by: str | Sequence[str] | None
+    """Column(s) written as ``key=value`` directories (not in the files); integers,
+    strings, booleans or dates."""
+    workers: int | None
+    """Worker processes per rank (default 1; ``None``: the CPUs of this rank)."""
+    verify: bool
+    """After writing, read source and output again and compare row counts, an
+    order-independent checksum of every column and one of whole rows."""
+    rank_timeout: float
+    """Seconds a rank waits for the others at a barrier, when reshard starts the process
+    group itself (torchrun without one; default 24 hours)."""
+    filesystem: Any
+    """The source's filesystem object (an fsspec or pyarrow filesystem instance, as the
+    loader's ``filesystem=``) instead of ``storage_options``; also used for ``dst`` when
+    ``dst`` has no scheme or the filesystem's."""
+    dst_filesystem: Any
+    """The output's filesystem object, when it differs from the source's."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReshardRequest:
+    """A reshard job's keywords, checked and coerced: what the edge hands to the job.
+
+    Attributes:
+        source: What is read.
+        job: How the output is written.
+        dst_fs: The output's filesystem.
+        dst_root: The output directory on it (no trailing slash).
+    """
+
+    source: ReshardSourceConfig
+    job: ReshardConfig
+    dst_fs: FileSystemSpec
+    dst_root: str
+
+
+def _reshard_size(value: object, param: str) -> int:
+    size = parse_size(value, param)
+    if size is None:
+        raise ConfigError(f"{param}=None is not a size; pass bytes as an int or a string like '256MiB'")
+    return size
+
+
+def _reshard_codec(value: object) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(
+            f"compression={value!r} must be one of 'none', 'snappy', 'gzip', 'brotli', 'lz4', 'zstd'"
+        )
+    name = value.strip().lower()
+    return "none" if name == "uncompressed" else name
+
+
+def _column_names(value: object, param: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        if len(set(value)) != len(value):
+            raise ConfigError(f"{param}={list(value)!r} names a column twice")
+        return tuple(value)
+    raise ConfigError(f"{param}={value!r} must be a column name or a list of column names")
+
+
+def _protocol(path: str) -> str:
+    return path.split("://", 1)[0].lower() if "://" in path else "file"
+
+
+def _reshard_source(src: object, given: Mapping[str, Any]) -> ReshardSourceConfig:
+    columns = given.get("columns")
+    if isinstance(columns, str):
+        raise ConfigError(f"columns={columns!r} must be a list of column names, e.g. ['{columns}']")
+    if isinstance(src, (list, tuple)):
+        value: str | tuple[str, ...] = tuple(src)
+    elif isinstance(src, str):
+        value = src
+    else:
+        raise ConfigError(f"src={src!r} must be a path, a URL, a list of them, or an Iceberg table name")
+    fmt = given.get("format", "parquet")
+    return ReshardSourceConfig(
+        src=value,
+        format=fmt.strip().lower() if isinstance(fmt, str) else fmt,
+        columns=None if columns is None else tuple(columns),
+        filters=given.get("filters"),
+        storage_options=given.get("storage_options"),
+        partitioning=given.get("partitioning"),
+        schema=given.get("schema"),
+        catalog_config=given.get("catalog_config"),
+        snapshot_id=given.get("snapshot_id"),
+        filesystem=given.get("filesystem"),
+    )
+
+
+def _reshard_job(given: Mapping[str, Any]) -> ReshardConfig:
+    rows = given.get("row_group_rows")
+    group_bytes = given.get("row_group_bytes")
+    if rows is None or group_bytes is not None:
+        group_bytes = _reshard_size(
+            group_bytes if group_bytes is not None else DEFAULT_ROW_GROUP_BYTES, "row_group_bytes"
+        )
+    workers = given.get("workers", 1)
+    return ReshardConfig(
+        target_file_size=_reshard_size(
+            given.get("target_file_size", DEFAULT_TARGET_FILE_SIZE), "target_file_size"
+        ),
+        row_group_bytes=group_bytes,
+        row_group_rows=rows,
+        compression=_reshard_codec(given.get("compression", DEFAULT_COMPRESSION)),
+        sort_by=_column_names(given.get("sort_by"), "sort_by"),
+        group_by=_column_names(given.get("group_by"), "group_by"),
+        partition_by=_column_names(given.get("partition_by"), "partition_by"),
+        workers=env.cpus_per_rank() if workers is None else workers,
+        verify=given.get("verify", False),
+        rank_timeout=given.get("rank_timeout", DEFAULT_RANK_TIMEOUT),
+    )
+
+
+def reshard_request(src: object, dst: object, given: Mapping[str, Any]) -> ReshardRequest:
+    """Check and coerce :func:`~torch_dataloader_utils.reshard`'s arguments once.
+
+    ``dst_storage_options`` defaults to ``storage_options`` when the output is on the
+    same kind of filesystem as the source (not for Iceberg, whose storage is the
+    catalog's).
+
+    Raises:
+        UnknownOptionError: a keyword is not an option of ``reshard``.
+        ConfigError: a value is invalid (named, echoed, with the fix).
+        IncompatibleOptionsError: options that do not go together.
+    """
+    check_keywords(given, ReshardKeywords, "reshard")
+    job = _reshard_job(given)
+    source = _reshard_source(src, given)
+    if not isinstance(dst, str) or not dst:
+        raise ConfigError(f"dst={dst!r} must be a directory path or URL")
+    dst_options = given.get("dst_storage_options")
+    dst_given = _destination_filesystem(dst, source.filesystem, given.get("dst_filesystem"), dst_options)
+    if dst_options is None and _protocol(dst) == _protocol(source.first_path) and source.format != "iceberg":
+        dst_options = source.storage_options
+    fs, root = resolve(dst, dst_options, filesystem=dst_given)
+    root = root.rstrip("/") or "/"
+    _check_apart(source, job, fs, root)
+    return ReshardRequest(source=source, job=job, dst_fs=fs, dst_root=root)
+
+
+def _destination_filesystem(
+    dst: str, filesystem: Any, dst_filesystem: Any, dst_storage_options: Mapping[str, Any] | None
+) -> UserFileSystem | None:
+    """The user's filesystem object for ``dst``: ``dst_filesystem``, else ``filesystem`` on its scheme."""
+    if dst_filesystem is not None:
+        if dst_storage_options:
+            raise IncompatibleOptionsError(
+                "dst_filesystem and dst_storage_options were both given; configure the filesystem "
+                "object instead, or drop dst_filesystem"
+            )
+        return UserFileSystem(dst_filesystem)
+    if filesystem is None or dst_storage_options is not None:
+        return None
+    wrapped = UserFileSystem(filesystem)
+    scheme, sep, _ = dst.partition("://")
+    return wrapped if not sep or scheme in wrapped.protocols else None
+
+
+def _directory_of(path: str) -> str:
+    """The directory a source path lists: itself, or for a glob the part before its first wildcard."""
+    cut = min((path.find(ch) for ch in "*?[" if ch in path), default=-1)
+    if cut < 0:
+        return path.rstrip("/") or "/"
+    return path[:cut].rsplit("/", 1)[0] or "/"
+
+
+def _inside(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _glob_matches(pattern: list[str], parts: list[str]) -> bool:
+    """Whether ``/``-separated ``parts`` match ``pattern`` (``*`` within a part, ``**`` across)."""
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_glob_matches(pattern[1:], parts[i:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _glob_matches(pattern[1:], parts[1:])
+
+
+def _lists(src: str, shard: str) -> bool:
+    """Whether listing ``src`` (a directory, recursively, or a glob) would find ``shard``."""
+    if not any(ch in src for ch in "*?["):
+        return _inside(shard, src)
+    return _glob_matches(src.split("/"), shard.split("/"))
+
+
+def _check_apart(
+    source: ReshardSourceConfig, job: ReshardConfig, dst_fs: FileSystemSpec, dst_root: str
+) -> None:
+    """Refuse a destination whose shards the source would list, or a source inside the destination.
+
+    The source would then read the shards too (every row twice, on a rerun or for the
+    loader), or the shards would be written among the source's files.
+
+    Raises:
+        DestinationConflictError: naming both paths and the fix.
+    """
+    if source.format == "iceberg":
+        return
+    paths = [source.src] if isinstance(source.src, str) else list(source.src)
+    dst = os.path.realpath(dst_root) if dst_fs.is_local else dst_root
+    # A shard as it will be named: dst/[key=value/...]part-00000.parquet.
+    shard = "/".join([dst, *(f"{name}=v" for name in job.partition_by), "part-00000.parquet"])
+    for given in paths:
+        user = None if source.filesystem is None else UserFileSystem(source.filesystem)
+        fs, stripped = resolve(given, source.storage_options, filesystem=user)
+        if fs.protocol != dst_fs.protocol:
+            continue
+        src = os.path.realpath(stripped) if fs.is_local and stripped == _directory_of(stripped) else stripped
+        if _lists(src, shard):
+            where = "inside the source"
+        elif _inside(_directory_of(src), dst):
+            where = "a directory that holds the source"
+        else:
+            continue
+        raise DestinationConflictError(
+            f"dst={dst_fs.display(dst_root)!r} is {where} (src={given!r}): the source would then "
+            "list the shards too, and its rows would be read twice; choose a dst outside the "
+            "source (e.g. a sibling directory)"
+        )

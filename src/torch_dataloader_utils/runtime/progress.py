@@ -21,7 +21,7 @@ import time
 from typing import Any, Protocol
 
 from torch_dataloader_utils.config import ProgressConfig
-from torch_dataloader_utils.errors import IncompatibleOptionsError
+from torch_dataloader_utils.errors import MissingDependencyError
 from torch_dataloader_utils.runtime import env
 
 __all__ = ["BAR_REFRESH_SEC", "Progress", "StallSource", "check_progress", "logger", "progress_line"]
@@ -46,10 +46,11 @@ def check_progress(config: ProgressConfig) -> None:
     """Check that the display ``config`` asks for can be drawn here.
 
     Raises:
-        IncompatibleOptionsError: bars would be drawn (a terminal) but ``tqdm`` is missing.
+        MissingDependencyError: bars would be drawn (a terminal) but ``tqdm`` is missing
+            (an ``ImportError`` too, as in 0.2.0).
     """
     if config.show_progress and env.stderr_is_terminal() and importlib.util.find_spec("tqdm") is None:
-        raise IncompatibleOptionsError(
+        raise MissingDependencyError(
             "show_progress=True draws tqdm progress bars, but tqdm is not installed; "
             "pip install torch-dataloader-utils[progress] (or tqdm), or drop show_progress"
         )
@@ -111,7 +112,13 @@ class Progress:
             from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
             self._bar = tqdm(
-                total=total, initial=done, desc=self._prefix, unit="rows", unit_scale=True, leave=True
+                total=total,
+                initial=done,
+                desc=self._prefix,
+                unit="rows",
+                unit_scale=True,
+                leave=True,
+                mininterval=min(0.1, self._interval),  # 0: redrawn at every batch, as in 0.2.0
             )
 
     @classmethod

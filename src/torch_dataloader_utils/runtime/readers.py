@@ -32,29 +32,33 @@ def make_reader(found: Discovered, batch_size: int, fetch: FetchConfig | None = 
         partition_columns=found.partition_columns,
         filters=found.filters,
         output_schema=found.output_schema,
+        manifest=found.manifest,
     )
     if found.format is FileFormat.PARQUET:
+        filtered = found.filtered_positions
         source = None
         if not found.fs.is_local:
             source = ChunkSource(
                 found.fs,
                 request.files,
                 columns=found.data_columns,
-                footers=found.extra.get("parquet_footers"),
+                footers=found.footers,
                 config=fetch,
+                filtered=filtered,
+                manifest=found.manifest,
             )
-        return ParquetReader(
-            request, source=source, filtered_positions=bool(found.extra.get("filtered_positions", False))
-        )
+        return ParquetReader(request, source=source, filtered_positions=filtered)
     if found.format is FileFormat.ORC:
         return OrcReader(request)
     if found.format in (FileFormat.CSV, FileFormat.JSONL):
-        options = found.extra["text_options"]
+        options, meta = found.text_options, found.text_meta
+        if options is None or meta is None:
+            raise ConfigError(f"format={found.format.value!r} was discovered without its text metadata")
         part_names = set(found.partitions.schema.names) if found.partitions is not None else set()
         data_schema = pa.schema([f for f in found.schema if f.name not in part_names])
         return TextReader(
             request,
-            found.extra["text_meta"],
+            meta,
             format=found.format,
             schema=data_schema,
             quoted_newlines=options.quoted_newlines,

@@ -31,9 +31,10 @@ over any number of ranks and workers; the resumed pass then mixes the rests.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pathlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Unpack
 
@@ -59,21 +60,20 @@ from torch_dataloader_utils.errors import (
     SchemaMismatchError,
 )
 from torch_dataloader_utils.io.ahead import read_ahead
+from torch_dataloader_utils.io.base import ChunkReader, IoTotals, ReaderBase
 from torch_dataloader_utils.io.batching import concat_batches
 from torch_dataloader_utils.io.pieces import ROUND_POOL
 from torch_dataloader_utils.packing import converter_for
 from torch_dataloader_utils.plan.blend import Blend, PassPlan, advance, blend_for, integer_weights, plan_pass
+from torch_dataloader_utils.plan.mixposition import Segments, SourcePosition, position_of
 from torch_dataloader_utils.plan.mixstate import (
     MIX_STATE_FORMAT,
     MIX_STATE_VERSION,
-    Segments,
-    SourcePosition,
     check_mix_state,
     merge_mixed_states,
-    position_of,
 )
 from torch_dataloader_utils.plan.shuffle import permutation, random_offset
-from torch_dataloader_utils.plan.types import World
+from torch_dataloader_utils.plan.types import Chunk, World
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.dataset import MAX_AUTO_WORKERS, PlannedDataset, batch_schema
 from torch_dataloader_utils.runtime.emit import ArrowBytes, grouped
@@ -110,12 +110,16 @@ Start = tuple[SourcePosition, ...]
 
 @dataclass(frozen=True)
 class _Origin:
-    """The start the epochs are counted from: epoch ``epoch`` starts at ``start`` (pass ``segment``)."""
+    """The start the epochs are counted from: epoch ``epoch`` starts at ``start`` (pass ``segment``).
+
+    ``full``: where that epoch's first pass started (in this world), when ``segment > 0``.
+    """
 
     epoch: int
     start: Start
     segment: int = 0
     token: int = 0
+    full: Start | None = None
 
 
 # -- the batches of one lane ----------------------------------------------------------------
@@ -186,17 +190,22 @@ class _Tagger:
         return (*self._prefix, self.done, rows, nbytes)
 
 
-class _IoTotals:
-    """The I/O counters of several readers, summed (for :class:`WorkStats`)."""
+class _IoTotals(ReaderBase):
+    """The I/O counters of several readers, summed (what :class:`WorkStats` asks of a reader)."""
 
-    def __init__(self, readers: Sequence[object]) -> None:
-        self._totals = [t for t in (getattr(r, "io_totals", None) for r in readers) if t is not None]
+    def __init__(self, readers: Sequence[ChunkReader]) -> None:
+        self._readers = list(readers)
 
-    def io_totals(self) -> tuple[int, int, int, int, float]:
-        sums = [0, 0, 0, 0, 0.0]
-        for totals in self._totals:
-            for i, v in enumerate(totals()):
-                sums[i] += v
+    def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
+        """Not a reader of its own: each source reads its chunks."""
+        raise TypeError("the I/O counters of a mix read no chunk")
+
+    def io_totals(self) -> IoTotals | None:
+        """The readers' counters, summed (``None`` when none counts)."""
+        found = [t for t in (r.io_totals() for r in self._readers) if t is not None]
+        if not found:
+            return None
+        sums = [sum(t[i] for t in found) for i in range(5)]
         return (int(sums[0]), int(sums[1]), int(sums[2]), int(sums[3]), float(sums[4]))
 
 
@@ -224,16 +233,29 @@ def _flat(runs: Iterator[list[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
 
 # -- what the loop consumed -------------------------------------------------------------------
 class _MixProgress:
-    """Batches the loop received from every lane of this rank in the current pass."""
+    """Batches the loop received from every lane of this rank in one pass.
+
+    Attributes:
+        workers: Reading processes of the pass (lanes of this rank).
+        plan: The pass's plan (batches of every lane).
+        received: Batches the loop received from each lane.
+        batches: Batches the loop received in all.
+        done: The pass ran to its end.
+        running: The pass has not ended yet (not exhausted, closed, or failed).
+        tracked: The pass is the one the resume state describes (not one nested in it).
+    """
 
     BLOCK = 1024
     """Batches whose rows per source are computed at once."""
 
-    def __init__(self, workers: int, plan: PassPlan) -> None:
+    def __init__(self, workers: int, plan: PassPlan, tracked: bool = True) -> None:
         self.workers = workers
         self.plan = plan
         self.received = [0] * workers
+        self.batches = 0
         self.done = False
+        self.running = True
+        self.tracked = tracked
         self._block = -1
         self._counts = np.zeros((0, plan.blend.num_sources), dtype=np.int64)
 
@@ -246,6 +268,11 @@ class _MixProgress:
         counts: np.ndarray = self._counts[at]
         return counts
 
+    @property
+    def remaining(self) -> int:
+        """Batches of this rank the pass has still to yield."""
+        return 0 if self.done else max(0, self.plan.batches * self.workers - self.batches)
+
 
 class MixTracker:
     """The resume bookkeeping of a mixed dataset (the protocol the loader calls)."""
@@ -255,6 +282,7 @@ class MixTracker:
         self.tagging = False
         """Set while a loader from create_mixed_dataloader iterates: batches are then tagged."""
         self.progress: _MixProgress | None = None
+        """The tracked pass (the one the resume state describes)."""
         self.rows = np.zeros(len(dataset.source_names), dtype=np.int64)
         """Rows the loop received per source since the metrics were last reset."""
 
@@ -267,25 +295,41 @@ class MixTracker:
         return self._dataset.origin_token
 
     def begin(self, num_workers: int, epoch: int) -> _MixProgress:
-        """Start recording a pass over ``epoch``."""
-        self.progress = _MixProgress(max(1, num_workers), self._dataset.pass_plan(epoch))
-        return self.progress
+        """Start recording a pass over ``epoch``.
 
-    def consume(self, item: Any) -> Any:
-        """Main process: record a tagged batch as received and return the batch."""
+        A pass started while the tracked one still runs (e.g. an evaluation over the
+        training loader) gets its own, untracked record: the state keeps describing the
+        outer pass.
+        """
+        current = self.progress
+        nested = current is not None and current.running and not current.done
+        progress = _MixProgress(max(1, num_workers), self._dataset.pass_plan(epoch), tracked=not nested)
+        if not nested:
+            self.progress = progress
+        return progress
+
+    def consume(self, item: Any, progress: _MixProgress | None = None) -> Any:
+        """Main process: record a tagged batch as received by ``progress``'s pass; return the batch."""
         if not isinstance(item, Tagged):
             return item
-        progress = self.progress
+        progress = self.progress if progress is None else progress
         if progress is not None:
             worker, done = int(item.tag[1]), int(item.tag[4])
             progress.received[worker] = done
+            progress.batches += 1
             self.rows += progress.counts(done - 1)
         return item.batch
 
-    def finish(self) -> None:
-        """The pass ran to its end."""
-        if self.progress is not None:
-            self.progress.done = True
+    def finish(self, progress: _MixProgress | None = None) -> None:
+        """``progress``'s pass (default: the tracked one) ran to its end."""
+        progress = self.progress if progress is None else progress
+        if progress is not None:
+            progress.done = True
+
+    @staticmethod
+    def end(progress: _MixProgress) -> None:
+        """``progress``'s pass ended (exhausted, closed or failed): a later pass is not nested in it."""
+        progress.running = False
 
 
 # -- the dataset ------------------------------------------------------------------------------
@@ -339,6 +383,7 @@ class MixedDataset(IterableDataset[Any]):
         self._origin = _Origin(0, fresh)
         self._starts: dict[int, tuple[Start, int]] = {}
         self._plans: dict[int, PassPlan] = {}
+        self._full_batches: int | None = None
         self._state = MixTracker(self)
         self.metrics = MetricsRecorder(options.progress)
         """Per-worker counters of the batches received (see :meth:`get_metrics`)."""
@@ -548,12 +593,49 @@ class MixedDataset(IterableDataset[Any]):
         return tuple(out)
 
     def num_batches(self, epoch: int | None = None) -> int:
-        """Batches this rank yields in ``epoch`` of the mix (every rank the same)."""
-        return self.pass_plan(epoch).batches * max(1, self._num_workers)
+        """Batches this rank yields in a full pass over ``epoch`` of the mix (every rank the same).
+
+        The whole epoch's count, also after ``load_state_dict`` (as ``len()`` of
+        ``create_dataloader``'s loader): the batches left of a resumed or running pass are
+        :attr:`remaining_batches`.
+        """
+        epoch = self.epoch if epoch is None else epoch
+        origin = self._origin
+        readers = max(1, self._num_workers)
+        if epoch != origin.epoch or origin.full is None:
+            return self.pass_plan(epoch).batches * readers
+        if self._full_batches is None:
+            self._full_batches = self._plan(epoch, origin.full, 0).batches
+        return self._full_batches * readers
+
+    @property
+    def remaining_batches(self) -> int:
+        """Batches left in the current epoch of the mix from the consumed (or loaded) position.
+
+        During a pass, what it has still to yield; after ``load_state_dict``, the resumed
+        rest of the epoch; otherwise the full epoch (``len()``); 0 once a pass ran to its
+        end, until ``set_epoch``.
+        """
+        progress = self._state.progress
+        if progress is None:
+            return self.pass_plan().batches * max(1, self._num_workers)
+        return progress.remaining
 
     def __len__(self) -> int:
-        """Batches this rank yields in the current epoch."""
+        """Batches this rank yields in a full pass over the current epoch (see :meth:`num_batches`)."""
         return self.num_batches()
+
+    # -- the loader's protocol -------------------------------------------------------------
+    def begin_pass(self, num_workers: int) -> _MixProgress:
+        """Main process: a pass over the current epoch starts; returns its record."""
+        return self._state.begin(num_workers, self.epoch)
+
+    def deliver(self, item: Any, progress: _MixProgress) -> Iterable[Any]:
+        """Main process: a batch received from a worker, on its way to the loop (as it came)."""
+        return (item,)
+
+    def delivered(self) -> None:
+        """Main process: the pass ended (nothing is joined in the main process)."""
 
     def describe(self, epoch: int | None = None) -> dict[str, Any]:
         """The mix's plan of ``epoch`` as plain values (``plan --json``)."""
@@ -664,9 +746,8 @@ class MixedDataset(IterableDataset[Any]):
         lane = self.world.rank * readers + slot.id
         spare = slot.count < env.cpus_per_rank() if slot.in_worker else env.cpus_per_rank() > 1
         for source in self._sources:  # as a worker of one source: no Arrow threads when CPUs are full
-            use_threads = getattr(source.dataset.reader, "use_threads", None)
-            if slot.in_worker and use_threads is not None:
-                use_threads(spare)
+            if slot.in_worker:
+                source.dataset.reader.use_threads(spare)
         ahead = self._options.fetch.decode_ahead
         batches = self._lane_batches(lane, epoch, slot.in_worker)
         if spare if ahead is None else ahead:
@@ -690,16 +771,17 @@ class MixedDataset(IterableDataset[Any]):
         if tagging:
             yield from self._tagged(batches, tagger, work)
             return
-        self._state.begin(1, epoch)
+        progress = self._state.begin(1, epoch)
         self.begin_metrics(0)
         completed = False
         try:
             for item in stall_clock(self._tagged(batches, tagger, work), self.metrics):
                 self.metrics.record(item.tag)
-                yield self._state.consume(item)
-            self._state.finish()
+                yield self._state.consume(item, progress)
+            self._state.finish(progress)
             completed = True
         finally:
+            self._state.end(progress)
             self.metrics.finish(completed)
 
     def _tagged(
@@ -786,6 +868,8 @@ class MixedDataset(IterableDataset[Any]):
         elif progress is not None:
             received = [progress.plan.batches] * progress.workers if progress.done else progress.received
             consumed[str(self.world.rank)] = list(received)
+        origin = self._origin
+        full = origin.full if segment and epoch == origin.epoch and origin.full is not None else start
         return {
             "format": MIX_STATE_FORMAT,
             "version": MIX_STATE_VERSION,
@@ -793,6 +877,7 @@ class MixedDataset(IterableDataset[Any]):
             "epoch": epoch,
             "segment": segment,
             "start": [p.as_json() for p in start],
+            "epoch_start": [p.as_json() for p in full],
             "num_ranks": self.world.num_ranks,
             "lanes": self.num_lanes,
             "consumed": consumed,
@@ -809,10 +894,44 @@ class MixedDataset(IterableDataset[Any]):
             ResumeStateError: not a state of a mix, another version, or not every rank.
             StateMismatchError: saved for other sources or options (says what changed).
         """
-        plain = check_mix_state(_complete(state, self.world.num_ranks), self.fingerprint())
+        state = _complete(state, self.world.num_ranks)
+        previous = self._adopt_splits(state)
+        try:
+            self._load(state)
+        except BaseException:  # a refused state changes nothing
+            for s, undo in previous:
+                undo()
+                self._sources[s] = LaneSource(self._sources[s].dataset, self.num_lanes)
+            raise
+
+    def _adopt_splits(self, state: Mapping[str, Any]) -> list[tuple[int, Callable[[], None]]]:
+        """Every source takes the automatic split ``state`` was saved with (it depends on the world).
+
+        Returns how to undo each change. A source whose split is the user's is left as it is
+        (a state of another split is then a mismatch, as for ``create_dataloader``).
+        """
+        fingerprint = state.get("fingerprint") if isinstance(state, Mapping) else None
+        saved = fingerprint.get("sources") if isinstance(fingerprint, Mapping) else None
+        if not isinstance(saved, list) or len(saved) != len(self._sources):
+            return []
+        undo: list[tuple[int, Callable[[], None]]] = []
+        for s, (source, own) in enumerate(zip(self._sources, saved, strict=True)):
+            dataset = source.dataset
+            previous = dataset._adopt_split({"fingerprint": own})
+            if previous is not None:
+                undo.append((s, functools.partial(dataset._use_split, *previous)))
+                self._sources[s] = LaneSource(dataset, self.num_lanes)
+        return undo
+
+    def _load(self, state: Mapping[str, Any]) -> None:
+        plain = check_mix_state(state, self.fingerprint())
         epoch, segment = int(plain["epoch"]), int(plain["segment"])
         start = tuple(
             self._checked(s, position_of(p, f"state.start[{s}]")) for s, p in enumerate(plain["start"])
+        )
+        full = tuple(
+            self._checked(s, position_of(p, f"state.epoch_start[{s}]"))
+            for s, p in enumerate(plain["epoch_start"])
         )
         lanes = int(plain["lanes"])
         saved = self._sources
@@ -833,10 +952,18 @@ class MixedDataset(IterableDataset[Any]):
         start = tuple(
             self._settled(s, _rest(saved[s], position, rows[s])) for s, position in enumerate(start)
         )
+        # Where the epoch's first pass started, in this world: len() is that pass's batches.
+        whole = None
+        if segment:
+            whole = tuple(
+                self._settled(s, _rest(saved[s], position, [position.skip] * lanes))
+                for s, position in enumerate(full)
+            )
         token = int(torch.randint(1, 2**62, ()).item())
-        self._origin = _Origin(epoch, start, segment, token)
+        self._origin = _Origin(epoch, start, segment, token, whole)
         self._origin_token.fill_(token)
         self._starts, self._plans = {}, {}
+        self._full_batches = None
         self._state.progress = None
         self._epoch.fill_(epoch)
         self.pass_plan(epoch)
@@ -1080,7 +1207,7 @@ def create_mixed_dataloader(
             "[{'path': 'data/web/'}, {'path': 'data/books/'}]"
         )
     mix = MixConfig(
-        weights=tuple(weights) if isinstance(weights, Sequence) and not isinstance(weights, str) else weights,  # type: ignore[arg-type]
+        weights=tuple(weights) if isinstance(weights, Sequence) and not isinstance(weights, str) else weights,
         on_exhausted=given.pop("on_exhausted", OnExhausted.CYCLE),
         source_column=given.pop("source_column", None),
     )

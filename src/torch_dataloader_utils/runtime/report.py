@@ -35,7 +35,7 @@ from torch_dataloader_utils.plan.summary import (
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import EpochPlan, FileInfo
 
-__all__ = ["describe_files", "describe_plan", "log_files", "report_plan", "size"]
+__all__ = ["describe_files", "describe_plan", "log_data_path", "log_files", "report_plan", "size"]
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,18 @@ def describe_files(summary: FileSummary, what: str) -> str:
         text += f", {summary.row_groups:,} row groups"
     pruned = summary.pruned_rows
     if pruned:
-        text += f"; filters pruned {pruned:,} rows ({summary.empty_files:,} files with no rows left)"
+        text += f"; filters pruned {pruned:,} rows"
+    if summary.deleted_rows:
+        text += f"; {summary.deleted_rows:,} rows deleted (delete files, or dropped by a counted row filter)"
+    if pruned or summary.deleted_rows:
+        text += f" ({summary.empty_files:,} files with no rows left)"
     return text
+
+
+def log_data_path(description: str, remote: bool, rank: int = 0) -> None:
+    """Log which client reads the data bytes of a remote dataset, and why (rank 0, INFO)."""
+    if remote and rank == 0:
+        log.info("data bytes are read through %s", description)
 
 
 def log_files(

@@ -18,18 +18,17 @@ from typing import Any, NamedTuple, Protocol
 import torch
 import torch.distributed as dist
 
-from torch_dataloader_utils.errors import ResumeStateError
+from torch_dataloader_utils.errors import CheckpointMismatchError, ResumeStateError
 from torch_dataloader_utils.plan.state import (
-    STATE_FORMAT,
-    STATE_VERSION,
-    check_state,
+    RankEntry,
+    ResumeState,
+    Segment,
     fingerprint,
-    legacy_files_sha256,
     merge_states,
-    normalize,
 )
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import FileInfo, World
+from torch_dataloader_utils.storage.expressions import lossless_text
 
 __all__ = ["EpochProgress", "ResumeTracker", "Stateful", "Tagged", "complete_state", "gather_state"]
 
@@ -48,44 +47,53 @@ class Tagged(NamedTuple):
 
 @dataclass
 class EpochProgress:
-    """Cursors of the batches the loop received in the current pass over an epoch.
+    """Cursors of the batches the loop received in one pass over an epoch.
 
     Attributes:
         num_workers: Workers of this pass (1 when reading in the main process).
         cursors: ``worker -> (piece, offset)`` after the last batch received from it.
         done: The pass ran to its end (every piece consumed).
-        base: The interrupted segments this pass resumed from (``[]`` for a full epoch).
+        base: The interrupted segments this pass resumed from (``()`` for a full epoch).
+        batches: Batches the loop received in this pass.
+        running: The pass has not ended yet (not exhausted, closed, or failed).
+        tracked: This pass is the one the resume state describes (a pass started while
+            another one runs, e.g. an evaluation over the training loader, is not).
     """
 
     num_workers: int
-    base: list[dict[str, Any]] = field(default_factory=list)
+    base: tuple[Segment, ...] = ()
     cursors: dict[int, tuple[int, int]] = field(default_factory=dict)
     done: bool = False
+    batches: int = 0
+    running: bool = True
+    tracked: bool = True
 
     def record(self, tag: Sequence[int]) -> None:
         """Note that the batch carrying ``tag`` reached the loop."""
         _, worker, workers, piece, offset = (int(v) for v in tag[:5])
+        cursor = (piece, offset)
+        # Plain stores last, no call after them: an exception raised asynchronously in the
+        # main thread (a signal handler) cannot land between the record and the hand-over.
+        self.cursors[worker] = cursor
         self.num_workers = workers
-        self.cursors[worker] = (piece, offset)
+        self.batches += 1
 
-    def entry(self, piece_rows: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
-        """This rank's part of a state segment (JSON values).
+    def entry(
+        self, piece_rows: Sequence[Sequence[int]] | None = None, digest: int | None = None
+    ) -> RankEntry:
+        """This rank's part of a state segment (``digest``: its plan's, see :class:`RankEntry`).
 
         With ``piece_rows`` (the rows of each piece of each worker of this pass), it also
-        says how many rows each worker has left (``"left"``), so a resumed job finds the
+        says how many rows each worker has left (``left``), so a resumed job finds the
         rows of every rank without planning it.
         """
-        cursors = [self.cursors.get(w, (0, 0)) for w in range(self.num_workers)]
-        out: dict[str, Any] = {
-            "num_workers": self.num_workers,
-            "cursors": [list(c) for c in cursors],
-            "done": self.done,
-        }
+        cursors = tuple(self.cursors.get(w, (0, 0)) for w in range(self.num_workers))
+        left = None
         if piece_rows is not None and not self.done and len(piece_rows) == self.num_workers:
-            out["left"] = [
+            left = tuple(
                 sum(rows[piece:]) - offset for rows, (piece, offset) in zip(piece_rows, cursors, strict=True)
-            ]
-        return out
+            )
+        return RankEntry(self.num_workers, cursors, self.done, left, digest)
 
 
 class Stateful(Protocol):
@@ -126,27 +134,34 @@ def complete_state(state: Mapping[str, Any], world: World) -> Mapping[str, Any]:
     initialized, such a state is completed with the states the other ranks load at
     the same call (``all_gather_object``; every rank must call ``load_state_dict``
     then, as a DDP job does). Any other value is returned unchanged, for the checks
-    of :func:`~torch_dataloader_utils.plan.resume.check_state`.
+    of :meth:`~torch_dataloader_utils.plan.state.ResumeState.parse`.
     """
-    if not isinstance(state, Mapping):
+    if world.num_ranks < 2 or not (dist.is_available() and dist.is_initialized()):
         return state
-    segments = state.get("segments")
+    try:
+        parsed = ResumeState.parse(state, complete=False)
+    except (ResumeStateError, CheckpointMismatchError):
+        return state
+    last = parsed.segments[-1] if parsed.segments else None
     if (
-        world.num_ranks < 2
-        or state.get("format") != STATE_FORMAT
-        or not isinstance(segments, list)
-        or not segments
-        or not isinstance(segments[-1], Mapping)
-        or segments[-1].get("num_ranks") != world.num_ranks
-        or not isinstance(segments[-1].get("ranks"), Mapping)
-        or len(segments[-1]["ranks"]) >= world.num_ranks
-        or not (dist.is_available() and dist.is_initialized())
+        last is None
+        or last.num_ranks != world.num_ranks
+        or len(last.ranks) >= world.num_ranks
         or dist.get_world_size() != world.num_ranks
     ):
         return state
     states: list[Mapping[str, Any] | None] = [None] * world.num_ranks
     dist.all_gather_object(states, dict(state))
     return merge_states([s for s in states if s is not None])
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A loaded state made live: its epoch, its segments, and the token that names it."""
+
+    epoch: int
+    segments: tuple[Segment, ...]
+    token: int
 
 
 class ResumeTracker:
@@ -161,9 +176,6 @@ class ResumeTracker:
         options: The options a state is tied to (JSON values), part of the fingerprint.
         world: The ranks this dataset plans for.
         seed: The shuffle seed (saved in the state).
-        piece_rows: ``(epoch, num_workers, segments)`` -> the rows of each piece of each
-            worker of this rank in that pass (``None`` when unknown), so a state records
-            the rows each worker has left.
     """
 
     def __init__(
@@ -172,20 +184,29 @@ class ResumeTracker:
         options: Mapping[str, Any],
         world: World,
         seed: int,
-        piece_rows: Callable[[int, int, list[dict[str, Any]]], Sequence[Sequence[int]] | None] | None = None,
     ) -> None:
         self._files = files
-        self._piece_rows = piece_rows
         self._options = dict(options)
         self._world = world
         self._seed = seed
         self._fingerprint: dict[str, Any] | None = None
-        self.loaded: dict[str, Any] | None = None
+        self.loaded: Loaded | None = None
         """A loaded state's epoch, segments and token (pickled to workers)."""
         self._token = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self.progress: EpochProgress | None = None
+        """The pass the resume state describes (``None``: no pass since the epoch was set)."""
+        self.completed_pass = False
+        """A tracked pass over the current epoch ran to its end since it was set or loaded."""
         self.tagging = False
         """Set while a loader from create_dataloader iterates: batches are then tagged."""
+
+    def set_option(self, name: str, value: Any) -> None:
+        """Set (``None``: remove) one option a state is tied to; the fingerprint is computed again."""
+        if value is None:
+            self._options.pop(name, None)
+        else:
+            self._options[name] = value
+        self._fingerprint = None
 
     @property
     def token(self) -> int:
@@ -198,71 +219,113 @@ class ResumeTracker:
             self._fingerprint = fingerprint(self._files, json.loads(json.dumps(self._options, default=str)))
         return self._fingerprint
 
-    def live_segments(self, epoch: int) -> list[dict[str, Any]] | None:
+    def live_segments(self, epoch: int) -> tuple[Segment, ...] | None:
         """The loaded state's segments, when it is live and for ``epoch``."""
         token = self.token
         if token == 0:
             return None
-        if self.loaded is None or self.loaded["token"] != token:
+        if self.loaded is None or self.loaded.token != token:
             raise ResumeStateError(
                 "load_state_dict() was called after this loader's persistent workers started, so "
                 "they cannot see the state; create a new loader (or persistent_workers=False) and "
                 "load the state before the first iteration"
             )
-        return list(self.loaded["segments"]) if self.loaded["epoch"] == epoch else None
+        return self.loaded.segments if self.loaded.epoch == epoch else None
+
+    def unread_loaded_epoch(self) -> int | None:
+        """The epoch of a loaded state that no pass has started reading yet, else ``None``."""
+        if self.loaded is None or self.token == 0 or self.loaded.token != self.token:
+            return None
+        if self.progress is not None:
+            return None
+        return self.loaded.epoch
 
     def on_set_epoch(self, epoch: int) -> None:
         """A new epoch was selected: a loaded state of another epoch is dropped."""
         self.progress = None
-        if self.loaded is not None and self.loaded["epoch"] != epoch:
+        self.completed_pass = False
+        if self.loaded is not None and self.loaded.epoch != epoch:
             self._token.fill_(0)
 
     def begin(self, num_workers: int, epoch: int) -> EpochProgress:
-        """Start recording a pass over ``epoch`` read by ``num_workers`` workers."""
-        self.progress = EpochProgress(max(1, num_workers), base=self.live_segments(epoch) or [])
-        return self.progress
+        """Start recording a pass over ``epoch`` read by ``num_workers`` workers.
 
-    def consume(self, item: Any) -> Any:
-        """Main process: record a tagged batch as consumed and return the batch."""
+        A pass started while the tracked pass still runs (a loop over the same loader
+        nested in the training loop, e.g. an evaluation) gets its own, untracked record:
+        the resume state keeps describing the pass it was started inside, and the nested
+        pass reaching its end does not finish the epoch.
+        """
+        base = self.live_segments(epoch) or ()
+        current = self.progress
+        nested = current is not None and current.running and not current.done
+        progress = EpochProgress(max(1, num_workers), base=base, tracked=not nested)
+        if not nested:
+            self.progress = progress
+        return progress
+
+    def consume(self, item: Any, progress: EpochProgress | None = None) -> Any:
+        """Main process: record a tagged batch as consumed by ``progress``'s pass; return the batch.
+
+        ``progress`` defaults to the tracked pass.
+        """
         if not isinstance(item, Tagged):
             return item
-        if self.progress is not None:
-            self.progress.record(item.tag)
+        progress = self.progress if progress is None else progress
+        if progress is not None:
+            progress.record(item.tag)
         return item.batch
 
-    def finish(self) -> None:
-        """The pass ran to its end: the next pass is a full epoch."""
-        if self.progress is not None:
-            self.progress.done = True
-        self._token.fill_(0)
-
-    def state_dict(self, epoch: int) -> dict[str, Any]:
-        """This rank's state: what the loop consumed of ``epoch`` (plain JSON values)."""
-        progress = self.progress
-        segments = progress.base if progress is not None else self.live_segments(epoch) or []
-        state: dict[str, Any] = {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "fingerprint": self.fingerprint(),
-            "epoch": epoch,
-            "seed": self._seed,
-            "world": {"num_ranks": self._world.num_ranks, "rank": self._world.rank},
-            "segments": segments,
-        }
+    def finish(self, progress: EpochProgress | None = None) -> None:
+        """``progress``'s pass ran to its end; if it is the tracked one, the next pass is a full epoch."""
+        progress = self.progress if progress is None else progress
         if progress is None:
-            return state
-        rows = None
-        if self._piece_rows is not None and not progress.done:
-            rows = self._piece_rows(epoch, progress.num_workers, progress.base)
-        segment = {
-            "num_ranks": self._world.num_ranks,
-            "ranks": {str(self._world.rank): progress.entry(rows)},
-            "index": len(segments),
-        }
-        state["segments"] = [*segments, segment]
-        return normalize(state) if self._world.num_ranks == 1 else state
+            self._token.fill_(0)
+            return
+        progress.done = True
+        if progress.tracked:
+            self.completed_pass = True
+            self._token.fill_(0)
 
-    def load(self, state: Mapping[str, Any], validate: Callable[[int, list[dict[str, Any]]], object]) -> int:
+    @staticmethod
+    def end(progress: EpochProgress) -> None:
+        """``progress``'s pass ended (exhausted, closed or failed): a later pass is not nested in it."""
+        progress.running = False
+
+    def state_dict(
+        self,
+        epoch: int,
+        piece_rows: Callable[[int, int, tuple[Segment, ...]], Sequence[Sequence[int]] | None] | None = None,
+        plan_digest: Callable[[int, int], int | None] | None = None,
+    ) -> dict[str, Any]:
+        """This rank's state: what the loop consumed of ``epoch`` (plain JSON values).
+
+        ``piece_rows(epoch, num_workers, segments)`` gives the rows of each piece of each
+        worker of this rank in that pass (``None`` when unknown), so the state records
+        the rows each worker has left. It is passed here, not kept: the dataset that owns
+        this tracker is then freed as soon as it is deleted (no reference cycle).
+        ``plan_digest(epoch, num_workers)`` gives a custom strategy's digest of the chunks
+        of this rank's plan (``None`` for a built-in one), recorded in a fresh pass's entry
+        so that a resume with other strategy parameters is refused.
+        """
+        progress = self.progress
+        segments = progress.base if progress is not None else self.live_segments(epoch) or ()
+        world = (self._world.num_ranks, self._world.rank)
+        state = ResumeState(epoch, self.fingerprint(), segments, self._seed, world)
+        if progress is not None:
+            rows = None
+            if piece_rows is not None and not progress.done:
+                rows = piece_rows(epoch, progress.num_workers, progress.base)
+            digest = None
+            if plan_digest is not None and not progress.base:  # a fresh pass: its plan's chunks
+                digest = plan_digest(epoch, progress.num_workers)
+            entry = progress.entry(rows, digest)
+            segment = Segment(self._world.num_ranks, {self._world.rank: entry}, len(segments))
+            state = ResumeState(epoch, state.fingerprint, (*segments, segment), self._seed, world)
+            if self._world.num_ranks == 1:
+                state = state.normalized()
+        return state.to_json()
+
+    def load(self, state: Mapping[str, Any], validate: Callable[[int, tuple[Segment, ...]], object]) -> int:
         """Check ``state`` against this dataset and make it live; returns its epoch.
 
         ``validate(epoch, segments)`` re-plans the rest of the epoch (raising on a
@@ -281,19 +344,35 @@ class ResumeTracker:
             ) from exc
         expected = self.fingerprint()
         saved = plain.get("fingerprint") if isinstance(plain, dict) else None
-        if isinstance(saved, dict) and "files_digest" not in saved and "files_sha256" in saved:
-            expected = {**expected, "files_sha256": legacy_files_sha256(self._files)}  # an older state
-        checked = normalize(check_state(plain, expected))
-        epoch = int(checked["epoch"])
-        segments = checked["segments"]
-        if segments:
-            validate(epoch, segments)
+        if isinstance(saved, dict):
+            expected = _older_filter(saved.get("options"), expected)
+        checked = ResumeState.parse(plain).check_against(expected).normalized()
+        if checked.segments:
+            validate(checked.epoch, checked.segments)
         self.progress = None
-        if not segments:
+        self.completed_pass = False
+        if not checked.segments:
             self.loaded = None
             self._token.fill_(0)
-            return epoch
+            return checked.epoch
         token = int(torch.randint(1, 2**62, ()).item())
-        self.loaded = {"epoch": epoch, "segments": segments, "token": token}
+        self.loaded = Loaded(checked.epoch, checked.segments, token)
         self._token.fill_(token)
-        return epoch
+        return checked.epoch
+
+
+def _older_filter(saved: object, expected: dict[str, Any]) -> dict[str, Any]:
+    """``expected`` for a state saved before filters had a lossless key (``filters_sha256``).
+
+    Such a state recorded only the filter's text. It is accepted when that text is this
+    dataset's filter shown whole; an abbreviated text (pyarrow prints long lists as
+    ``...``) cannot tell two filters apart, so the key is then required.
+    """
+    options = expected["options"]
+    if not isinstance(saved, dict) or "filters_sha256" in saved or "filters_sha256" not in options:
+        return expected
+    text = saved.get("filters")
+    if isinstance(text, str) and text == options.get("filters") and lossless_text(text):
+        trimmed = {k: v for k, v in options.items() if k != "filters_sha256"}
+        return {**expected, "options": trimmed}
+    return expected

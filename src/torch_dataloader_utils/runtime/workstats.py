@@ -14,10 +14,10 @@ When the dataset is read in the main process, the recorder reads the live
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from torch_dataloader_utils.io.base import ChunkReader
 
 __all__ = ["WORK_FIELDS", "WorkStats"]
 
@@ -67,10 +67,9 @@ class WorkStats:
         "transfer_sec",
     )
 
-    def __init__(self, reader: object, pieces: int, flag_column: str | None = None) -> None:
-        io: Callable[[], tuple[int, int, int, int, float]] | None = getattr(reader, "io_totals", None)
-        self._io = io
-        self._base = io() if io is not None else _NO_IO
+    def __init__(self, reader: ChunkReader, pieces: int, flag_column: str | None = None) -> None:
+        self._io = reader.io_totals
+        self._base = self._io() or _NO_IO
         self._pieces = pieces
         self._sent: tuple[float, ...] = (0.0,) * len(WORK_FIELDS)
         self.read_sec = 0.0
@@ -86,7 +85,7 @@ class WorkStats:
 
     def totals(self) -> tuple[float, ...]:
         """Everything so far in this pass, in :data:`WORK_FIELDS` order."""
-        io = self._io() if self._io is not None else _NO_IO
+        io = self._io() or _NO_IO
         return (
             self.read_sec,
             self.convert_sec,

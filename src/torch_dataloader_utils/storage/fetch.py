@@ -17,9 +17,10 @@ from typing import TypeVar
 from torch_dataloader_utils.config import FetchConfig
 from torch_dataloader_utils.errors import DataLoaderUtilsError, ReadError
 from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.handles import Handles, too_many_open_files
 from torch_dataloader_utils.storage.redact import redact
 
-__all__ = ["GaveUp", "fetch_range", "is_transient", "retry_call"]
+__all__ = ["CREDENTIALS_FIX", "GaveUp", "fetch_range", "is_transient", "lacks_credentials", "retry_call"]
 
 _TRANSIENT_STATUS = re.compile(r"\b(500|502|503|504|429)\b")
 _TRANSIENT_WORDS = (
@@ -69,6 +70,31 @@ def is_transient(exc: BaseException) -> bool:
         if _looks_transient(seen):
             return True
         seen = seen.__cause__
+    return False
+
+
+CREDENTIALS_FIX = (
+    "pass key and secret (and token, for temporary credentials) in storage_options, set "
+    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the environment, or pass "
+    "anon=True for a public bucket"
+)
+"""What to do when a client found no credentials (see :func:`lacks_credentials`)."""
+
+
+def lacks_credentials(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was translated from) says the client found no credentials.
+
+    botocore raises ``NoCredentialsError`` ("Unable to locate credentials") or
+    ``PartialCredentialsError`` before sending anything, whatever the endpoint.
+    """
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            return False
+        text = f"{type(seen).__name__} {seen}".lower()
+        if "nocredentials" in text or "partialcredentials" in text or "unable to locate credentials" in text:
+            return True
+        seen = seen.__cause__ or seen.__context__
     return False
 
 
@@ -161,6 +187,7 @@ def fetch_range(
     on_request: Callable[[int], None] | None = None,
     on_retry: Callable[[], None] | None = None,
     metadata: bool = False,
+    handles: Handles | None = None,
 ) -> bytes:
     """Bytes ``[start, stop)`` of ``path``, retrying transient errors with backoff.
 
@@ -174,16 +201,19 @@ def fetch_range(
         on_request: Called with the bytes received after every successful request.
         on_retry: Called before every retry of a request that failed transiently.
         metadata: A one-off metadata read (see :meth:`FileSystemSpec.read_range`).
+        handles: The reader's open files (see :meth:`FileSystemSpec.read_range`).
 
     Raises:
         ReadError: naming the file, the byte range and the endpoint, when the error is
-            permanent or the retries or time budget are spent.
+            permanent or the retries or time budget are spent; or the process's limit
+            of open files, when that was the error.
+        FileChangedError: the file opened is not ``size`` bytes.
     """
     if size is not None:
         stop = min(stop, size)
 
     def attempt() -> bytes:
-        data = fs.read_range(path, start, stop, size, metadata=metadata)
+        data = fs.read_range(path, start, stop, size, metadata=metadata, handles=handles)
         if size is not None and len(data) != stop - start:
             raise _ShortRead(f"got {len(data)} of {stop - start} bytes")
         if on_request is not None:
@@ -194,11 +224,18 @@ def fetch_range(
         return retry_call(attempt, config, on_retry)
     except GaveUp as failed:
         endpoint = fs.endpoint or "its storage"
-        hint = (
-            f"; check that {endpoint} is up and reachable, or raise retries= / request_timeout="
-            if failed.transient
-            else f"; check the path, the credentials and the endpoint ({endpoint}) in storage_options"
-        )
+        descriptors = too_many_open_files(failed.error)
+        where = "in storage_options" if fs.user is None else f"of filesystem={fs.user.name}"
+        advice = "" if fs.user is None else fs.user.advice
+        if descriptors is not None:
+            hint = f": {descriptors}"
+        elif lacks_credentials(failed.error):
+            hint = f"; no credentials were found: {CREDENTIALS_FIX}"
+        elif failed.transient:
+            hint = f"; check that {endpoint} is up and reachable, or raise retries= / request_timeout="
+            hint += advice
+        else:
+            hint = f"; check the path, the credentials and the endpoint ({endpoint}) {where}"
         raise ReadError(
             f"reading {fs.display(path)!r} bytes [{start}, {stop}) failed {failed.how(config)}{hint}"
         ) from failed.error

@@ -4,38 +4,51 @@ A :class:`FileSystemSpec` is a picklable value (protocol + storage options). Cli
 built from it lazily, once per process: a client created in the parent is never used
 in a forked DataLoader worker (s3fs, for one, refuses to be used after fork).
 
-The bytes of ``s3://`` files go through pyarrow's native ``S3FileSystem`` whenever the
-``storage_options`` translate to it (credentials, endpoint, region, timeouts); the
-benchmark in ``docs/benchmarks.md`` measured it faster than s3fs for ranged reads.
-Options only s3fs understands keep the whole path on s3fs. Listing always uses fsspec.
+The bytes of ``s3://`` files go through pyarrow's native ``S3FileSystem`` whenever it
+provably reaches what s3fs reaches (:mod:`~torch_dataloader_utils.storage.native_s3`:
+every option translated, no mock active, the endpoint botocore resolves); the benchmark
+in ``docs/benchmarks.md`` measured it faster than s3fs for ranged reads. Otherwise the
+whole path stays on s3fs. Listing always uses fsspec.
+
+A filesystem object the user passed (``filesystem=``) is carried by the spec as a
+:class:`GivenFileSystem` (:class:`~torch_dataloader_utils.storage.userfs.UserFileSystem`):
+then every client comes from it, and the library builds none.
+
+Every call made through the fsspec client (:meth:`FileSystemSpec.call`, the fsspec
+reads of :meth:`FileSystemSpec.read_range`) is bounded by the request's ``deadline``
+(:func:`~torch_dataloader_utils.storage.calls.bounded_call`).
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import threading
-from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import fsspec
 import pyarrow.fs as pafs
 
 from torch_dataloader_utils.errors import ConfigError
+from torch_dataloader_utils.storage.calls import bounded_call, describe_endpoint
+from torch_dataloader_utils.storage.handles import Handles
+from torch_dataloader_utils.storage.native_s3 import check_native
 from torch_dataloader_utils.storage.redact import RedactedRepr, redact
 
-__all__ = ["METADATA_CONCURRENCY", "FileSystemSpec", "check_storage_options", "native_s3_options", "resolve"]
+__all__ = [
+    "METADATA_CONCURRENCY",
+    "FileSystemSpec",
+    "GivenFileSystem",
+    "check_storage_options",
+    "native_s3_options",
+    "resolve",
+]
 
 _LOCAL = frozenset({"file", "local"})
 _S3 = frozenset({"s3", "s3a"})
 _CLIENTS: dict[tuple[int, str, str], Any] = {}
-_HANDLES: OrderedDict[tuple[int, str, str], Any] = OrderedDict()
-_HANDLES_LOCK = threading.Lock()
-_OPEN_HANDLES = 256
-"""Open native input files kept per process: opening one costs a HEAD request on S3."""
 METADATA_CONCURRENCY = 64
 """Metadata requests (Parquet footers) in flight at once per process, and so the size of
 the s3fs (botocore) connection pool, which is 10 unless ``storage_options`` set
@@ -63,6 +76,41 @@ _FSSPEC_KEYWORDS = frozenset(
 )
 
 
+# s3fs options (top level, and inside client_kwargs) and their pyarrow S3FileSystem names.
+_NATIVE_NAMES = {
+    "key": "access_key",
+    "aws_access_key_id": "access_key",
+    "secret": "secret_key",
+    "aws_secret_access_key": "secret_key",
+    "token": "session_token",
+    "aws_session_token": "session_token",
+    "region": "region",
+    "region_name": "region",
+}
+_CLIENT_NAMES = {k: v for k, v in _NATIVE_NAMES.items() if k.startswith(("aws_", "region_"))}
+_CONFIG_NAMES = {"connect_timeout": "connect_timeout", "read_timeout": "request_timeout"}
+_CONFIG_PASSED = ("retries", "max_pool_connections")  # config_kwargs the library's own code handles
+
+
+def _translated(value: Any, names: Mapping[str, str], passed: Sequence[str] = ()) -> dict[str, Any] | None:
+    """``client_kwargs`` / ``config_kwargs`` under their native names (``None``: one has none)."""
+    out: dict[str, Any] = {}
+    for key, item in dict(value or {}).items():
+        if key in names:
+            out[names[key]] = float(item) if names is _CONFIG_NAMES else item
+        elif key == "endpoint_url" and names is _CLIENT_NAMES:
+            out[key] = item
+        elif key not in passed:
+            return None
+    return out
+
+
+_NESTED: dict[str, tuple[Mapping[str, str], Sequence[str]]] = {
+    "client_kwargs": (_CLIENT_NAMES, ()),
+    "config_kwargs": (_CONFIG_NAMES, _CONFIG_PASSED),
+}
+
+
 def native_s3_options(options: Mapping[str, Any]) -> dict[str, Any] | None:
     """``pyarrow.fs.S3FileSystem`` keyword arguments equal to s3fs ``options``, or ``None``.
 
@@ -73,42 +121,20 @@ def native_s3_options(options: Mapping[str, Any]) -> dict[str, Any] | None:
     endpoint: str | None = None
     use_ssl = True
     for key, value in options.items():
-        if key in ("key", "aws_access_key_id"):
-            out["access_key"] = value
-        elif key in ("secret", "aws_secret_access_key"):
-            out["secret_key"] = value
-        elif key in ("token", "aws_session_token"):
-            out["session_token"] = value
+        if key in _NATIVE_NAMES:
+            out[_NATIVE_NAMES[key]] = value
         elif key == "anon":
             out["anonymous"] = bool(value)
         elif key == "endpoint_url":
             endpoint = value
-        elif key in ("region", "region_name"):
-            out["region"] = value
         elif key == "use_ssl":
             use_ssl = bool(value)
-        elif key == "client_kwargs":
-            for ckey, cvalue in dict(value or {}).items():
-                if ckey == "endpoint_url":
-                    endpoint = cvalue
-                elif ckey == "region_name":
-                    out["region"] = cvalue
-                elif ckey == "aws_access_key_id":
-                    out["access_key"] = cvalue
-                elif ckey == "aws_secret_access_key":
-                    out["secret_key"] = cvalue
-                elif ckey == "aws_session_token":
-                    out["session_token"] = cvalue
-                else:
-                    return None
-        elif key == "config_kwargs":
-            for ckey, cvalue in dict(value or {}).items():
-                if ckey == "connect_timeout":
-                    out["connect_timeout"] = float(cvalue)
-                elif ckey == "read_timeout":
-                    out["request_timeout"] = float(cvalue)
-                elif ckey not in ("retries", "max_pool_connections"):
-                    return None
+        elif key in _NESTED:
+            got = _translated(value, *_NESTED[key])
+            if got is None:
+                return None
+            endpoint = got.pop("endpoint_url", endpoint)
+            out.update(got)
         elif key not in _S3FS_ONLY_TUNING:
             return None
     if endpoint:
@@ -132,6 +158,62 @@ def _with_pool(options: dict[str, Any], connections: int) -> dict[str, Any]:
     return {**options, "config_kwargs": config}
 
 
+class GivenFileSystem(Protocol):
+    """A filesystem object the user passed (``filesystem=``), as a spec uses it.
+
+    :class:`~torch_dataloader_utils.storage.userfs.UserFileSystem` is the implementation.
+    """
+
+    token: str
+    name: str
+    protocols: tuple[str, ...]
+    is_local: bool
+    data_path: str
+    kind: str
+    """``"fsspec"`` or ``"arrow"`` (a pyarrow filesystem: every read goes through it)."""
+    advice: str
+    """What to change when its requests time out, for known traps (or ``""``)."""
+
+    @property
+    def native(self) -> bool:
+        """Whether data bytes go through a pyarrow client."""
+        ...
+
+    @property
+    def endpoint(self) -> str | None:
+        """Where its requests go (``None`` for local files)."""
+        ...
+
+    def fsspec(self) -> fsspec.AbstractFileSystem:
+        """Its fsspec view in this process."""
+        ...
+
+    def arrow(self) -> pafs.FileSystem:
+        """Its pyarrow view (the data path) in this process."""
+        ...
+
+    def strip(self, path: str) -> str:
+        """``path`` as the filesystem names it."""
+        ...
+
+
+def _gcs_client(options: Mapping[str, Any]) -> fsspec.AbstractFileSystem | None:
+    """Gcsfs's core class for an endpoint other than Google's (an emulator, a proxy), else ``None``.
+
+    gcsfs's default class first asks Google's gRPC storage-control API for the bucket's
+    layout, retrying for a minute per call, and again on every call when it gets no
+    answer: an emulator or proxy speaks only the JSON API, so a read took minutes of SSL
+    handshake failures. The core class speaks the JSON API alone.
+    """
+    endpoint = str(options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST") or "")
+    host = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}").hostname or ""
+    if not endpoint or host.endswith("googleapis.com"):
+        return None
+    from gcsfs.core import GCSFileSystem
+
+    return GCSFileSystem(**options)
+
+
 @dataclass(frozen=True, repr=False)
 class FileSystemSpec(RedactedRepr):
     """Which filesystem to use, as plain values.
@@ -149,27 +231,53 @@ class FileSystemSpec(RedactedRepr):
     timeout: float | None = None
     """Connect and read timeout of one request attempt (seconds) on object stores,
     unless ``storage_options`` set their own; ``None`` keeps the clients' defaults."""
+    deadline: float | None = None
+    """Seconds one call through the fsspec client may take in all (``request_timeout``),
+    whatever the client retries inside it; ``None``: no deadline."""
+    user: GivenFileSystem | None = None
+    """The filesystem object the user passed (``filesystem=``): every client comes from it."""
 
     @property
     def is_local(self) -> bool:
-        """Whether paths are on the local disk."""
+        """Whether paths are on the local disk (read with the local fast paths)."""
+        if self.user is not None:
+            return self.user.is_local
         return self.protocol in _LOCAL
 
     # Derived once per instance (and so once per process: workers unpickle their own copy,
     # without these caches), never on every ranged read.
     @functools.cached_property
     def _options_key(self) -> str:
-        return repr((self.protocol, sorted(self.storage_options.items()), self.timeout))
+        user = None if self.user is None else self.user.token
+        return repr((self.protocol, sorted(self.storage_options.items()), self.timeout, user))
 
     @functools.cached_property
-    def _native_options(self) -> dict[str, Any] | None:
-        if self.is_local or self.data_path == "fsspec" or self.protocol not in _S3:
-            return None
-        native = native_s3_options(self.storage_options)
+    def _native_decision(self) -> tuple[dict[str, Any] | None, str]:
+        """The native S3 client's keywords (``None``: bytes through fsspec), and why."""
+        if self.user is not None or self.is_local or self.protocol not in _S3:
+            return None, ""
+        if self.data_path == "fsspec":
+            return None, "s3fs (data_path='fsspec')"
+        native, why = check_native(native_s3_options(self.storage_options), self.storage_options)
         if native is not None and self.timeout is not None:
             native.setdefault("connect_timeout", self.timeout)
             native.setdefault("request_timeout", self.timeout)
-        return native
+        return native, why
+
+    @property
+    def _native_options(self) -> dict[str, Any] | None:
+        return self._native_decision[0]
+
+    @property
+    def data_path_description(self) -> str:
+        """How data bytes are read here, and why (logged at INFO, shown by ``inspect``)."""
+        if self.user is not None:
+            return f"filesystem= {self.user.data_path}"
+        if self.is_local:
+            return "local files (pyarrow)"
+        if self.protocol in _S3:
+            return self._native_decision[1]
+        return f"fsspec ({self.protocol}; no native client is used for it)"
 
     def _client_options(self) -> dict[str, Any]:
         """``storage_options`` for the fsspec client, with the request deadline applied.
@@ -186,28 +294,34 @@ class FileSystemSpec(RedactedRepr):
             config.setdefault("read_timeout", self.timeout)
             config.setdefault("retries", {"total_max_attempts": 1})
             options["config_kwargs"] = config
+        elif self.timeout is not None:
+            options.update(_attempt_timeouts(self.protocol, options, self.timeout))
         return options
 
     @property
     def endpoint(self) -> str | None:
         """The storage endpoint requests go to, as a user would name it (secrets hidden)."""
+        if self.user is not None:
+            return self.user.endpoint
         if self.is_local:
             return None
-        endpoint = self.storage_options.get("endpoint_url") or dict(
-            self.storage_options.get("client_kwargs") or {}
-        ).get("endpoint_url")
-        if endpoint:
-            return str(redact(str(endpoint)))
-        return (
-            "the default AWS S3 endpoint" if self.protocol in _S3 else f"the {self.protocol} default endpoint"
-        )
+        return describe_endpoint(self.protocol, self.storage_options)
+
+    @property
+    def where_to_fix(self) -> str:
+        """Where the endpoint is configured, for error messages."""
+        if self.user is not None:
+            return f"the filesystem object's settings (filesystem={self.user.name}){self.user.advice}"
+        return "endpoint_url in storage_options"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_options_key", "_native_options")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_options_key", "_native_decision")}
 
     @property
     def native(self) -> bool:
         """Whether data bytes go through a native pyarrow filesystem (not through fsspec)."""
+        if self.user is not None:
+            return self.user.native
         return self.is_local or self._native_options is not None
 
     def _key(self, kind: str) -> tuple[int, str, str]:
@@ -215,6 +329,8 @@ class FileSystemSpec(RedactedRepr):
 
     def fsspec(self) -> fsspec.AbstractFileSystem:
         """This process's fsspec filesystem (listing, ``open``)."""
+        if self.user is not None:
+            return self.user.fsspec()
         key = self._key("fsspec")
         client = _CLIENTS.get(key)
         if client is None:
@@ -223,14 +339,26 @@ class FileSystemSpec(RedactedRepr):
             options = {**self._client_options(), "skip_instance_cache": True}
             if self.protocol in _S3:
                 options = _with_pool(options, METADATA_CONCURRENCY)
-            client = fsspec.filesystem(self.protocol, **options)
+            client = (_gcs_client(options) if self.protocol == "gs" else None) or fsspec.filesystem(
+                self.protocol, **options
+            )
             if self.protocol in _S3 and self.timeout is not None:
                 client.retries = 1  # s3fs's own retry loop: the library's retries replace it
             _CLIENTS[key] = client
         return client
 
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """``fsspec().<name>(*args, **kwargs)``, ended at :attr:`deadline` (one request, no retries).
+
+        Raises:
+            fsspec.exceptions.FSTimeoutError: the deadline passed.
+        """
+        return bounded_call(self.fsspec(), name, *args, deadline=self.deadline, **kwargs)
+
     def arrow(self) -> pafs.FileSystem:
         """This process's pyarrow filesystem, for reading data and footers."""
+        if self.user is not None:
+            return self.user.arrow()
         key = self._key("arrow-native" if self.native else "arrow-fsspec")
         client = _CLIENTS.get(key)
         if client is None:
@@ -244,7 +372,14 @@ class FileSystemSpec(RedactedRepr):
         return client
 
     def read_range(
-        self, path: str, start: int, stop: int, size: int | None = None, *, metadata: bool = False
+        self,
+        path: str,
+        start: int,
+        stop: int,
+        size: int | None = None,
+        *,
+        metadata: bool = False,
+        handles: Handles | None = None,
     ) -> bytes:
         """Bytes ``[start, stop)`` of ``path`` in one request (no retries here).
 
@@ -252,39 +387,44 @@ class FileSystemSpec(RedactedRepr):
             path: The file on this filesystem.
             start: First byte.
             stop: One past the last byte (clipped to the file's end).
-            size: The file's size, when known.
+            size: The file's planned size, when known.
             metadata: A one-off read (a footer): on object stores fsspec serves it in one
                 GET, where opening a native file would first cost a HEAD request.
+            handles: The reader's open files (:class:`~.handles.Handles`), where a native
+                file is kept open for the next reads; without them, the file is opened
+                for this read and closed.
+
+        Raises:
+            FileChangedError: a native file opened now is not ``size`` bytes.
         """
         if stop <= start:
             return b""
-        if self.native and not (metadata and not self.is_local):
-            handle = self._handle(path)
-            return bytes(handle.read_at(stop - start, start))  # type: ignore[call-arg]
-        data = self.fsspec().cat_file(path, start=start, end=stop)
+        one_get = metadata and not self.is_local and (self.user is None or self.user.kind == "fsspec")
+        if self.native and not one_get:
+            shown = self.display(path)
+            if handles is not None:
+                handle = handles.get(path, size, self.arrow().open_input_file, shown)
+                return bytes(handle.read_at(stop - start, start))
+            with self.arrow().open_input_file(path) as handle:
+                return bytes(handle.read_at(stop - start, start))  # type: ignore[call-arg]
+        data = self.call("cat_file", path, start=start, end=stop)
         return bytes(data)
-
-    def _handle(self, path: str) -> Any:
-        """This process's open native input file of ``path`` (kept in a small LRU)."""
-        pid, kind, options = self._key("handle")
-        key = (pid, kind, f"{options}|{path}")
-        with _HANDLES_LOCK:
-            handle = _HANDLES.pop(key, None)
-            if handle is not None:
-                _HANDLES[key] = handle
-                return handle
-        handle = self.arrow().open_input_file(path)
-        with _HANDLES_LOCK:
-            _HANDLES[key] = handle
-            while len(_HANDLES) > _OPEN_HANDLES:
-                _HANDLES.popitem(last=False)
-        return handle
 
     def display(self, path: str) -> str:
         """``path`` as a URL a user recognizes (with its scheme when not local)."""
-        if self.is_local:
+        if self.is_local or "://" in path:  # http(s) filesystems keep the whole URL as the path
             return path
         return f"{self.protocol}://{path.lstrip('/')}"
+
+
+def _attempt_timeouts(protocol: str, options: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+    """Per-attempt timeouts of a GCS or Azure client (unless ``options`` set their own)."""
+    if protocol == "gs":
+        return {} if "requests_timeout" in options else {"requests_timeout": timeout}
+    if protocol == "abfs":
+        keys = ("connection_timeout", "read_timeout")
+        return {k: max(1, round(timeout)) for k in keys if k not in options}
+    return {}
 
 
 def check_storage_options(protocol: str, options: Mapping[str, Any]) -> None:
@@ -349,7 +489,12 @@ def _s3fs_keywords() -> frozenset[str] | None:
 
 
 def resolve(
-    path: str, storage_options: Mapping[str, Any] | None = None, *, timeout: float | None = None
+    path: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    timeout: float | None = None,
+    deadline: float | None = None,
+    filesystem: GivenFileSystem | None = None,
 ) -> tuple[FileSystemSpec, str]:
     """Split a path or URL into its filesystem spec and the filesystem's own path.
 
@@ -360,11 +505,20 @@ def resolve(
         path: A local path or a URL.
         storage_options: The filesystem's options.
         timeout: Connect and read timeout of one request attempt on object stores.
+        deadline: Seconds one call through the fsspec client may take in all.
+        filesystem: The user's filesystem object (``filesystem=``): the spec uses it for
+            everything; ``path`` may then be a URL of its scheme or a path without one.
 
     Raises:
         ConfigError: ``storage_options`` the client would reject (see
-            :func:`check_storage_options`).
+            :func:`check_storage_options`), or a URL of a scheme ``filesystem`` does not serve.
     """
+    if filesystem is not None:
+        stripped = filesystem.strip(path)
+        spec = FileSystemSpec(
+            filesystem.protocols[0], {}, timeout=timeout, deadline=deadline, user=filesystem
+        )
+        return spec, stripped
     options = dict(storage_options or {})
     protocol, _ = fsspec.core.split_protocol(path)
     cls = fsspec.get_filesystem_class(protocol or "file")
@@ -374,4 +528,4 @@ def resolve(
     if canonical in _LOCAL or protocol is None:
         return FileSystemSpec("file", options), os.path.abspath(stripped)
     check_storage_options(canonical, options)
-    return FileSystemSpec(canonical, options, timeout=timeout), stripped
+    return FileSystemSpec(canonical, options, timeout=timeout, deadline=deadline), stripped

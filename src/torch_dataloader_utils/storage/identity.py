@@ -19,6 +19,16 @@ waits for its file's answer; a file read before its check was sent (or that no p
 announced) is checked then, once per pass. Object stores report modification times in
 whole seconds on some calls, so remote times are compared to the second; the size
 exactly.
+
+A file replaced by one of the same size and the same modification time (``rsync -t``,
+``touch -d``, a copy that keeps times) passes that check. A Parquet reader opens the
+file's footer anyway, so it compares the footer's row groups with the planned ones
+(:func:`check_footer`): a file whose row groups differ is refused too, where it used to
+lose rows or raise an ``IndexError``.
+
+Files planned from a reshard manifest are checked against the manifest (sizes, and
+modification times where it records them); when one changed, the advice is that the
+manifest is stale (build the dataset again would read the same manifest).
 """
 
 from __future__ import annotations
@@ -26,16 +36,26 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
-from torch_dataloader_utils.errors import FileChangedError, ReadError
+from torch_dataloader_utils.errors import FileChangedError, ReadError, SchemaMismatchError
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 
-__all__ = ["CHECKS_AHEAD", "CHECK_THREADS", "FileChecks", "check_size", "current_state", "mtime_of"]
+__all__ = [
+    "CHECKS_AHEAD",
+    "CHECK_THREADS",
+    "FileChecks",
+    "check_footer",
+    "check_size",
+    "current_state",
+    "mtime_of",
+    "stale_advice",
+]
 
 CHECK_THREADS = 8
 """Remote files checked at once per process."""
@@ -73,9 +93,8 @@ def current_state(fs: FileSystemSpec, path: str) -> tuple[int, float | None]:
             raise FileNotFoundError(path)
         mtime = info.mtime.timestamp() if info.mtime is not None else None
         return int(info.size or 0), mtime
-    client = fs.fsspec()
-    client.invalidate_cache(path)
-    details = client.info(path)
+    fs.fsspec().invalidate_cache(path)
+    details = fs.call("info", path)
     return int(details.get("size") or 0), mtime_of(details)
 
 
@@ -117,6 +136,27 @@ class _Planned(Protocol):
     def mtime(self) -> float | None: ...
 
 
+class _PlannedGroups(Protocol):
+    """What a footer is compared with (a ``FileInfo``)."""
+
+    @property
+    def num_rows(self) -> int | None: ...
+
+    @property
+    def row_groups(self) -> Sequence[_Group] | None: ...
+
+
+class _Group(Protocol):
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def first_row(self) -> int: ...
+
+    @property
+    def num_rows(self) -> int: ...
+
+
 _OK = object()
 """A file checked in this pass and found unchanged."""
 
@@ -132,14 +172,24 @@ class FileChecks:
         fs: The files' filesystem.
         files: The planned files by path (their ``size`` and ``mtime``).
         ahead: Remote files checked ahead of the reads, at most (:data:`CHECKS_AHEAD`).
+        manifest: The reshard manifest the files were planned from (as shown to users),
+            or ``None``: it decides the advice of an error (:func:`stale_advice`).
     """
 
-    def __init__(self, fs: FileSystemSpec, files: Mapping[str, _Planned], ahead: int = CHECKS_AHEAD) -> None:
+    def __init__(
+        self,
+        fs: FileSystemSpec,
+        files: Mapping[str, _Planned],
+        ahead: int = CHECKS_AHEAD,
+        *,
+        manifest: str | None = None,
+    ) -> None:
         if ahead < 1:
             raise ValueError(f"ahead must be >= 1, got {ahead}")
         self.fs = fs
         self._files = files
         self._ahead = ahead
+        self.manifest = manifest
         self._reset()
 
     def _reset(self) -> None:
@@ -152,7 +202,7 @@ class FileChecks:
         self._on_request: Callable[[], None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"fs": self.fs, "_files": self._files, "_ahead": self._ahead}
+        return {"fs": self.fs, "_files": self._files, "_ahead": self._ahead, "manifest": self.manifest}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -199,7 +249,7 @@ class FileChecks:
             if pool is None:
                 pool = _pool()
             self._done[path] = pool.submit(
-                _check_now, self.fs, path, planned.size, planned.mtime, self._on_request
+                _check_now, self.fs, path, planned.size, planned.mtime, self._on_request, self.manifest
             )
             self._sent.add(path)
 
@@ -231,7 +281,7 @@ class FileChecks:
         if found is _OK:
             return
         if self.fs.is_local:  # one stat, no thread: a race only checks twice
-            _check_now(self.fs, path, size, mtime)
+            _check_now(self.fs, path, size, mtime, manifest=self.manifest)
             done[path] = _OK
             return
         owner = False
@@ -246,7 +296,7 @@ class FileChecks:
             return
         if owner:
             try:
-                _check_now(self.fs, path, size, mtime, on_request)
+                _check_now(self.fs, path, size, mtime, on_request, self.manifest)
             except BaseException as exc:
                 found.set_exception(exc)
                 raise
@@ -264,12 +314,31 @@ _CACHE_HINT = (
 )
 
 
+def stale_advice(manifest: str | None) -> str:
+    """What to do about a file that is not the planned one.
+
+    Planned from a listing: build the dataset again. Planned from a reshard manifest
+    (``manifest`` names it): building again would read the same manifest, so the
+    manifest is named as stale.
+    """
+    if manifest is not None:
+        return (
+            f"the manifest {manifest!r} is stale (it no longer describes the files next to it): "
+            "reshard again, or pass use_manifest=False to list the files and read their footers"
+        )
+    return (
+        "build the dataset again (create_dataloader / StructuredDataset) to plan the new contents"
+        + _CACHE_HINT
+    )
+
+
 def _check_now(
     fs: FileSystemSpec,
     path: str,
     size: int,
     mtime: float | None,
     on_request: Callable[[], None] | None = None,
+    manifest: str | None = None,
 ) -> None:
     remote = not fs.is_local
     try:
@@ -277,9 +346,13 @@ def _check_now(
         if remote and on_request is not None:
             on_request()
     except FileNotFoundError as exc:
+        advice = (
+            stale_advice(manifest)
+            if manifest is not None
+            else f"build the dataset again to plan the files that exist now{_CACHE_HINT}"
+        )
         raise FileChangedError(
-            f"{fs.display(path)!r} was deleted after the dataset was built (it was {size} bytes); "
-            f"build the dataset again to plan the files that exist now{_CACHE_HINT}"
+            f"{fs.display(path)!r} was deleted after the dataset was built (it was {size} bytes); {advice}"
         ) from exc
     except OSError as exc:
         raise ReadError(
@@ -294,9 +367,83 @@ def _check_now(
             f"{fs.display(path)!r} changed after the dataset was built: it was {size} bytes, "
             f"modified {_when(mtime)}, when planned, and is {now_size} bytes, modified "
             f"{_when(now_mtime)}, now. The plan's row groups and offsets no longer describe "
-            "it, so it is not read; build the dataset again (create_dataloader / "
-            f"StructuredDataset) to plan the new contents{_CACHE_HINT}"
+            f"it, so it is not read; {stale_advice(manifest)}"
         )
+
+
+def check_footer(
+    shown: str,
+    planned: _PlannedGroups,
+    meta: pq.FileMetaData,
+    *,
+    filtered: bool = False,
+    manifest: str | None = None,
+    columns: Sequence[str] | None = None,
+) -> None:
+    """Raise :class:`FileChangedError` when a footer's row groups are not the planned ones.
+
+    Compares the file's rows and, for every planned (unpruned) row group, that it exists
+    with the planned rows and first row. A file replaced with the same size and
+    modification time passes :class:`FileChecks`; its footer tells. Costs no request:
+    the reader has the footer in hand.
+
+    Args:
+        shown: The file as the user wrote it.
+        planned: The planned file (its ``num_rows`` and ``row_groups``).
+        meta: The footer read now.
+        filtered: The plan counts only rows passing a filter (``count_rows``): then
+            only the row groups' existence is compared.
+        manifest: The reshard manifest the file was planned from, if any.
+        columns: Top-level columns the reader reads from the file: each must be in it.
+
+    Raises:
+        FileChangedError: the rows or row groups differ from the plan.
+        SchemaMismatchError: a column to read is not in the file (a manifest whose
+            schema was edited, or a file replaced with another schema).
+    """
+    if columns:
+        names = meta.schema.to_arrow_schema().names
+        missing = [c for c in columns if c not in names]
+        if missing:
+            where = (
+                f"the manifest {manifest!r} lists" if manifest is not None else "the dataset was planned with"
+            )
+            raise SchemaMismatchError(
+                f"{shown!r} has no column {missing[0]!r}, which {where} (its columns: {names}); "
+                f"{stale_advice(manifest)}"
+            )
+    problem = _footer_problem(planned, meta, filtered)
+    if problem is not None:
+        raise FileChangedError(
+            f"{shown!r} is not the file the dataset was planned with: {problem}. It was replaced "
+            "after the dataset was built (with the same size and modification time, which a "
+            f"copy that keeps times, rsync -t or touch -d gives), so it is not read; {stale_advice(manifest)}"
+        )
+
+
+def _footer_problem(planned: _PlannedGroups, meta: pq.FileMetaData, filtered: bool) -> str | None:
+    count = meta.num_row_groups
+    if not filtered and planned.num_rows is not None and meta.num_rows != planned.num_rows:
+        return f"its footer has {meta.num_rows} rows in {count} row groups, the plan {planned.num_rows}"
+    groups = planned.row_groups or ()
+    if not groups:
+        return None
+    last = max(g.index for g in groups)
+    if last >= count:
+        return f"the plan reads row group {last}, and its footer has {count} row groups"
+    if filtered:
+        return None
+    starts = [0] * count
+    for i in range(1, count):
+        starts[i] = starts[i - 1] + meta.row_group(i - 1).num_rows
+    for g in groups:
+        rows = meta.row_group(g.index).num_rows
+        if rows != g.num_rows or starts[g.index] != g.first_row:
+            return (
+                f"its row group {g.index} holds rows [{starts[g.index]}, {starts[g.index] + rows}), "
+                f"the plan's [{g.first_row}, {g.first_row + g.num_rows})"
+            )
+    return None
 
 
 def check_size(display: str, planned: int, now: int) -> None:

@@ -8,6 +8,11 @@ hashes modulo 2**64, together with its row and null counts: the same multiset of
 gives the same checksum in any order and any batching, so a dataset and its reshard
 compare exactly without sorting either.
 
+Column checksums alone do not see values moved between rows (a row group whose ``x``
+values were permuted keeps every column's multiset). So each row is also hashed whole,
+its columns' value hashes combined in column-name order, and those row hashes are summed
+the same way: the same multiset of rows gives the same whole-row checksum.
+
 The same hashes place ``group_by`` keys into buckets: they are stable across processes
 and runs (unlike Python's ``hash``).
 """
@@ -158,28 +163,39 @@ def key_hashes(table: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> np.n
 
 @dataclass
 class Checksums:
-    """Row count and, per column, ``[nulls, sum of value hashes mod 2**64]``.
+    """Row count, per column ``[nulls, sum of value hashes mod 2**64]``, and whole rows.
 
     Add batches with :meth:`add`, partial results with ``+``; two equal ``Checksums``
-    hold the same multiset of rows per column (up to hash collisions).
+    hold the same multiset of rows (up to hash collisions): per column, and whole rows
+    (``whole_rows``: the sum of each row's hash, its columns combined by name order).
     """
 
     rows: int = 0
     columns: dict[str, list[int]] = field(default_factory=dict)
+    whole_rows: int = 0
 
     def add(self, batch: pa.RecordBatch | pa.Table) -> None:
         """Count ``batch``'s rows and values."""
         self.rows += batch.num_rows
-        for name in batch.schema.names:
+        combined = np.zeros(batch.num_rows, dtype=np.uint64)
+        for name in sorted(batch.schema.names):
             column = batch.column(name)
             hashes = column_hashes(column)
             total = int(np.sum(hashes, dtype=np.uint64)) if len(hashes) else 0
             entry = self.columns.setdefault(name, [0, 0])
             entry[0] += column.null_count
             entry[1] = (entry[1] + total) & _MASK
+            with np.errstate(over="ignore"):
+                combined = _mix(combined * np.uint64(_PRIME) + hashes)
+        row_total = int(np.sum(combined, dtype=np.uint64)) if len(combined) else 0
+        self.whole_rows = (self.whole_rows + row_total) & _MASK
 
     def __add__(self, other: Checksums) -> Checksums:
-        out = Checksums(self.rows + other.rows, {k: list(v) for k, v in self.columns.items()})
+        out = Checksums(
+            self.rows + other.rows,
+            {k: list(v) for k, v in self.columns.items()},
+            (self.whole_rows + other.whole_rows) & _MASK,
+        )
         for name, (nulls, total) in other.columns.items():
             entry = out.columns.setdefault(name, [0, 0])
             entry[0] += nulls
@@ -209,4 +225,9 @@ class Checksums:
                 found.append(f"column {shown!r} has {a[0]} nulls in the source but {b[0]} in the output")
             elif a[1] != b[1]:
                 found.append(f"column {shown!r} holds other values in the output (checksum differs)")
+        if not found and self.whole_rows != other.whole_rows:
+            found.append(
+                "every column holds the same values, but not in the same rows: values were moved "
+                "between rows (the whole-row checksum differs)"
+            )
         return found

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from torch_dataloader_utils.plan.chunks import build_chunks
+from torch_dataloader_utils.plan.splits import ByteRangeSplit, RowGroupSplit
+from torch_dataloader_utils.plan.spread import SPREAD_RANKS
 from torch_dataloader_utils.plan.summary import (
     RESHARD_TARGET_BYTES,
     SMALL_FILES_MAX_BYTES,
@@ -32,7 +36,7 @@ from torch_dataloader_utils.plan.summary import (
 )
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.report import describe_files, size
-from torch_dataloader_utils.tools.plan import plan_of
+from torch_dataloader_utils.tools.plan import _strategy, plan_of
 from torch_dataloader_utils.tools.source import Source, open_dataset
 
 __all__ = ["CHUNKS_PER_READER", "InspectRequest", "Inspection", "inspect_dataset", "run_inspect"]
@@ -80,6 +84,11 @@ class Inspection:
         issues: Layout warnings for the ranks x workers asked.
         recommendation: What to do, as sentences.
         split: The recommended ``{"split_bytes": n}`` (or ``{"split_rows": n}`` for small data).
+        data_path: How data bytes are read, and why (pyarrow's native client or the
+            fsspec path); empty for Iceberg tables (their FileIO reads them).
+        split_used: The split the options give (with ``--shuffle``, finer when the row
+            mixing needs more chunks per reader).
+        files_per_batch: Expected distinct files in a batch with these options, or ``None``.
     """
 
     source: str
@@ -93,6 +102,9 @@ class Inspection:
     issues: list[LayoutIssue]
     recommendation: list[str]
     split: dict[str, int]
+    data_path: str = ""
+    split_used: str = ""
+    files_per_batch: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON-ready)."""
@@ -103,6 +115,7 @@ class Inspection:
             "bytes": f.bytes,
             "rows": f.rows,
             "live_rows": f.live_rows,
+            "deleted_rows": f.deleted_rows,
             "row_groups": f.row_groups,
             "file_size": {**f.size_spread.as_dict(), "median": f.median_size},
             "file_size_histogram": [list(b) for b in histogram(f.sizes, SIZE_BINS)],
@@ -115,6 +128,9 @@ class Inspection:
             "issues": [{"kind": i.kind, "message": i.message} for i in self.issues],
             "recommendation": self.recommendation,
             "split": self.split,
+            "data_path": self.data_path,
+            "split_used": self.split_used,
+            "files_per_batch": self.files_per_batch,
         }
 
 
@@ -127,7 +143,7 @@ def _stats(values: list[int]) -> dict[str, float] | None:
 
 def _compression(dataset: PlannedDataset) -> dict[str, int]:
     footers = getattr(dataset, "discovered", None)
-    raw = getattr(footers, "extra", {}).get("parquet_footers") if footers is not None else None
+    raw = getattr(footers, "footers", None) if footers is not None else None
     counts: Counter[str] = Counter()
     for footer in (raw or {}).values():
         meta = pq.read_metadata(pa.BufferReader(footer))
@@ -154,32 +170,55 @@ def _mib(nbytes: float) -> int:
 
 
 def recommend(
-    files: FileSummary, group_bytes: list[int], issues: list[LayoutIssue], readers: int
+    files: FileSummary,
+    group_bytes: list[int],
+    issues: list[LayoutIssue],
+    readers: int,
+    count: Callable[[dict[str, int]], int] | None = None,
+    per_reader: int = CHUNKS_PER_READER,
 ) -> tuple[dict[str, int], list[str]]:
-    """The split giving each of ``readers`` about :data:`CHUNKS_PER_READER` chunks, and advice.
+    """The split giving each of ``readers`` about ``per_reader`` chunks, and advice.
+
+    Args:
+        files: The files' summary.
+        group_bytes: Size of every row group (stripe).
+        issues: The layout issues found.
+        readers: Ranks x workers.
+        count: The chunks a split (``{"split_bytes": n}`` or ``{"split_rows": n}``) really
+            gives, row groups being the smallest unit; ``None`` estimates from the bytes.
+        per_reader: Chunks per reader aimed at (more with row mixing: its streams).
 
     Returns:
         ``({"split_bytes": n} or {"split_rows": n}, sentences)``: a size in bytes, or in rows
         for data smaller than a MiB per chunk.
     """
-    target = files.bytes / max(1, readers * CHUNKS_PER_READER)
+    wanted = max(1, readers * per_reader)
+    target = files.bytes / wanted
     advice = []
     split: dict[str, int]
     if target < 2**20 and files.rows:
-        rows = max(1, math.ceil(files.rows / (readers * CHUNKS_PER_READER)))
-        split = {"split_rows": rows}
-        advice.append(
-            f"split_rows={rows} gives each of the {readers:,} readers (ranks x workers) about "
-            f"{CHUNKS_PER_READER} chunks (the data is small: {size(files.bytes)})"
-        )
+        split = {"split_rows": max(1, math.ceil(files.rows / wanted))}
+        said = f"split_rows={split['split_rows']}"
+        small = f" (the data is small: {size(files.bytes)})"
     else:
-        nbytes = min(MAX_SPLIT_BYTES, _mib(target))
-        split = {"split_bytes": nbytes}
-        chunks = files.bytes / nbytes / max(1, readers)
-        advice.append(
-            f"split_bytes='{nbytes // 2**20}MiB' gives each of the {readers:,} readers (ranks x workers) "
-            f"about {max(1, round(chunks)):,} chunks"
+        split = {"split_bytes": min(MAX_SPLIT_BYTES, _mib(target))}
+        said = f"split_bytes='{split['split_bytes'] // 2**20}MiB'"
+        small = ""
+    chunks = count(split) if count is not None else max(1, round(files.bytes / split.get("split_bytes", 1)))
+    if "split_rows" in split and count is None:
+        chunks = wanted
+    each = chunks / max(1, readers)
+    limited = (
+        count is not None and chunks < wanted and bool(group_bytes) and count({"split_rows": 1}) <= chunks
+    )
+    shown = f"{each:.1f}" if limited or each < 1 else f"{max(1, round(each)):,}"
+    text = f"{said} gives each of the {readers:,} readers (ranks x workers) about {shown} chunks{small}"
+    if limited:
+        text += (
+            f"; the row groups allow no more ({len(group_bytes):,} in all: a chunk holds whole row "
+            f"groups), fewer than the {per_reader} per reader aimed at"
         )
+    advice.append(text)
     if group_bytes:
         median_group = float(np.median(group_bytes))
         if median_group > 2 * target:
@@ -190,9 +229,9 @@ def recommend(
                 "(`torch-dataloader-utils reshard`) or accept fewer, larger chunks"
             )
     if any(i.kind == "small_files" for i in issues):
-        count = max(1, round(files.bytes / RESHARD_TARGET_BYTES))
+        shards = max(1, round(files.bytes / RESHARD_TARGET_BYTES))
         advice.append(
-            f"reshard the {files.files:,} small files into about {count:,} files of "
+            f"reshard the {files.files:,} small files into about {shards:,} files of "
             f"~{size(RESHARD_TARGET_BYTES)}: `torch-dataloader-utils reshard`"
         )
     elif files.files >= SMALL_FILES_MIN_COUNT // 4 and files.median_size < SMALL_FILES_MAX_BYTES // 4:
@@ -219,7 +258,12 @@ def inspect_dataset(request: InspectRequest) -> Inspection:
     groups = [len(f.row_groups or ()) for f in dataset.files]
     group_bytes = [g.num_bytes for f in dataset.files for g in (f.row_groups or ())]
     readers = request.num_ranks * max(1, request.num_workers)
-    split, advice = recommend(files, group_bytes, issues, readers)
+    mixing = shuffle.mixing
+    per_reader = max(CHUNKS_PER_READER, mixing.streams if mixing is not None else 0)
+    split, advice = recommend(
+        files, group_bytes, issues, readers, _chunk_counter(dataset), per_reader=per_reader
+    )
+    spread = dataset.files_per_batch(0, max(1, request.num_workers), ranks=SPREAD_RANKS)
     largest = sorted(dataset.files, key=lambda f: f.size, reverse=True)[: request.top]
     schema = dataset.schema
     return Inspection(
@@ -234,7 +278,38 @@ def inspect_dataset(request: InspectRequest) -> Inspection:
         issues=issues,
         recommendation=advice,
         split=split,
+        data_path=_data_path(dataset),
+        split_used=_strategy(dataset.split_strategy),
+        files_per_batch=spread,
     )
+
+
+def _data_path(dataset: PlannedDataset) -> str:
+    """How the dataset's bytes are read (file datasets), or ``""``."""
+    found = getattr(dataset, "discovered", None)
+    fs = getattr(found, "fs", None)
+    return str(getattr(fs, "data_path_description", ""))
+
+
+def _chunk_counter(dataset: PlannedDataset) -> Callable[[dict[str, int]], int] | None:
+    """Counts the chunks a split of the dataset's built-in kind gives (whole row groups per chunk)."""
+    strategy = dataset.split_strategy
+    if isinstance(strategy, RowGroupSplit):
+
+        def row_groups(split: dict[str, int]) -> int:
+            sized = RowGroupSplit(split_bytes=split.get("split_bytes"), split_rows=split.get("split_rows"))
+            return len(build_chunks(sized, dataset.file_table))
+
+        return row_groups
+    if isinstance(strategy, ByteRangeSplit):
+
+        def byte_ranges(split: dict[str, int]) -> int:
+            if "split_bytes" not in split:
+                return len(build_chunks(strategy, dataset.file_table))
+            return len(build_chunks(ByteRangeSplit(split["split_bytes"]), dataset.file_table))
+
+        return byte_ranges
+    return None
 
 
 def render_text(found: Inspection) -> str:
@@ -265,9 +340,16 @@ def render_text(found: Inspection) -> str:
     lines.append("schema:")
     lines += [f"  {s}" for s in found.schema]
     lines.append("partitions: " + (", ".join(found.partitions) if found.partitions else "none"))
+    if found.data_path:
+        lines.append(f"data bytes read through: {found.data_path}")
     lines.append("largest files:")
     for path, nbytes, rows in found.largest:
         lines.append(f"  {size(nbytes):>10}  {'?' if rows is None else f'{rows:,}':>12} rows  {path}")
+    if found.files_per_batch is not None:
+        lines.append(
+            f"split with these options: {found.split_used}; "
+            f"expected files per batch: {found.files_per_batch:.1f}"
+        )
     for issue in found.issues:
         lines.append(f"warning: {issue.message}")
     lines.append("recommendation:")

@@ -1,4 +1,7 @@
-"""The plan as a picture: ranks x workers as bars of chunks, coloured by file, one panel per epoch.
+"""Pictures of the plan (bars of chunks per rank and worker) and of ``simulate``'s epoch.
+
+The plan: ranks x workers as bars of chunks, coloured by file, one panel per epoch.
+``simulate``'s predicted epoch: a timeline per rank and worker (:func:`draw_timeline`).
 
 Every (rank, worker) is a horizontal lane; its chunks are drawn in reading order as
 rectangles whose width is the chunk's rows (bytes when rows are unknown), coloured by
@@ -22,7 +25,7 @@ from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError
 from torch_dataloader_utils.plan.summary import PlanSummary
 from torch_dataloader_utils.plan.types import Chunk
 
-__all__ = ["DrawnChunk", "PlanView", "draw_plan", "file_colours"]
+__all__ = ["DrawnBar", "DrawnChunk", "PlanView", "WorkerSpan", "draw_plan", "draw_timeline", "file_colours"]
 
 
 class PlanView(Protocol):
@@ -216,4 +219,133 @@ def _read_back(fig: Any, views: Sequence[PlanView]) -> list[DrawnChunk]:
                     hatched=bool(patch.get_hatch()),
                 )
             )
+    return drawn
+
+
+class WorkerSpan(Protocol):
+    """What a timeline needs of one worker's predicted pass (``tools.simulate.WorkerTime``)."""
+
+    @property
+    def rank(self) -> int:
+        """The rank."""
+        ...
+
+    @property
+    def worker(self) -> int:
+        """The worker."""
+        ...
+
+    @property
+    def first_batch_sec(self) -> float:
+        """When its first batches reach the loop."""
+        ...
+
+    @property
+    def finish_sec(self) -> float:
+        """When its last batch is ready."""
+        ...
+
+
+@dataclass(frozen=True)
+class DrawnBar:
+    """One bar of a timeline, as read back from the figure.
+
+    Attributes:
+        rank: Its lane's rank.
+        worker: Its lane's worker.
+        kind: ``"start"`` (until the first batch) or ``"read"`` (first batch to last).
+        start: Seconds from the start of the pass.
+        end: Seconds from the start of the pass.
+    """
+
+    rank: int
+    worker: int
+    kind: str
+    start: float
+    end: float
+
+
+def draw_timeline(
+    workers: Sequence[WorkerSpan],
+    rank_ends: Sequence[tuple[int, float]],
+    out: Path,
+    *,
+    max_ranks: int = 16,
+    title: str = "",
+) -> list[DrawnBar]:
+    """Draw ``simulate``'s predicted epoch: a lane per (rank, worker), a mark at each rank's end.
+
+    Each lane shows the time until the worker's first batch reaches the loop (grey) and
+    its reading, first batch to last (blue); ``rank_ends`` are ``(rank, epoch seconds)``
+    marks (the loop's step time included). The first ``max_ranks`` ranks are drawn.
+
+    Returns:
+        Every bar drawn, read back from the figure.
+
+    Raises:
+        IncompatibleOptionsError: matplotlib is not installed.
+        ConfigError: ``out`` has another suffix.
+    """
+    if out.suffix.lower() not in FORMATS:
+        raise ConfigError(f"--picture {str(out)!r} must end in {', '.join(FORMATS)} (the picture's format)")
+    _matplotlib()
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch, Rectangle
+
+    shown = sorted({w.rank for w in workers})[:max_ranks]
+    lanes = sorted((w for w in workers if w.rank in set(shown)), key=lambda w: (w.rank, w.worker))
+    fig = Figure(figsize=(12, max(1.8, 1.2 + LANE_INCHES * len(lanes))), layout="constrained")
+    ax = fig.subplots()
+    labels = []
+    for i, w in enumerate(lanes):
+        y = len(lanes) - 1 - i
+        labels.append((y, f"rank {w.rank} w{w.worker}"))
+        for kind, start, end, colour in (
+            ("start", 0.0, w.first_batch_sec, "0.75"),
+            ("read", w.first_batch_sec, w.finish_sec, "tab:blue"),
+        ):
+            ax.add_patch(
+                Rectangle(
+                    (start, y - 0.4),
+                    max(0.0, end - start),
+                    0.8,
+                    facecolor=colour,
+                    edgecolor="white",
+                    gid=f"bar-r{w.rank}-w{w.worker}-{kind}",
+                )
+            )
+    ends = [(r, t) for r, t in rank_ends if r in set(shown)]
+    for r, t in ends:
+        ys = [len(lanes) - 1 - i for i, w in enumerate(lanes) if w.rank == r]
+        ax.vlines(t, min(ys) - 0.45, max(ys) + 0.45, color="tab:red", linewidth=1.5)
+    widest = max([w.finish_sec for w in lanes] + [t for _, t in ends] + [1e-3])
+    ax.set_xlim(0, widest * 1.02)
+    ax.set_ylim(-0.6, len(lanes) - 0.4)
+    ax.set_yticks([y for y, _ in labels], [t for _, t in labels], fontsize=8)
+    ax.set_xlabel("seconds from the start of the pass")
+    ranks = len({w.rank for w in workers})
+    more = "" if len(shown) == ranks else f" (first {len(shown)} of {ranks:,} ranks)"
+    ax.set_title(f"{title} predicted epoch{more}", fontsize=10, loc="left")
+    ax.grid(axis="x", color="0.9")
+    ax.set_axisbelow(True)
+    fig.legend(
+        handles=[
+            Patch(facecolor="0.75", label="until the first batch"),
+            Patch(facecolor="tab:blue", label="reading"),
+            Patch(facecolor="tab:red", label="rank's epoch ends"),
+        ],
+        loc="outside lower center",
+        ncols=3,
+        fontsize=8,
+        frameon=False,
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    drawn = []
+    for patch in ax.patches:
+        gid = patch.get_gid() or ""
+        if isinstance(patch, Rectangle) and gid.startswith("bar-"):
+            rank, worker, kind = gid.removeprefix("bar-").split("-")
+            x, width = float(patch.get_x()), float(patch.get_width())
+            drawn.append(DrawnBar(int(rank[1:]), int(worker[1:]), kind, x, x + width))
     return drawn

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torch_dataloader_utils.plan.spread import SPREAD_RANKS
 from torch_dataloader_utils.plan.summary import (
     LayoutIssue,
     PlanSummary,
@@ -112,6 +113,7 @@ class PlanResult:
     dataset: PlannedDataset
     views: list[PlanView]
     issues: list[list[LayoutIssue]]
+    files_per_batch: list[float | None]
 
 
 def compute(request: PlanRequest) -> PlanResult:
@@ -120,10 +122,11 @@ def compute(request: PlanRequest) -> PlanResult:
     dataset = open_dataset(request.source, num_ranks=request.num_ranks, num_workers=request.num_workers)
     files = summarize_files(dataset.file_table)
     shuffle = dataset.options.shuffle
-    views, issues = [], []
+    views, issues, spreads = [], [], []
     for epoch in range(request.epoch, request.epoch + request.epochs):
         view = plan_of(dataset, epoch, workers)
         views.append(view)
+        spreads.append(dataset.files_per_batch(epoch, workers, ranks=SPREAD_RANKS))
         issues.append(
             layout_issues(
                 view.summary,
@@ -133,7 +136,7 @@ def compute(request: PlanRequest) -> PlanResult:
                 batch_size=dataset.options.batching.batch_size,
             )
         )
-    return PlanResult(dataset, views, issues)
+    return PlanResult(dataset, views, issues, spreads)
 
 
 def _count(n: int, noun: str) -> str:
@@ -190,7 +193,7 @@ def _options_line(dataset: PlannedDataset) -> str:
     shuffle = opts.shuffle
     parts = [
         f"batch_size {opts.batching.batch_size}",
-        f"split {_strategy(opts.strategy)}",
+        f"split {_strategy(dataset.split_strategy)}",
         f"equal_batches {opts.batching.equal_batches.value}",
         f"shuffle {'on (seed ' + str(shuffle.shuffle_seed) + ')' if shuffle.shuffle else 'off'}",
     ]
@@ -210,7 +213,7 @@ def render_text(request: PlanRequest, result: PlanResult) -> str:
         f"options: {_options_line(dataset)}",
         describe_files(summarize_files(dataset.file_table), _count(len(dataset.files), "file")),
     ]
-    for view, issues in zip(result.views, result.issues, strict=True):
+    for view, issues, spread in zip(result.views, result.issues, result.files_per_batch, strict=True):
         s = view.summary
         rows = s.total_rows
         lines += [
@@ -231,6 +234,9 @@ def render_text(request: PlanRequest, result: PlanResult) -> str:
         idle = s.idle_workers
         idle_workers = len(idle) + len(s.idle_ranks) * s.num_workers
         lines.append(f"  idle ranks: {len(s.idle_ranks):,}; idle workers: {idle_workers:,}")
+        if spread is not None:
+            over = "" if view.num_ranks <= SPREAD_RANKS else f" (ranks 0-{SPREAD_RANKS - 1})"
+            lines.append(f"  expected files per batch: {spread:.1f}{over}")
         per_rank = s.per_rank("rows")
         if per_rank is not None and view.num_ranks > max(request.detail, 0) >= 0:
             lines.append("  rows per rank:")
@@ -298,7 +304,7 @@ def render_json(request: PlanRequest, result: PlanResult) -> str:
     dataset = result.dataset
     files = summarize_files(dataset.file_table)
     epochs = []
-    for view, issues in zip(result.views, result.issues, strict=True):
+    for view, issues, spread in zip(result.views, result.issues, result.files_per_batch, strict=True):
         s = view.summary
         ranks = []
         for r in range(view.num_ranks):
@@ -325,6 +331,7 @@ def render_json(request: PlanRequest, result: PlanResult) -> str:
         epochs.append(
             {
                 "summary": s.as_dict(),
+                "files_per_batch": spread,
                 "issues": [{"kind": i.kind, "message": i.message} for i in issues],
                 "dropped": [_chunk_json(c) for c in view.dropped],
                 "ranks": ranks,
@@ -342,7 +349,7 @@ def render_json(request: PlanRequest, result: PlanResult) -> str:
             "shuffle": opts.shuffle.shuffle,
             "shuffle_seed": opts.shuffle.shuffle_seed,
             "row_shuffle_window": opts.shuffle.row_window,
-            "split": _strategy(opts.strategy),
+            "split": _strategy(dataset.split_strategy),
         },
         "files": {
             "count": files.files,

@@ -30,28 +30,42 @@ also carry failures (``runtime.share.all_ok``), and rank 0 merges the manifest.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
 import logging
 import math
 import multiprocessing
+import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from torch_dataloader_utils.config import check_bool, check_int, parse_size
+from torch_dataloader_utils.config import (
+    COMPRESSIONS,
+    DEFAULT_COMPRESSION,
+    DEFAULT_RANK_TIMEOUT,
+    DEFAULT_ROW_GROUP_BYTES,
+    DEFAULT_TARGET_FILE_SIZE,
+    RESHARD_SOURCE_FORMATS,
+    ReshardConfig,
+    ReshardSourceConfig,
+)
+from torch_dataloader_utils.discovery.listing import list_files
 from torch_dataloader_utils.discovery.manifest import (
     MANIFEST_NAME,
     Manifest,
     ShardEntry,
+    check_directory_names,
     check_partition_field,
     hive_directory,
     partition_value,
@@ -61,16 +75,16 @@ from torch_dataloader_utils.errors import (
     ConfigError,
     DestinationConflictError,
     FileChangedError,
-    IncompatibleOptionsError,
     ReshardError,
     SourceChangedError,
     UnknownColumnError,
 )
 from torch_dataloader_utils.plan.shards import ReduceShard, Run, cut_shards, plan_reduce
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
-from torch_dataloader_utils.runtime import env, share
+from torch_dataloader_utils.runtime import share
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
-from torch_dataloader_utils.storage.fs import resolve
+from torch_dataloader_utils.runtime.options import ReshardKeywords, reshard_request
+from torch_dataloader_utils.storage.expressions import filter_identity
 from torch_dataloader_utils.storage.redact import redact
 from torch_dataloader_utils.tools.checksum import Checksums, key_hashes
 from torch_dataloader_utils.tools.reshard_io import (
@@ -80,6 +94,7 @@ from torch_dataloader_utils.tools.reshard_io import (
     conform,
     read_spill,
     write_spill,
+    writing,
 )
 
 __all__ = [
@@ -88,25 +103,16 @@ __all__ = [
     "DEFAULT_RANK_TIMEOUT",
     "DEFAULT_ROW_GROUP_BYTES",
     "DEFAULT_TARGET_FILE_SIZE",
-    "ReshardOptions",
+    "SOURCE_FORMATS",
     "ReshardReport",
     "SizePlan",
+    "open_source",
     "reshard",
+    "source_identity",
 ]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TARGET_FILE_SIZE = 256 * 1024**2
-"""Size of every output shard but the last (256 MiB) when ``target_file_size`` is not given."""
-DEFAULT_ROW_GROUP_BYTES = 32 * 1024**2
-"""Size of a row group (32 MiB) when neither ``row_group_bytes`` nor ``row_group_rows`` is given:
-several per shard, so the loader can split a shard among workers."""
-DEFAULT_COMPRESSION = "zstd"
-"""Parquet codec of the shards when ``compression`` is not given."""
-COMPRESSIONS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
-"""The Parquet codecs ``compression`` accepts."""
-DEFAULT_RANK_TIMEOUT = 24 * 3600.0
-"""Seconds a rank waits for the others at a barrier, when ``reshard`` starts the process group."""
 SAMPLE_ROWS = 65536
 """Rows of the source written in memory to measure bytes per row (before planning)."""
 SAMPLE_CHUNKS = 16
@@ -119,166 +125,50 @@ MAX_BUCKETS = 1 << 20
 """Upper bound of the hash buckets of a ``group_by`` job."""
 VERIFY_TASKS_PER_WORKER = 4
 """Groups of chunks ``verify`` reads per worker process (fewer, longer tasks: read-ahead works)."""
-SOURCE_FORMATS = ("parquet", "orc", "csv", "jsonl", "iceberg")
+SOURCE_FORMATS = RESHARD_SOURCE_FORMATS
 """What ``format`` accepts; ``"iceberg"`` makes ``src`` a table name."""
 
 
-def _names(value: object, param: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        if len(set(value)) != len(value):
-            raise ConfigError(f"{param}={list(value)!r} names a column twice")
-        return tuple(value)
-    raise ConfigError(f"{param}={value!r} must be a column name or a list of column names")
+def open_source(source: ReshardSourceConfig) -> PlannedDataset:
+    """The source as the loader opens it: one process, every chunk, Arrow batches."""
+    common: dict[str, Any] = {
+        "columns": None if source.columns is None else list(source.columns),
+        "filters": source.filters,
+        "storage_options": source.storage_options,
+        "equal_batches": "off",
+        "num_workers": 0,
+        "output_format": "arrow",
+        "count_rows": True,
+    }
+    if source.format == "iceberg":
+        from torch_dataloader_utils.runtime.iceberg import IcebergDataset
 
-
-@dataclass(frozen=True, kw_only=True)
-class ReshardOptions:
-    """The checked options of a reshard job (built once from :func:`reshard`'s keywords).
-
-    Attributes:
-        target_file_size: Bytes of every shard but the last (and but each partition's last).
-        row_group_bytes: Bytes per row group, or ``None`` when ``row_group_rows`` is set.
-        row_group_rows: Rows per row group, or ``None`` (sized by ``row_group_bytes``).
-        compression: Parquet codec, one of :data:`COMPRESSIONS`.
-        sort_by: Columns each shard is sorted by.
-        group_by: Columns whose rows stay together in one shard, contiguous.
-        partition_by: Columns written as ``key=value`` directories.
-        workers: Local worker processes per rank.
-        verify: Compare row counts and per-column checksums of source and output.
-        rank_timeout: Seconds a rank waits at a barrier (process group started by reshard).
-    """
-
-    target_file_size: int = DEFAULT_TARGET_FILE_SIZE
-    row_group_bytes: int | None = DEFAULT_ROW_GROUP_BYTES
-    row_group_rows: int | None = None
-    compression: str = DEFAULT_COMPRESSION
-    sort_by: tuple[str, ...] = ()
-    group_by: tuple[str, ...] = ()
-    partition_by: tuple[str, ...] = ()
-    workers: int = 1
-    verify: bool = False
-    rank_timeout: float = DEFAULT_RANK_TIMEOUT
-
-    def __post_init__(self) -> None:
-        check_int(self.target_file_size, "target_file_size", 1, hint=" (bytes, or a string like '256MiB')")
-        check_int(self.row_group_bytes, "row_group_bytes", 1, optional=True)
-        check_int(self.row_group_rows, "row_group_rows", 1, optional=True)
-        if (self.row_group_bytes is None) == (self.row_group_rows is None):
-            raise IncompatibleOptionsError(
-                f"pass one of row_group_bytes and row_group_rows (got row_group_bytes="
-                f"{self.row_group_bytes!r}, row_group_rows={self.row_group_rows!r})"
-            )
-        if self.compression not in COMPRESSIONS:
-            raise ConfigError(
-                f"compression={self.compression!r} is not supported; use one of "
-                + ", ".join(repr(c) for c in COMPRESSIONS)
-            )
-        check_int(self.workers, "workers", 1, hint=" (worker processes per rank)")
-        check_bool(self.verify, "verify")
-        timeout = self.rank_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ConfigError(f"rank_timeout={timeout!r} must be a number of seconds > 0")
-        both = sorted(set(self.sort_by) & set(self.partition_by))
-        if both:
-            raise IncompatibleOptionsError(
-                f"sort_by and partition_by both name {both}: a partition column is constant "
-                "within a shard; drop it from sort_by"
-            )
-
-    @property
-    def grouped(self) -> bool:
-        """Whether the job runs a map and a reduce phase (``group_by`` or ``partition_by``)."""
-        return bool(self.group_by or self.partition_by)
-
-    def identity(self) -> dict[str, Any]:
-        """The options that decide the output (a rerun must pass the same)."""
-        return {
-            "target_file_size": self.target_file_size,
-            "row_group_bytes": self.row_group_bytes,
-            "row_group_rows": self.row_group_rows,
-            "compression": self.compression,
-            "sort_by": list(self.sort_by),
-            "group_by": list(self.group_by),
-            "partition_by": list(self.partition_by),
-        }
-
-
-@dataclass(frozen=True)
-class SourceSpec:
-    """The source of a job as values: what :meth:`open` hands to the loader's datasets."""
-
-    src: str | tuple[str, ...]
-    format: str
-    columns: tuple[str, ...] | None = None
-    filters: Any = None
-    storage_options: Mapping[str, Any] | None = None
-    partitioning: str | None = None
-    schema: pa.Schema | None = None
-    catalog_config: Mapping[str, Any] | None = None
-    snapshot_id: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.format not in SOURCE_FORMATS:
-            raise ConfigError(
-                f"format={self.format!r} is not supported; use one of "
-                + ", ".join(repr(f) for f in SOURCE_FORMATS)
-            )
-        iceberg = self.format == "iceberg"
-        for name, value in (("catalog_config", self.catalog_config), ("snapshot_id", self.snapshot_id)):
-            if value is not None and not iceberg:
-                raise IncompatibleOptionsError(
-                    f"{name}= applies to format='iceberg' (got format={self.format!r}); drop it"
-                )
-        if iceberg:
-            for name, given in (("partitioning", self.partitioning), ("schema", self.schema)):
-                if given is not None:
-                    raise IncompatibleOptionsError(f"{name}= does not apply to format='iceberg'; drop it")
-        if iceberg and not isinstance(self.src, str):
-            raise ConfigError(
-                f"format='iceberg' needs src= to be a table name like 'db.events', got {self.src!r}"
-            )
-
-    def open(self) -> PlannedDataset:
-        """The source as the loader opens it: one process, every chunk, Arrow batches."""
-        common: dict[str, Any] = {
-            "columns": None if self.columns is None else list(self.columns),
-            "filters": self.filters,
-            "storage_options": self.storage_options,
-            "equal_batches": "off",
-            "num_workers": 0,
-            "output_format": "arrow",
-            "count_rows": True,
-        }
-        if self.format == "iceberg":
-            from torch_dataloader_utils.runtime.iceberg import IcebergDataset
-
-            assert isinstance(self.src, str)
-            return IcebergDataset(
-                self.src, catalog_config=self.catalog_config, snapshot_id=self.snapshot_id, **common
-            )
-        from torch_dataloader_utils.runtime.files import StructuredDataset
-
-        return StructuredDataset(
-            self.src if isinstance(self.src, str) else list(self.src),
-            format=self.format,
-            partitioning=self.partitioning,
-            schema=self.schema,
-            **common,
+        assert isinstance(source.src, str)
+        return IcebergDataset(
+            source.src, catalog_config=source.catalog_config, snapshot_id=source.snapshot_id, **common
         )
+    from torch_dataloader_utils.runtime.files import StructuredDataset
 
-    def identity(self) -> dict[str, Any]:
-        """What was read (a rerun must name the same source)."""
-        return {
-            "src": self.src if isinstance(self.src, str) else list(self.src),
-            "format": self.format,
-            "columns": None if self.columns is None else list(self.columns),
-            "filters": None if self.filters is None else str(self.filters),
-            "partitioning": self.partitioning,
-        }  # the snapshot read is in the source's fingerprint
+    if source.filesystem is not None:
+        common["filesystem"] = source.filesystem
+    return StructuredDataset(
+        source.src if isinstance(source.src, str) else list(source.src),
+        format=source.format,
+        partitioning=source.partitioning,
+        schema=source.schema,
+        **common,
+    )
+
+
+def source_identity(source: ReshardSourceConfig) -> dict[str, Any]:
+    """What was read, as a rerun must name it (the snapshot read is in the source's fingerprint)."""
+    return {
+        "src": source.src if isinstance(source.src, str) else list(source.src),
+        "format": source.format,
+        "columns": None if source.columns is None else list(source.columns),
+        **filter_identity(source.filters),
+        "partitioning": source.partitioning,
+    }
 
 
 @dataclass(frozen=True)
@@ -348,30 +238,7 @@ class ReshardReport:
         )
 
 
-def reshard(
-    src: str | Sequence[str],
-    dst: str,
-    *,
-    format: str = "parquet",
-    columns: Sequence[str] | None = None,
-    filters: Any = None,
-    storage_options: Mapping[str, Any] | None = None,
-    partitioning: str | None = None,
-    schema: pa.Schema | None = None,
-    catalog_config: Mapping[str, Any] | None = None,
-    snapshot_id: int | None = None,
-    dst_storage_options: Mapping[str, Any] | None = None,
-    target_file_size: int | str = DEFAULT_TARGET_FILE_SIZE,
-    row_group_bytes: int | str | None = None,
-    row_group_rows: int | None = None,
-    compression: str = DEFAULT_COMPRESSION,
-    sort_by: str | Sequence[str] | None = None,
-    group_by: str | Sequence[str] | None = None,
-    partition_by: str | Sequence[str] | None = None,
-    workers: int | None = 1,
-    verify: bool = False,
-    rank_timeout: float = DEFAULT_RANK_TIMEOUT,
-) -> ReshardReport:
+def reshard(src: str | Sequence[str], dst: str, **options: Unpack[ReshardKeywords]) -> ReshardReport:
     """Rewrite a dataset into Parquet shards of a target size, with a manifest the loader opens.
 
     Every source row lands in exactly one shard. The job is restartable: run the same
@@ -384,39 +251,22 @@ def reshard(
             ``"parquet"``, ``"orc"``, ``"csv"``, ``"jsonl"``), local or on object storage,
             or an Iceberg table name with ``format="iceberg"``.
         dst: The output directory (local or a URL). It must be new or empty, or hold an
-            interrupted job with the same source and options.
-        format: The source's format, or ``"iceberg"``.
-        columns: Columns to keep (default: all).
-        filters: A ``pyarrow.compute.Expression``: only rows passing it are written.
-        storage_options: The source's filesystem options (credentials, endpoint); also
-            used for ``dst`` when it is on the same kind of filesystem.
-        partitioning: ``"hive"`` reads the source's ``key=value`` directories as columns.
-        schema: CSV / JSONL: the column types.
-        catalog_config: Iceberg: ``pyiceberg.catalog.load_catalog`` properties.
-        snapshot_id: Iceberg: the snapshot to read (default: the current one).
-        dst_storage_options: The output's filesystem options, when they differ.
-        target_file_size: Bytes of every shard but the last (an int, or ``"256MiB"``).
-            Shards come within about 10% of it when rows have similar sizes; with
-            ``group_by`` a shard holds whole groups, with ``partition_by`` each partition
-            has its own last shard.
-        row_group_bytes: Bytes per row group (default 32 MiB), e.g. ``"16MiB"``.
-        row_group_rows: Rows per row group, instead of ``row_group_bytes``.
-        compression: ``"zstd"`` (default), ``"snappy"``, ``"lz4"``, ``"gzip"``,
-            ``"brotli"`` or ``"none"``.
-        sort_by: Column(s) each shard is sorted by (the shard is sorted in memory).
-        group_by: Column(s) whose equal values stay in one shard, in consecutive rows.
-        partition_by: Column(s) written as ``key=value`` directories (not in the files);
-            integers, strings, booleans or dates.
-        workers: Worker processes per rank (``None``: the CPUs of this rank).
-        verify: After writing, read source and output again and compare row counts and
-            an order-independent checksum of every column.
-        rank_timeout: Seconds a rank waits for the others at a barrier, when reshard
-            starts the process group itself (torchrun without one).
+            interrupted job with the same source and options; it may not be inside the
+            source, nor hold it.
+        **options: Every keyword of
+            :class:`~torch_dataloader_utils.runtime.options.ReshardKeywords`: the
+            source's (``format``, ``columns``, ``filters``, ``storage_options``,
+            ``partitioning``, ``schema``, ``catalog_config``, ``snapshot_id``,
+            ``filesystem``), the output's (``dst_storage_options``, ``dst_filesystem``,
+            ``target_file_size``, ``row_group_bytes``
+            or ``row_group_rows``, ``compression``, ``sort_by``, ``group_by``,
+            ``partition_by``) and the job's (``workers``, ``verify``, ``rank_timeout``).
 
     Returns:
         A :class:`ReshardReport` with the manifest.
 
     Raises:
+        UnknownOptionError: a keyword is not an option of ``reshard``.
         ConfigError: an option has an invalid value.
         UnknownColumnError: ``sort_by`` / ``group_by`` / ``partition_by`` name a missing column.
         DestinationConflictError: ``dst`` holds other files, or another job's shards.
@@ -425,89 +275,20 @@ def reshard(
             difference.
     """
     started = time.perf_counter()
-    if workers is None:
-        workers = env.cpus_per_rank()
-    options = ReshardOptions(
-        target_file_size=_size(target_file_size, "target_file_size"),
-        row_group_bytes=(
-            None
-            if row_group_rows is not None and row_group_bytes is None
-            else _size(
-                row_group_bytes if row_group_bytes is not None else DEFAULT_ROW_GROUP_BYTES, "row_group_bytes"
-            )
-        ),
-        row_group_rows=row_group_rows,
-        compression=_codec(compression),
-        sort_by=_names(sort_by, "sort_by"),
-        group_by=_names(group_by, "group_by"),
-        partition_by=_names(partition_by, "partition_by"),
-        workers=workers,
-        verify=verify,
-        rank_timeout=rank_timeout,
-    )
-    if isinstance(columns, str):
-        raise ConfigError(f"columns={columns!r} must be a list of column names, e.g. ['{columns}']")
-    if isinstance(src, (list, tuple)):
-        src_value: str | tuple[str, ...] = tuple(src)
-    elif isinstance(src, str):
-        src_value = src
-    else:
-        raise ConfigError(f"src={src!r} must be a path, a URL, a list of them, or an Iceberg table name")
-    source = SourceSpec(
-        src=src_value,
-        format=format.strip().lower() if isinstance(format, str) else format,
-        columns=None if columns is None else tuple(columns),
-        filters=filters,
-        storage_options=storage_options,
-        partitioning=partitioning,
-        schema=schema,
-        catalog_config=catalog_config,
-        snapshot_id=snapshot_id,
-    )
-    if not isinstance(dst, str) or not dst:
-        raise ConfigError(f"dst={dst!r} must be a directory path or URL")
-    if (
-        dst_storage_options is None
-        and _protocol(dst) == _protocol(_first(src_value))
-        and source.format != "iceberg"
-    ):
-        dst_storage_options = storage_options
-    spec, root = resolve(dst, dst_storage_options)
-    dest = Destination(spec, root.rstrip("/") or "/")
-    with share.job_world(options.rank_timeout) as world:
-        dataset = source.open()
-        job = _Job(dataset, source, options, dest, world.rank, world.num_ranks)
-        report = job.run()
+    request = reshard_request(src, dst, options)
+    dest = Destination(request.dst_fs, request.dst_root)
+    with share.job_world(request.job.rank_timeout) as world:
+        dataset = open_source(request.source)
+        job = _Job(dataset, request.source, request.job, dest, world.rank, world.num_ranks)
+        manifest, written, skipped, verified = job.run()
     return ReshardReport(
         destination=dest.display(),
-        manifest=report[0],
-        shards_written=report[1],
-        shards_skipped=report[2],
+        manifest=manifest,
+        shards_written=written,
+        shards_skipped=skipped,
         seconds=time.perf_counter() - started,
-        verified=report[3],
+        verified=verified,
     )
-
-
-def _size(value: object, param: str) -> int:
-    size = parse_size(value, param)
-    if size is None:
-        raise ConfigError(f"{param}=None is not a size; pass bytes as an int or a string like '256MiB'")
-    return size
-
-
-def _codec(value: object) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(f"compression={value!r} must be one of " + ", ".join(repr(c) for c in COMPRESSIONS))
-    name = value.strip().lower()
-    return "none" if name == "uncompressed" else name
-
-
-def _first(src: str | tuple[str, ...]) -> str:
-    return src if isinstance(src, str) else (src[0] if src else "")
-
-
-def _protocol(path: str) -> str:
-    return path.split("://", 1)[0].lower() if "://" in path else "file"
 
 
 # -- worker processes -----------------------------------------------------------------
@@ -562,6 +343,11 @@ class _State:
 
     plan: SizePlan | None = None
     manifest: bytes | None = None
+    job_id: str = ""
+
+
+JOB_FILE = f"{STATE_DIR}/job.json"
+"""The job's claim on its destination: its id, options, source and plan (created exclusively)."""
 
 
 @dataclass
@@ -569,8 +355,8 @@ class _Job:
     """One reshard job in one process: the source, the plan, and every step."""
 
     dataset: PlannedDataset
-    source: SourceSpec
-    options: ReshardOptions
+    source: ReshardSourceConfig
+    options: ReshardConfig
     dest: Destination
     rank: int
     num_ranks: int
@@ -581,6 +367,9 @@ class _Job:
     partitions: list[tuple[object, ...]] = field(default_factory=list)
     output: PlannedDataset | None = None
     verify_groups: tuple[list[list[Chunk]], list[list[Chunk]]] = ([], [])
+    job_id: str = ""
+    """The id of the job at the destination, carried by its done markers (``""``: a job of
+    an earlier version, whose markers carry none)."""
 
     def __post_init__(self) -> None:
         schema = self.dataset.schema
@@ -612,7 +401,7 @@ class _Job:
     def identity(self) -> dict[str, Any]:
         """Source and options, as a rerun must repeat them (JSON values)."""
         values: dict[str, Any] = json.loads(
-            json.dumps({**self.source.identity(), **self.options.identity()}, default=str)
+            json.dumps({**source_identity(self.source), **self.options.identity()}, default=str)
         )
         return values
 
@@ -646,6 +435,7 @@ class _Job:
             return manifest, 0, len(manifest.shards), verified
         assert state.plan is not None
         self.plan = state.plan
+        self.job_id = state.job_id
         if self.options.grouped:
             written, skipped = self._run_grouped()
         else:
@@ -663,29 +453,52 @@ class _Job:
             manifest = Manifest.from_json(found, self.dest.display(MANIFEST_NAME))
             self._check_same(dict(manifest.options), dict(manifest.source), identity, now, "a finished")
             return _State(manifest=found)
-        job = self.dest.read_json(f"{STATE_DIR}/job.json")
+        job = self.dest.read_json(JOB_FILE)
         if job is not None:
-            self._check_same(job["options"], job["source"], identity, now, "an interrupted")
-            return _State(plan=SizePlan(**job["plan"]))
+            return self._join(job, identity, now, "an interrupted")
         self._check_empty()
         plan = self._calibrate()
-        doc = {"options": identity, "source": now, "plan": asdict(plan)}
-        try:
-            self.dest.write_json(f"{STATE_DIR}/job.json", doc)
-        except OSError as exc:
-            raise ReshardError(
-                f"cannot write to the destination {self.dest.display()!r} ({exc}); check that it "
-                "is writable (permissions, credentials in dst_storage_options) or choose another"
-            ) from exc
+        job_id = uuid.uuid4().hex[:16]
+        doc = {"job_id": job_id, "options": identity, "source": now, "plan": asdict(plan)}
+        if not self._claim(doc):
+            # Another job claimed the destination since it was found empty: one started
+            # at the same moment. Join it if it is this job, else stop without writing.
+            return self._join(self.dest.read_json(JOB_FILE), identity, now, "a running or interrupted")
         log.info(
-            "reshard %s -> %s: %s rows, %d rows per shard, %d rows per row group",
+            "reshard %s -> %s: %s rows, %d rows per shard, %d rows per row group (job %s)",
             self.source.src,
             self.dest.display(),
             plan.total_rows,
             plan.shard_rows,
             plan.row_group_rows,
+            job_id,
         )
-        return _State(plan=plan)
+        return _State(plan=plan, job_id=job_id)
+
+    def _claim(self, doc: dict[str, Any]) -> bool:
+        """Create the job file exclusively; whether this job holds the destination now."""
+        data = json.dumps(doc, indent=1).encode("utf-8")
+        try:
+            created = self.dest.create_exclusive(JOB_FILE, data)
+        except OSError as exc:
+            raise ReshardError(
+                f"cannot write to the destination {self.dest.display()!r} ({exc}); check that it "
+                "is writable (permissions, credentials in dst_storage_options) or choose another"
+            ) from exc
+        if not created:
+            return False
+        back = self.dest.read_json(JOB_FILE)  # a storage without exclusive creates: who won?
+        return isinstance(back, dict) and back.get("job_id") == doc["job_id"]
+
+    def _join(self, job: Any, identity: dict[str, Any], now: dict[str, Any], what: str) -> _State:
+        """Continue the job whose file is at the destination, if it is this one."""
+        if not isinstance(job, dict) or not {"options", "source", "plan"} <= set(job):
+            raise DestinationConflictError(
+                f"dst={self.dest.display()!r} holds a reshard job file {self.dest.display(JOB_FILE)!r} "
+                "that cannot be read; nothing was overwritten: delete dst to start over"
+            )
+        self._check_same(job["options"], job["source"], identity, now, what)
+        return _State(plan=SizePlan(**job["plan"]), job_id=str(job.get("job_id", "")))
 
     def _check_empty(self) -> None:
         try:
@@ -828,13 +641,17 @@ class _Job:
 
     # -- done markers ---------------------------------------------------------------------
     def _done(self, kind: str) -> set[int]:
+        """Items of ``kind`` this job marked done (markers of another job are not its)."""
         names = self.dest.entries(f"{STATE_DIR}/done")
-        prefix = f"{kind}-"
-        return {int(n[len(prefix) : -5]) for n in names if n.startswith(prefix) and n.endswith(".json")}
+        pattern = re.compile(rf"{kind}-(\d{{6}}){re.escape(self._suffix)}\.json")
+        return {int(m.group(1)) for m in map(pattern.fullmatch, names) if m is not None}
 
-    @staticmethod
-    def _marker(kind: str, index: int) -> str:
-        return f"{STATE_DIR}/done/{kind}-{index:06d}.json"
+    @property
+    def _suffix(self) -> str:
+        return f".{self.job_id}" if self.job_id else ""
+
+    def _marker(self, kind: str, index: int) -> str:
+        return f"{STATE_DIR}/done/{kind}-{index:06d}{self._suffix}.json"
 
     def _shard_path(self, index: int, partition: tuple[object, ...]) -> str:
         name = f"part-{index:05d}.parquet"
@@ -876,24 +693,25 @@ class _Job:
         sorting = [
             c for c in (*self.options.group_by, *self.options.sort_by) if c not in self.options.partition_by
         ]
-        with self.dest.open_output(temp) as out:
-            writer = ShardWriter(
-                out,
-                self.file_schema,
-                compression=self.options.compression,
-                row_group_rows=self.plan.row_group_rows,
-                sorting=list(dict.fromkeys(sorting)),
-            )
-            if isinstance(table_or_batches, pa.Table):
-                writer.write_table(table_or_batches)
-            else:
-                for batch in table_or_batches:
-                    writer.write(batch)
-            meta = writer.close()
-            size = int(out.tell())
-        self.dest.commit(temp, rel)
+        with writing(self.dest, rel):
+            with self.dest.open_output(temp) as out:
+                writer = ShardWriter(
+                    out,
+                    self.file_schema,
+                    compression=self.options.compression,
+                    row_group_rows=self.plan.row_group_rows,
+                    sorting=list(dict.fromkeys(sorting)),
+                )
+                if isinstance(table_or_batches, pa.Table):
+                    writer.write_table(table_or_batches)
+                else:
+                    for batch in table_or_batches:
+                        writer.write(batch)
+                meta = writer.close()
+                size = int(out.tell())
+            self.dest.commit(temp, rel)
         entry = ShardEntry(rel, meta.num_rows, size, row_groups(meta), partition)
-        self.dest.write_json(self._marker("shard", index), entry.to_json())
+        self.dest.write_json(self._marker("shard", index), {**entry.to_json(), "job": self.job_id})
 
     def _sorted(self, table: pa.Table) -> pa.Table:
         keys = [
@@ -936,12 +754,12 @@ class _Job:
             unique, pid = np.unique(np.stack(codes, axis=1), axis=0, return_inverse=True)
             pid = pid.reshape(-1)
             for row in unique:
-                partitions.append(
-                    [
-                        None if code < 0 else partition_value(d[code])
-                        for code, d in zip(row, dictionaries, strict=True)
-                    ]
-                )
+                values = [
+                    None if code < 0 else partition_value(d[code])
+                    for code, d in zip(row, dictionaries, strict=True)
+                ]
+                check_directory_names(opts.partition_by, values)
+                partitions.append(values)
         bucket = np.zeros(n, dtype=np.int64)
         if opts.group_by and n:
             bucket = (key_hashes(table, opts.group_by) % np.uint64(self.plan.buckets)).astype(np.int64)
@@ -958,7 +776,8 @@ class _Job:
         spill = f"{STATE_DIR}/spill/map-{index:06d}.arrow"
         write_spill(self.dest, spill, self.file_schema, batches)
         self.dest.write_json(
-            self._marker("map", index), {"spill": spill, "partitions": partitions, "runs": runs}
+            self._marker("map", index),
+            {"spill": spill, "partitions": partitions, "runs": runs, "job": self.job_id},
         )
 
     def _plan_reduce(self) -> tuple[list[ReduceShard], list[tuple[object, ...]]]:
@@ -1008,20 +827,29 @@ class _Job:
             return list(pool.map(one, range(count)))
 
     def _finish(self) -> bytes:
-        """Rank 0: merge the done markers into the manifest; remove the job's own files."""
+        """Rank 0: merge the done markers into the manifest; remove the job's own files.
+
+        Before the manifest is written, the shards must hold the planned rows and be on
+        storage as their markers describe them (sizes from one listing, whose
+        modification times the manifest records): a job that lost a race for the
+        destination, or whose shards were overwritten, stops here instead of publishing
+        a manifest of other files.
+        """
         assert self.plan is not None
         count = len(self.reduce) if self.options.grouped else len(self.shards)
         entries = [ShardEntry.from_json(doc) for doc in self._read_markers("shard", count)]
+        self._check_rows(entries)
         manifest = Manifest(
             schema=self.manifest_schema,
             partition_by=self.options.partition_by,
-            shards=tuple(entries),
+            shards=tuple(self._as_listed(entries)),
             source=self.fingerprint(),
             options=self.identity(),
             plan=asdict(self.plan),
         )
         data = manifest.to_json()
-        self.dest.write_atomic(MANIFEST_NAME, data)
+        with writing(self.dest, MANIFEST_NAME):
+            self.dest.write_atomic(MANIFEST_NAME, data)
         self.dest.remove_tree(STATE_DIR)
         log.info(
             "wrote %s: %d shards, %d rows, %d bytes",
@@ -1031,6 +859,40 @@ class _Job:
             manifest.num_bytes,
         )
         return data
+
+    def _check_rows(self, entries: Sequence[ShardEntry]) -> None:
+        """The shards' rows add up to the plan's (when every chunk's rows are known)."""
+        assert self.plan is not None
+        if any(c.num_rows is None for c in self.chunks):
+            return
+        written = sum(e.rows for e in entries)
+        if written != self.plan.total_rows:
+            raise ReshardError(
+                f"the {len(entries)} shards of {self.dest.display()!r} hold {written} rows but the job "
+                f"planned {self.plan.total_rows}: another job wrote to the same destination, or its "
+                "shards were changed; no manifest was written: delete dst and run the command again"
+            )
+
+    def _as_listed(self, entries: Sequence[ShardEntry]) -> list[ShardEntry]:
+        """``entries`` with the modification times a listing gives (sizes checked against it)."""
+        listing = list_files(
+            self.dest.display(), dict(self.dest.fs.storage_options) or None, filesystem=self.dest.fs.user
+        )
+        if not listing.fs.is_local:  # the manifest is written next: no stale listing cache
+            listing.fs.fsspec().invalidate_cache()
+        found = {f.path: f for f in listing.files}
+        out = []
+        for entry in entries:
+            listed = found.get(self.dest.path(entry.path))
+            if listed is None or listed.size != entry.bytes:
+                now = "missing" if listed is None else f"{listed.size} bytes"
+                raise ReshardError(
+                    f"shard {self.dest.display(entry.path)!r} is {now} but was written with {entry.bytes} "
+                    "bytes: another job wrote to the same destination, or the shard was changed; no "
+                    "manifest was written: delete dst and run the command again"
+                )
+            out.append(dataclasses.replace(entry, mtime=listed.mtime))
+        return out
 
     # -- verify ---------------------------------------------------------------------------
     def _groups(self, chunks: Sequence[Chunk]) -> list[list[Chunk]]:
@@ -1061,6 +923,7 @@ class _Job:
         self.output = StructuredDataset(
             self.dest.display(),
             storage_options=dict(self.dest.fs.storage_options) or None,
+            filesystem=self.dest.fs.user,
             use_manifest=True,
             equal_batches="off",
             num_workers=0,
@@ -1090,7 +953,7 @@ class _Job:
             raise ReshardError(
                 f"verify: {self.dest.display()!r} does not hold the source's rows: " + "; ".join(problems[:5])
             )
-        log.info("verify: %d rows and every column's checksum match the source", source.rows)
+        log.info("verify: %d rows, every column's checksum and the whole rows' match the source", source.rows)
         return True
 
     def _mine(self, count: int) -> list[int]:

@@ -5,10 +5,18 @@ Azure) an object becomes visible only once its upload completed, so files are wr
 in place. Elsewhere a file goes first to a unique temporary name under
 ``_reshard/tmp/`` (hidden from listings: names starting with ``_`` are skipped) and is
 renamed to its final name when complete (a local rename is atomic).
+
+A job claims its destination with :meth:`Destination.create_exclusive` (a file that
+only one writer can create: a hard link on a local disk, a conditional ``PUT`` with
+``If-None-Match: *`` on S3), so two jobs started on one destination at the same moment
+cannot both write there. A write that fails (a full disk, a quota, a permission) is a
+:class:`ReshardError` naming the file (:func:`writing`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import posixpath
@@ -24,7 +32,7 @@ import pyarrow.parquet as pq
 from torch_dataloader_utils.errors import ReshardError
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 
-__all__ = ["STATE_DIR", "Destination", "ShardWriter", "conform"]
+__all__ = ["STATE_DIR", "Destination", "ShardWriter", "conform", "writing"]
 
 STATE_DIR = "_reshard"
 """The job's own files under the destination: job, done markers, temporary files, spills."""
@@ -115,7 +123,60 @@ class Destination:
 
     def write_json(self, rel: str, doc: Any) -> None:
         """Write a JSON document atomically."""
-        self.write_atomic(rel, json.dumps(doc, indent=1).encode("utf-8"))
+        with writing(self, rel):
+            self.write_atomic(rel, json.dumps(doc, indent=1).encode("utf-8"))
+
+    def create_exclusive(self, rel: str, data: bytes) -> bool:
+        """Write ``data`` at ``rel`` only if nothing is there; whether it was written.
+
+        Atomic against another writer doing the same: on a local disk the complete file
+        is hard-linked to its name (``link`` fails when the name exists); on an object
+        store with conditional writes (S3's ``If-None-Match: *``) the upload is refused
+        when the object exists. Elsewhere it checks, then writes (a narrow race remains:
+        :func:`~torch_dataloader_utils.tools.reshard` reads the file back to see who won).
+        """
+        if self.fs.is_local:
+            return self._link_exclusive(rel, data)
+        if self.atomic_uploads:
+            try:
+                self.fs.fsspec().pipe_file(self.path(rel), data, mode="create")
+                return True
+            except FileExistsError:
+                return False
+            except (TypeError, NotImplementedError):
+                pass  # no conditional writes in this client: check, then write
+            except OSError:
+                if self.kind(rel) != pafs.FileType.NotFound:
+                    return False  # the condition failed (some servers answer 400, not 412)
+                raise
+        if self.kind(rel) != pafs.FileType.NotFound:
+            return False
+        self.write_atomic(rel, data)
+        return True
+
+    def _link_exclusive(self, rel: str, data: bytes) -> bool:
+        temp = self.temp(rel)
+        with self.open_output(temp) as out:
+            out.write(data)
+        self._mkdirs(rel)
+        try:
+            os.link(self.path(temp), self.path(rel))
+            return True
+        except FileExistsError:
+            return False
+        except OSError as exc:  # no hard links here (some network file systems): O_EXCL
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
+                raise
+            try:
+                fd = os.open(self.path(rel), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return True
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path(temp))
 
     def remove_tree(self, rel: str) -> None:
         """Delete the directory ``rel`` and everything under it (missing is fine)."""
@@ -129,6 +190,33 @@ class Destination:
         except OSError:
             if self.kind(rel) != pafs.FileType.NotFound:
                 raise
+
+
+_ADVICE = {
+    errno.ENOSPC: "the storage is full: free space on it or choose another dst",
+    errno.EDQUOT: "a disk quota is exceeded: free space or choose another dst",
+    errno.EFBIG: "the file is larger than this process or file system may write: lower target_file_size",
+    errno.EROFS: "the file system is read-only: choose another dst",
+    errno.EACCES: "permission denied: choose a dst this process may write",
+    errno.ENAMETOOLONG: "a name is longer than the file system allows (a long partition value?)",
+}
+
+
+@contextlib.contextmanager
+def writing(dest: Destination, rel: str) -> Iterator[None]:
+    """Turn an ``OSError`` while writing ``rel`` into a :class:`ReshardError` naming it.
+
+    The message says what the error means (a full disk, a quota, a read-only file
+    system) and that the same command resumes the job once it is fixed.
+    """
+    try:
+        yield
+    except OSError as exc:
+        advice = _ADVICE.get(exc.errno or 0, "check that dst is writable")
+        raise ReshardError(
+            f"writing {dest.display(rel)!r} failed ({type(exc).__name__}: {exc}): {advice}; then run the "
+            "same command again: it keeps the shards already written"
+        ) from exc
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
@@ -216,12 +304,13 @@ class ShardWriter:
 def write_spill(dest: Destination, rel: str, schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> int:
     """Write ``batches`` as an Arrow IPC file at ``rel`` (atomically); its size in bytes."""
     temp = dest.temp(rel)
-    with dest.open_output(temp) as out:
-        with pa.ipc.new_file(out, schema) as writer:
-            for batch in batches:
-                writer.write_batch(batch)
-        size = int(out.tell())
-    dest.commit(temp, rel)
+    with writing(dest, rel):
+        with dest.open_output(temp) as out:
+            with pa.ipc.new_file(out, schema) as writer:
+                for batch in batches:
+                    writer.write_batch(batch)
+            size = int(out.tell())
+        dest.commit(temp, rel)
     return size
 
 

@@ -38,6 +38,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,7 @@ import pyarrow.parquet as pq
 
 from torch_dataloader_utils.config import DEFAULT_READ_AHEAD_BYTES
 from torch_dataloader_utils.discovery.parquet import METADATA_THREADS
+from torch_dataloader_utils.errors import ConfigError
 from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.parquet import READ_BATCH_ROWS
 from torch_dataloader_utils.io.prefetch import FETCH_THREADS, MAX_PART_BYTES, coalesce, column_ranges
@@ -83,6 +85,19 @@ MEASURE_SEC = 0.3
 """A decode measurement repeats the chunk until this long has passed (and at least twice)."""
 
 
+def _at_least(name: str, value: float, flag: str, *, zero: bool = False, infinite: bool = False) -> None:
+    """Refuse a model figure that is negative, not a number, zero (unless ``zero``) or infinite.
+
+    Raises:
+        ConfigError: naming the figure, its value, its command-line flag and what is allowed.
+    """
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and (value > 0 or (zero and value == 0)) and (infinite or math.isfinite(value)):
+        return
+    allowed = ">= 0" if zero else "> 0"
+    raise ConfigError(f"{name}={value!r} must be a finite number {allowed} ({flag})")
+
+
 @dataclass(frozen=True)
 class StorageModel:
     """Where the bytes come from.
@@ -101,6 +116,18 @@ class StorageModel:
     concurrency: int = FETCH_THREADS
     read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES
     receive_rate: float = math.inf
+
+    def __post_init__(self) -> None:
+        _at_least("latency_sec", self.latency_sec, "--latency-ms", zero=True)
+        _at_least("bandwidth", self.bandwidth, "--bandwidth-mib; leave it out for no limit", infinite=True)
+        _at_least("receive_rate", self.receive_rate, "--receive-mib; leave it out for free", infinite=True)
+        _at_least("read_ahead_bytes", self.read_ahead_bytes, "--read-ahead", zero=True)
+        if (
+            isinstance(self.concurrency, bool)
+            or not isinstance(self.concurrency, int)
+            or self.concurrency < 1
+        ):
+            raise ConfigError(f"concurrency={self.concurrency!r} must be an int >= 1 (--concurrency)")
 
     def request_sec(self, nbytes: int) -> float:
         """Time of one request of ``nbytes``."""
@@ -267,7 +294,7 @@ def _metadata(
     meta = cache.get(path)
     if meta is None:
         found = getattr(dataset, "discovered", None)
-        footers = getattr(found, "extra", {}).get("parquet_footers") if found is not None else None
+        footers = getattr(found, "footers", None) if found is not None else None
         footer = (footers or {}).get(path)
         if footer is None:
             return None
@@ -298,7 +325,7 @@ def chunk_requests(
 def measure_footer(dataset: PlannedDataset, files: int = 8) -> float:
     """Median seconds to parse one Parquet footer of the dataset (0 when it has none in hand)."""
     found = getattr(dataset, "discovered", None)
-    footers = list((getattr(found, "extra", {}).get("parquet_footers") or {}).values())[:files]
+    footers = list((getattr(found, "footers", None) or {}).values())[:files]
     times = []
     for footer in footers:
         began = time.perf_counter()
@@ -309,7 +336,7 @@ def measure_footer(dataset: PlannedDataset, files: int = 8) -> float:
 
 def measure_pass_start(dataset: PlannedDataset) -> float:
     """Seconds a reading process spends starting a pass: its fetch and check threads (remote files)."""
-    if not getattr(dataset.reader, "fetches_ahead", False):
+    if not dataset.reader.fetches_ahead:
         return 0.0
     return measure_thread_start(FETCH_THREADS + CHECK_THREADS)
 
@@ -323,7 +350,7 @@ def measure_decode(dataset: PlannedDataset, chunk: Chunk, workers: int) -> Decod
     per batch adds :func:`measure_batch_overhead`.
     """
     reader = dataset.reader
-    io = getattr(reader, "io_totals", None)
+    io = reader.io_totals
 
     batching = dataset.options.batching
     received = [0.0, 0]  # main process: seconds unpacking groups, batches received
@@ -337,7 +364,7 @@ def measure_decode(dataset: PlannedDataset, chunk: Chunk, workers: int) -> Decod
 
     def once() -> tuple[int, int, float]:
         rows = nbytes = group = 0
-        waited = io()[4] if io is not None else 0.0
+        waited = (io() or (0, 0, 0, 0, 0.0))[4]
         pending: list[Any] = []
         for batch in rebatch(reader.read(chunk), batching.batch_size, batching.drop_last):
             rows += batch.num_rows
@@ -351,7 +378,7 @@ def measure_decode(dataset: PlannedDataset, chunk: Chunk, workers: int) -> Decod
                     pending, group = [], 0
         if pending:
             receive(pack_group(pending), len(pending))
-        return rows, nbytes, (io()[4] if io is not None else 0.0) - waited
+        return rows, nbytes, (io() or (0, 0, 0, 0, 0.0))[4] - waited
 
     once()
     wall = cpu = waits = 0.0
@@ -565,6 +592,9 @@ class SimulateRequest:
         step_sec: The training step per batch (0: predict the loading alone).
         detail: Ranks listed (``-1``: all).
         as_json: Print JSON.
+        picture: Draw the predicted epoch to this ``.png`` / ``.svg`` / ``.pdf`` file
+            (a timeline per rank and worker, :func:`~.picture.draw_timeline`).
+        picture_ranks: Ranks drawn at most.
     """
 
     source: Source
@@ -578,6 +608,16 @@ class SimulateRequest:
     step_sec: float = 0.0
     detail: int = 16
     as_json: bool = False
+    picture: Path | None = None
+    picture_ranks: int = 16
+
+    def __post_init__(self) -> None:
+        if self.decode_rate is not None:
+            _at_least("decode_rate", self.decode_rate, "--decode-rate; leave it out to measure it")
+        _at_least("cores_per_rank", self.cores_per_rank, "--cores-per-rank")
+        if self.worker_start_sec is not None:
+            _at_least("worker_start_sec", self.worker_start_sec, "--worker-start", zero=True)
+        _at_least("step_sec", self.step_sec, "--step-ms", zero=True)
 
 
 def _median_chunk(view: PlanView) -> Chunk | None:
@@ -672,4 +712,19 @@ def render_text(request: SimulateRequest, sim: Simulation) -> str:
 def run_simulate(request: SimulateRequest) -> str:
     """Simulate and return the report (text or JSON)."""
     _, sim = run_simulation(request)
-    return json.dumps(sim.as_dict(), indent=1) if request.as_json else render_text(request, sim)
+    note = ""
+    if request.picture is not None:
+        from torch_dataloader_utils.tools.picture import draw_timeline
+
+        drawn = draw_timeline(
+            sim.workers,
+            [(r.rank, r.epoch_sec) for r in sim.ranks],
+            request.picture,
+            max_ranks=request.picture_ranks,
+            title=request.source.describe(),
+        )
+        lanes = len({(b.rank, b.worker) for b in drawn})
+        note = f"\npicture: {request.picture} ({lanes:,} workers drawn)"
+    if request.as_json:
+        return json.dumps(sim.as_dict(), indent=1)
+    return render_text(request, sim) + note

@@ -19,6 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from torch_dataloader_utils.errors import ConfigError
+from torch_dataloader_utils.plan.state import MAX_RANKS, MAX_WORKER_SLOTS
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.files import StructuredDataset
 from torch_dataloader_utils.runtime.iceberg import IcebergDataset
@@ -85,7 +87,7 @@ def parse_filter(text: str) -> pc.Expression:
         ">": ref.__gt__,
         ">=": ref.__ge__,
     }
-    return ops[op](value)  # type: ignore[no-any-return]
+    return ops[op](value)
 
 
 def parse_storage_option(text: str) -> tuple[str, Any]:
@@ -167,10 +169,23 @@ def open_dataset(
 ) -> PlannedDataset:
     """The library's dataset for ``source``, planned for ``num_ranks`` x ``num_workers``.
 
+    The commands plan and summarize every rank (arrays of ranks x workers), so the world
+    is bounded: at most :data:`~torch_dataloader_utils.plan.state.MAX_RANKS` ranks (the most
+    a resume state describes) and :data:`~torch_dataloader_utils.plan.state.MAX_WORKER_SLOTS`
+    ranks x workers.
+
     Raises:
+        ConfigError: a world larger than that (before anything is read).
         DataLoaderUtilsError: whatever building the dataset raises (a missing path, a bad
             option, ...), with its message naming the option.
     """
+    slots = num_ranks * max(1, num_workers)
+    if num_ranks > MAX_RANKS or slots > MAX_WORKER_SLOTS:
+        raise ConfigError(
+            f"--num-ranks {num_ranks:,} x --num-workers {num_workers:,} is more than the commands plan: "
+            f"at most {MAX_RANKS:,} ranks and {MAX_WORKER_SLOTS:,} ranks x workers (every rank is "
+            "planned and summarized here; the loader itself plans only its own rank)"
+        )
     options: dict[str, Any] = {
         **source.options,
         "num_ranks": num_ranks,

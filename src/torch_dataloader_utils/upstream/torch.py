@@ -14,6 +14,10 @@ come with it), and torch.fx logs a one-time warning about ``is_fx_tracing`` on t
 Taking a jagged tensor apart for a transfer reads its private ``_values`` / ``_offsets``
 attributes, so that a worker never runs a nested-tensor operation (which would import
 the same modules there).
+
+Page-locking memory that is already allocated (a shared-memory segment) has no public
+torch API; ``torch.cuda.cudart()`` exposes the CUDA runtime's ``cudaHostRegister`` and
+``cudaHostUnregister`` (:class:`CudaHostPinner`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["jagged", "jagged_parts", "new_shared_bytes", "prepare_jagged"]
+__all__ = ["CudaHostPinner", "jagged", "jagged_parts", "new_shared_bytes", "prepare_jagged", "seqlens"]
 
 
 def new_shared_bytes(nbytes: int) -> torch.Tensor:
@@ -34,6 +38,42 @@ def new_shared_bytes(nbytes: int) -> torch.Tensor:
     except (AttributeError, RuntimeError):  # the private API is gone: the public path, one copy more
         return torch.empty(nbytes, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call,no-any-return]
     return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+_REGISTER_PORTABLE = 1
+
+
+class CudaHostPinner:
+    """Page-locks host ranges with ``cudaHostRegister``, once each, and keeps count of them.
+
+    ``registered`` maps each range's address to its size until it is unregistered: what
+    is left there is page-locked memory not yet given back.
+    """
+
+    def __init__(self) -> None:
+        self._cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+        self.registered: dict[int, int] = {}
+
+    def register(self, address: int, nbytes: int) -> None:
+        """Page-lock ``nbytes`` bytes at ``address``.
+
+        Raises:
+            RuntimeError: CUDA refused (the error code named).
+        """
+        # cudaHostRegisterPortable: pinned for every CUDA context (any GPU of the process).
+        code = self._cudart.cudaHostRegister(address, nbytes, _REGISTER_PORTABLE)
+        if int(getattr(code, "value", code)) != 0:
+            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes at {address:#x} failed: {code}")
+        self.registered[address] = nbytes
+
+    def unregister(self, address: int) -> None:
+        """Release the range registered at ``address`` (nothing if it is not registered)."""
+        if self.registered.pop(address, None) is not None:
+            self._cudart.cudaHostUnregister(address)
+
+    def synchronize(self) -> None:
+        """Wait for every queued copy of this process (before the ranges are released)."""
+        torch.cuda.synchronize()
 
 
 _FX_LOGGER = "torch.fx._symbolic_trace"
@@ -97,12 +137,39 @@ def jagged(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """
     if not _prepared:
         prepare_jagged()
+    shortest, longest = seqlens(offsets)
     if _NestedTensor is not None:
         try:
-            return _NestedTensor(values, offsets)  # type: ignore[no-any-return]
+            cache = (
+                {"min_seqlen": _stored(shortest), "max_seqlen": _stored(longest)} if len(offsets) > 1 else {}
+            )
+            return _NestedTensor(values, offsets, _metadata_cache=cache)  # type: ignore[no-any-return]
         except TypeError:  # pragma: no cover - another signature: the public path
             pass
-    return torch.nested.nested_tensor_from_jagged(values, offsets)
+    return torch.nested.nested_tensor_from_jagged(
+        values,
+        offsets,
+        min_seqlen=shortest if len(offsets) > 1 else None,
+        max_seqlen=longest if len(offsets) > 1 else None,
+    )
+
+
+def seqlens(offsets: torch.Tensor) -> tuple[int, int]:
+    """``(shortest, longest)`` row of a jagged layout, from its offsets (``(0, 0)`` without rows).
+
+    Handed to the nested tensor, so that ``torch.nested.to_padded_tensor`` pads to the
+    longest row (without it torch 2.13 pads every row to the batch's total item count)
+    and attention kernels get their bounds without a pass over the lengths.
+    """
+    if len(offsets) < 2:
+        return 0, 0
+    shortest, longest = torch.aminmax(offsets[1:] - offsets[:-1])
+    return int(shortest), int(longest)
+
+
+def _stored(value: int) -> torch.Tensor:
+    """A sequence length as torch's nested tensors cache it: the size of an empty tensor."""
+    return torch.empty(value, 0)
 
 
 def jagged_parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -62,7 +62,7 @@ def main() -> None:
             with open(os.path.join(out, f"step{step}_rank{r}.json")) as f:
                 states.append(json.load(f)["state"])
         loader.load_state_dict(merge_states(states))
-    expected = len(loader)
+    expected = loader.remaining_batches
     batches = 0
     for batch in loader:
         one = torch.ones(1)

@@ -1,0 +1,317 @@
+"""Elastic order at run time: a rank's canonical streams read interleaved, workers' parts joined.
+
+The plan is in :mod:`~torch_dataloader_utils.plan.elastic`. Here: which pieces every
+stream of this rank still holds (:class:`ElasticPlans`), a worker reading its streams
+side by side into its part of every batch (:func:`interleave`), and the main process
+joining the parts of every batch when several workers read (:class:`Joiner`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from torch_dataloader_utils.config import OutputConfig, OutputFormat, StringLayout
+from torch_dataloader_utils.io.ahead import read_ahead
+from torch_dataloader_utils.io.base import ChunkReader
+from torch_dataloader_utils.io.batching import concat_batches as concat
+from torch_dataloader_utils.io.batching import rebatch
+from torch_dataloader_utils.io.pieces import Gather, gathered, piece_reads, read_piece
+from torch_dataloader_utils.plan.elastic import Canonical, consumed, skip_rows
+from torch_dataloader_utils.plan.mixing import RowMixing
+from torch_dataloader_utils.plan.pieces import Piece
+from torch_dataloader_utils.plan.planner import Planner
+from torch_dataloader_utils.plan.resume import group
+from torch_dataloader_utils.plan.state import Segment
+from torch_dataloader_utils.plan.types import FileInfo
+from torch_dataloader_utils.runtime.emit import Positions
+from torch_dataloader_utils.runtime.state import Tagged
+
+__all__ = ["ElasticPlans", "Joiner", "StreamPositions", "interleave", "join_converted", "joinable"]
+
+
+class ElasticPlans:
+    """This rank's canonical streams, fresh or resumed (what each still holds), cached per pass.
+
+    Args:
+        planner: The dataset's planner (its world is replaced by the canonical one).
+        layout: How the canonical streams are shared by this job's ranks.
+        rank: This rank.
+        window_rows: Row-shuffle window, or ``None``.
+        mixing: Row mixing (when ``window_rows`` is ``None``), or ``None``.
+        seed: The shuffle seed when shuffling (the windows' and mixes' keys), else 0.
+    """
+
+    def __init__(
+        self,
+        planner: Planner,
+        layout: Canonical,
+        rank: int,
+        *,
+        window_rows: int | None,
+        mixing: RowMixing | None,
+        seed: int,
+    ) -> None:
+        self.planner = planner.for_world(layout.streams)
+        self.layout = layout
+        self.rank = rank
+        self.window_rows = window_rows
+        # Every batch draws from every stream of its rank already: a stream mixes its own
+        # rows across fewer places, so that a worker holds one decoded batch per place.
+        self.mixing = mixing and replace(mixing, streams=-(-mixing.streams // layout.streams))
+        self.seed = seed
+        self._found: dict[tuple[int, int], tuple[dict[int, list[Piece]], int, int]] = {}
+
+    @property
+    def files(self) -> Mapping[str, FileInfo]:
+        """The dataset's files by path."""
+        return self.planner.files
+
+    def fresh(self, epoch: int, stream: int) -> list[Piece]:
+        """Canonical stream ``stream`` of ``epoch``: its rank's plan, read by one worker."""
+        pieces = self.planner.rank_plan(epoch, stream, 1).pieces_for(0)
+        return group(pieces, self.window_rows, self.mixing, (self.seed, epoch, 0, stream, 0), self.files)
+
+    def digest(self, epoch: int, stream: int) -> int | None:
+        """A custom strategy's digest of the chunks of canonical stream ``stream``'s plan."""
+        return self.planner.rank_plan(epoch, stream, 1).digest
+
+    def _resolve(self, epoch: int, segments: tuple[Segment, ...]) -> tuple[dict[int, list[Piece]], int, int]:
+        key = (epoch, hash(segments))
+        found = self._found.get(key)
+        if found is None:
+            streams = {c: self.fresh(epoch, c) for c in self.layout.of_rank(self.rank)}
+            rows = sum(p.num_rows or 0 for p in next(iter(streams.values())))
+            done = consumed(segments, self.layout.streams, rows)
+            if segments:  # saved ranks whose first stream is one of this rank's: their digests
+                saved = Canonical(self.layout.streams, segments[0].num_ranks)
+                for rank, entry in segments[0].ranks.items():
+                    if saved.of_rank(rank)[0] in streams:
+                        entry.check_digest(self.digest(epoch, saved.of_rank(rank)[0]), rank)
+            streams = {c: skip_rows(pieces, done, self.files) for c, pieces in streams.items()}
+            if len(self._found) >= 4:
+                self._found.pop(next(iter(self._found)))
+            found = self._found[key] = (streams, rows, done)
+        return found
+
+    def streams(self, epoch: int, segments: tuple[Segment, ...]) -> dict[int, list[Piece]]:
+        """What every stream of this rank holds after ``segments``."""
+        return self._resolve(epoch, segments)[0]
+
+    def rows(self, epoch: int, segments: tuple[Segment, ...]) -> tuple[int, int]:
+        """``(rows of every stream in the epoch, rows of every stream consumed before this pass)``."""
+        _, rows, done = self._resolve(epoch, segments)
+        return rows, done
+
+    def of_worker(
+        self, epoch: int, segments: tuple[Segment, ...], worker: int, workers: int
+    ) -> list[list[Piece]]:
+        """What one worker reads: its streams' pieces, stream by stream."""
+        streams = self.streams(epoch, segments)
+        return [streams[c] for c in self.layout.of_worker(self.rank, worker, workers)]
+
+    def batches(self, epoch: int, segments: tuple[Segment, ...], drop_last: bool) -> int:
+        """Batches this rank yields in the rest of ``epoch`` (the same on every rank)."""
+        rows, done = self.rows(epoch, segments)
+        full, rest = divmod(rows - done, self.layout.per_stream)
+        return full + (1 if rest and not drop_last else 0)
+
+
+def interleave(
+    reader: ChunkReader,
+    streams: Sequence[Sequence[Piece]],
+    per_stream: int,
+    *,
+    drop_last: bool,
+    flag_column: str | None,
+    files: Mapping[str, FileInfo] | None,
+    mix_read_rows: int | None,
+    batches: int = 1,
+    ahead: bool = False,
+) -> Iterator[pa.RecordBatch]:
+    """Every batch's ``per_stream`` rows of each stream, stream after stream.
+
+    The streams hold the same number of rows, so every batch but the last is full. The
+    rows of ``batches`` consecutive batches are yielded together, one batch after the
+    other (a worker's parts of several batches: a few rows of every batch, sent at once).
+    With ``ahead``, a thread decodes the streams' next items, stream after stream, as
+    they are used up (:func:`~torch_dataloader_utils.io.ahead.read_ahead`), and does the
+    gathers of their shuffles while it waits; this thread cuts and joins the batches.
+    """
+    lists = [[c for p in pieces for c in piece_reads(p, files)] for pieces in streams]
+    longest = max(map(len, lists), default=0)  # remote chunks fetched ahead, as they are opened
+    reader.schedule([chunks[k] for k in range(longest) for chunks in lists if k < len(chunks)])
+    if mix_read_rows is not None:  # several streams read side by side: smaller decoded batches
+        reader = reader.with_read_rows(mix_read_rows)
+
+    def items(pieces: Sequence[Piece]) -> Iterator[pa.RecordBatch | Gather]:
+        for piece in pieces:
+            yield from read_piece(
+                reader, piece, flag_column=flag_column, files=files, mix_read_rows=mix_read_rows
+            )
+
+    source = _round_robin([items(pieces) for pieces in streams])
+    taken = read_ahead(source, name="read-ahead-streams", prepare=_prepare) if ahead else source
+    queues: list[deque[pa.RecordBatch | Gather | None]] = [deque() for _ in streams]
+
+    def rows(i: int) -> Iterator[pa.RecordBatch]:
+        """Stream ``i``'s rows, taking the shared source's items as they come."""
+        while True:
+            while not queues[i]:
+                got = next(taken, None)
+                if got is None:
+                    return
+                queues[got[0]].append(got[1])
+            item = queues[i].popleft()
+            if item is None:  # the stream is read to its end
+                return
+            yield from gathered((item,))
+
+    blocks = [rebatch(rows(i), per_stream) for i in range(len(streams))]
+    size = per_stream * len(streams)
+    pending: list[pa.RecordBatch] = []
+    for k, parts in enumerate(zip(*blocks, strict=True), start=1):
+        if drop_last and sum(p.num_rows for p in parts) < size:
+            break
+        pending += parts
+        if k % batches == 0:
+            yield concat(pending)
+            pending = []
+    if pending:
+        yield concat(pending)
+
+
+def _round_robin(
+    sources: Sequence[Iterator[pa.RecordBatch | Gather]],
+) -> Iterator[tuple[int, pa.RecordBatch | Gather | None]]:
+    """``(stream, item)``: an item of every stream in turn; ``(stream, None)`` when one ends."""
+    live = list(range(len(sources)))
+    while live:
+        for i in list(live):
+            item = next(sources[i], None)
+            if item is None:
+                live.remove(i)
+            yield i, item
+
+
+def _prepare(item: tuple[int, pa.RecordBatch | Gather | None]) -> bool:
+    """The read-ahead thread's work while it waits: a queued shuffle's gather."""
+    return isinstance(item[1], Gather) and item[1].prepare()
+
+
+class StreamPositions(Positions):
+    """The positions of a worker reading interleaved streams: one piece, the rows it yielded."""
+
+    def __init__(self, token: int, worker: int, workers: int, rank: int = 0) -> None:
+        super().__init__(token, worker, workers, rank)
+        self._starts.append(0)
+
+
+def joinable(output: OutputConfig, schema: pa.Schema) -> bool:
+    """Whether converted parts of a batch can be joined as they are (else they travel as Arrow).
+
+    Tensors, arrays and lists of rows are joined by concatenation: the torch and numpy
+    outputs without ``collate_fn``, whose columns are numbers, fixed-size lists or
+    strings as lists. Others (variable-length lists, Arrow or dict output, a
+    ``collate_fn``) are joined as Arrow and converted in the main process.
+    """
+    if output.output_format not in (OutputFormat.TORCH, OutputFormat.NUMPY) or output.collate_fn is not None:
+        return False
+    for field in schema:
+        t = field.type
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+            return False
+        if (
+            pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
+        ) and output.strings not in (
+            None,
+            StringLayout.LIST,
+        ):
+            return False
+        if pa.types.is_struct(t) or pa.types.is_map(t) or pa.types.is_dictionary(t):
+            return False
+    return True
+
+
+def join_converted(parts: Sequence[Any]) -> Any:
+    """One batch of converted parts: tensors, arrays and lists concatenated, key by key."""
+    out: dict[str, Any] = {}
+    for key, first in parts[0].items():
+        values = [p[key] for p in parts]
+        if isinstance(first, torch.Tensor):
+            out[key] = torch.cat(values)
+        elif isinstance(first, np.ndarray):
+            out[key] = np.concatenate(values)
+        elif isinstance(first, list):
+            out[key] = [x for v in values for x in v]
+        else:
+            raise TypeError(f"cannot join parts of column {key!r} of type {type(first).__name__}")
+    return out
+
+
+def _rows_of(part: Any) -> int:
+    return part.num_rows if isinstance(part, pa.RecordBatch) else len(next(iter(part.values())))
+
+
+def _piece(part: Any, lo: int, hi: int) -> Any:
+    """Rows ``[lo, hi)`` of a part: an Arrow batch, or converted columns (views, no copy)."""
+    if isinstance(part, pa.RecordBatch):
+        return part.slice(lo, hi - lo)
+    return {key: value[lo:hi] for key, value in part.items()}
+
+
+class Joiner:
+    """Main process: every batch joined from the parts of the workers that read streams.
+
+    A worker's parts arrive in order, in the DataLoader's order of workers; a part holds
+    the worker's rows of a few consecutive batches, batch after batch. Batch ``t`` is the
+    worker's rows of it from every reading worker, in worker order. Each batch is made
+    and its parts' positions recorded as consumed when the loop asks for it.
+
+    Args:
+        rows: Rows of every batch each reading worker holds (the last batch may hold fewer).
+        join: One batch of the workers' rows of it (converted ones concatenated, or Arrow
+            ones joined and converted).
+        consume: Records a part's position as consumed.
+    """
+
+    def __init__(
+        self, rows: Sequence[int], join: Callable[[list[Any]], Any], consume: Callable[[Tagged], Any]
+    ) -> None:
+        self._rows = list(rows)
+        self._parts: list[deque[Tagged]] = [deque() for _ in rows]
+        self._join = join
+        self._consume = consume
+
+    def add(self, item: Tagged) -> Iterator[Any]:
+        """Take one worker's part; the batches it completes, made one by one when asked for."""
+        self._parts[item.tag[1]].append(item)
+        while all(self._parts):
+            parts = [q.popleft() for q in self._parts]
+            total = [_rows_of(p.batch) for p in parts]
+            for j in range(-(-total[0] // self._rows[0])):
+                pieces = []
+                for part, n, size in zip(parts, total, self._rows, strict=True):
+                    lo, hi = j * size, min((j + 1) * size, n)
+                    tag = (*part.tag[:4], part.tag[4] - n + hi, hi - lo, 0)  # the worker's cursor after it
+                    self._consume(Tagged(None, tag))
+                    pieces.append(_piece(part.batch, lo, hi))
+                yield self._join(pieces)
+
+    def check_done(self) -> None:
+        """At the end of a pass: every part was joined (workers yielded as many parts).
+
+        Raises:
+            RuntimeError: a worker yielded more parts than another.
+        """
+        left = [len(q) for q in self._parts]
+        if any(left):
+            raise RuntimeError(
+                f"workers ended with {left} parts of batches not joined; the plan is inconsistent"
+            )

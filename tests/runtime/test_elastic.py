@@ -1,0 +1,210 @@
+"""Elastic order: global batch ``t`` holds the same rows for any number of ranks and workers.
+
+A job of ``R`` ranks is simulated in one process: one dataset per rank. A rank with
+``num_workers`` workers runs its workers' reading code in this process one worker at a
+time (``env.worker_slot`` says which), their batches travel pickled as they would between
+processes, and the main process's half (``deliver``: the joiner, the consumption record)
+takes them in the DataLoader's order, a worker after another. The multiset of rows of
+global batch ``t`` (every rank's batch ``t``) must not depend on ``R`` or ``num_workers``,
+and a state saved at ``R = 4`` must resume at ``R = 2`` and ``R = 6`` into the batches
+the uninterrupted run would have yielded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.fixtures.data import write_parquet_files
+from torch_dataloader_utils import StructuredDataset, merge_states
+from torch_dataloader_utils.errors import IncompatibleOptionsError, ResumeStateError
+from torch_dataloader_utils.runtime import dataset as dataset_module
+from torch_dataloader_utils.runtime import env
+from torch_dataloader_utils.runtime.state import Tagged
+
+ROWS = [230, 170, 311, 94, 205]
+TOTAL = sum(ROWS)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("elastic") / "data"
+    write_parquet_files(path, ROWS, row_group_size=[40, 25, 60, 30, 50], with_strings=False)
+    return str(path)
+
+
+def _rank(root: str, num_ranks: int, rank: int, global_batch: int, **options: Any) -> StructuredDataset:
+    return StructuredDataset(
+        root, num_ranks=num_ranks, rank=rank, batch_size=global_batch // num_ranks, split_rows=50, **options
+    )
+
+
+def _ids(batch: Any) -> list[int]:
+    return batch["id"].tolist()  # type: ignore[no-any-return]
+
+
+def rank_batches(ds: StructuredDataset, workers: int, stop: int | None = None) -> list[list[int]]:
+    """The batches one rank's loader yields with ``workers`` workers (simulated here), up to ``stop``."""
+    if workers == 0:
+        return [_ids(b) for b in itertools.islice(iter(ds), stop)]
+    ds._state.begin(workers, ds.epoch)
+    ds.begin_metrics(workers)
+    ds._state.tagging = True
+    items = []
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(dataset_module, "watch_parent", lambda: None)
+        for w in range(workers):
+            mp.setattr(env, "worker_slot", lambda w=w: env.WorkerSlot(w, workers, True))
+            items.append([pickle.loads(pickle.dumps(item)) for item in iter(ds)])
+    finally:
+        mp.undo()
+        ds._state.tagging = False
+    out: list[list[int]] = []
+    for item in (i for group in itertools.zip_longest(*items) for i in group if i is not None):
+        for batch, tag in zip(item.batch, item.tag, strict=True):
+            if stop is not None and len(out) >= stop:
+                return out
+            delivered = iter(ds.deliver(Tagged(batch, tag)))
+            while stop is None or len(out) < stop:  # the loop stops: what it did not take is not consumed
+                joined = next(delivered, None)
+                if joined is None:
+                    break
+                out.append(_ids(joined))
+            if stop is not None and len(out) >= stop:
+                return out
+    ds.delivered()
+    ds._state.finish()
+    return out
+
+
+def global_batches(per_rank: list[list[list[int]]]) -> list[Counter[int]]:
+    counts = {len(b) for b in per_rank}
+    assert len(counts) == 1, f"ranks yielded {counts} batches"  # equal batches on every rank
+    return [Counter(i for rank in per_rank for i in rank[t]) for t in range(counts.pop())]
+
+
+def run(root: str, num_ranks: int, workers: int, global_batch: int, **options: Any) -> list[Counter[int]]:
+    ranks = [_rank(root, num_ranks, r, global_batch, **options) for r in range(num_ranks)]
+    return global_batches([rank_batches(ds, workers) for ds in ranks])
+
+
+def _divisors(c: int) -> list[int]:
+    return [d for d in range(1, min(c, 8) + 1) if c % d == 0]
+
+
+def _identity(batch: Any) -> Any:
+    """A ``collate_fn``: the parts of a batch are then joined as Arrow and converted in the main process."""
+    return batch
+
+
+mixes = st.sampled_from(
+    [
+        {"shuffle": False},
+        {"shuffle": False, "collate_fn": _identity},
+        {"shuffle": True, "shuffle_seed": 5, "row_mixing": None},
+        {"shuffle": True, "shuffle_seed": 5, "row_mixing": 64},
+        {"shuffle": True, "shuffle_seed": 9, "row_shuffle_window": 90},
+    ]
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    canonical=st.sampled_from([12, 16]),
+    per_stream=st.integers(1, 3),
+    mix=mixes,
+    policy=st.sampled_from(["drop", "pad"]),
+    drop_last=st.booleans(),
+    data=st.data(),
+)
+def test_global_batches_do_not_depend_on_ranks_or_workers(
+    root: str, canonical: int, per_stream: int, mix: dict[str, Any], policy: str, drop_last: bool, data: Any
+) -> None:
+    options = {"canonical_ranks": canonical, "equal_batches": policy, "drop_last": drop_last, **mix}
+    global_batch = per_stream * canonical
+    expected = run(root, 1, 0, global_batch, **options)
+    assert sum(sum(c.values()) for c in expected) > TOTAL * 0.9
+    for _ in range(2):
+        ranks = data.draw(st.sampled_from(_divisors(canonical)), label="num_ranks")
+        workers = data.draw(st.integers(0, 3), label="num_workers")
+        assert run(root, ranks, workers, global_batch, **options) == expected, (ranks, workers)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    mix=mixes,
+    policy=st.sampled_from(["drop", "pad"]),
+    stop=st.integers(0, 20),
+    workers=st.tuples(st.integers(0, 2), st.integers(0, 2)),
+)
+def test_resume_at_4_ranks_into_2_and_6_gives_the_uninterrupted_batches(
+    root: str, mix: dict[str, Any], policy: str, stop: int, workers: tuple[int, int]
+) -> None:
+    options = {"canonical_ranks": 12, "equal_batches": policy, **mix}
+    global_batch = 24
+    expected = run(root, 4, 0, global_batch, **options)
+    saving = [_rank(root, 4, r, global_batch, **options) for r in range(4)]
+    before = global_batches([rank_batches(ds, workers[0], stop) for ds in saving])
+    assert before == expected[: len(before)]
+    state = merge_states([ds.state_dict() for ds in saving])
+    for num_ranks in (2, 6):
+        resumed = [_rank(root, num_ranks, r, global_batch, **options) for r in range(num_ranks)]
+        for ds in resumed:
+            ds.load_state_dict(state)
+            assert len(ds) == len(expected) - len(before)
+        after = global_batches([rank_batches(ds, workers[1]) for ds in resumed])
+        assert after == expected[len(before) :], num_ranks
+
+
+def test_real_workers_join_their_parts(root: str) -> None:
+    """Two real DataLoader workers of each rank: the same global batches as one process."""
+    options = {"canonical_ranks": 4, "shuffle": True, "shuffle_seed": 2}
+    expected = run(root, 1, 0, 16, **options)
+    per_rank = []
+    for rank in range(2):
+        loader, _ = StructuredDataset.create_dataloader(
+            root, num_ranks=2, rank=rank, batch_size=8, split_rows=50, num_workers=2, **options
+        )
+        per_rank.append([_ids(b) for b in loader])
+        assert len(loader) == len(expected)
+    assert global_batches(per_rank) == expected
+
+
+def test_options_that_do_not_fit_are_refused(root: str) -> None:
+    with pytest.raises(
+        IncompatibleOptionsError,
+        match=r"num_ranks must divide canonical_ranks \(here one of \[1, 2, 3, 6\]\)",
+    ):
+        _rank(root, 4, 0, 24, canonical_ranks=6)
+    with pytest.raises(IncompatibleOptionsError, match=r"batch_size=5 on 2 ranks .* must be a multiple of 3"):
+        _rank(root, 2, 0, 10, canonical_ranks=6)
+    with pytest.raises(
+        IncompatibleOptionsError, match=r"equal_batches='off' does not; pass equal_batches='drop'"
+    ):
+        _rank(root, 2, 0, 12, canonical_ranks=6, equal_batches="off")
+
+
+def test_states_of_ranks_at_different_steps_are_refused(root: str) -> None:
+    saving = [_rank(root, 2, r, 12, canonical_ranks=6) for r in range(2)]
+    rank_batches(saving[0], 0, 3)
+    rank_batches(saving[1], 0, 4)
+    state = merge_states([ds.state_dict() for ds in saving])
+    with pytest.raises(ResumeStateError, match=r"consumed unevenly \(6 to 8 rows\)"):
+        _rank(root, 3, 0, 12, canonical_ranks=6).load_state_dict(state)
+
+
+def test_state_of_another_global_batch_is_a_mismatch(root: str, tmp_path: Path) -> None:
+    ds = _rank(root, 2, 0, 12, canonical_ranks=6)
+    other = _rank(root, 2, 0, 24, canonical_ranks=6)
+    with pytest.raises(ResumeStateError, match=r"option global_batch_size: 12 in the state, 24 now"):
+        other.load_state_dict(
+            merge_states([ds.state_dict(), _rank(root, 2, 1, 12, canonical_ranks=6).state_dict()])
+        )
