@@ -65,6 +65,7 @@ from torch_dataloader_utils.io.batching import concat_batches
 from torch_dataloader_utils.io.pieces import ROUND_POOL
 from torch_dataloader_utils.packing import converter_for
 from torch_dataloader_utils.plan.blend import Blend, PassPlan, advance, blend_for, integer_weights, plan_pass
+from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.mixposition import Segments, SourcePosition, position_of
 from torch_dataloader_utils.plan.mixstate import (
     MIX_STATE_FORMAT,
@@ -381,8 +382,8 @@ class MixedDataset(IterableDataset[Any]):
         self._origin_token = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         fresh = tuple(SourcePosition() for _ in sources)
         self._origin = _Origin(0, fresh)
-        self._starts: dict[int, tuple[Start, int]] = {}
-        self._plans: dict[int, PassPlan] = {}
+        self._starts: BoundedDict[int, tuple[Start, int]] = BoundedDict(64)
+        self._plans: BoundedDict[int, PassPlan] = BoundedDict(8)
         self._full_batches: int | None = None
         self._state = MixTracker(self)
         self.metrics = MetricsRecorder(options.progress)
@@ -537,8 +538,6 @@ class MixedDataset(IterableDataset[Any]):
         while e < epoch:
             start = self._advance(start, self._plan(e, start, segment))
             e, segment = e + 1, 0
-        if len(self._starts) >= 64:
-            self._starts.pop(next(iter(self._starts)))
         self._starts[epoch] = (start, segment)
         return start, segment
 
@@ -575,8 +574,6 @@ class MixedDataset(IterableDataset[Any]):
         if found is None:
             start, segment = self.start_of(epoch)
             found = self._plan(epoch, start, segment)
-            if len(self._plans) >= 8:
-                self._plans.pop(next(iter(self._plans)))
             self._plans[epoch] = found
         return found
 
@@ -803,7 +800,6 @@ class MixedDataset(IterableDataset[Any]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_starts"], state["_plans"] = dict(self._starts), dict(self._plans)
         return state
 
     # -- metrics ---------------------------------------------------------------------------
@@ -962,7 +958,8 @@ class MixedDataset(IterableDataset[Any]):
         token = int(torch.randint(1, 2**62, ()).item())
         self._origin = _Origin(epoch, start, segment, token, whole)
         self._origin_token.fill_(token)
-        self._starts, self._plans = {}, {}
+        self._starts.clear()
+        self._plans.clear()
         self._full_batches = None
         self._state.progress = None
         self._epoch.fill_(epoch)
