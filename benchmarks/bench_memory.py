@@ -27,29 +27,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 import common  # noqa: E402
 
-
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        pages = int(f.read().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _reset_peak() -> bool:
-    """Reset this process's peak RSS (Linux ``clear_refs``), so imports do not count."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+_rss_mib, _reset_peak, _peak_mib = common.rss_mib, common.reset_peak, common.peak_mib
 
 
 def child(kind: str, data_dir: str, colset: str, batch_size: int, workers: int) -> None:

@@ -14,6 +14,7 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -214,3 +215,60 @@ def spec_from_args(args: argparse.Namespace) -> DatasetSpec:
 
 def command_line() -> str:
     return " ".join([Path(sys.executable).name, *sys.argv])
+
+
+def rss_mib() -> float:
+    """This process's resident memory now, in MiB."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def reset_peak() -> bool:
+    """Reset this process's peak RSS (Linux ``clear_refs``), so what came before does not count."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_mib() -> float:
+    """This process's peak RSS (since the last :func:`reset_peak`), in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def pass_memory(run: Callable[[], int]) -> dict[str, float]:
+    """One pass of ``run`` in this process: its rows, the peak RSS growth over the RSS before
+    it, and the largest finished child's (a DataLoader worker's) peak RSS, in MiB."""
+    base = rss_mib()
+    reset_peak()
+    rows = run()
+    peak = peak_mib()
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return {"rows": rows, "growth_mib": peak - base, "worker_peak_mib": kids}
+
+
+def fresh_process_memory(commands: dict[str, list[str]], repeats: int) -> dict[str, dict[str, float | None]]:
+    """Run every command (a child printing :func:`pass_memory`'s JSON last) ``repeats`` times,
+    interleaved, each in a fresh process; medians per command name (``name/0``: no workers)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    samples: dict[str, list[dict[str, float]]] = {}
+    for _ in range(repeats):
+        for name, cmd in commands.items():
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
+            samples.setdefault(name, []).append(json.loads(out.strip().splitlines()[-1]))
+    return {
+        name: {
+            "growth_mib": statistics.median(s["growth_mib"] for s in runs),
+            "worker_peak_mib": None
+            if name.endswith("/0")
+            else statistics.median(s["worker_peak_mib"] for s in runs),
+        }
+        for name, runs in samples.items()
+    }

@@ -18,6 +18,7 @@ pytest_plugins = [
     "tests.fixtures.e2e",
     "tests.fixtures.examples020",
     "tests.fixtures.iceberg",
+    "tests.fixtures.recipes",
     "tests.fixtures.s3",
     "tests.fixtures.stores",
 ]

@@ -20,7 +20,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("plan",),  # pure planning (stdlib + numpy; tests/plan/test_purity.py)
     ("config", "compat"),  # config objects; 0.2.0 names adapted onto them
     ("storage",),  # filesystems, ranged fetch, footers, record scanning, shared metadata types
-    ("discovery", "io", "convert", "transfer"),  # metadata; data; conversion; batches across processes
+    # metadata; data; conversion (and sequence packing); batches across processes
+    ("discovery", "io", "convert", "packing", "transfer"),
     ("runtime",),  # the only package touching torch.utils.data / torch.distributed
     ("", "cli", "__main__", "splits", "tools", "lightning"),  # the public top level, command line,
     # 0.2.0 paths, the Lightning data module (an optional extra over runtime/)

@@ -29,8 +29,10 @@ from torch_dataloader_utils.config import (
     EqualBatches,
     FeaturePack,
     FileFormat,
+    OnExhausted,
     OutputFormat,
     RaggedLayout,
+    SequencePack,
     SplitKind,
     StringLayout,
 )
@@ -80,6 +82,7 @@ from torch_dataloader_utils.plan.types import (
 
 if TYPE_CHECKING:
     from torch_dataloader_utils.convert import FlatList, PaddedList
+    from torch_dataloader_utils.packing import batch_cu_seqlens
     from torch_dataloader_utils.runtime.checkpoint import GatheredState
     from torch_dataloader_utils.runtime.files import StructuredDataset, create_dataloader
     from torch_dataloader_utils.runtime.iceberg import IcebergDataset
@@ -90,7 +93,12 @@ if TYPE_CHECKING:
         WorkerMetrics,
         gather_metrics,
     )
-    from torch_dataloader_utils.runtime.options import FileLoaderOptions, IcebergLoaderOptions
+    from torch_dataloader_utils.runtime.options import (
+        FileLoaderOptions,
+        IcebergLoaderOptions,
+        MixedLoaderOptions,
+    )
+    from torch_dataloader_utils.runtime.recipes import MixedDataLoader, MixedDataset, create_mixed_dataloader
     from torch_dataloader_utils.runtime.state import gather_state
     from torch_dataloader_utils.tools.reshard import ReshardReport, reshard
 
@@ -107,10 +115,15 @@ _LAZY = {
     "RankMetrics": "torch_dataloader_utils.runtime.metrics",
     "WorkerMetrics": "torch_dataloader_utils.runtime.metrics",
     "gather_metrics": "torch_dataloader_utils.runtime.metrics",
+    "MixedDataLoader": "torch_dataloader_utils.runtime.recipes",
+    "MixedDataset": "torch_dataloader_utils.runtime.recipes",
+    "MixedLoaderOptions": "torch_dataloader_utils.runtime.options",
     "ResumableDataLoader": "torch_dataloader_utils.runtime.loader",
     "ReshardReport": "torch_dataloader_utils.tools.reshard",
     "StructuredDataset": "torch_dataloader_utils.runtime.files",
+    "batch_cu_seqlens": "torch_dataloader_utils.packing",
     "create_dataloader": "torch_dataloader_utils.runtime.files",
+    "create_mixed_dataloader": "torch_dataloader_utils.runtime.recipes",
     "gather_state": "torch_dataloader_utils.runtime.state",
     "reshard": "torch_dataloader_utils.tools.reshard",
 }
@@ -157,8 +170,12 @@ __all__ = [
     "LegacySplitStrategy",
     "LoaderMetrics",
     "MissingDependencyError",
+    "MixedDataLoader",
+    "MixedDataset",
+    "MixedLoaderOptions",
     "NoFilesFoundError",
     "NullValueError",
+    "OnExhausted",
     "OptionTypeError",
     "OutputFormat",
     "OverlappingChunksError",
@@ -179,6 +196,7 @@ __all__ = [
     "RowGroup",
     "SchemaError",
     "SchemaMismatchError",
+    "SequencePack",
     "SizeBalancedSplitStrategy",
     "SourceChangedError",
     "Split",
@@ -193,7 +211,9 @@ __all__ = [
     "UnknownOptionError",
     "WorkerMetrics",
     "World",
+    "batch_cu_seqlens",
     "create_dataloader",
+    "create_mixed_dataloader",
     "gather_metrics",
     "gather_state",
     "merge_states",

@@ -136,6 +136,13 @@ def _source_arguments(src: argparse._ArgumentGroup) -> None:
     )
     src.add_argument("--snapshot-id", type=int, help="Iceberg: read this snapshot (default: the current one)")
     src.add_argument(
+        "--mix",
+        metavar="RECIPE",
+        type=_typed(_load_recipe, "recipe"),
+        help='a mix of sources instead of PATH: a JSON object or file {"sources": [{"path": ...}, ...], '
+        '"weights": [...], ...} (see docs/recipes.md) (default: none)',
+    )
+    src.add_argument(
         "--storage-option",
         action="append",
         type=_typed(source.parse_storage_option, "KEY=VALUE"),
@@ -225,6 +232,12 @@ def _source(args: argparse.Namespace) -> Any:
         options["filters"] = reduce(lambda a, b: a & b, args.filter)
     if args.storage_option:
         options["storage_options"] = dict(args.storage_option)
+    if getattr(args, "mix", None) is not None:
+        if args.path or args.table is not None:
+            raise argparse.ArgumentTypeError(
+                "pass --mix alone: its recipe names the sources (not PATH or --table)"
+            )
+        return Source(mix=args.mix, options=options)
     if args.table is not None:
         if args.path:
             raise argparse.ArgumentTypeError(
@@ -242,9 +255,29 @@ def _source(args: argparse.Namespace) -> Any:
     return Source(path=path, format=args.format, options=options)
 
 
+def _load_recipe(text: str) -> Any:
+    from torch_dataloader_utils.tools.mix import load_recipe
+
+    return load_recipe(text)
+
+
 def _plan(args: argparse.Namespace) -> int:
     from torch_dataloader_utils.tools.plan import PlanRequest, run_plan
 
+    if args.mix is not None:
+        from torch_dataloader_utils.tools.mix import plan_mix
+
+        print(
+            plan_mix(
+                _source(args),
+                num_ranks=args.num_ranks,
+                num_workers=args.num_workers,
+                epoch=args.epoch,
+                epochs=args.epochs,
+                as_json=args.json,
+            )
+        )
+        return 0
     request = PlanRequest(
         source=_source(args),
         num_ranks=args.num_ranks,
@@ -263,6 +296,9 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     from torch_dataloader_utils.tools.inspect import InspectRequest, run_inspect
+
+    if args.mix is not None:
+        raise argparse.ArgumentTypeError("inspect looks at one source: pass its PATH or --table, not --mix")
 
     request = InspectRequest(
         source=_source(args),
@@ -304,6 +340,11 @@ def _simulate(args: argparse.Namespace) -> int:
         picture=Path(args.picture) if args.picture else None,
         picture_ranks=args.picture_ranks,
     )
+    if args.mix is not None:
+        from torch_dataloader_utils.tools.mix import simulate_mix
+
+        print(simulate_mix(request))
+        return 0
     print(run_simulate(request))
     return 0
 

@@ -56,6 +56,8 @@ __all__ = [
     "FetchConfig",
     "FileFormat",
     "FileSourceConfig",
+    "MixConfig",
+    "OnExhausted",
     "IcebergSourceConfig",
     "LoaderConfig",
     "OutputConfig",
@@ -66,6 +68,7 @@ __all__ = [
     "RaggedLayout",
     "ReshardConfig",
     "ReshardSourceConfig",
+    "SequencePack",
     "ShuffleConfig",
     "SplitConfig",
     "SplitKind",
@@ -237,6 +240,125 @@ def coerce_packs(value: object) -> tuple[FeaturePack, ...]:
         f"pack_features={value!r} must be a FeaturePack or a list of them, "
         "e.g. pack_features=FeaturePack(['f0', 'f1'], key='features', dtype='float32')"
     )
+
+
+@dataclass(frozen=True)
+class SequencePack:
+    """Token lists packed into rows of exactly ``seq_len`` tokens (the ``pack_sequences`` option).
+
+    Every batch's documents (its ``batch_size`` rows) are packed, greedily in stream
+    order, into as many rows of ``seq_len`` tokens as they need; only the last row of a
+    batch ends in padding. A packed batch has these columns (the batch's other columns
+    are left out, since a packed row mixes several documents):
+
+    * ``column``: the tokens, ``[rows, seq_len]``, padded with ``pad_id``;
+    * ``position_ids``: int32 ``[rows, seq_len]``, each token's position in its document
+      (a document continued from the previous row keeps counting; padding is 0);
+    * ``cu_seqlens``: int32 per row, the segment boundaries ``[0, ..., seq_len]`` as
+      FlashAttention's varlen functions take them (padding is a segment of its own);
+      :func:`~torch_dataloader_utils.packing.batch_cu_seqlens` joins a batch's rows;
+    * ``attention_mask`` (with ``attention_mask=True``): bool ``[rows, seq_len]``,
+      ``False`` on padding.
+
+    Args:
+        column: The ``list<int>`` column of token ids.
+        seq_len: Tokens per packed row.
+        split: A document may continue in the next row (default), so rows are full; with
+            ``False`` a document that does not fit the rest of a row starts the next one
+            (the rest is padding), and only documents longer than ``seq_len`` are cut.
+        truncate: Keep only the first ``seq_len`` tokens of a longer document (the rest
+            is left out); by default such a document is split over several rows.
+        pad_id: The token id of padding.
+        attention_mask: Add the ``attention_mask`` column.
+
+    Raises:
+        ConfigError: an empty column name, or ``seq_len`` / ``pad_id`` not an int.
+    """
+
+    column: str
+    seq_len: int
+    split: bool = True
+    truncate: bool = False
+    pad_id: int = 0
+    attention_mask: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.column, str) or not self.column:
+            raise ConfigError(
+                f"SequencePack column={self.column!r} must be the name of a list<int> column of "
+                "token ids, e.g. SequencePack('tokens', seq_len=2048)"
+            )
+        check_int(self.seq_len, "SequencePack seq_len", 1, hint=" (tokens per packed row)")
+        check_bool(self.split, "SequencePack split")
+        check_bool(self.truncate, "SequencePack truncate")
+        check_bool(self.attention_mask, "SequencePack attention_mask")
+        if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, int):
+            raise ConfigError(f"SequencePack pad_id={self.pad_id!r} must be an int (the padding token id)")
+
+
+def coerce_sequence_pack(value: object) -> SequencePack | None:
+    """``pack_sequences`` (a :class:`SequencePack` or ``None``).
+
+    Raises:
+        ConfigError: anything else, naming the parameter and echoing the value.
+    """
+    if value is None or isinstance(value, SequencePack):
+        return value
+    raise ConfigError(
+        f"pack_sequences={value!r} must be a SequencePack, e.g. "
+        "pack_sequences=SequencePack('tokens', seq_len=2048)"
+    )
+
+
+class OnExhausted(enum.Enum):
+    """What a mix does when one of its sources has read its epoch (``on_exhausted``).
+
+    * ``CYCLE``: the source starts its next epoch and the mix goes on; the mix's epoch
+      ends when the source that takes longest at its weight has read its epoch.
+    * ``STOP``: the mix's epoch ends; the other sources go on where they stopped in the
+      next one.
+    """
+
+    CYCLE = "cycle"
+    STOP = "stop"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixConfig:
+    """How the sources of :func:`~torch_dataloader_utils.create_mixed_dataloader` are mixed.
+
+    Attributes:
+        weights: One weight > 0 per source: its share of every batch's rows is
+            ``weight / sum(weights)``.
+        on_exhausted: What happens when a source has read its epoch (:class:`OnExhausted`).
+        source_column: Add an int32 column of this name holding each row's source index
+            (its position in ``sources``), or ``None``.
+    """
+
+    weights: tuple[float, ...]
+    on_exhausted: OnExhausted = OnExhausted.CYCLE
+    source_column: str | None = None
+
+    def __post_init__(self) -> None:
+        weights = self.weights
+        if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence) or not weights:
+            raise ConfigError(
+                f"weights={weights!r} must be a non-empty list of numbers > 0, one per source, "
+                "e.g. weights=[0.5, 0.3, 0.2]"
+            )
+        for w in weights:
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0 or w == float("inf"):
+                raise ConfigError(
+                    f"weights={list(weights)!r}: every weight must be a finite number > 0 (got {w!r}); "
+                    "leave a source out instead of giving it weight 0"
+                )
+        object.__setattr__(self, "weights", tuple(weights))
+        object.__setattr__(self, "on_exhausted", coerce_enum(self.on_exhausted, OnExhausted, "on_exhausted"))
+        column = self.source_column
+        if column is not None and (not isinstance(column, str) or not column):
+            raise ConfigError(
+                f"source_column={column!r} must be a column name (str), e.g. source_column='source', or None"
+            )
 
 
 DEFAULT_EQUAL_BATCHES = EqualBatches.DROP
@@ -536,6 +658,7 @@ class OutputConfig:
             items (``None``: no limit).
         strings: Layout of string and binary columns, or ``None`` (``LIST``).
         pack_features: Groups of numeric columns stacked into one ``[rows, F]`` tensor each.
+        pack_sequences: Token lists packed into rows of ``seq_len`` tokens, or ``None``.
     """
 
     output_format: OutputFormat = OutputFormat.TORCH
@@ -546,6 +669,7 @@ class OutputConfig:
     max_length: int | None = None
     strings: StringLayout | None = None
     pack_features: tuple[FeaturePack, ...] = ()
+    pack_sequences: SequencePack | None = None
 
     def __post_init__(self) -> None:
         # Built from code (not through the public edge), strings still become enums here.
@@ -561,6 +685,7 @@ class OutputConfig:
             raise ConfigError(f"pad_value={pad!r} must be a number (the value past each list's end)")
         check_int(self.max_length, "max_length", 1, optional=True, hint=" (items kept per list)")
         set_(self, "pack_features", coerce_packs(self.pack_features))
+        set_(self, "pack_sequences", coerce_sequence_pack(self.pack_sequences))
         self._check_combinations()
 
     def _check_combinations(self) -> None:

@@ -26,6 +26,7 @@ from torch_dataloader_utils.config import (
     FileSourceConfig,
     IcebergSourceConfig,
     LoaderConfig,
+    MixConfig,
     OutputConfig,
     ProgressConfig,
     ShuffleConfig,
@@ -37,6 +38,7 @@ from torch_dataloader_utils.runtime.options import (
     IcebergLoaderOptions,
     IcebergReadOptions,
     LoaderOptions,
+    MixedLoaderOptions,
     ReadOptions,
 )
 
@@ -67,11 +69,15 @@ def _fields(config: type) -> set[str]:
 
 @pytest.mark.parametrize(
     ("typed", "source"),
-    [(FileLoaderOptions, FileSourceConfig), (IcebergLoaderOptions, IcebergSourceConfig)],
+    [
+        (FileLoaderOptions, FileSourceConfig),
+        (IcebergLoaderOptions, IcebergSourceConfig),
+        (MixedLoaderOptions, FileSourceConfig),
+    ],
 )
 def test_every_keyword_is_one_field_of_one_config(typed: Any, source: type) -> None:
     owners: dict[str, list[str]] = {}
-    for config in (*GROUPS, source):
+    for config in (*GROUPS, source, *((MixConfig,) if typed is MixedLoaderOptions else ())):
         for name in _fields(config):
             owners.setdefault(name, []).append(config.__name__)
     for key in _keys(typed) - WORLD_KEYS:

@@ -56,14 +56,19 @@ def rebatch(
         yield concat_batches(pending)
 
 
-def concat_batches(pieces: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
-    """One batch of ``pieces`` (one copy; a single piece is returned as it is)."""
+def concat_batches(
+    pieces: Sequence[pa.RecordBatch], memory_pool: pa.MemoryPool | None = None
+) -> pa.RecordBatch:
+    """``pieces`` (one schema) as one record batch: contiguous columns, one copy (none for one piece).
+
+    ``memory_pool``: where the copy is allocated (``None``: Arrow's default pool).
+    """
     if len(pieces) == 1:
         return pieces[0]
     concat = getattr(pa, "concat_batches", None)
     if concat is not None:  # pyarrow >= 19
-        return concat(pieces)  # type: ignore[no-any-return]
-    table = pa.Table.from_batches(pieces).combine_chunks()
+        return concat(pieces, memory_pool=memory_pool)  # type: ignore[no-any-return]
+    table = pa.Table.from_batches(pieces).combine_chunks(memory_pool=memory_pool)
     out = table.to_batches()
     return out[0] if out else pa.RecordBatch.from_pylist([], schema=table.schema)
 

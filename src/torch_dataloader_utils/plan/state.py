@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 from torch_dataloader_utils.errors import CheckpointMismatchError, ResumeStateError, StateMismatchError
+from torch_dataloader_utils.plan.mixstate import is_mix_state, merge_mixed_states
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import FileInfo
 
@@ -601,6 +602,8 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """
     if not states:
         raise ResumeStateError("merge_states needs at least one state")
+    if is_mix_state(states[0]):  # a mixed loader's states (create_mixed_dataloader)
+        return merge_mixed_states(states)
     parsed = [ResumeState.parse(s, complete=False) for s in states]
     first = parsed[0]
     for raw, other in zip(states[1:], parsed[1:], strict=True):

@@ -21,13 +21,13 @@ import torch
 from torch.utils.data import IterableDataset
 
 from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches, check_int
-from torch_dataloader_utils.convert import BatchConverter
 from torch_dataloader_utils.errors import IncompatibleOptionsError, ResumeStateError, UnknownLengthError
 from torch_dataloader_utils.io.bad import is_standin
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import concat_batches, rebatch
 from torch_dataloader_utils.io.helpers import Helpers, helpers
 from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
+from torch_dataloader_utils.packing import converter_for
 from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.elastic import Canonical
 from torch_dataloader_utils.plan.mixing import RowMixing
@@ -216,7 +216,7 @@ class PlannedDataset(IterableDataset[Any]):
         self._options = options
         self._reader = reader
         self._schema = output_schema
-        self._converter = BatchConverter(batch_schema(output_schema, batching.equal_batches), options.output)
+        self._converter = converter_for(batch_schema(output_schema, batching.equal_batches), options.output)
         self._row_count_issue = row_count_issue
         # Shared memory: set_epoch in the main process reaches persistent workers.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]

@@ -21,10 +21,10 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from torch_dataloader_utils.config import LoaderConfig
 from torch_dataloader_utils.errors import IncompatibleOptionsError
@@ -44,6 +44,7 @@ __all__ = [
     "SPARE_SEGMENTS",
     "EpochSampler",
     "ResumableDataLoader",
+    "build_loader",
     "make_loader",
     "received",
 ]
@@ -481,10 +482,20 @@ def make_loader(dataset: PlannedDataset, loader: LoaderConfig) -> ResumableDataL
 
     ``loader.num_workers=None`` (automatic) takes the count the dataset resolved.
     """
-    if loader.num_workers is None and dataset.num_workers == 0:
+    return build_loader(ResumableDataLoader, dataset, dataset.num_workers, loader)
+
+
+L = TypeVar("L", bound=ResumableDataLoader)
+
+
+def build_loader(
+    loader_class: type[L], dataset: IterableDataset[Any], num_workers: int, loader: LoaderConfig
+) -> L:
+    """A ``loader_class`` over ``dataset``, which resolved its ``num_workers`` already."""
+    if loader.num_workers is None and num_workers == 0:
         # Automatic sizing chose the main process: a start method has nothing to start.
         loader = dataclasses.replace(loader, multiprocessing_context=None)
-    config = dataclasses.replace(loader, num_workers=dataset.num_workers)  # re-checks the combination
+    config = dataclasses.replace(loader, num_workers=num_workers)  # re-checks the combination
     kwargs: dict[str, Any] = {}
     if config.prefetch_factor is not None:
         kwargs["prefetch_factor"] = config.prefetch_factor
@@ -494,11 +505,11 @@ def make_loader(dataset: PlannedDataset, loader: LoaderConfig) -> ResumableDataL
     # Workers' segments page-locked once: with pin_memory=True, or when batches are
     # copied to a GPU (its copies are then asynchronous). Otherwise torch pins (a copy).
     wants_pinned = config.pin_memory or (device is not None and device.type == "cuda")
-    pinner = _host_pinner() if wants_pinned and dataset.num_workers > 0 and can_pin_segments() else None
-    result = ResumableDataLoader(
+    pinner = _host_pinner() if wants_pinned and num_workers > 0 and can_pin_segments() else None
+    result = loader_class(
         dataset,
         batch_size=None,
-        num_workers=dataset.num_workers,
+        num_workers=num_workers,
         collate_fn=_passthrough,
         pin_memory=config.pin_memory and pinner is None,
         persistent_workers=config.persistent_workers,

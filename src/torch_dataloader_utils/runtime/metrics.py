@@ -222,6 +222,8 @@ class RankMetrics:
         first_batch_sec: Time from the start of the last pass to its first batch.
         rows_dropped: Rows the plan of ``epoch`` leaves out on every rank to equalize
             them (``equal_batches='drop'``), all ranks together.
+        rows_by_source: A mix (``create_mixed_dataloader``): ``(source name, rows the
+            loop received from it)`` per source, in order; empty otherwise.
     """
 
     rank: int
@@ -232,6 +234,7 @@ class RankMetrics:
     between_sec: float = 0.0
     first_batch_sec: float | None = None
     rows_dropped: int = 0
+    rows_by_source: tuple[tuple[str, int], ...] = ()
 
     @property
     def total(self) -> WorkerMetrics:
@@ -254,6 +257,7 @@ class RankMetrics:
             "stall_fraction": self.stall_fraction,
             "first_batch_sec": self.first_batch_sec,
             "rows_dropped": self.rows_dropped,
+            "rows_by_source": dict(self.rows_by_source),
             "total": self.total.as_dict(),
             "workers": [m.as_dict() for m in self.workers],
         }
@@ -266,6 +270,8 @@ class RankMetrics:
             f"first batch after {first}, rows dropped to equalize ranks {self.rows_dropped:,}"
         )
         rows = [[fmt(m) for _, fmt in _COLUMNS] for m in (*self.workers, self.total)]
+        if self.rows_by_source:
+            head += "\nrows by source: " + ", ".join(f"{n} {r:,}" for n, r in self.rows_by_source)
         return head + "\n" + _table([name for name, _ in _COLUMNS], rows)
 
 
@@ -303,6 +309,15 @@ class LoaderMetrics:
         return _ratio(self.wait_sec, self.wait_sec + self.between_sec)
 
     @property
+    def rows_by_source(self) -> dict[str, int]:
+        """A mix: rows the loops received per source, every rank together (empty otherwise)."""
+        out: dict[str, int] = {}
+        for rank in self.ranks:
+            for name, rows in rank.rows_by_source:
+                out[name] = out.get(name, 0) + rows
+        return out
+
+    @property
     def most_stalled(self) -> RankMetrics | None:
         """The rank whose loop waited longest for data (``None`` without ranks)."""
         return max(self.ranks, key=lambda r: r.wait_sec, default=None)
@@ -315,6 +330,7 @@ class LoaderMetrics:
             "wait_sec": self.wait_sec,
             "between_sec": self.between_sec,
             "total": self.total.as_dict(),
+            "rows_by_source": self.rows_by_source,
             "ranks": [r.as_dict() for r in self.ranks],
         }
 

@@ -40,12 +40,14 @@ from torch_dataloader_utils.config import (
     FileSourceConfig,
     IcebergSourceConfig,
     LoaderConfig,
+    OnExhausted,
     OutputConfig,
     OutputFormat,
     ProgressConfig,
     RaggedLayout,
     ReshardConfig,
     ReshardSourceConfig,
+    SequencePack,
     ShuffleConfig,
     SplitConfig,
     SplitKind,
@@ -55,6 +57,7 @@ from torch_dataloader_utils.config import (
     coerce_equal_batches,
     coerce_format,
     coerce_packs,
+    coerce_sequence_pack,
     parse_read_ahead,
     parse_size,
 )
@@ -88,6 +91,7 @@ __all__ = [
     "IcebergLoaderOptions",
     "IcebergReadOptions",
     "LoaderOptions",
+    "MixedLoaderOptions",
     "Options",
     "ReadOptions",
     "ReshardKeywords",
@@ -185,6 +189,13 @@ class ReadOptions(TypedDict, total=False):
     """Stack numeric columns into one ``[rows, F]`` tensor of a given dtype under a key,
     e.g. ``FeaturePack(["f0", "f1", "f2"], key="features", dtype="float32")``; the packed
     columns leave the batch (default: none)."""
+    pack_sequences: SequencePack | None
+    """Pack the token lists of a ``list<int>`` column into rows of exactly ``seq_len``
+    tokens, e.g. ``SequencePack("tokens", seq_len=2048)``: each batch's ``batch_size``
+    documents become as many packed rows as they need (only the batch's last row ends
+    in padding), with ``position_ids``, ``cu_seqlens`` (FlashAttention's varlen
+    boundaries) and optionally an ``attention_mask``; the other columns are left out
+    (default: no packing). See ``docs/recipes.md``."""
     num_ranks: int | None
     """Number of ranks (world size); default from ``torch.distributed`` or ``WORLD_SIZE``."""
     rank: int | None
@@ -358,6 +369,25 @@ class IcebergLoaderOptions(IcebergReadOptions, LoaderOptions, total=False):
     """Keywords of :meth:`~torch_dataloader_utils.IcebergDataset.create_dataloader`."""
 
 
+class MixedLoaderOptions(FileReadOptions, LoaderOptions, total=False):
+    """Keywords of :func:`~torch_dataloader_utils.create_mixed_dataloader`.
+
+    Batching, shuffling, output, ranks and workers are the mix's; a read option
+    (``columns``, ``split_bytes``, ``storage_options``, ...) is the default of every
+    source, which its own mapping may override.
+    """
+
+    on_exhausted: str | OnExhausted
+    """What happens when a source has read its epoch: ``"cycle"`` (default) starts its
+    next epoch, and an epoch of the mix ends when the source that takes longest at its
+    weight has read its own (every row of it once); ``"stop"`` ends the mix's epoch
+    when any source has read its epoch. Either way a source goes on where it stopped in
+    the next epoch of the mix, so each source is read exactly once per its own epoch."""
+    source_column: str | None
+    """Add an int32 column of this name holding each row's source index (its position
+    in ``sources``); default: none."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     """Every option except the source's, checked and coerced: what the edge hands inward.
@@ -421,6 +451,7 @@ _COERCE: dict[str, Callable[[Any], object]] = {
     "ragged": lambda v: None if v is None else coerce_enum(v, RaggedLayout, "ragged"),
     "strings": lambda v: None if v is None else coerce_enum(v, StringLayout, "strings"),
     "pack_features": coerce_packs,
+    "pack_sequences": coerce_sequence_pack,
     "split_bytes": lambda v: parse_size(v, "split_bytes"),
     "read_ahead_bytes": parse_read_ahead,
     "count_cache_dir": _fspath,

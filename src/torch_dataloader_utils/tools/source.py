@@ -142,6 +142,8 @@ class Source:
         options: Library keywords given on the command line (only those given, so the
             library's defaults apply to the rest): ``batch_size``, ``split_rows``,
             ``filters``, ``storage_options``, ...
+        mix: A mix of sources instead: the recipe (``sources``, ``weights`` and keywords
+            of ``create_mixed_dataloader``; see :mod:`.mix`).
     """
 
     path: str | Sequence[str] | None = None
@@ -149,9 +151,13 @@ class Source:
     table: str | None = None
     catalog_config: Mapping[str, Any] | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    mix: Mapping[str, Any] | None = None
 
     def describe(self) -> str:
-        """``'PATH' (parquet)`` or ``Iceberg table 'ns.t'``."""
+        """``'PATH' (parquet)``, ``Iceberg table 'ns.t'`` or ``a mix of 3 sources``."""
+        if self.mix is not None:
+            names = [str(s.get("name") or s.get("table") or s.get("path")) for s in self.mix["sources"]]
+            return f"a mix of {len(names)} sources ({', '.join(names)})"
         if self.table is not None:
             return f"Iceberg table {self.table!r}"
         path = self.path if isinstance(self.path, str) or self.path is None else ", ".join(self.path)
