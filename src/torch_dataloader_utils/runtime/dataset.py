@@ -13,7 +13,7 @@ import logging
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -64,7 +64,7 @@ from torch_dataloader_utils.runtime.watchdog import watch_parent
 from torch_dataloader_utils.runtime.workstats import WorkStats
 from torch_dataloader_utils.transfer import SegmentPool, pack
 
-__all__ = ["MAX_AUTO_WORKERS", "PlannedDataset"]
+__all__ = ["MAX_AUTO_WORKERS", "PlannedDataset", "consumed_here"]
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,46 @@ def batch_schema(schema: pa.Schema, equal: EqualBatches) -> pa.Schema:
             "rename it or leave it out of columns"
         )
     return schema.append(pa.field(PADDING_COLUMN, pa.bool_(), nullable=False))
+
+
+_P = TypeVar("_P")
+_P_contra = TypeVar("_P_contra", contravariant=True)
+
+
+class PassRecord(Protocol[_P_contra]):
+    """What records a pass's consumption (``ResumeTracker``, or a mix's tracker)."""
+
+    def consume(self, item: Any, progress: _P_contra) -> Any:
+        """Record ``item`` as consumed by ``progress``'s pass; return the batch."""
+        ...
+
+    def finish(self, progress: _P_contra) -> None:
+        """``progress``'s pass ran to its end."""
+        ...
+
+    def end(self, progress: _P_contra) -> None:
+        """``progress``'s pass ended (exhausted, closed or failed)."""
+        ...
+
+
+def consumed_here(
+    tagged: Iterator[Tagged], record: PassRecord[_P], progress: _P, metrics: MetricsRecorder
+) -> Iterator[Any]:
+    """A pass read and consumed in this process (a dataset iterated directly, no loader).
+
+    Each batch is recorded as consumed when the loop takes it, the loop's wait is timed,
+    and the pass is finished (or ended early) in the record and the metrics.
+    """
+    completed = False
+    try:
+        for item in stall_clock(tagged, metrics):
+            metrics.record(item.tag)
+            yield record.consume(item, progress)
+        record.finish(progress)
+        completed = True
+    finally:
+        record.end(progress)
+        metrics.finish(completed)
 
 
 class PlannedDataset(IterableDataset[Any]):
@@ -1023,16 +1063,7 @@ class PlannedDataset(IterableDataset[Any]):
         # Iterated directly in the main process: record what the loop consumes here.
         progress = self.begin_pass(1)
         self.begin_metrics(0)
-        completed = False
-        try:
-            for item in stall_clock(self._tagged(batches, positions, work), self.metrics):
-                self.metrics.record(item.tag)
-                yield self._state.consume(item, progress)
-            self._state.finish(progress)
-            completed = True
-        finally:
-            self._state.end(progress)
-            self.metrics.finish(completed)
+        yield from consumed_here(self._tagged(batches, positions, work), self._state, progress, self.metrics)
 
     def _warm_next(self, slot: env.WorkerSlot, epoch: int) -> None:
         """Warm the node-local cache with this worker's first chunks of the next epoch (idle threads)."""

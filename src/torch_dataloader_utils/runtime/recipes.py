@@ -76,13 +76,18 @@ from torch_dataloader_utils.plan.mixstate import (
 from torch_dataloader_utils.plan.shuffle import permutation, random_offset
 from torch_dataloader_utils.plan.types import Chunk, World
 from torch_dataloader_utils.runtime import env
-from torch_dataloader_utils.runtime.dataset import MAX_AUTO_WORKERS, PlannedDataset, batch_schema
+from torch_dataloader_utils.runtime.dataset import (
+    MAX_AUTO_WORKERS,
+    PlannedDataset,
+    batch_schema,
+    consumed_here,
+)
 from torch_dataloader_utils.runtime.emit import ArrowBytes, grouped
 from torch_dataloader_utils.runtime.files import StructuredDataset, source_paths
 from torch_dataloader_utils.runtime.iceberg import IcebergDataset
 from torch_dataloader_utils.runtime.lanes import LaneSource
 from torch_dataloader_utils.runtime.loader import ResumableDataLoader, build_loader
-from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics, WorkerMetrics, stall_clock
+from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics, WorkerMetrics
 from torch_dataloader_utils.runtime.options import (
     FileReadOptions,
     IcebergReadOptions,
@@ -770,16 +775,7 @@ class MixedDataset(IterableDataset[Any]):
             return
         progress = self._state.begin(1, epoch)
         self.begin_metrics(0)
-        completed = False
-        try:
-            for item in stall_clock(self._tagged(batches, tagger, work), self.metrics):
-                self.metrics.record(item.tag)
-                yield self._state.consume(item, progress)
-            self._state.finish(progress)
-            completed = True
-        finally:
-            self._state.end(progress)
-            self.metrics.finish(completed)
+        yield from consumed_here(self._tagged(batches, tagger, work), self._state, progress, self.metrics)
 
     def _tagged(
         self, batches: Iterator[pa.RecordBatch], tagger: _Tagger, work: WorkStats
