@@ -31,7 +31,7 @@ from testsupport.iceberg_tables import (
 __all__ = ["iceberg_demo", "main", "make_demo_table"]
 
 DEMO_ROWS = (12_000, 8_000, 5_000)
-DEMO_ROW_GROUP = 2_000
+DEMO_ROW_GROUP = 500
 
 
 def _rows(start: int, n: int, rng: np.random.Generator) -> pa.Table:
@@ -88,7 +88,7 @@ def iceberg_demo(data_dir: str | Path = "demo_data", num_ranks: int = 2, num_wor
     config, name, live = make_demo_table(Path(data_dir) / "iceberg")
     total = sum(DEMO_ROWS)
     print(f"iceberg table {name} in {config['uri']}: {total} rows written, {len(live)} live after deletes")
-    print(f"reading as {num_ranks} ranks x {num_workers} workers, split_rows=1000")
+    print(f"reading as {num_ranks} ranks x {num_workers} workers, split_rows=500")
     print("  rank  rows     batches  seconds")
     seen: list[np.ndarray[Any, Any]] = []
     counts = set()
@@ -102,7 +102,7 @@ def iceberg_demo(data_dir: str | Path = "demo_data", num_ranks: int = 2, num_wor
             rank=rank,
             num_workers=num_workers,
             batch_size=1000,
-            split_rows=1000,
+            split_rows=500,
             shuffle=True,
             shuffle_seed=7,
             timeout=120,

@@ -117,6 +117,15 @@ def test_the_users_split_and_unshuffled_reads_are_left_alone(tmp_path: Path) -> 
     assert given.split_strategy == RowGroupSplit(split_bytes=None, split_rows=FILE_ROWS)
 
 
+def test_a_users_split_down_to_single_row_groups_names_the_row_groups(tmp_path: Path) -> None:
+    """Lowering split_rows cannot help once every chunk is one row group: the warning says so."""
+    root = write(tmp_path, groups_per_file=1, files=2)
+    with pytest.warns(UserWarning, match=r"the files' 2 row groups \(stripes\), the smallest unit") as got:
+        StructuredDataset(root, num_workers=2, shuffle=True, split_rows=FILE_ROWS // 4)
+    assert "Lower split_bytes / split_rows" not in str(got[0].message)
+    assert "reshard" in str(got[0].message)
+
+
 def test_text_is_split_into_smaller_byte_ranges(tmp_path: Path) -> None:
     root = tmp_path / "text"
     root.mkdir()

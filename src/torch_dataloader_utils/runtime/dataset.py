@@ -384,7 +384,8 @@ class PlannedDataset(IterableDataset[Any]):
         figure = "" if mean is None else f"; a batch draws from about {mean:.1f} files"
         split = self._options.split
         groups = int(np.diff(self._table.group_offsets)[self._table.has_groups].sum())
-        if split.split_bytes is not None or split.split_rows is not None:
+        given = split.split_bytes is not None or split.split_rows is not None
+        if given and not (groups and len(table) >= groups):  # a lower split would give more chunks
             limit = "split_bytes / split_rows give"
             fix = "Lower split_bytes / split_rows, or leave them out: the library then splits as needed"
         elif groups:
