@@ -207,6 +207,49 @@ def test_case_11_the_claim_is_exclusive_on_s3(s3_server: S3Server) -> None:
     assert dest.read_json("_reshard/job.json") == {"job_id": "a"}
 
 
+@pytest.mark.parametrize("size", ["20KiB", "8KiB"])
+def test_case_11_a_job_that_finished_while_another_planned_is_not_overwritten(
+    tmp_path: Path, size: str
+) -> None:
+    """The race the two-job test hits about 1 run in 10: job A runs to its end (and releases its
+    claim) while job B, which found the destination empty, is still planning; B then claims it.
+    B must judge A's finished output, not write over it: a conflict with other options, done
+    with the same ones."""
+    src = _source(tmp_path / "src", files=20)
+    dst = tmp_path / "dst"
+    from torch_dataloader_utils.tools import reshard as module
+
+    original = module._Job._calibrate
+    ran: list[int] = []
+
+    def plan_while_another_job_finishes(self: Any) -> Any:
+        if not ran:
+            ran.append(0)  # the other job plans with the original
+            module._Job._calibrate = original  # type: ignore[method-assign]
+            other = reshard(
+                str(src), str(dst), target_file_size="8KiB", row_group_rows=100, compression="none"
+            )
+            ran[0] = other.num_rows
+        return original(self)
+
+    module._Job._calibrate = plan_while_another_job_finishes  # type: ignore[method-assign]
+    try:
+        if size == "8KiB":  # the same job: done before, nothing written again
+            report = reshard(
+                str(src), str(dst), target_file_size=size, row_group_rows=100, compression="none"
+            )
+            assert report.num_rows == ROWS
+        else:
+            with pytest.raises(DestinationConflictError, match=r"finished reshard job with other options"):
+                reshard(str(src), str(dst), target_file_size=size, row_group_rows=100, compression="none")
+    finally:
+        module._Job._calibrate = original  # type: ignore[method-assign]
+    assert ran == [ROWS]
+    assert not (dst / "_reshard").exists()
+    assert _manifest(dst)["options"]["target_file_size"] == 8192
+    assert _ids(dst) == list(range(ROWS))
+
+
 def test_case_11_shards_that_do_not_add_up_write_no_manifest(tmp_path: Path) -> None:
     """A marker of the job describing other rows (another job's shard): no manifest is written."""
     src = _source(tmp_path / "src")

@@ -464,6 +464,14 @@ class _Job:
             # Another job claimed the destination since it was found empty: one started
             # at the same moment. Join it if it is this job, else stop without writing.
             return self._join(self.dest.read_json(JOB_FILE), identity, now, "a running or interrupted")
+        found = self.dest.read(MANIFEST_NAME)
+        if found is not None:
+            # A job started at the same moment ran to its end (and released its claim) while
+            # this one was planning: this claim is dropped, and that job's output is judged.
+            self.dest.remove_tree(STATE_DIR)
+            manifest = Manifest.from_json(found, self.dest.display(MANIFEST_NAME))
+            self._check_same(dict(manifest.options), dict(manifest.source), identity, now, "a finished")
+            return _State(manifest=found)
         log.info(
             "reshard %s -> %s: %s rows, %d rows per shard, %d rows per row group (job %s)",
             self.source.src,
