@@ -11,13 +11,13 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
-import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from tests.fixtures.s3 import S3Server
+from tests.fixtures.stores import serve, silent
 from torch_dataloader_utils import (
     ConfigError,
     DiscoveryError,
@@ -30,44 +30,6 @@ from torch_dataloader_utils.storage.fetch import fetch_range
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 
 CREDENTIALS = {"key": "k", "secret": "s"}
-
-
-@contextlib.contextmanager
-def _serve(handle: Callable[[socket.socket], None]) -> Iterator[str]:
-    """A local TCP endpoint whose every connection is given to ``handle``."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
-    server.settimeout(0.05)  # closing a socket does not wake a thread blocked in accept()
-    kept: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            conn.settimeout(None)
-            kept.append(conn)
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    acceptor = threading.Thread(target=accept, daemon=True)
-    acceptor.start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        stop.set()
-        acceptor.join()
-        server.close()
-        for conn in kept:
-            conn.close()
-
-
-def _silent(conn: socket.socket) -> None:
-    """Accept and never answer."""
 
 
 def _closing(conn: socket.socket) -> None:
@@ -89,7 +51,7 @@ def _garbage(conn: socket.socket) -> None:
 
 @pytest.fixture
 def dead_endpoint() -> Iterator[str]:
-    with _serve(_silent) as endpoint:
+    with serve(silent) as endpoint:
         yield endpoint
 
 
@@ -162,7 +124,7 @@ def test_obscure_endpoint_down_closing_resetting_or_garbage(
             s.bind(("127.0.0.1", 0))
             serving = contextlib.nullcontext(f"http://127.0.0.1:{s.getsockname()[1]}")
     else:
-        serving = _serve(handler)
+        serving = serve(handler)
     with serving as endpoint, pytest.raises(DiscoveryError) as exc:
         _discover(endpoint, retries=0)
     text = str(exc.value)
