@@ -299,7 +299,7 @@ def check_job(planted: Planted, setup: Setup, tmp: Path) -> None:
     if setup.pad:
         assert len(set(lengths)) == 1  # equal batches, planned
         assert batches == [min(lengths[0], setup.stop_after)] * setup.ranks
-    state = merge_states(states) if setup.ranks > 1 else states[0]
+    state = merge_states(states)
     if state["epoch"] != 0:  # the first run read the whole epoch: nothing to resume
         assert all(b < setup.stop_after for b in batches)
         rest: list[int] = []

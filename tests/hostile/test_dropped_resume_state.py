@@ -100,7 +100,7 @@ def test_28_16_nested_full_pass_does_not_finish_the_epoch(root: str, num_workers
             assert sorted(evaluated) == list(range(TOTAL))
         if n == 20:
             break
-    state = json.loads(json.dumps(loader.state_dict()))
+    state = json.loads(json.dumps(loader.dataset.state_dict()))
     assert state["epoch"] == 3, "the nested pass did not finish the epoch"
     resumed, _ = create_dataloader(root, num_workers=2 - num_workers, **OPTIONS)
     resumed.load_state_dict(state)

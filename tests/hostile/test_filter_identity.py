@@ -63,7 +63,7 @@ def test_case_9_resume_state_of_one_filter_does_not_load_with_the_other(data: Pa
     loader, _ = create_dataloader(str(data), filters=FILTER_A, batch_size=4, num_workers=0)
     batches = iter(loader)
     next(batches)
-    state = loader.state_dict()
+    state = loader.dataset.state_dict()
     other, _ = create_dataloader(str(data), filters=FILTER_B, batch_size=4, num_workers=0)
     with pytest.raises(StateMismatchError, match="option filters_sha256"):
         other.load_state_dict(state)
@@ -85,7 +85,7 @@ def test_a_state_saved_before_filters_had_a_key_still_loads_when_its_text_is_who
     small = pc.field("id") < 20
     loader, _ = create_dataloader(str(data), filters=small, batch_size=4, num_workers=0)
     next(iter(loader))
-    state = loader.state_dict()
+    state = loader.dataset.state_dict()
     del state["fingerprint"]["options"]["filters_sha256"]  # as an older version saved it
     again, _ = create_dataloader(str(data), filters=small, batch_size=4, num_workers=0)
     again.load_state_dict(state)

@@ -56,7 +56,7 @@ def test_28_21_state_whose_ints_became_floats(root: str) -> None:
     loader, _ = create_dataloader(root, num_workers=0, batch_size=32, shuffle=True)
     it = iter(loader)
     next(it)
-    state = _floats(json.loads(json.dumps(loader.state_dict())))
+    state = _floats(json.loads(json.dumps(loader.dataset.state_dict())))
     del it
     other, _ = create_dataloader(root, num_workers=0, batch_size=32, shuffle=True)
     with pytest.raises(ResumeStateError) as err:

@@ -1,9 +1,10 @@
 """Checkpointers on 2 processes: torch.distributed.checkpoint (torchrun) and Accelerate's save_state.
 
-Both store the loader through :class:`~torch_dataloader_utils.GatheredState` (every rank's
-state merged, under one fixed key): DCP keeps one copy of an entry with the same key on
-every rank, and Accelerate writes what rank 0 holds, so a plain per-rank state would
-come back as rank 0's on every rank.
+DCP keeps one copy of an entry whose key is the same on every rank: the loader's own
+state is keyed by rank (``{"rank<r>": JSON}``), so ``{"data": loader}`` keeps each rank's.
+Accelerate writes what rank 0 holds, so it stores :class:`~torch_dataloader_utils.GatheredState`
+(every rank's state merged, under one fixed key), which DCP also takes (and which resumes
+on any number of ranks).
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def test_the_loader_is_stateful_and_gathered_state_round_trips_in_process(data: 
 
 
 @pytest.mark.slow
-def test_dcp_save_and_load_on_two_ranks_keeps_each_ranks_state(data: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["loader", "gathered"])
+def test_dcp_save_and_load_on_two_ranks_keeps_each_ranks_state(data: Path, tmp_path: Path, mode: str) -> None:
     out = tmp_path / "out"
     out.mkdir()
     cmd = [
@@ -87,9 +89,13 @@ def test_dcp_save_and_load_on_two_ranks_keeps_each_ranks_state(data: Path, tmp_p
         str(data),
         str(tmp_path / "ckpt"),
         str(out),
+        mode,
     ]
     _run(cmd, tmp_path)
     results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    entries = {k for k in results[0]["keys"] if k.startswith("data.")}
+    # The loader's entry: one per rank (DCP keeps one copy of a key every rank has).
+    assert entries == ({"data.rank0", "data.rank1"} if mode == "loader" else {"data.format", "data.state"})
     for r in results:
         assert r["weights"]
         assert sorted(r["resumed"]) == sorted(r["expected"])  # this rank's rest, not rank 0's

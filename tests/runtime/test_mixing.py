@@ -91,7 +91,7 @@ def test_resume_with_mixing_and_an_uncounted_filter(root, before, after):
 def test_state_with_mixing_does_not_resume_without_it(root):
     loader, _ = StructuredDataset.create_dataloader(root, num_workers=0, batch_size=16, shuffle=True)
     next(iter(loader))
-    state = loader.state_dict()
+    state = loader.dataset.state_dict()
     opts = {"num_workers": 0, "batch_size": 16, "shuffle": True}
     other, _ = StructuredDataset.create_dataloader(root, row_mixing=None, **opts)
     with pytest.raises(StateMismatchError, match="option row_mixing: 32768 in the state, None now"):
@@ -124,7 +124,7 @@ def test_resume_with_mixing_and_exact_counts_in_another_world(root, before, afte
         first.extend(batch["id"].tolist())
         if n == 60:  # past every worker's first mix
             break
-    state = json.loads(json.dumps(loader.state_dict()))
+    state = json.loads(json.dumps(loader.dataset.state_dict()))
     assert all(c[0] >= 1 for s in state["segments"] for e in s["ranks"].values() for c in e["cursors"])
     assert all("left" in e for s in state["segments"] for e in s["ranks"].values())
     rest: list[int] = []

@@ -146,7 +146,7 @@ def test_state_records_rows_left_and_resumes_elsewhere(root: str) -> None:
             seen += batch["id"].tolist()
             if n == 3:
                 break
-        state = loader.state_dict()
+        state = loader.dataset.state_dict()
         entry = state["segments"][-1]["ranks"][str(rank)]
         assert len(entry["left"]) == entry["num_workers"] == 2
         states.append(state)

@@ -358,7 +358,7 @@ def test_persistent_workers_carry_positions_across_epochs(mix_sources: list[str]
 def test_state_of_a_finished_epoch_starts_the_next_one(mix_sources: list[str]) -> None:
     loader, dataset = make(mix_sources, batch_size=16, num_workers=0)
     list(loader)
-    state = loader.state_dict()
+    state = loader.dataset.state_dict()
     assert state["epoch"] == 1
     assert state["consumed"] == {}
     dataset.set_epoch(1)
@@ -447,7 +447,7 @@ def test_mix_errors(mix_sources: list[str]) -> None:
 def test_state_errors(mix_sources: list[str]) -> None:
     loader, _dataset = make(mix_sources, batch_size=10, num_workers=0)
     next(iter(loader))
-    state = loader.state_dict()
+    state = loader.dataset.state_dict()
     other, _ = make(mix_sources, [0.4, 0.4, 0.2], batch_size=10, num_workers=0)
     with pytest.raises(StateMismatchError, match="weights"):
         other.load_state_dict(state)

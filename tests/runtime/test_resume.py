@@ -46,7 +46,7 @@ def test_break_save_resume_with_other_workers(root, before, after, extra):
     assert isinstance(loader, ResumableDataLoader)
     dataset.set_epoch(1)
     first = run_until(loader, 9)  # 2 workers prefetch ahead: those batches are not consumed
-    state = json.loads(json.dumps(loader.state_dict()))  # plain JSON
+    state = json.loads(json.dumps(loader.dataset.state_dict()))  # plain JSON
     assert state["epoch"] == 1
     assert len(json.dumps(state)) < 2000
     del loader
@@ -66,7 +66,7 @@ def test_break_save_resume_with_other_workers(root, before, after, extra):
     assert batches == expected_batches
     assert Counter(first + rest) == Counter(range(TOTAL))  # every row exactly once
     # The resumed pass completed: the state now points at the next epoch, from its start.
-    done = loader2.state_dict()
+    done = loader2.dataset.state_dict()
     assert (done["epoch"], done["segments"]) == (2, [])
     dataset2.set_epoch(2)
     assert sorted(i for b in loader2 for i in ids(b)) == list(range(TOTAL))
@@ -75,11 +75,11 @@ def test_break_save_resume_with_other_workers(root, before, after, extra):
 def test_resume_twice_in_one_epoch(root):
     loader, _dataset = StructuredDataset.create_dataloader(root, num_workers=2, **OPTIONS)
     first = run_until(loader, 5)
-    s1 = loader.state_dict()
+    s1 = loader.dataset.state_dict()
     loader2, _ = StructuredDataset.create_dataloader(root, num_workers=1, **OPTIONS)
     loader2.load_state_dict(s1)
     second = run_until(loader2, 7)
-    s2 = json.loads(json.dumps(loader2.state_dict()))
+    s2 = json.loads(json.dumps(loader2.dataset.state_dict()))
     assert len(s2["segments"]) == 2
     loader3, _ = StructuredDataset.create_dataloader(root, num_workers=3, **OPTIONS)
     loader3.load_state_dict(s2)
@@ -195,9 +195,9 @@ def test_failed_load_changes_nothing(root):
     """Hostile case: a load_state_dict that raised left the loader failing until rebuilt."""
     loader, dataset = StructuredDataset.create_dataloader(root, num_workers=0, **OPTIONS)
     dataset.set_epoch(2)
-    good = json.loads(json.dumps(loader.state_dict()))
+    good = json.loads(json.dumps(loader.dataset.state_dict()))
     run_until(loader, 3)
-    good = json.loads(json.dumps(loader.state_dict()))  # 3 batches of epoch 2 consumed
+    good = json.loads(json.dumps(loader.dataset.state_dict()))  # 3 batches of epoch 2 consumed
     bad = json.loads(json.dumps(good))
     bad["epoch"] = 7
     bad["segments"][0]["ranks"]["0"]["cursors"] = [[99, 0]]  # past the end of the plan

@@ -177,7 +177,7 @@ def test_a_refused_state_leaves_the_split_as_it_was(tmp_path: Path) -> None:
     root = write(tmp_path, groups_per_file=16)
     loader, _ = create_dataloader(root, num_ranks=1, rank=0, num_workers=1, batch_size=100, shuffle=True)
     next(iter(loader))
-    state = loader.state_dict()
+    state = loader.dataset.state_dict()
     other, dataset = create_dataloader(root, num_workers=2, batch_size=50, shuffle=True)
     before = dataset.split_strategy
     with pytest.raises(StateMismatchError, match="option batch_size: 100 in the state, 50 now"):

@@ -12,6 +12,8 @@ nothing outside this module reads the JSON. What the segments mean for planning 
 
 from __future__ import annotations
 
+import json
+import re
 import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -34,7 +36,10 @@ __all__ = [
     "Segment",
     "check_state",
     "fingerprint",
+    "keyed_state",
     "merge_states",
+    "plain_state",
+    "rank_states",
     "segments_of",
 ]
 
@@ -299,7 +304,8 @@ class Segment:
             raise ResumeStateError(
                 f"the resume state holds ranks {present[:20]} of a {self.num_ranks}-rank job (missing "
                 f"{missing[:20]}); merge the states of all ranks first (merge_states, or gather_state "
-                "under torch.distributed)"
+                "under torch.distributed; a DCP checkpoint of the loader itself resumes only on as "
+                "many ranks as saved it, GatheredState(loader) on any number)"
             )
         for rank, entry in self.ranks.items():
             where = f"resume state segment {position} rank {rank} has num_workers={entry.num_workers} but"
@@ -602,6 +608,7 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """
     if not states:
         raise ResumeStateError("merge_states needs at least one state")
+    states = [part for state in states for part in rank_states(state) or (state,)]
     if is_mix_state(states[0]):  # a mixed loader's states (create_mixed_dataloader)
         return merge_mixed_states(states)
     parsed = [ResumeState.parse(s, complete=False) for s in states]
@@ -625,3 +632,54 @@ _MERGE_KEYS: dict[str, Callable[[ResumeState], object]] = {
     "epoch": lambda s: s.epoch,
 }
 """What the states merged must agree on (format and version are checked by parsing)."""
+
+
+# -- a loader's state: each rank's under a key of its own ------------------------------------------
+_RANK_KEY = re.compile(r"rank(0|[1-9][0-9]{0,5})")
+
+
+def keyed_state(state: Mapping[str, Any], rank: int) -> dict[str, str]:
+    """``state`` (one rank's) as a loader's ``state_dict()`` holds it: ``{"rank<rank>": "<JSON>"}``.
+
+    A checkpointer that stores entries by key (``torch.distributed.checkpoint`` keeps one
+    copy of an entry whose key is the same on every rank) then keeps every rank's state,
+    and one JSON string is one entry however far the epoch went (a fresh loader's state
+    has the same single key as a mid-epoch one). The ranks' states merge by dict union.
+    """
+    return {f"rank{rank}": json.dumps(state, separators=(",", ":"))}
+
+
+def rank_states(state: object) -> list[dict[str, Any]] | None:
+    """The ranks' states in a loader's state (:func:`keyed_state`, or several merged by ``|``).
+
+    ``None`` when ``state`` is not of that shape (a plain state, or anything else, left to
+    the parser to judge). Ordered by rank.
+
+    Raises:
+        ResumeStateError: an entry ``rank<r>`` is not the JSON of an object.
+    """
+    if not (
+        isinstance(state, Mapping)
+        and state
+        and all(type(k) is str and _RANK_KEY.fullmatch(k) and type(v) is str for k, v in state.items())
+    ):
+        return None
+    parts = []
+    for key in sorted(state, key=lambda k: int(k[4:])):
+        try:
+            part = json.loads(state[key])
+        except ValueError as exc:
+            where = f"the loader state's entry {key!r}"
+            raise ResumeStateError(f"{where} is not JSON ({exc}); {_EDITED}") from None
+        if not isinstance(part, dict):
+            _fail(part, f"the loader state's entry {key!r}", "the JSON of an object")
+        parts.append(part)
+    return parts
+
+
+def plain_state(state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``state`` as a dataset reads it: a loader's state unwrapped, several ranks' merged."""
+    parts = rank_states(state)
+    if parts is None:
+        return state
+    return parts[0] if len(parts) == 1 else merge_states(parts)

@@ -36,7 +36,7 @@ from torch_dataloader_utils.plan.planner import Planner, PlanSpec, RankPlan, non
 from torch_dataloader_utils.plan.resume import Resumer, group
 from torch_dataloader_utils.plan.splits import RankAwareStrategy, Splitter
 from torch_dataloader_utils.plan.spread import SPREAD_RANKS, FileSpread
-from torch_dataloader_utils.plan.state import Segment, segments_of
+from torch_dataloader_utils.plan.state import Segment, plain_state, segments_of
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, WorkerChunks, World
 from torch_dataloader_utils.runtime import env, share
@@ -1253,7 +1253,7 @@ class PlannedDataset(IterableDataset[Any]):
             ResumeStateError: not a state, another version, or not every rank.
             StateMismatchError: saved for other files or options (says what changed).
         """
-        state = complete_state(state, self.world)
+        state = complete_state(plain_state(state), self.world)
         previous = self._adopt_split(state)
         try:
             epoch = self._state.load(state, self._validate)

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from torch_dataloader_utils.config import LoaderConfig
 from torch_dataloader_utils.errors import IncompatibleOptionsError
+from torch_dataloader_utils.plan.state import keyed_state
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.device import DeviceStage, OnDevice, copied_ahead
 from torch_dataloader_utils.runtime.metrics import LoaderMetrics, gather_metrics, stall_clock
@@ -463,12 +464,22 @@ class ResumableDataLoader(DataLoader[Any]):
             return gather_metrics(self, group)
         return LoaderMetrics((self.dataset.rank_metrics(),))
 
-    def state_dict(self) -> dict[str, Any]:
-        """This rank's resume state; see :meth:`PlannedDataset.state_dict`."""
-        return self.dataset.state_dict()
+    def state_dict(self) -> dict[str, str]:
+        """This rank's resume state, under a key of its own: ``{"rank<r>": "<the state as JSON>"}``.
+
+        The JSON is the dataset's state (:meth:`PlannedDataset.state_dict`, readable as
+        ``loader.dataset.state_dict()``). Keyed by rank, so ``torch.distributed.checkpoint``
+        keeps every rank's entry (``dcp.save({"model": model, "data": loader})``), and one
+        string however far the epoch went. Several ranks' states merge by dict union (or
+        ``merge_states``); ``gather_state`` gives the merged state of every rank.
+        """
+        return keyed_state(self.dataset.state_dict(), self.dataset.world.rank)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from a (merged) state; see :meth:`PlannedDataset.load_state_dict`."""
+        """Resume from a state of :meth:`state_dict` (one rank's, several, or merged).
+
+        Also takes the dataset's plain state. See :meth:`PlannedDataset.load_state_dict`.
+        """
         self.dataset.load_state_dict(state)
 
 

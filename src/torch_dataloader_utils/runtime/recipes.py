@@ -74,6 +74,7 @@ from torch_dataloader_utils.plan.mixstate import (
     merge_mixed_states,
 )
 from torch_dataloader_utils.plan.shuffle import permutation, random_offset
+from torch_dataloader_utils.plan.state import plain_state
 from torch_dataloader_utils.plan.types import Chunk, World
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.dataset import (
@@ -886,7 +887,7 @@ class MixedDataset(IterableDataset[Any]):
             ResumeStateError: not a state of a mix, another version, or not every rank.
             StateMismatchError: saved for other sources or options (says what changed).
         """
-        state = _complete(state, self.world.num_ranks)
+        state = _complete(plain_state(state), self.world.num_ranks)
         previous = self._adopt_splits(state)
         try:
             self._load(state)

@@ -25,6 +25,7 @@ from torch_dataloader_utils.plan.state import (
     Segment,
     fingerprint,
     merge_states,
+    plain_state,
 )
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import FileInfo, World
@@ -110,7 +111,7 @@ def gather_state(source: Stateful, group: Any = None) -> dict[str, Any]:
     Uses ``torch.distributed.all_gather_object`` (any backend; with NCCL set the
     current CUDA device first) and :func:`~torch_dataloader_utils.plan.state.merge_states`.
     Without an initialized process group it returns this process's state. Every rank
-    gets the merged state; save it from rank 0.
+    gets the merged state (plain JSON values, not keyed by rank); save it from rank 0.
 
     Args:
         source: The loader (or dataset) whose state to gather.
@@ -118,7 +119,7 @@ def gather_state(source: Stateful, group: Any = None) -> dict[str, Any]:
     """
     state = source.state_dict()
     if not (dist.is_available() and dist.is_initialized()):
-        return state
+        return dict(plain_state(state))
     states: list[Mapping[str, Any] | None] = [None] * dist.get_world_size(group)
     dist.all_gather_object(states, state, group=group)
     return merge_states([s for s in states if s is not None])
