@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from torch_dataloader_utils.config import OutputConfig, OutputFormat, StringLayout
 from torch_dataloader_utils.io.ahead import read_ahead
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import concat_batches as concat
-from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.pieces import Gather, gathered, piece_reads, read_piece
 from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.elastic import Canonical, consumed, skip_rows
@@ -172,18 +172,117 @@ def interleave(
                 return
             yield from gathered((item,))
 
-    blocks = [rebatch(rows(i), per_stream) for i in range(len(streams))]
-    size = per_stream * len(streams)
-    pending: list[pa.RecordBatch] = []
-    for k, parts in enumerate(zip(*blocks, strict=True), start=1):
-        if drop_last and sum(p.num_rows for p in parts) < size:
+    held = [_Held(rows(i)) for i in range(len(streams))]
+    yield from _rounds(held, per_stream, drop_last=drop_last, group=batches)
+
+
+ROUND_ROWS = 65536
+"""Rows of the batches one round of :func:`interleave` makes with one gather (at least
+one group of batches): fewer rounds mean fewer calls, larger ones more memory held."""
+
+
+class _Held:
+    """One stream's decoded rows not yet used, taken from its iterator as they are needed."""
+
+    __slots__ = ("ended", "parts", "rows", "source")
+
+    def __init__(self, source: Iterator[pa.RecordBatch]) -> None:
+        self.source = source
+        self.parts: deque[pa.RecordBatch] = deque()
+        self.rows = 0
+        self.ended = False
+
+    def fill(self, rows: int) -> None:
+        """Hold at least ``rows`` rows, or all the stream has left."""
+        while self.rows < rows and not self.ended:
+            batch = next(self.source, None)
+            if batch is None:
+                self.ended = True
+            elif batch.num_rows:
+                self.parts.append(batch)
+                self.rows += batch.num_rows
+
+    def take(self, rows: int) -> list[pa.RecordBatch]:
+        """The first ``rows`` rows held (fewer when fewer are held), as zero-copy slices."""
+        out: list[pa.RecordBatch] = []
+        while rows and self.parts:
+            first = self.parts[0]
+            if first.num_rows <= rows:
+                out.append(self.parts.popleft())
+            else:
+                out.append(first.slice(0, rows))
+                self.parts[0] = first.slice(rows)
+            rows -= out[-1].num_rows
+            self.rows -= out[-1].num_rows
+        return out
+
+
+def _rounds(
+    held: Sequence[_Held], per_stream: int, *, drop_last: bool, group: int, round_rows: int = ROUND_ROWS
+) -> Iterator[pa.RecordBatch]:
+    """Batches of ``per_stream`` rows of every stream, stream after stream, ``group`` at a time.
+
+    A round takes the next ``k`` batches' rows of every stream (as many as every stream
+    holds decoded, at most ``round_rows`` rows, a multiple of ``group``) and puts
+    them in batch order with one gather; the batches, and the groups of ``group``
+    batches, are zero-copy slices of it. Only the last batch (short, of the streams'
+    last rows) and a last short group are joined by copying.
+
+    Raises:
+        ValueError: the streams hold different numbers of whole batches.
+    """
+    n, s = len(held), per_stream
+    if not n:  # a worker with no stream of its rank to read
+        return
+    size = n * s
+    most = max(group, round_rows // size // group * group)
+    orders: BoundedDict[int, pa.Array[Any]] = BoundedDict(4)
+    pending: list[pa.RecordBatch] = []  # batches of a group not yet yielded
+    while True:
+        for h in held:
+            h.fill(s * most)
+        k = min(min(h.rows for h in held) // s, most)
+        if k >= group:
+            k -= k % group
+        if k == 0:
             break
-        pending += parts
-        if k % batches == 0:
-            yield concat(pending)
-            pending = []
-    if pending:
-        yield concat(pending)
+        order = orders.get(k)
+        if order is None:
+            order = orders[k] = pa.array(_order(n, k, s))
+        table = pa.Table.from_batches([b for h in held for b in h.take(k * s)])
+        joined = concat(pc.take(table, order, boundscheck=False).combine_chunks().to_batches())
+        if k % group:  # too few rows held for a group: the streams' last ones
+            pending += [joined.slice(t * size, size) for t in range(k)]
+        else:
+            for t in range(0, k, group):
+                if pending:  # never here before the last round: kept for safety
+                    yield concat(pending)
+                    pending = []
+                yield joined.slice(t * size, group * size)
+    if any(h.rows >= s or not h.ended for h in held):
+        raise ValueError(f"streams ended unevenly: {[h.rows for h in held]} rows left, {s} per batch")
+    last = [b for h in held for b in h.take(s)]
+    rows = sum(b.num_rows for b in last)
+    if rows and not (drop_last and rows < size):
+        pending.append(concat(last))
+    while pending:
+        yield concat(pending[:group])
+        pending = pending[group:]
+
+
+def _order(streams: int, batches: int, per_stream: int) -> np.ndarray:
+    """Where every batch's rows are in ``streams`` runs of ``batches * per_stream`` rows.
+
+    The runs lie one after the other; the positions are batch after batch, and in a
+    batch ``per_stream`` rows of each run, run after run.
+    """
+    run = batches * per_stream
+    grid = (
+        np.arange(streams, dtype=np.int64)[None, :, None] * run
+        + np.arange(batches, dtype=np.int64)[:, None, None] * per_stream
+        + np.arange(per_stream, dtype=np.int64)[None, None, :]
+    )
+    return grid.reshape(-1)
 
 
 def _round_robin(
