@@ -118,6 +118,10 @@ mixes = st.sampled_from(
 )
 
 
+join_rows = st.sampled_from([1, 30, 200, elastic_module.JOIN_ROWS])
+"""Rows of a rank's batches in one of a joined worker's parts (batches per part: 1 to all)."""
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     canonical=st.sampled_from([12, 16]),
@@ -125,19 +129,29 @@ mixes = st.sampled_from(
     mix=mixes,
     policy=st.sampled_from(["drop", "pad"]),
     drop_last=st.booleans(),
+    join_rows=join_rows,
     data=st.data(),
 )
 def test_global_batches_do_not_depend_on_ranks_or_workers(
-    root: str, canonical: int, per_stream: int, mix: dict[str, Any], policy: str, drop_last: bool, data: Any
+    root: str,
+    canonical: int,
+    per_stream: int,
+    mix: dict[str, Any],
+    policy: str,
+    drop_last: bool,
+    join_rows: int,
+    data: Any,
 ) -> None:
     options = {"canonical_ranks": canonical, "equal_batches": policy, "drop_last": drop_last, **mix}
     global_batch = per_stream * canonical
     expected = run(root, 1, 0, global_batch, **options)
     assert sum(sum(c.values()) for c in expected) > TOTAL * 0.9
-    for _ in range(2):
-        ranks = data.draw(st.sampled_from(_divisors(canonical)), label="num_ranks")
-        workers = data.draw(st.integers(0, 3), label="num_workers")
-        assert run(root, ranks, workers, global_batch, **options) == expected, (ranks, workers)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(elastic_module, "JOIN_ROWS", join_rows)
+        for _ in range(2):
+            ranks = data.draw(st.sampled_from(_divisors(canonical)), label="num_ranks")
+            workers = data.draw(st.integers(0, 3), label="num_workers")
+            assert run(root, ranks, workers, global_batch, **options) == expected, (ranks, workers)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -146,15 +160,18 @@ def test_global_batches_do_not_depend_on_ranks_or_workers(
     policy=st.sampled_from(["drop", "pad"]),
     stop=st.integers(0, 20),
     workers=st.tuples(st.integers(0, 2), st.integers(0, 2)),
+    join_rows=join_rows,
 )
 def test_resume_at_4_ranks_into_2_and_6_gives_the_uninterrupted_batches(
-    root: str, mix: dict[str, Any], policy: str, stop: int, workers: tuple[int, int]
+    root: str, mix: dict[str, Any], policy: str, stop: int, workers: tuple[int, int], join_rows: int
 ) -> None:
     options = {"canonical_ranks": 12, "equal_batches": policy, **mix}
     global_batch = 24
     expected = run(root, 4, 0, global_batch, **options)
     saving = [_rank(root, 4, r, global_batch, **options) for r in range(4)]
-    before = global_batches([rank_batches(ds, workers[0], stop) for ds in saving])
+    with pytest.MonkeyPatch.context() as mp:  # workers' parts of 1 or several batches, joined
+        mp.setattr(elastic_module, "JOIN_ROWS", join_rows)
+        before = global_batches([rank_batches(ds, workers[0], stop) for ds in saving])
     assert before == expected[: len(before)]
     state = merge_states([ds.state_dict() for ds in saving])
     for num_ranks in (2, 6):

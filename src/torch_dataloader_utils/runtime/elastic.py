@@ -34,7 +34,16 @@ from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.runtime.emit import Positions
 from torch_dataloader_utils.runtime.state import Tagged
 
-__all__ = ["ElasticPlans", "Joiner", "StreamPositions", "interleave", "join_converted", "joinable"]
+__all__ = [
+    "ElasticPlans",
+    "Joiner",
+    "StreamPositions",
+    "interleave",
+    "join_converted",
+    "join_converted_blocks",
+    "joinable",
+    "part_batches",
+]
 
 
 class ElasticPlans:
@@ -303,6 +312,20 @@ def _prepare(item: tuple[int, pa.RecordBatch | Gather | None]) -> bool:
     return isinstance(item[1], Gather) and item[1].prepare()
 
 
+JOIN_ROWS = 65536
+"""Rows of a rank's batches whose parts a joined worker sends as one part: the main
+process joins each column of that many rows with one copy (:class:`Joiner`)."""
+
+
+def part_batches(layout: Canonical) -> int:
+    """Batches a worker's part holds when the main process joins the workers' parts.
+
+    The same for every worker of the rank (the parts of every worker then cover the same
+    batches): about :data:`JOIN_ROWS` rows of the rank's batches.
+    """
+    return max(1, JOIN_ROWS // max(1, layout.batch_size))
+
+
 class StreamPositions(Positions):
     """The positions of a worker reading interleaved streams: one piece, the rows it yielded."""
 
@@ -353,6 +376,32 @@ def join_converted(parts: Sequence[Any]) -> Any:
     return out
 
 
+def join_converted_blocks(parts: Sequence[Any], batches: int) -> list[Any]:
+    """``batches`` batches of converted parts that each hold their rows of every one of them.
+
+    Part ``w`` holds ``batches`` equal runs of rows, batch after batch; batch ``t`` is
+    run ``t`` of every part, part after part. Every tensor or array column is joined
+    with one copy (the parts side by side as ``(batches, rows, ...)`` blocks), and every
+    batch is a view of it.
+    """
+    columns: dict[str, Any] = {}
+    for key, first in parts[0].items():
+        values = [p[key] for p in parts]
+        if isinstance(first, torch.Tensor):
+            columns[key] = torch.cat([v.reshape(batches, -1, *v.shape[1:]) for v in values], dim=1)
+        elif isinstance(first, np.ndarray):
+            columns[key] = np.concatenate([v.reshape(batches, -1, *v.shape[1:]) for v in values], axis=1)
+        elif isinstance(first, list):
+            sizes = [len(v) // batches for v in values]
+            columns[key] = [
+                [x for v, n in zip(values, sizes, strict=True) for x in v[t * n : (t + 1) * n]]
+                for t in range(batches)
+            ]
+        else:
+            raise TypeError(f"cannot join parts of column {key!r} of type {type(first).__name__}")
+    return [{key: column[t] for key, column in columns.items()} for t in range(batches)]
+
+
 def _rows_of(part: Any) -> int:
     return part.num_rows if isinstance(part, pa.RecordBatch) else len(next(iter(part.values())))
 
@@ -377,15 +426,23 @@ class Joiner:
         join: One batch of the workers' rows of it (converted ones concatenated, or Arrow
             ones joined and converted).
         consume: Records a part's position as consumed.
+        join_blocks: All the batches of parts that hold whole batches, given the parts and
+            the number of batches (one copy per column: :func:`join_converted_blocks`),
+            or ``None`` to join batch by batch.
     """
 
     def __init__(
-        self, rows: Sequence[int], join: Callable[[list[Any]], Any], consume: Callable[[Tagged], Any]
+        self,
+        rows: Sequence[int],
+        join: Callable[[list[Any]], Any],
+        consume: Callable[[Tagged], Any],
+        join_blocks: Callable[[list[Any], int], list[Any]] | None = None,
     ) -> None:
         self._rows = list(rows)
         self._parts: list[deque[Tagged]] = [deque() for _ in rows]
         self._join = join
         self._consume = consume
+        self._join_blocks = join_blocks
 
     def add(self, item: Tagged) -> Iterator[Any]:
         """Take one worker's part; the batches it completes, made one by one when asked for."""
@@ -393,14 +450,20 @@ class Joiner:
         while all(self._parts):
             parts = [q.popleft() for q in self._parts]
             total = [_rows_of(p.batch) for p in parts]
-            for j in range(-(-total[0] // self._rows[0])):
+            count = -(-total[0] // self._rows[0])
+            whole = all(n == count * size for n, size in zip(total, self._rows, strict=True))
+            blocks = None
+            if self._join_blocks is not None and count > 1 and whole:
+                blocks = self._join_blocks([p.batch for p in parts], count)
+            for j in range(count):
                 pieces = []
                 for part, n, size in zip(parts, total, self._rows, strict=True):
                     lo, hi = j * size, min((j + 1) * size, n)
                     tag = (*part.tag[:4], part.tag[4] - n + hi, hi - lo, 0)  # the worker's cursor after it
                     self._consume(Tagged(None, tag))
-                    pieces.append(_piece(part.batch, lo, hi))
-                yield self._join(pieces)
+                    if blocks is None:
+                        pieces.append(_piece(part.batch, lo, hi))
+                yield self._join(pieces) if blocks is None else blocks[j]
 
     def check_done(self) -> None:
         """At the end of a pass: every part was joined (workers yielded as many parts).
