@@ -272,10 +272,8 @@ def test_rounds_cut_every_batch_from_every_stream_in_order(
         streams.append(_stream(1000 * i, sizes))
         ids.append(list(range(1000 * i, 1000 * i + total)))
     held = [elastic_module._Held(iter(batches)) for batches in streams]
-    got = [
-        b.column("id").to_pylist()
-        for b in elastic_module._rounds(held, s, drop_last=drop_last, group=group, round_rows=round_rows)
-    ]
+    blocks = elastic_module._rounds(held, s, drop_last=drop_last, group=group, round_rows=round_rows)
+    got = [b.column("id").to_pylist() for b in elastic_module._cut(blocks, s * n * group)]
     assert got == _reference(ids, s, drop_last, group)
 
 

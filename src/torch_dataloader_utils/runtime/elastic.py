@@ -148,9 +148,10 @@ def interleave(
     The streams hold the same number of rows, so every batch but the last is full. The
     rows of ``batches`` consecutive batches are yielded together, one batch after the
     other (a worker's parts of several batches: a few rows of every batch, sent at once).
-    With ``ahead``, a thread decodes the streams' next items, stream after stream, as
-    they are used up (:func:`~torch_dataloader_utils.io.ahead.read_ahead`), and does the
-    gathers of their shuffles while it waits; this thread cuts and joins the batches.
+    With ``ahead``, a thread (:func:`~torch_dataloader_utils.io.ahead.read_ahead`) decodes
+    the streams, gathers their shuffles and joins the rounds of batches (one gather
+    each: :func:`_rounds`); this thread only cuts the rounds into batches, as zero-copy
+    slices.
     """
     lists = [[c for p in pieces for c in piece_reads(p, files)] for pieces in streams]
     longest = max(map(len, lists), default=0)  # remote chunks fetched ahead, as they are opened
@@ -164,8 +165,7 @@ def interleave(
                 reader, piece, flag_column=flag_column, files=files, mix_read_rows=mix_read_rows
             )
 
-    source = _round_robin([items(pieces) for pieces in streams])
-    taken = read_ahead(source, name="read-ahead-streams", prepare=_prepare) if ahead else source
+    taken = _round_robin([items(pieces) for pieces in streams])
     queues: list[deque[pa.RecordBatch | Gather | None]] = [deque() for _ in streams]
 
     def rows(i: int) -> Iterator[pa.RecordBatch]:
@@ -182,7 +182,10 @@ def interleave(
             yield from gathered((item,))
 
     held = [_Held(rows(i)) for i in range(len(streams))]
-    yield from _rounds(held, per_stream, drop_last=drop_last, group=batches)
+    blocks = _rounds(held, per_stream, drop_last=drop_last, group=batches)
+    if ahead:  # a thread decodes, gathers and joins the rounds; this one only cuts them
+        blocks = read_ahead(blocks, name="read-ahead-streams")
+    yield from _cut(blocks, batches * per_stream * len(streams))
 
 
 ROUND_ROWS = 65536
@@ -229,13 +232,13 @@ class _Held:
 def _rounds(
     held: Sequence[_Held], per_stream: int, *, drop_last: bool, group: int, round_rows: int = ROUND_ROWS
 ) -> Iterator[pa.RecordBatch]:
-    """Batches of ``per_stream`` rows of every stream, stream after stream, ``group`` at a time.
+    """Blocks of batches of ``per_stream`` rows of every stream, stream after stream.
 
     A round takes the next ``k`` batches' rows of every stream (as many as every stream
-    holds decoded, at most ``round_rows`` rows, a multiple of ``group``) and puts
-    them in batch order with one gather; the batches, and the groups of ``group``
-    batches, are zero-copy slices of it. Only the last batch (short, of the streams'
-    last rows) and a last short group are joined by copying.
+    holds decoded, at most ``round_rows`` rows, a multiple of ``group``) and puts them
+    in batch order with one gather: a block of ``k`` batches. Only the last block may
+    hold fewer than ``group`` batches (then the last one may be short: the streams' last
+    rows); it is joined by copying.
 
     Raises:
         ValueError: the streams hold different numbers of whole batches.
@@ -246,7 +249,7 @@ def _rounds(
     size = n * s
     most = max(group, round_rows // size // group * group)
     orders: BoundedDict[int, pa.Array[Any]] = BoundedDict(4)
-    pending: list[pa.RecordBatch] = []  # batches of a group not yet yielded
+    pending: list[pa.RecordBatch] = []  # the last batches: fewer than a group
     while True:
         for h in held:
             h.fill(s * most)
@@ -259,24 +262,26 @@ def _rounds(
         if order is None:
             order = orders[k] = pa.array(_order(n, k, s))
         table = pa.Table.from_batches([b for h in held for b in h.take(k * s)])
-        joined = concat(pc.take(table, order, boundscheck=False).combine_chunks().to_batches())
-        if k % group:  # too few rows held for a group: the streams' last ones
-            pending += [joined.slice(t * size, size) for t in range(k)]
+        block = concat(pc.take(table, order, boundscheck=False).combine_chunks().to_batches())
+        if k % group:  # fewer than a group held: the streams' last whole batches
+            pending.append(block)
         else:
-            for t in range(0, k, group):
-                if pending:  # never here before the last round: kept for safety
-                    yield concat(pending)
-                    pending = []
-                yield joined.slice(t * size, group * size)
+            yield block
     if any(h.rows >= s or not h.ended for h in held):
         raise ValueError(f"streams ended unevenly: {[h.rows for h in held]} rows left, {s} per batch")
     last = [b for h in held for b in h.take(s)]
     rows = sum(b.num_rows for b in last)
     if rows and not (drop_last and rows < size):
         pending.append(concat(last))
-    while pending:
-        yield concat(pending[:group])
-        pending = pending[group:]
+    if pending:
+        yield concat(pending)
+
+
+def _cut(blocks: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    """Every block cut into batches of ``rows`` rows (its last may be shorter), zero-copy."""
+    for block in blocks:
+        for start in range(0, block.num_rows, rows):
+            yield block.slice(start, rows)
 
 
 def _order(streams: int, batches: int, per_stream: int) -> np.ndarray:
@@ -305,11 +310,6 @@ def _round_robin(
             if item is None:
                 live.remove(i)
             yield i, item
-
-
-def _prepare(item: tuple[int, pa.RecordBatch | Gather | None]) -> bool:
-    """The read-ahead thread's work while it waits: a queued shuffle's gather."""
-    return isinstance(item[1], Gather) and item[1].prepare()
 
 
 JOIN_ROWS = 65536
