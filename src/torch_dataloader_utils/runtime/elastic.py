@@ -181,10 +181,27 @@ def interleave(
                 return
             yield from gathered((item,))
 
+    def decode_ahead(_: object) -> bool:
+        """While the rounds made wait: a queued shuffle gathered, else a stream's next item read.
+
+        At most one item a stream is read ahead; else every stream would need its next
+        item in the same round (they are used up at the same pace), and the round wait.
+        """
+        for queue in queues:
+            if any(isinstance(item, Gather) and item.prepare() for item in queue):
+                return True
+        if sum(map(len, queues)) >= len(queues):
+            return False
+        got = next(taken, None)
+        if got is None:
+            return False
+        queues[got[0]].append(got[1])
+        return True
+
     held = [_Held(rows(i)) for i in range(len(streams))]
     blocks = _rounds(held, per_stream, drop_last=drop_last, group=batches)
     if ahead:  # a thread decodes, gathers and joins the rounds; this one only cuts them
-        blocks = read_ahead(blocks, name="read-ahead-streams")
+        blocks = read_ahead(blocks, name="read-ahead-streams", prepare=decode_ahead)
     yield from _cut(blocks, batches * per_stream * len(streams))
 
 
