@@ -168,8 +168,8 @@ def interleave(
     taken = _round_robin([items(pieces) for pieces in streams])
     queues: list[deque[pa.RecordBatch | Gather | None]] = [deque() for _ in streams]
 
-    def rows(i: int) -> Iterator[pa.RecordBatch | Gather]:
-        """Stream ``i``'s items, taking the shared source's items as they come."""
+    def rows(i: int) -> Iterator[pa.RecordBatch]:
+        """Stream ``i``'s rows, taking the shared source's items as they come."""
         while True:
             while not queues[i]:
                 got = next(taken, None)
@@ -179,14 +179,17 @@ def interleave(
             item = queues[i].popleft()
             if item is None:  # the stream is read to its end
                 return
-            yield item
+            yield from gathered((item,))
 
     def decode_ahead(_: object) -> bool:
-        """While the rounds made wait: a stream's next item read (one a stream at most).
+        """While the rounds made wait: a queued shuffle gathered, else a stream's next item read.
 
-        The streams are used up at the same pace: without reading ahead, every stream
-        would need its next item in the same round, and that round would wait.
+        At most one item a stream is read ahead; else every stream would need its next
+        item in the same round (they are used up at the same pace), and the round wait.
         """
+        for queue in queues:
+            if any(isinstance(item, Gather) and item.prepare() for item in queue):
+                return True
         if sum(map(len, queues)) >= len(queues):
             return False
         got = next(taken, None)
@@ -197,7 +200,7 @@ def interleave(
 
     held = [_Held(rows(i)) for i in range(len(streams))]
     blocks = _rounds(held, per_stream, drop_last=drop_last, group=batches)
-    if ahead:  # a thread decodes and joins the rounds; this one only cuts them
+    if ahead:  # a thread decodes, gathers and joins the rounds; this one only cuts them
         blocks = read_ahead(blocks, name="read-ahead-streams", prepare=decode_ahead)
     yield from _cut(blocks, batches * per_stream * len(streams))
 
@@ -207,79 +210,40 @@ ROUND_ROWS = 65536
 one group of batches): fewer rounds mean fewer calls, larger ones more memory held."""
 
 
-_Run = tuple[pa.Table, np.ndarray]
-"""Rows of a stream: ``positions`` of ``table``, in the stream's order."""
-
-
 class _Held:
-    """One stream's rows read and not yet used, taken from its items as they are needed.
-
-    A shuffle's rows (a :class:`~torch_dataloader_utils.io.pieces.Gather`) are held as
-    the rows read and their positions, not gathered: a round gathers them together with
-    its batches' order (:func:`_join`), so every row is copied once.
-    """
+    """One stream's decoded rows not yet used, taken from its iterator as they are needed."""
 
     __slots__ = ("ended", "parts", "rows", "source")
 
-    def __init__(self, source: Iterator[pa.RecordBatch | Gather]) -> None:
+    def __init__(self, source: Iterator[pa.RecordBatch]) -> None:
         self.source = source
-        # (table, its positions in order or None for all its rows, first not used, rows not used)
-        self.parts: deque[tuple[pa.Table, np.ndarray | None, int, int]] = deque()
+        self.parts: deque[pa.RecordBatch] = deque()
         self.rows = 0
         self.ended = False
 
     def fill(self, rows: int) -> None:
         """Hold at least ``rows`` rows, or all the stream has left."""
         while self.rows < rows and not self.ended:
-            item = next(self.source, None)
-            if item is None:
+            batch = next(self.source, None)
+            if batch is None:
                 self.ended = True
-            elif isinstance(item, Gather) and item.table is not None:
-                spans = [item.order[o : o + n] for o, n in item.spans if n]
-                if spans:
-                    positions = np.concatenate(spans)
-                    self._hold(item.table, positions, len(positions))
-            else:  # read rows in order (or a shuffle already gathered)
-                for batch in gathered((item,)):
-                    self._hold(pa.Table.from_batches([batch]), None, batch.num_rows)
+            elif batch.num_rows:
+                self.parts.append(batch)
+                self.rows += batch.num_rows
 
-    def _hold(self, table: pa.Table, positions: np.ndarray | None, n: int) -> None:
-        if n:
-            self.parts.append((table, positions, 0, n))
-            self.rows += n
-
-    def take(self, rows: int) -> list[_Run]:
-        """The first ``rows`` rows held (fewer when fewer are held), as runs of positions."""
-        out: list[_Run] = []
+    def take(self, rows: int) -> list[pa.RecordBatch]:
+        """The first ``rows`` rows held (fewer when fewer are held), as zero-copy slices."""
+        out: list[pa.RecordBatch] = []
         while rows and self.parts:
-            table, positions, start, n = self.parts[0]
-            m = min(n, rows)
-            run = np.arange(start, start + m) if positions is None else positions[start : start + m]
-            out.append((table, run))
-            if m == n:
-                self.parts.popleft()
+            first = self.parts[0]
+            if first.num_rows <= rows:
+                out.append(self.parts.popleft())
             else:
-                self.parts[0] = (table, positions, start + m, n - m)
-            rows -= m
-            self.rows -= m
+                out.append(first.slice(0, rows))
+                self.parts[0] = first.slice(rows)
+            rows -= out[-1].num_rows
+            self.rows -= out[-1].num_rows
         return out
-
-
-def _join(runs: Sequence[_Run], order: np.ndarray | None = None) -> pa.RecordBatch:
-    """The rows of ``runs``, one after the other (or at ``order`` of them), with one gather."""
-    bases: dict[int, int] = {}
-    tables = []
-    at = 0
-    for table, _ in runs:
-        if id(table) not in bases:
-            bases[id(table)] = at
-            tables.append(table)
-            at += table.num_rows
-    positions = np.concatenate([bases[id(table)] + run for table, run in runs])
-    if order is not None:
-        positions = positions[order]
-    taken = pc.take(pa.concat_tables(tables), pa.array(positions), boundscheck=False)
-    return concat(taken.combine_chunks().to_batches())
 
 
 def _rounds(
@@ -301,7 +265,7 @@ def _rounds(
         return
     size = n * s
     most = max(group, round_rows // size // group * group)
-    orders: BoundedDict[int, np.ndarray] = BoundedDict(4)
+    orders: BoundedDict[int, pa.Array[Any]] = BoundedDict(4)
     pending: list[pa.RecordBatch] = []  # the last batches: fewer than a group
     while True:
         for h in held:
@@ -313,18 +277,19 @@ def _rounds(
             break
         order = orders.get(k)
         if order is None:
-            order = orders[k] = _order(n, k, s)
-        block = _join([run for h in held for run in h.take(k * s)], order)
+            order = orders[k] = pa.array(_order(n, k, s))
+        table = pa.Table.from_batches([b for h in held for b in h.take(k * s)])
+        block = concat(pc.take(table, order, boundscheck=False).combine_chunks().to_batches())
         if k % group:  # fewer than a group held: the streams' last whole batches
             pending.append(block)
         else:
             yield block
     if any(h.rows >= s or not h.ended for h in held):
         raise ValueError(f"streams ended unevenly: {[h.rows for h in held]} rows left, {s} per batch")
-    last = [run for h in held for run in h.take(s)]
-    rows = sum(len(run) for _, run in last)
+    last = [b for h in held for b in h.take(s)]
+    rows = sum(b.num_rows for b in last)
     if rows and not (drop_last and rows < size):
-        pending.append(_join(last))
+        pending.append(concat(last))
     if pending:
         yield concat(pending)
 
