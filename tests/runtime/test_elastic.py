@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,6 +27,7 @@ from tests.fixtures.data import write_parquet_files
 from torch_dataloader_utils import StructuredDataset, merge_states
 from torch_dataloader_utils.errors import IncompatibleOptionsError, ResumeStateError
 from torch_dataloader_utils.runtime import dataset as dataset_module
+from torch_dataloader_utils.runtime import elastic as elastic_module
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.state import Tagged
 
@@ -116,6 +118,10 @@ mixes = st.sampled_from(
 )
 
 
+join_rows = st.sampled_from([1, 30, 200, elastic_module.JOIN_ROWS])
+"""Rows of a rank's batches in one of a joined worker's parts (batches per part: 1 to all)."""
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     canonical=st.sampled_from([12, 16]),
@@ -123,19 +129,29 @@ mixes = st.sampled_from(
     mix=mixes,
     policy=st.sampled_from(["drop", "pad"]),
     drop_last=st.booleans(),
+    join_rows=join_rows,
     data=st.data(),
 )
 def test_global_batches_do_not_depend_on_ranks_or_workers(
-    root: str, canonical: int, per_stream: int, mix: dict[str, Any], policy: str, drop_last: bool, data: Any
+    root: str,
+    canonical: int,
+    per_stream: int,
+    mix: dict[str, Any],
+    policy: str,
+    drop_last: bool,
+    join_rows: int,
+    data: Any,
 ) -> None:
     options = {"canonical_ranks": canonical, "equal_batches": policy, "drop_last": drop_last, **mix}
     global_batch = per_stream * canonical
     expected = run(root, 1, 0, global_batch, **options)
     assert sum(sum(c.values()) for c in expected) > TOTAL * 0.9
-    for _ in range(2):
-        ranks = data.draw(st.sampled_from(_divisors(canonical)), label="num_ranks")
-        workers = data.draw(st.integers(0, 3), label="num_workers")
-        assert run(root, ranks, workers, global_batch, **options) == expected, (ranks, workers)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(elastic_module, "JOIN_ROWS", join_rows)
+        for _ in range(2):
+            ranks = data.draw(st.sampled_from(_divisors(canonical)), label="num_ranks")
+            workers = data.draw(st.integers(0, 3), label="num_workers")
+            assert run(root, ranks, workers, global_batch, **options) == expected, (ranks, workers)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -144,15 +160,18 @@ def test_global_batches_do_not_depend_on_ranks_or_workers(
     policy=st.sampled_from(["drop", "pad"]),
     stop=st.integers(0, 20),
     workers=st.tuples(st.integers(0, 2), st.integers(0, 2)),
+    join_rows=join_rows,
 )
 def test_resume_at_4_ranks_into_2_and_6_gives_the_uninterrupted_batches(
-    root: str, mix: dict[str, Any], policy: str, stop: int, workers: tuple[int, int]
+    root: str, mix: dict[str, Any], policy: str, stop: int, workers: tuple[int, int], join_rows: int
 ) -> None:
     options = {"canonical_ranks": 12, "equal_batches": policy, **mix}
     global_batch = 24
     expected = run(root, 4, 0, global_batch, **options)
     saving = [_rank(root, 4, r, global_batch, **options) for r in range(4)]
-    before = global_batches([rank_batches(ds, workers[0], stop) for ds in saving])
+    with pytest.MonkeyPatch.context() as mp:  # workers' parts of 1 or several batches, joined
+        mp.setattr(elastic_module, "JOIN_ROWS", join_rows)
+        before = global_batches([rank_batches(ds, workers[0], stop) for ds in saving])
     assert before == expected[: len(before)]
     state = merge_states([ds.state_dict() for ds in saving])
     for num_ranks in (2, 6):
@@ -209,3 +228,56 @@ def test_state_of_another_global_batch_is_a_mismatch(root: str, tmp_path: Path) 
         other.load_state_dict(
             merge_states([ds.state_dict(), _rank(root, 2, 1, 12, canonical_ranks=6).state_dict()])
         )
+
+
+def _stream(start: int, sizes: list[int]) -> list[pa.RecordBatch]:
+    """Decoded batches of ``sizes`` rows of consecutive ids from ``start``."""
+    out, at = [], start
+    for n in sizes:
+        out.append(pa.record_batch({"id": pa.array(range(at, at + n), pa.int64())}))
+        at += n
+    return out
+
+
+def _reference(streams: list[list[int]], s: int, drop_last: bool, group: int) -> list[list[int]]:
+    """Batch ``t``: rows ``[t * s, (t + 1) * s)`` of every stream, stream after stream; ``group`` a part."""
+    batches = []
+    for t in range(0, max(map(len, streams)), s):
+        batch = [i for rows in streams for i in rows[t : t + s]]
+        if drop_last and len(batch) < s * len(streams):
+            break
+        batches.append(batch)
+    return [[i for b in batches[g : g + group] for i in b] for g in range(0, len(batches), group)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.data(),
+    n=st.integers(1, 4),
+    s=st.integers(1, 7),
+    group=st.integers(1, 3),
+    drop_last=st.booleans(),
+    round_rows=st.sampled_from([1, 9, 40, 65536]),
+)
+def test_rounds_cut_every_batch_from_every_stream_in_order(
+    data: st.DataObject, n: int, s: int, group: int, drop_last: bool, round_rows: int
+) -> None:
+    """One gather a round gives the batches (and groups) a per-batch cut would, in the same order,
+    whatever the decoded batches' sizes and the round size."""
+    total = data.draw(st.integers(0, 60))
+    streams, ids = [], []
+    for i in range(n):
+        cuts = sorted(data.draw(st.lists(st.integers(0, total), max_size=5)))
+        sizes = [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
+        streams.append(_stream(1000 * i, sizes))
+        ids.append(list(range(1000 * i, 1000 * i + total)))
+    held = [elastic_module._Held(iter(batches)) for batches in streams]
+    blocks = elastic_module._rounds(held, s, drop_last=drop_last, group=group, round_rows=round_rows)
+    got = [b.column("id").to_pylist() for b in elastic_module._cut(blocks, s * n * group)]
+    assert got == _reference(ids, s, drop_last, group)
+
+
+def test_rounds_refuse_streams_of_unequal_rows() -> None:
+    held = [elastic_module._Held(iter(_stream(0, [10]))), elastic_module._Held(iter(_stream(100, [4])))]
+    with pytest.raises(ValueError, match="streams ended unevenly"):
+        list(elastic_module._rounds(held, 3, drop_last=False, group=1))

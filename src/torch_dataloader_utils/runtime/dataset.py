@@ -46,7 +46,9 @@ from torch_dataloader_utils.runtime.elastic import (
     StreamPositions,
     interleave,
     join_converted,
+    join_converted_blocks,
     joinable,
+    part_batches,
 )
 from torch_dataloader_utils.runtime.emit import ArrowBytes, Positions, grouped
 from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics, WorkerMetrics, stall_clock
@@ -572,7 +574,8 @@ class PlannedDataset(IterableDataset[Any]):
                 layout.per_stream * len(layout.of_worker(rank, w, num_workers))
                 for w in range(layout.readers(num_workers))
             ]
-            self._joiner = Joiner(rows, join, self._consume_part)
+            blocks = join_converted_blocks if self._join_converted else None
+            self._joiner = Joiner(rows, join, self._consume_part, blocks)
         config = self._options.progress
         rank = self.world.rank
         if not Progress.shown_on(config, rank):
@@ -1113,6 +1116,7 @@ class PlannedDataset(IterableDataset[Any]):
             )
             work = WorkStats(self._reader, sum(map(len, streams)), flag)
             part = self._elastic.layout.per_stream
+            joined = slot.in_worker and self._elastic.layout.readers(slot.count) > 1
             batches = interleave(
                 self._reader,
                 streams,
@@ -1121,9 +1125,9 @@ class PlannedDataset(IterableDataset[Any]):
                 flag_column=flag,
                 files=files,
                 mix_read_rows=MIX_WORKER_READ_ROWS,
-                # A worker whose parts are joined sends its parts of a few batches at once:
-                # about a batch of rows per transfer and conversion.
-                batches=self._elastic.layout.readers(slot.count) if slot.in_worker else 1,
+                # A worker whose parts are joined sends its parts of many batches at once:
+                # the main process joins them with one copy per column (Joiner).
+                batches=part_batches(self._elastic.layout) if joined else 1,
                 ahead=ahead,
             )
             return batches, StreamPositions(token, slot.id, slot.count, rank=self.world.rank), work

@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from torch_dataloader_utils.config import OutputConfig, OutputFormat, StringLayout
 from torch_dataloader_utils.io.ahead import read_ahead
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import concat_batches as concat
-from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.pieces import Gather, gathered, piece_reads, read_piece
 from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.elastic import Canonical, consumed, skip_rows
@@ -34,7 +34,16 @@ from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.runtime.emit import Positions
 from torch_dataloader_utils.runtime.state import Tagged
 
-__all__ = ["ElasticPlans", "Joiner", "StreamPositions", "interleave", "join_converted", "joinable"]
+__all__ = [
+    "ElasticPlans",
+    "Joiner",
+    "StreamPositions",
+    "interleave",
+    "join_converted",
+    "join_converted_blocks",
+    "joinable",
+    "part_batches",
+]
 
 
 class ElasticPlans:
@@ -139,9 +148,10 @@ def interleave(
     The streams hold the same number of rows, so every batch but the last is full. The
     rows of ``batches`` consecutive batches are yielded together, one batch after the
     other (a worker's parts of several batches: a few rows of every batch, sent at once).
-    With ``ahead``, a thread decodes the streams' next items, stream after stream, as
-    they are used up (:func:`~torch_dataloader_utils.io.ahead.read_ahead`), and does the
-    gathers of their shuffles while it waits; this thread cuts and joins the batches.
+    With ``ahead``, a thread (:func:`~torch_dataloader_utils.io.ahead.read_ahead`) decodes
+    the streams, gathers their shuffles and joins the rounds of batches (one gather
+    each: :func:`_rounds`); this thread only cuts the rounds into batches, as zero-copy
+    slices.
     """
     lists = [[c for p in pieces for c in piece_reads(p, files)] for pieces in streams]
     longest = max(map(len, lists), default=0)  # remote chunks fetched ahead, as they are opened
@@ -155,8 +165,7 @@ def interleave(
                 reader, piece, flag_column=flag_column, files=files, mix_read_rows=mix_read_rows
             )
 
-    source = _round_robin([items(pieces) for pieces in streams])
-    taken = read_ahead(source, name="read-ahead-streams", prepare=_prepare) if ahead else source
+    taken = _round_robin([items(pieces) for pieces in streams])
     queues: list[deque[pa.RecordBatch | Gather | None]] = [deque() for _ in streams]
 
     def rows(i: int) -> Iterator[pa.RecordBatch]:
@@ -172,18 +181,139 @@ def interleave(
                 return
             yield from gathered((item,))
 
-    blocks = [rebatch(rows(i), per_stream) for i in range(len(streams))]
-    size = per_stream * len(streams)
-    pending: list[pa.RecordBatch] = []
-    for k, parts in enumerate(zip(*blocks, strict=True), start=1):
-        if drop_last and sum(p.num_rows for p in parts) < size:
+    def decode_ahead(_: object) -> bool:
+        """While the rounds made wait: a queued shuffle gathered, else a stream's next item read.
+
+        At most one item a stream is read ahead; else every stream would need its next
+        item in the same round (they are used up at the same pace), and the round wait.
+        """
+        for queue in queues:
+            if any(isinstance(item, Gather) and item.prepare() for item in queue):
+                return True
+        if sum(map(len, queues)) >= len(queues):
+            return False
+        got = next(taken, None)
+        if got is None:
+            return False
+        queues[got[0]].append(got[1])
+        return True
+
+    held = [_Held(rows(i)) for i in range(len(streams))]
+    blocks = _rounds(held, per_stream, drop_last=drop_last, group=batches)
+    if ahead:  # a thread decodes, gathers and joins the rounds; this one only cuts them
+        blocks = read_ahead(blocks, name="read-ahead-streams", prepare=decode_ahead)
+    yield from _cut(blocks, batches * per_stream * len(streams))
+
+
+ROUND_ROWS = 65536
+"""Rows of the batches one round of :func:`interleave` makes with one gather (at least
+one group of batches): fewer rounds mean fewer calls, larger ones more memory held."""
+
+
+class _Held:
+    """One stream's decoded rows not yet used, taken from its iterator as they are needed."""
+
+    __slots__ = ("ended", "parts", "rows", "source")
+
+    def __init__(self, source: Iterator[pa.RecordBatch]) -> None:
+        self.source = source
+        self.parts: deque[pa.RecordBatch] = deque()
+        self.rows = 0
+        self.ended = False
+
+    def fill(self, rows: int) -> None:
+        """Hold at least ``rows`` rows, or all the stream has left."""
+        while self.rows < rows and not self.ended:
+            batch = next(self.source, None)
+            if batch is None:
+                self.ended = True
+            elif batch.num_rows:
+                self.parts.append(batch)
+                self.rows += batch.num_rows
+
+    def take(self, rows: int) -> list[pa.RecordBatch]:
+        """The first ``rows`` rows held (fewer when fewer are held), as zero-copy slices."""
+        out: list[pa.RecordBatch] = []
+        while rows and self.parts:
+            first = self.parts[0]
+            if first.num_rows <= rows:
+                out.append(self.parts.popleft())
+            else:
+                out.append(first.slice(0, rows))
+                self.parts[0] = first.slice(rows)
+            rows -= out[-1].num_rows
+            self.rows -= out[-1].num_rows
+        return out
+
+
+def _rounds(
+    held: Sequence[_Held], per_stream: int, *, drop_last: bool, group: int, round_rows: int = ROUND_ROWS
+) -> Iterator[pa.RecordBatch]:
+    """Blocks of batches of ``per_stream`` rows of every stream, stream after stream.
+
+    A round takes the next ``k`` batches' rows of every stream (as many as every stream
+    holds decoded, at most ``round_rows`` rows, a multiple of ``group``) and puts them
+    in batch order with one gather: a block of ``k`` batches. Only the last block may
+    hold fewer than ``group`` batches (then the last one may be short: the streams' last
+    rows); it is joined by copying.
+
+    Raises:
+        ValueError: the streams hold different numbers of whole batches.
+    """
+    n, s = len(held), per_stream
+    if not n:  # a worker with no stream of its rank to read
+        return
+    size = n * s
+    most = max(group, round_rows // size // group * group)
+    orders: BoundedDict[int, pa.Array[Any]] = BoundedDict(4)
+    pending: list[pa.RecordBatch] = []  # the last batches: fewer than a group
+    while True:
+        for h in held:
+            h.fill(s * most)
+        k = min(min(h.rows for h in held) // s, most)
+        if k >= group:
+            k -= k % group
+        if k == 0:
             break
-        pending += parts
-        if k % batches == 0:
-            yield concat(pending)
-            pending = []
+        order = orders.get(k)
+        if order is None:
+            order = orders[k] = pa.array(_order(n, k, s))
+        table = pa.Table.from_batches([b for h in held for b in h.take(k * s)])
+        block = concat(pc.take(table, order, boundscheck=False).combine_chunks().to_batches())
+        if k % group:  # fewer than a group held: the streams' last whole batches
+            pending.append(block)
+        else:
+            yield block
+    if any(h.rows >= s or not h.ended for h in held):
+        raise ValueError(f"streams ended unevenly: {[h.rows for h in held]} rows left, {s} per batch")
+    last = [b for h in held for b in h.take(s)]
+    rows = sum(b.num_rows for b in last)
+    if rows and not (drop_last and rows < size):
+        pending.append(concat(last))
     if pending:
         yield concat(pending)
+
+
+def _cut(blocks: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    """Every block cut into batches of ``rows`` rows (its last may be shorter), zero-copy."""
+    for block in blocks:
+        for start in range(0, block.num_rows, rows):
+            yield block.slice(start, rows)
+
+
+def _order(streams: int, batches: int, per_stream: int) -> np.ndarray:
+    """Where every batch's rows are in ``streams`` runs of ``batches * per_stream`` rows.
+
+    The runs lie one after the other; the positions are batch after batch, and in a
+    batch ``per_stream`` rows of each run, run after run.
+    """
+    run = batches * per_stream
+    grid = (
+        np.arange(streams, dtype=np.int64)[None, :, None] * run
+        + np.arange(batches, dtype=np.int64)[:, None, None] * per_stream
+        + np.arange(per_stream, dtype=np.int64)[None, None, :]
+    )
+    return grid.reshape(-1)
 
 
 def _round_robin(
@@ -199,9 +329,18 @@ def _round_robin(
             yield i, item
 
 
-def _prepare(item: tuple[int, pa.RecordBatch | Gather | None]) -> bool:
-    """The read-ahead thread's work while it waits: a queued shuffle's gather."""
-    return isinstance(item[1], Gather) and item[1].prepare()
+JOIN_ROWS = 65536
+"""Rows of a rank's batches whose parts a joined worker sends as one part: the main
+process joins each column of that many rows with one copy (:class:`Joiner`)."""
+
+
+def part_batches(layout: Canonical) -> int:
+    """Batches a worker's part holds when the main process joins the workers' parts.
+
+    The same for every worker of the rank (the parts of every worker then cover the same
+    batches): about :data:`JOIN_ROWS` rows of the rank's batches.
+    """
+    return max(1, JOIN_ROWS // max(1, layout.batch_size))
 
 
 class StreamPositions(Positions):
@@ -254,6 +393,32 @@ def join_converted(parts: Sequence[Any]) -> Any:
     return out
 
 
+def join_converted_blocks(parts: Sequence[Any], batches: int) -> list[Any]:
+    """``batches`` batches of converted parts that each hold their rows of every one of them.
+
+    Part ``w`` holds ``batches`` equal runs of rows, batch after batch; batch ``t`` is
+    run ``t`` of every part, part after part. Every tensor or array column is joined
+    with one copy (the parts side by side as ``(batches, rows, ...)`` blocks), and every
+    batch is a view of it.
+    """
+    columns: dict[str, Any] = {}
+    for key, first in parts[0].items():
+        values = [p[key] for p in parts]
+        if isinstance(first, torch.Tensor):
+            columns[key] = torch.cat([v.reshape(batches, -1, *v.shape[1:]) for v in values], dim=1)
+        elif isinstance(first, np.ndarray):
+            columns[key] = np.concatenate([v.reshape(batches, -1, *v.shape[1:]) for v in values], axis=1)
+        elif isinstance(first, list):
+            sizes = [len(v) // batches for v in values]
+            columns[key] = [
+                [x for v, n in zip(values, sizes, strict=True) for x in v[t * n : (t + 1) * n]]
+                for t in range(batches)
+            ]
+        else:
+            raise TypeError(f"cannot join parts of column {key!r} of type {type(first).__name__}")
+    return [{key: column[t] for key, column in columns.items()} for t in range(batches)]
+
+
 def _rows_of(part: Any) -> int:
     return part.num_rows if isinstance(part, pa.RecordBatch) else len(next(iter(part.values())))
 
@@ -278,15 +443,23 @@ class Joiner:
         join: One batch of the workers' rows of it (converted ones concatenated, or Arrow
             ones joined and converted).
         consume: Records a part's position as consumed.
+        join_blocks: All the batches of parts that hold whole batches, given the parts and
+            the number of batches (one copy per column: :func:`join_converted_blocks`),
+            or ``None`` to join batch by batch.
     """
 
     def __init__(
-        self, rows: Sequence[int], join: Callable[[list[Any]], Any], consume: Callable[[Tagged], Any]
+        self,
+        rows: Sequence[int],
+        join: Callable[[list[Any]], Any],
+        consume: Callable[[Tagged], Any],
+        join_blocks: Callable[[list[Any], int], list[Any]] | None = None,
     ) -> None:
         self._rows = list(rows)
         self._parts: list[deque[Tagged]] = [deque() for _ in rows]
         self._join = join
         self._consume = consume
+        self._join_blocks = join_blocks
 
     def add(self, item: Tagged) -> Iterator[Any]:
         """Take one worker's part; the batches it completes, made one by one when asked for."""
@@ -294,14 +467,20 @@ class Joiner:
         while all(self._parts):
             parts = [q.popleft() for q in self._parts]
             total = [_rows_of(p.batch) for p in parts]
-            for j in range(-(-total[0] // self._rows[0])):
+            count = -(-total[0] // self._rows[0])
+            whole = all(n == count * size for n, size in zip(total, self._rows, strict=True))
+            blocks = None
+            if self._join_blocks is not None and count > 1 and whole:
+                blocks = self._join_blocks([p.batch for p in parts], count)
+            for j in range(count):
                 pieces = []
                 for part, n, size in zip(parts, total, self._rows, strict=True):
                     lo, hi = j * size, min((j + 1) * size, n)
                     tag = (*part.tag[:4], part.tag[4] - n + hi, hi - lo, 0)  # the worker's cursor after it
                     self._consume(Tagged(None, tag))
-                    pieces.append(_piece(part.batch, lo, hi))
-                yield self._join(pieces)
+                    if blocks is None:
+                        pieces.append(_piece(part.batch, lo, hi))
+                yield self._join(pieces) if blocks is None else blocks[j]
 
     def check_done(self) -> None:
         """At the end of a pass: every part was joined (workers yielded as many parts).
