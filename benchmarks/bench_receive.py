@@ -46,6 +46,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from torch_dataloader_utils import create_dataloader
+from torch_dataloader_utils.runtime.emit import GROUP_BYTES
 
 HERE = Path(__file__).resolve().parent
 
@@ -104,13 +105,18 @@ def epochs(loader: Any, repeats: int) -> tuple[list[float], list[float], int, in
     batches = nbytes = 0
     for epoch in range(repeats + 1):
         c0, t0 = main_cpu(), time.perf_counter()
-        batches = nbytes = 0
+        batches = nbytes = row_bytes = 0
         for batch in loader:
             batches += 1
             if isinstance(batch, dict):
-                nbytes += sum(v.numel() * v.element_size() for v in batch.values())
+                # Constant work per batch whatever the columns (the loop is to cost nothing):
+                # a row's bytes once per epoch, then the rows of one column.
+                first = next(iter(batch.values()))
+                if not row_bytes:
+                    row_bytes = sum(v.element_size() * (v.numel() // len(v)) for v in batch.values())
+                nbytes += len(first) * row_bytes
             else:
-                nbytes += 8 << 20  # one library group's worth
+                nbytes += GROUP_BYTES  # one library group's worth
         if epoch:  # the first epoch starts the workers
             cpu.append(main_cpu() - c0)
             wall.append(time.perf_counter() - t0)
@@ -166,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cpu, wall, items, _ = epochs(ints, args.repeats)
         del ints
         entry = {"loop": "torch DataLoader, an int per hand-off", "columns": 0, "batch_size": 0}
-        entry.update(cpu_s=cpu, wall_s=wall, batches=items, bytes=items * (8 << 20))
+        entry.update(cpu_s=cpu, wall_s=wall, batches=items, bytes=items * GROUP_BYTES)
         results.append(entry)
     load = os.getloadavg()
     lines = [
