@@ -23,7 +23,11 @@ The floors, in the same run: torch's own DataLoader with the same workers handin
 premade batches of the same shapes (a dict of tensors; torch's default transfer) and
 loading nothing; and the same DataLoader handing over one int per item: what torch's
 worker machinery costs the main process per hand-off by itself (the library sends a
-group of batches, about 8 MiB, per hand-off; its s/GB column is that cost per 8 MiB).
+group of batches, about ``GROUP_BYTES`` (32 MiB), per hand-off; its s/GB column is that
+cost per ``GROUP_BYTES``).
+
+The loop does constant work per batch (it counts a batch's bytes from one column's
+rows), so the figures are the loader's, not the loop's.
 """
 
 from __future__ import annotations

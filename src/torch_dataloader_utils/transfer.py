@@ -563,7 +563,7 @@ class SegmentPool:
             if self._pinned is not None:
                 self._pinned.set(slot, segment)
             whole = self._pinned.views[slot] if self._pinned is not None else segment.numpy()
-            self._exporters[slot] = memoryview(whole)
+            self._exporters[slot] = whole.data  # a memoryview of the whole segment
         exporter = self._exporters.get(slot)
         if exporter is None:  # pragma: no cover - a worker sends every segment it makes
             raise RuntimeError(f"slot {slot} of transfer pool {self.pool_id} has no segment")
