@@ -23,7 +23,11 @@ The floors, in the same run: torch's own DataLoader with the same workers handin
 premade batches of the same shapes (a dict of tensors; torch's default transfer) and
 loading nothing; and the same DataLoader handing over one int per item: what torch's
 worker machinery costs the main process per hand-off by itself (the library sends a
-group of batches, about 8 MiB, per hand-off; its s/GB column is that cost per 8 MiB).
+group of batches, about ``GROUP_BYTES`` (32 MiB), per hand-off; its s/GB column is that
+cost per ``GROUP_BYTES``).
+
+The loop does constant work per batch (it counts a batch's bytes from one column's
+rows), so the figures are the loader's, not the loop's.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from torch_dataloader_utils import create_dataloader
+from torch_dataloader_utils.runtime.emit import GROUP_BYTES
 
 HERE = Path(__file__).resolve().parent
 
@@ -104,13 +109,18 @@ def epochs(loader: Any, repeats: int) -> tuple[list[float], list[float], int, in
     batches = nbytes = 0
     for epoch in range(repeats + 1):
         c0, t0 = main_cpu(), time.perf_counter()
-        batches = nbytes = 0
+        batches = nbytes = row_bytes = 0
         for batch in loader:
             batches += 1
             if isinstance(batch, dict):
-                nbytes += sum(v.numel() * v.element_size() for v in batch.values())
+                # Constant work per batch whatever the columns (the loop is to cost nothing):
+                # a row's bytes once per epoch, then the rows of one column.
+                first = next(iter(batch.values()))
+                if not row_bytes:
+                    row_bytes = sum(v.element_size() * (v.numel() // len(v)) for v in batch.values())
+                nbytes += len(first) * row_bytes
             else:
-                nbytes += 8 << 20  # one library group's worth
+                nbytes += GROUP_BYTES  # one library group's worth
         if epoch:  # the first epoch starts the workers
             cpu.append(main_cpu() - c0)
             wall.append(time.perf_counter() - t0)
@@ -166,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cpu, wall, items, _ = epochs(ints, args.repeats)
         del ints
         entry = {"loop": "torch DataLoader, an int per hand-off", "columns": 0, "batch_size": 0}
-        entry.update(cpu_s=cpu, wall_s=wall, batches=items, bytes=items * (8 << 20))
+        entry.update(cpu_s=cpu, wall_s=wall, batches=items, bytes=items * GROUP_BYTES)
         results.append(entry)
     load = os.getloadavg()
     lines = [

@@ -216,6 +216,9 @@ class _Packer:
         self.parts: list[tuple[int, Any, int]] = []  # (offset, source or writer, nbytes)
         self.total = 0
         self.leaves = 0
+        # The batches of a group share their keys: one tuple object, which pickle writes
+        # once per group (then a reference) and the receiving process unpickles once.
+        self._keys: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     def put(self, src: Any, nbytes: int) -> int:
         at = self.total
@@ -276,7 +279,9 @@ class _Packer:
                 position[i] = len(position)
         order = tuple(position[i] for i in range(len(items)))
         keep = order == tuple(range(len(items)))
-        return ("B", tuple(k for k, _ in items), tuple(blocks), tuple(rest), None if keep else order)
+        keys = tuple(k for k, _ in items)
+        keys = self._keys.setdefault(keys, keys)
+        return ("B", keys, tuple(blocks), tuple(rest), None if keep else order)
 
     def text(self, array: Any) -> tuple[Any, ...]:
         offsets, data = text_parts(array)
@@ -504,6 +509,7 @@ class SegmentPool:
         self._owner_pid = os.getpid()
         self._flags = self.flags.numpy()
         self._held: set[int] = set()
+        self._exporters: dict[int, memoryview] = {}  # slot -> its segment's bytes (main process)
         self._leased = False
         self._lock = threading.Lock()
         self._fenced: collections.deque[tuple[Any, int]] = collections.deque()  # (fence, slot), in order
@@ -556,12 +562,17 @@ class SegmentPool:
             self.segments[slot] = segment
             if self._pinned is not None:
                 self._pinned.set(slot, segment)
-        seg = self.segments[slot]
-        if seg is None:  # pragma: no cover - a worker sends every segment it makes
+            whole = self._pinned.views[slot] if self._pinned is not None else segment.numpy()
+            self._exporters[slot] = whole.data  # a memoryview of the whole segment
+        exporter = self._exporters.get(slot)
+        if exporter is None:  # pragma: no cover - a worker sends every segment it makes
             raise RuntimeError(f"slot {slot} of transfer pool {self.pool_id} has no segment")
-        # A fresh array each time (a view of the pinned mapping, or over the tensor):
-        # numpy views of it keep it alive.
-        owner = self._pinned.views[slot][:] if self._pinned is not None else seg.numpy()
+        # A fresh array each time, over a buffer that is not an array (a memoryview made
+        # once per segment): numpy roots the views taken from it at it, so it lives as
+        # long as any of them. (A view of an array, e.g. ``array[:]``, would not do:
+        # numpy roots views of a view at the first array, and the finalizer below would
+        # free the slot while batches still use it.)
+        owner = np.frombuffer(exporter, dtype=np.uint8)
         self._held.add(slot)
         weakref.finalize(owner, self._free, slot).atexit = False
         return owner

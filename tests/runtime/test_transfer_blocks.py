@@ -234,6 +234,36 @@ def test_pinned_pool_builds_batches_over_its_registered_mapping() -> None:
     assert torch.equal(got[1]["a"][:3], torch.arange(3))  # batches outlive the unregistration
 
 
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_held_batch_keeps_its_segment_busy_after_its_group_is_dropped(pinned: bool) -> None:
+    """A worker never refills a segment the loop still holds a batch of.
+
+    The loop drops a group as it goes, but may keep one of its batches (the last one, a
+    column of it). Its slot must stay busy until that is gone: in 0.6.0 a page-locked
+    pool built batches over a view of a view of its mapping, numpy rooted their views
+    at the mapping rather than at the group's array, and the slot was freed (and
+    refilled by the worker) under a batch the loop held.
+    """
+    pool = SegmentPool(workers=1, slots_per_worker=2, pinner=RecordingPinner() if pinned else None)
+    assert pool.lease()
+    writer = pool.writer(0)
+    assert writer is not None
+    rows = PIPE_MAX_BYTES // 4  # over the pipe's limit: a segment, pinned or not
+    sent = pack_group(
+        [{"a": torch.arange(rows, dtype=torch.float32) + i, "b": torch.ones(rows)} for i in range(2)], writer
+    )
+    assert isinstance(sent, PooledBatch)
+    group = _roundtrip(sent)
+    kept = group[1]["a"]
+    del group
+    gc.collect()
+    assert pool._flags[sent.slot] != 0, "the slot was freed while a batch of it is held"
+    assert torch.equal(kept[:3], torch.tensor([1.0, 2.0, 3.0]))
+    del kept
+    gc.collect()
+    assert pool._flags[sent.slot] == 0  # free once nothing of the group is left
+
+
 def test_pinned_pool_reuses_a_slot_only_after_the_copies_queued_from_it() -> None:
     """A dropped group's segment waits for its fence: a copy queued from it may not have run.
 

@@ -1151,6 +1151,11 @@ class PlannedDataset(IterableDataset[Any]):
         )
         return rebatch(read, batching.batch_size, batching.drop_last), positions, work
 
+    @property
+    def joins(self) -> bool:
+        """Main process: this pass joins workers' parts into batches (:meth:`deliver` is needed)."""
+        return self._joiner is not None
+
     def deliver(self, item: Any, progress: EpochProgress) -> Iterable[Any]:
         """Main process: a batch received from a worker, on its way to the loop.
 

@@ -43,13 +43,16 @@ from torch_dataloader_utils.transfer import BatchGroup, SegmentWriter, pack_grou
 
 __all__ = ["FIRST_GROUP_BATCHES", "GROUP_BYTES", "GROUP_MAX_BATCHES", "ArrowBytes", "Positions", "grouped"]
 
-GROUP_BYTES = 8 << 20
+GROUP_BYTES = 32 << 20
 """A worker under ``create_dataloader``'s loader sends batches in groups of about this size.
 
 Every hand-off between a worker and the main process has a fixed cost (queue, pickle,
-waking a process, a shared-memory segment); with small batches it dominates, so batches
-travel several to a transfer. In flight at once: about ``(prefetch_factor + 1) *
-num_workers`` groups. Measured in ``docs/benchmarks.md``.
+waking a process and two threads, a shared-memory segment): about 0.5-0.7 ms of the
+main process's CPU on the project's 2-core machine, whatever the group's size; with
+small batches it dominates, so batches travel several to a transfer. 8 MiB groups left
+that cost at about 0.07 s per GB delivered; 32 MiB at a quarter of it (``bench_receive``
+in docs/benchmarks.md). In flight at once: about ``(prefetch_factor + 1) * num_workers``
+groups, each in a worker's shared-memory segment (see ``runtime.loader.SPARE_SEGMENTS``).
 """
 
 GROUP_MAX_BATCHES = 1024

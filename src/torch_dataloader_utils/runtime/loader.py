@@ -31,6 +31,7 @@ from torch_dataloader_utils.errors import IncompatibleOptionsError
 from torch_dataloader_utils.plan.state import keyed_state
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.device import DeviceStage, OnDevice, copied_ahead
+from torch_dataloader_utils.runtime.emit import GROUP_BYTES
 from torch_dataloader_utils.runtime.metrics import LoaderMetrics, gather_metrics, stall_clock
 from torch_dataloader_utils.runtime.state import EpochProgress, Tagged
 from torch_dataloader_utils.transfer import BatchGroup, HostPinner, SegmentPool, can_pin_segments
@@ -73,9 +74,9 @@ thread holds, the one being yielded and the previous one, which the loop may sti
 ``COPY_AHEAD_GROUPS`` more. A worker that finds no free segment sends its group outside
 the pool (not page-locked: a device copy of it is then synchronous)."""
 
-PINNED_SEGMENT_BYTES = 10 << 20
+PINNED_SEGMENT_BYTES = GROUP_BYTES + GROUP_BYTES // 4
 """A page-locked pool's segments hold at least this much: a full group (``GROUP_BYTES``,
-8 MiB) and a quarter more, so a worker's first, growing groups do not replace (and
+32 MiB) and a quarter more, so a worker's first, growing groups do not replace (and
 register again) its segments."""
 
 _POLL = 0.05
@@ -119,7 +120,7 @@ class _Receiver:
     def _run(self, source: Iterator[Any]) -> None:
         try:
             prepare = self.prepare
-            for item in source:
+            for item in _items(source):
                 if not self._put(0, item if prepare is None else prepare(item)):
                     return
             self._put(1, None)
@@ -134,6 +135,27 @@ class _Receiver:
         """Stop and wait for the thread (its current item arrives or fails first)."""
         self.stopped.set()
         self.thread.join()
+
+
+def _items(source: Iterator[Any]) -> Iterator[Any]:
+    """The items of a DataLoader iterator, without its per-item profiler range when no profiler runs.
+
+    ``next()`` on torch's iterator opens a ``record_function`` range around each item
+    (about 9 us on the project's machine, per group of batches); it is only seen by a
+    running profiler. With none, the iterator's own ``_next_data`` is called (what
+    ``__next__`` calls inside the range); with one, or an iterator without it, ``next()``.
+    """
+    step = getattr(source, "_next_data", None)
+    if step is None or getattr(source, "_sampler_iter", None) is None:
+        yield from source
+        return
+    profiling = torch._C._autograd._profiler_enabled
+    while True:
+        try:
+            item = next(source) if profiling() else step()
+        except StopIteration:
+            return
+        yield item
 
 
 def superseded() -> IncompatibleOptionsError:
@@ -420,7 +442,9 @@ class ResumableDataLoader(DataLoader[Any]):
         pool: SegmentPool | None,
     ) -> Iterator[Any]:
         """The received items as the loop's batches: groups split, device copies handed over."""
-        metrics = self.dataset.metrics
+        dataset = self.dataset
+        metrics = dataset.metrics
+        record = metrics.record
         fenced = pool is not None and pool.pinned
         for item in source:
             if fenced:  # segments dropped under queued copies: free those whose copies ran
@@ -434,15 +458,21 @@ class ResumableDataLoader(DataLoader[Any]):
                 # worker's timers and counters since its previous group.
                 if item.work is not None:
                     metrics.add_work(*item.work)
+                # Without a joiner (elastic order) a batch goes to the loop as it came:
+                # no call per batch beyond the metrics' count.
+                joined = dataset.joins
                 for batch, tag in zip(item.batch, item.tag, strict=True):
                     if receiver is not None and receiver.superseded:
                         raise superseded()
-                    metrics.record(tag)  # type: ignore[arg-type]
-                    yield from self.dataset.deliver(Tagged(batch, tag), progress)  # type: ignore[arg-type]
+                    record(tag)  # type: ignore[arg-type]
+                    if joined:
+                        yield from dataset.deliver(Tagged(batch, tag), progress)  # type: ignore[arg-type]
+                    else:
+                        yield Tagged(batch, tag)  # type: ignore[arg-type]
             else:
                 if isinstance(item, Tagged):
-                    metrics.record(item.tag)
-                yield from self.dataset.deliver(item, progress)
+                    record(item.tag)
+                yield from dataset.deliver(item, progress)
 
     def metrics(self, gather: bool = False, group: Any = None) -> LoaderMetrics:
         """What the loader did since the last ``set_epoch``, ``reset_metrics`` or ``get_metrics``.

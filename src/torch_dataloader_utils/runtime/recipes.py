@@ -633,6 +633,9 @@ class MixedDataset(IterableDataset[Any]):
         """Main process: a pass over the current epoch starts; returns its record."""
         return self._state.begin(num_workers, self.epoch)
 
+    joins = False
+    """Nothing is joined in the main process: the loader hands batches over as they came."""
+
     def deliver(self, item: Any, progress: _MixProgress) -> Iterable[Any]:
         """Main process: a batch received from a worker, on its way to the loop (as it came)."""
         return (item,)

@@ -19,7 +19,7 @@ The model, from the plan (the library's own) and a few numbers:
   metrics), and the start-up of the DataLoader workers, both measured on this machine
   (:mod:`torch_dataloader_utils.runtime.calibrate`).
 * **The plan**: each worker reads its chunks in order; a worker's first batches reach
-  the loop in a group of about 8 MiB (:data:`~torch_dataloader_utils.runtime.emit.GROUP_BYTES`);
+  the loop in a group of about 32 MiB (:data:`~torch_dataloader_utils.runtime.emit.GROUP_BYTES`);
   the DataLoader takes worker 0's first.
 * **The loop** (optional): ``step_sec`` of training per batch; the rank's epoch is then
   at least its batches times the step.
