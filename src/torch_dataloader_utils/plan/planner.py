@@ -387,9 +387,13 @@ class RankPlan:
 # ---------------------------------------------------------------------------------------
 
 
-def _unknown_rows(table: ChunkTable, index: int) -> PlanError:
-    c = table.chunk(index)
-    return PlanError(
+def _known_rows(table: ChunkTable, index: Array) -> Array:
+    """Rows of the chunks at ``index`` (:class:`PlanError` naming the first unknown count)."""
+    rows = table.rows[index]
+    if not np.any(rows < 0):
+        return rows
+    c = table.chunk(int(index[int(np.argmax(rows < 0))]))
+    raise PlanError(
         f"equal_batches needs exact row counts, but chunk {c.path!r} [{c.start}, {c.stop}) "
         f"{c.unit.value} has an unknown row count; use a format whose row counts are "
         "known (Parquet, ORC, Iceberg) or pass equal_batches='off'"
@@ -471,9 +475,7 @@ class _Dealt(_Shares):
             totals = np.zeros(r, dtype=np.int64)
             step = max(1, self._GATHER // r) * r
             for a in range(0, n, step):
-                rows = self.table.rows[self.order[a : a + step]]
-                if np.any(rows < 0):
-                    raise _unknown_rows(self.table, int(self.order[a + int(np.argmax(rows < 0))]))
+                rows = _known_rows(self.table, self.order[a : a + step])
                 full = len(rows) // r * r
                 totals += rows[:full].reshape(-1, r).sum(axis=0, dtype=np.int64)
                 totals[: len(rows) - full] += rows[full:]
@@ -526,9 +528,7 @@ class _PerRank(_Shares):
             out = np.zeros(self.num_ranks, dtype=np.int64)
             for rank in range(self.num_ranks):
                 source = self.source(rank)
-                if np.any(source.rows < 0):
-                    raise _unknown_rows(source.table, int(source.index[int(np.argmax(source.rows < 0))]))
-                out[rank] = int(source.rows.sum())
+                out[rank] = int(_known_rows(source.table, source.index).sum())
             self._totals = out
         return self._totals
 
@@ -605,14 +605,8 @@ class Planner:
         """This planner for a world of ``num_ranks`` ranks (sharing the chunk table)."""
         if num_ranks == self.spec.num_ranks:
             return self
-        other = Planner.__new__(Planner)
-        other.__setstate__(
-            {
-                "spec": replace(self.spec, num_ranks=num_ranks),
-                "files": self.files,
-                "_chunks": self.chunk_table(),
-            }
-        )
+        other = Planner(replace(self.spec, num_ranks=num_ranks, files=self.files))
+        other._chunks = self.chunk_table()
         return other
 
     def rows_known(self, epoch: int, num_workers: int) -> bool:
@@ -837,9 +831,8 @@ class LazyRanks(Sequence[tuple[WorkerChunks, ...]]):
 def _checked(spec: PlanSpec, epoch: int) -> Planner:
     """A planner whose ``epoch`` is planned, a rank-aware strategy checked across ranks."""
     planner = Planner(spec)
-    shares = planner.shares(epoch, spec.num_workers)
-    if isinstance(shares, _PerRank):
-        shares.verify(fresh=False)
+    if planner.rank_aware:
+        planner.verify(epoch)
     return planner
 
 
