@@ -20,7 +20,7 @@ line and the tests) by calling the per-rank planner for each rank.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, overload
 
@@ -127,6 +127,14 @@ class Source(Protocol):
         ...
 
 
+def _by_segment(spans: Sequence[Span]) -> dict[int, list[int]]:
+    """Positions of ``spans`` by the segment each is of."""
+    out: dict[int, list[int]] = {}
+    for k, span in enumerate(spans):
+        out.setdefault(span[0], []).append(k)
+    return out
+
+
 class Stream:
     """Segments one after another, each built when a range first crosses it.
 
@@ -193,10 +201,7 @@ class Stream:
     def pieces(self, spans: Sequence[Span]) -> list[Piece]:
         """The pieces ``spans`` stand for, in order (built now)."""
         out: list[Piece | None] = [None] * len(spans)
-        by_segment: dict[int, list[int]] = {}
-        for k, span in enumerate(spans):
-            by_segment.setdefault(span[0], []).append(k)
-        for segment, at in by_segment.items():
+        for segment, at in _by_segment(spans).items():
             for k, piece in zip(at, self.source(segment).pieces([spans[k] for k in at]), strict=True):
                 out[k] = piece
         return out  # type: ignore[return-value]  # every position filled
@@ -236,10 +241,6 @@ class TableSource:
         for k in np.flatnonzero(~whole).tolist():
             out[k] = self.table.part(int(index[k]), int(lo[k]), int(hi[k]), bool(pad[k]))
         return out
-
-    def chunk(self, span: Span) -> Chunk:
-        """The chunk one span stands for (built alone)."""
-        return self.table.part(int(self.index[span[1]]), span[2], span[3], span[4])
 
     def pieces(self, spans: Sequence[Span]) -> list[Piece]:
         """Every span as one chunk read in file order."""
@@ -281,10 +282,7 @@ def _columns(stream: Stream, spans: Sequence[Span]) -> tuple[Array, Array, Array
     rows, nbytes, file = (np.empty(n, dtype=np.int64) for _ in range(3))
     padding = np.zeros(n, dtype=bool)
     files = None
-    by_segment: dict[int, list[int]] = {}
-    for k, span in enumerate(spans):
-        by_segment.setdefault(span[0], []).append(k)
-    for segment, positions in by_segment.items():
+    for segment, positions in _by_segment(spans).items():
         source = stream.source(segment)
         assert isinstance(source, TableSource)
         table, at = source.table, np.asarray(positions, dtype=np.int64)
@@ -299,12 +297,6 @@ def _columns(stream: Stream, spans: Sequence[Span]) -> tuple[Array, Array, Array
             rows[k] = -1 if chunk.num_rows is None else chunk.num_rows
             nbytes[k], padding[k] = chunk.num_bytes, chunk.padding
     return rows, nbytes, padding, file, files
-
-
-def _chunk(stream: Stream, span: Span) -> Chunk:
-    source = stream.source(span[0])
-    assert isinstance(source, TableSource)
-    return source.chunk(span)
 
 
 @dataclass(frozen=True, eq=False)
@@ -343,7 +335,7 @@ class RankPlan:
 
     def chunk(self, worker: int, index: int) -> Chunk:
         """Chunk ``index`` of one worker (built alone)."""
-        return _chunk(self.stream, self.workers[worker][index])
+        return self.stream.pieces([self.workers[worker][index]])[0].chunks[0]
 
     def assignments(self) -> tuple[WorkerChunks, ...]:
         """Every worker's chunks (built now)."""
@@ -432,7 +424,7 @@ class _Shares:
 
     def chunks(self, ranges: Sequence[Range]) -> tuple[Chunk, ...]:
         """The chunks of stream positions ``ranges`` (the few rows dropped or padded)."""
-        return tuple(_chunk(self.stream, span) for span in self.stream.spans(ranges))
+        return tuple(p.chunks[0] for p in self.stream.pieces(self.stream.spans(ranges)))
 
 
 class _Dealt(_Shares):
@@ -792,9 +784,6 @@ class LazyRanks(Sequence[tuple[WorkerChunks, ...]]):
         if found is None:
             found = self._done[rank] = self._plan(rank).assignments()
         return found
-
-    def __iter__(self) -> Iterator[tuple[WorkerChunks, ...]]:
-        return (self[r] for r in range(self._n))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence):
