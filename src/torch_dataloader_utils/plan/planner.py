@@ -381,14 +381,9 @@ def _known_rows(table: ChunkTable, index: Array) -> Array:
 
 
 class _Shares:
-    """One epoch: each rank's share of its chunks (its home), their stream and its deal."""
+    """Each rank's share of an epoch's chunks (its home in the stream)."""
 
-    def __init__(self, spec: PlanSpec, epoch: int) -> None:
-        self.spec = spec
-        self.epoch = epoch
-        self.num_ranks = spec.num_ranks
-        self.stream = Stream(self.totals, self.source)  # without equal batches: whole shares only
-        self._deal: Deal | None = None
+    num_ranks: int
 
     def source(self, rank: int) -> TableSource:
         raise NotImplementedError
@@ -399,32 +394,6 @@ class _Shares:
 
     def digest(self, rank: int) -> int | None:
         return None
-
-    @property
-    def deal(self) -> Deal:
-        """The equal-batches deal of the stream, the shares as homes."""
-        if self._deal is None:
-            spec, starts = self.spec, self.stream.starts
-            self._deal = deal(
-                int(starts[-1]),
-                spec.num_ranks,
-                spec.equal_batches,
-                homes=starts,
-                shuffle=spec.shuffle,
-                seed=spec.seed,
-                key=(self.epoch,),
-            )
-        return self._deal
-
-    def spans(self, rank: int) -> list[Span]:
-        """What ``rank`` reads: its share, or (equal batches) its deal's ranges."""
-        if not self.spec.equalized:
-            return self.stream.whole(rank)
-        return self.stream.spans(self.deal.ranges(rank))
-
-    def chunks(self, ranges: Sequence[Range]) -> tuple[Chunk, ...]:
-        """The chunks of stream positions ``ranges`` (the few rows dropped or padded)."""
-        return tuple(p.chunks[0] for p in self.stream.pieces(self.stream.spans(ranges)))
 
 
 class _Dealt(_Shares):
@@ -437,12 +406,10 @@ class _Dealt(_Shares):
     _GATHER = 1 << 16
     """Positions gathered at a time when counting rows (bounds the temporaries)."""
 
-    def __init__(
-        self, spec: PlanSpec, epoch: int, table: ChunkTable, order: Array, digest: int | None
-    ) -> None:
-        super().__init__(spec, epoch)
+    def __init__(self, table: ChunkTable, order: Array, num_ranks: int, digest: int | None) -> None:
         self.table = table
         self.order = order
+        self.num_ranks = num_ranks
         self._digest = digest
         self._totals: Array | None = None
 
@@ -470,9 +437,10 @@ class _PerRank(_Shares):
     """A rank-aware strategy's chunks, asked of the strategy one rank at a time."""
 
     def __init__(self, planner: Planner, epoch: int, num_workers: int, totals: Sequence[int] | None) -> None:
-        super().__init__(planner.spec, epoch)
         self.planner = planner
+        self.epoch = epoch
         self.num_workers = num_workers
+        self.num_ranks = planner.spec.num_ranks
         self._tables: dict[int, TableSource] = {}
         self._given = None if totals is None else np.asarray(totals, dtype=np.int64)
         self._totals: Array | None = None
@@ -548,6 +516,51 @@ def nondeterministic(name: str, where: str) -> PlanError:
     )
 
 
+class _Epoch:
+    """One epoch's shares, its stream (share after share) and, with equal batches, its deal.
+
+    Not the shares' own attributes: the stream calls the shares, so shares holding it
+    would be a reference cycle, keeping a dropped epoch's order alive until a collection.
+    """
+
+    def __init__(self, spec: PlanSpec, epoch: int, shares: _Shares) -> None:
+        self.spec = spec
+        self.epoch = epoch
+        self.shares = shares
+        self.stream = Stream(shares.totals, shares.source)  # without equal batches: whole shares only
+        self._deal: Deal | None = None
+
+    def totals(self) -> Array:
+        """Rows of every share (:class:`PlanError` on an unknown count)."""
+        return self.shares.totals()
+
+    @property
+    def deal(self) -> Deal:
+        """The equal-batches deal of the stream, the shares as homes."""
+        if self._deal is None:
+            spec, starts = self.spec, self.stream.starts
+            self._deal = deal(
+                int(starts[-1]),
+                spec.num_ranks,
+                spec.equal_batches,
+                homes=starts,
+                shuffle=spec.shuffle,
+                seed=spec.seed,
+                key=(self.epoch,),
+            )
+        return self._deal
+
+    def spans(self, rank: int) -> list[Span]:
+        """What ``rank`` reads: its share, or (equal batches) its deal's ranges."""
+        if not self.spec.equalized:
+            return self.stream.whole(rank)
+        return self.stream.spans(self.deal.ranges(rank))
+
+    def chunks(self, ranges: Sequence[Range]) -> tuple[Chunk, ...]:
+        """The chunks of stream positions ``ranges`` (the few rows dropped or padded)."""
+        return tuple(p.chunks[0] for p in self.stream.pieces(self.stream.spans(ranges)))
+
+
 # ---------------------------------------------------------------------------------------
 # The planner
 # ---------------------------------------------------------------------------------------
@@ -570,7 +583,7 @@ class Planner:
         self.spec = spec
         self.files = spec.files if isinstance(spec.files, FileTable) else FileTable.from_infos(spec.files)
         self._chunks: ChunkTable | None = None
-        self._epochs: dict[tuple[int, int], _Shares] = {}
+        self._epochs: dict[tuple[int, int], _Epoch] = {}
         self._plans: BoundedDict[tuple[int, int, int], RankPlan] = BoundedDict(16)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -595,7 +608,7 @@ class Planner:
         A rank-aware strategy is not asked for every rank: with equal batches its counts
         are known (planning needs them), without they count as unknown.
         """
-        shares = self.shares(epoch, num_workers)
+        shares = self.shares(epoch, num_workers).shares
         if isinstance(shares, _Dealt):
             return shares.table.known
         return self.spec.equalized
@@ -611,7 +624,7 @@ class Planner:
             self._chunks = build_chunks(self.spec.strategy, self.files)  # type: ignore[arg-type]
         return self._chunks
 
-    def shares(self, epoch: int, num_workers: int, totals: Sequence[int] | None = None) -> _Shares:
+    def shares(self, epoch: int, num_workers: int, totals: Sequence[int] | None = None) -> _Epoch:
         """Each rank's chunks of ``epoch``, in reading order, and their deal (cached per epoch).
 
         Custom strategies are told ``num_workers``; built-in ones are not.
@@ -641,9 +654,9 @@ class Planner:
                 if self.spec.shuffle
                 else np.arange(n, dtype=np.int32 if n <= np.iinfo(np.int32).max else np.int64)
             )
-            shares = _Dealt(self.spec, epoch, table, order, digest)
-        self._epochs[key] = shares
-        return shares
+            shares = _Dealt(table, order, self.spec.num_ranks, digest)
+        found = self._epochs[key] = _Epoch(self.spec, epoch, shares)
+        return found
 
     def totals(self, epoch: int, num_workers: int) -> Array:
         """Every rank's share of rows in ``epoch`` (:class:`PlanError` on unknown counts)."""
@@ -685,12 +698,13 @@ class Planner:
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        shares = self.shares(epoch, workers, totals)
-        spans = shares.spans(rank)
+        found = self.shares(epoch, workers, totals)
+        shares = found.shares
+        spans = found.spans(rank)
         if verify and isinstance(shares, _PerRank) and (spec.verify or spec.num_ranks <= AUTO_VERIFY_RANKS):
             shares.verify(fresh=True)  # after this rank's own call: a second call must agree with it
         bins = to_workers(
-            spans, workers, shares.stream.weight, batch_size=spec.batch_size, equal=spec.equalized
+            spans, workers, found.stream.weight, batch_size=spec.batch_size, equal=spec.equalized
         )
         plan = RankPlan(
             epoch=epoch,
@@ -699,7 +713,7 @@ class Planner:
             num_workers=workers,
             workers=tuple(tuple(b) for b in bins),
             share_size=len(spans),
-            stream=shares.stream,
+            stream=found.stream,
             digest=shares.digest(rank),
         )
         self._plans[key] = plan
@@ -729,7 +743,7 @@ class Planner:
             OverlappingChunksError: two chunks share rows.
             PlanError: a strategy returned invalid chunks.
         """
-        shares = self.shares(epoch, self.spec.num_workers if num_workers is None else num_workers)
+        shares = self.shares(epoch, self.spec.num_workers if num_workers is None else num_workers).shares
         if isinstance(shares, _PerRank):
             shares.verify(fresh=False)
         elif isinstance(shares, _Dealt):
@@ -816,7 +830,7 @@ def _checked(spec: PlanSpec, epoch: int) -> Planner:
 def rank_shares(spec: PlanSpec, epoch: int) -> list[list[Chunk]]:
     """Each rank's chunks for ``epoch``, shuffled, before equalizing and assignment to workers."""
     found = _checked(spec, epoch).shares(epoch, spec.num_workers)
-    return [found.source(r).chunks(found.stream.whole(r)) for r in range(spec.num_ranks)]
+    return [found.shares.source(r).chunks(found.stream.whole(r)) for r in range(spec.num_ranks)]
 
 
 def plan_epoch(spec: PlanSpec, epoch: int) -> EpochPlan:
