@@ -242,6 +242,10 @@ class TableSource:
             out[k] = self.table.part(int(index[k]), int(lo[k]), int(hi[k]), bool(pad[k]))
         return out
 
+    def chunk(self, span: Span) -> Chunk:
+        """The chunk one span stands for (built alone)."""
+        return self.table.part(int(self.index[span[1]]), span[2], span[3], span[4])
+
     def pieces(self, spans: Sequence[Span]) -> list[Piece]:
         """Every span as one chunk read in file order."""
         return [Piece.file(c) for c in self.chunks(spans)]
@@ -299,6 +303,12 @@ def _columns(stream: Stream, spans: Sequence[Span]) -> tuple[Array, Array, Array
     return rows, nbytes, padding, file, files
 
 
+def _chunk(stream: Stream, span: Span) -> Chunk:
+    source = stream.source(span[0])
+    assert isinstance(source, TableSource)
+    return source.chunk(span)
+
+
 @dataclass(frozen=True, eq=False)
 class RankPlan:
     """One rank's plan of one epoch: its rows per worker, made into pieces on demand.
@@ -335,7 +345,7 @@ class RankPlan:
 
     def chunk(self, worker: int, index: int) -> Chunk:
         """Chunk ``index`` of one worker (built alone)."""
-        return self.stream.pieces([self.workers[worker][index]])[0].chunks[0]
+        return _chunk(self.stream, self.workers[worker][index])
 
     def assignments(self) -> tuple[WorkerChunks, ...]:
         """Every worker's chunks (built now)."""
@@ -558,7 +568,7 @@ class _Epoch:
 
     def chunks(self, ranges: Sequence[Range]) -> tuple[Chunk, ...]:
         """The chunks of stream positions ``ranges`` (the few rows dropped or padded)."""
-        return tuple(p.chunks[0] for p in self.stream.pieces(self.stream.spans(ranges)))
+        return tuple(_chunk(self.stream, span) for span in self.stream.spans(ranges))
 
 
 # ---------------------------------------------------------------------------------------
