@@ -35,7 +35,7 @@ import numpy as np
 from torch_dataloader_utils.plan.shuffle import random_offset
 from torch_dataloader_utils.plan.types import EqualBatches
 
-__all__ = ["DROP_SALT", "PAD_SALT", "Deal", "Range", "deal"]
+__all__ = ["DROP_SALT", "PAD_SALT", "Deal", "Range", "crossed", "deal"]
 
 Array = np.ndarray[Any, Any]
 
@@ -61,19 +61,24 @@ def _without(a: int, b: int, span: tuple[int, int]) -> list[tuple[int, int]]:
     return [(x, y) for x, y in ((a, s0), (s1, b)) if y > x]
 
 
+def crossed(starts: Array, a: int, b: int) -> zip[tuple[int, int, int]]:
+    """``(item, lo, hi)``: the items positions ``[a, b)`` cross, and rows ``[lo, hi)`` of each.
+
+    ``starts`` holds each item's first position and the total, last; items of no
+    positions are left out.
+    """
+    i0 = max(0, int(np.searchsorted(starts, a, side="right")) - 1)
+    i1 = min(int(np.searchsorted(starts, b, side="left")), len(starts) - 1)
+    first = starts[i0:i1]
+    lo, hi = np.maximum(a - first, 0), np.minimum(b, starts[i0 + 1 : i1 + 1]) - first
+    keep = hi > lo
+    return zip(np.arange(i0, i1)[keep].tolist(), lo[keep].tolist(), hi[keep].tolist(), strict=True)
+
+
 def _slice(ranges: Sequence[tuple[int, int]], skip: int, count: int) -> list[tuple[int, int]]:
     """Positions ``[skip, skip + count)`` of ``ranges`` taken one after another."""
-    out = []
-    for a, b in ranges:
-        if count <= 0:
-            break
-        if skip >= b - a:
-            skip -= b - a
-            continue
-        n = min(count, b - a - skip)
-        out.append((a + skip, a + skip + n))
-        skip, count = 0, count - n
-    return out
+    starts = np.cumsum([0, *(b - a for a, b in ranges)])
+    return [(ranges[k][0] + x, ranges[k][0] + y) for k, x, y in crossed(starts, skip, skip + count)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,18 +125,12 @@ class Deal:
 
     def pool(self, x: int, y: int) -> list[Range]:
         """Pool positions ``[x, y)`` as stream ranges: homes' rows over the quota, then padding."""
-        starts = self.surplus
-        out = []
-        for rank in range(max(0, int(np.searchsorted(starts, x, side="right")) - 1), self.num_ranks):
-            lo, hi = int(starts[rank]), int(starts[rank + 1])
-            if lo >= y:
-                break
-            if hi > x:
-                taken = _slice(
-                    self._home(rank), int(self.own[rank]) + max(x, lo) - lo, min(y, hi) - max(x, lo)
-                )
-                out += [Range(a, b) for a, b in taken]
-        first = int(starts[-1])
+        out = [
+            Range(*r)
+            for rank, lo, hi in crossed(self.surplus, x, y)
+            for r in _slice(self._home(rank), int(self.own[rank]) + lo, hi - lo)
+        ]
+        first = int(self.surplus[-1])
         a, b = max(x, first) - first, min(y, first + self.pad_rows) - first
         total = self.total
         while a < b and total:  # the padding: the stream read cyclically from pad_offset

@@ -35,7 +35,7 @@ from torch_dataloader_utils.plan.chunks import (
     from_chunks,
     is_builtin,
 )
-from torch_dataloader_utils.plan.deal import Deal, Range, deal
+from torch_dataloader_utils.plan.deal import Deal, Range, crossed, deal
 from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.ranks import Span, to_workers
 from torch_dataloader_utils.plan.shuffle import permutation
@@ -183,27 +183,15 @@ class Stream:
         first = self._prefix.get(segment)
         if first is None:
             first = self._prefix[segment] = np.concatenate(([0], np.cumsum(rows, dtype=np.int64)))
-        i0 = max(0, int(np.searchsorted(first, a, side="right")) - 1)
-        i1 = int(np.searchsorted(first, b, side="left"))
-        at = np.arange(i0, i1)
-        lo = np.maximum(a - first[i0:i1], 0)
-        hi = np.minimum(b - first[i0:i1], rows[i0:i1])
-        keep = hi > lo
-        return [
-            (segment, i, x, y, padding)
-            for i, x, y in zip(at[keep].tolist(), lo[keep].tolist(), hi[keep].tolist(), strict=True)
-        ]
+        return [(segment, i, x, y, padding) for i, x, y in crossed(first, a, b)]
 
     def spans(self, ranges: Sequence[Range]) -> list[Span]:
         """What the stream positions ``ranges`` hold, in order (items of no rows left out)."""
         starts = self.starts
         out: list[Span] = []
         for lo, hi, padding in ranges:
-            segment = max(0, int(np.searchsorted(starts, lo, side="right")) - 1)
-            while segment < len(starts) - 1 and starts[segment] < hi:
-                s = int(starts[segment])
-                out += self._in(segment, max(lo, s) - s, min(hi, int(starts[segment + 1])) - s, padding)
-                segment += 1
+            for segment, a, b in crossed(starts, lo, hi):
+                out += self._in(segment, a, b, padding)
         return out
 
     def weight(self, span: Span) -> int:
