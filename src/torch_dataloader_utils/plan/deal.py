@@ -35,7 +35,7 @@ import numpy as np
 from torch_dataloader_utils.plan.shuffle import random_offset
 from torch_dataloader_utils.plan.types import EqualBatches
 
-__all__ = ["DROP_SALT", "PAD_SALT", "Deal", "Range", "deal"]
+__all__ = ["DROP_SALT", "PAD_SALT", "Deal", "Range", "crossed", "deal"]
 
 Array = np.ndarray[Any, Any]
 
@@ -61,19 +61,24 @@ def _without(a: int, b: int, span: tuple[int, int]) -> list[tuple[int, int]]:
     return [(x, y) for x, y in ((a, s0), (s1, b)) if y > x]
 
 
+def crossed(starts: Array, a: int, b: int) -> zip[tuple[int, int, int]]:
+    """``(item, lo, hi)``: the items positions ``[a, b)`` cross, and rows ``[lo, hi)`` of each.
+
+    ``starts`` holds each item's first position and the total, last; items of no
+    positions are left out.
+    """
+    i0 = max(0, int(np.searchsorted(starts, a, side="right")) - 1)
+    i1 = min(int(np.searchsorted(starts, b, side="left")), len(starts) - 1)
+    first = starts[i0:i1]
+    lo, hi = np.maximum(a - first, 0), np.minimum(b, starts[i0 + 1 : i1 + 1]) - first
+    keep = hi > lo
+    return zip(np.arange(i0, i1)[keep].tolist(), lo[keep].tolist(), hi[keep].tolist(), strict=True)
+
+
 def _slice(ranges: Sequence[tuple[int, int]], skip: int, count: int) -> list[tuple[int, int]]:
     """Positions ``[skip, skip + count)`` of ``ranges`` taken one after another."""
-    out = []
-    for a, b in ranges:
-        if count <= 0:
-            break
-        if skip >= b - a:
-            skip -= b - a
-            continue
-        n = min(count, b - a - skip)
-        out.append((a + skip, a + skip + n))
-        skip, count = 0, count - n
-    return out
+    starts = np.cumsum([0, *(b - a for a, b in ranges)])
+    return [(ranges[k][0] + x, ranges[k][0] + y) for k, x, y in crossed(starts, skip, skip + count)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,23 +87,21 @@ class Deal:
 
     Attributes:
         homes: Stream position of each home's start, and the total, last (``num_ranks + 1``).
-        quota: Rows of every rank, or ``None`` without equal batches.
+        own: Rows each rank keeps of its home (all of them without equal batches).
+        surplus: Pool position of each home's rows over the quota (and their total, last).
+        deficit: Pool position of each rank's shortfall (and their total, last).
         span: Positions ``'drop'`` leaves out (empty otherwise).
         pad_offset: Position the padding starts at (``'pad'``).
         pad_rows: Rows of padding.
-        own: Rows each rank keeps of its home.
-        surplus: Pool position of each home's rows over the quota (and their total, last).
-        deficit: Pool position of each rank's shortfall (and their total, last).
     """
 
     homes: Array
-    quota: int | None
+    own: Array
+    surplus: Array
+    deficit: Array
     span: tuple[int, int] = (0, 0)
     pad_offset: int = 0
     pad_rows: int = 0
-    own: Array | None = None
-    surplus: Array | None = None
-    deficit: Array | None = None
 
     @property
     def num_ranks(self) -> int:
@@ -117,25 +120,17 @@ class Deal:
         """What ``rank`` reads, in order: its own rows, then its share of the pool."""
         if not 0 <= rank < self.num_ranks:
             raise ValueError(f"rank must be in [0, {self.num_ranks}), got {rank}")
-        if self.quota is None or self.own is None or self.deficit is None:
-            return [Range(*r) for r in self._home(rank)]
         own = [Range(a, b) for a, b in _slice(self._home(rank), 0, int(self.own[rank]))]
         return own + self.pool(int(self.deficit[rank]), int(self.deficit[rank + 1]))
 
     def pool(self, x: int, y: int) -> list[Range]:
         """Pool positions ``[x, y)`` as stream ranges: homes' rows over the quota, then padding."""
-        if self.quota is None or self.surplus is None:
-            return []
-        starts = self.surplus
-        out = []
-        for rank in range(max(0, int(np.searchsorted(starts, x, side="right")) - 1), self.num_ranks):
-            lo, hi = int(starts[rank]), int(starts[rank + 1])
-            if lo >= y:
-                break
-            if hi > x:
-                taken = _slice(self._home(rank), self.quota + max(x, lo) - lo, min(y, hi) - max(x, lo))
-                out += [Range(a, b) for a, b in taken]
-        first = int(starts[-1])
+        out = [
+            Range(*r)
+            for rank, lo, hi in crossed(self.surplus, x, y)
+            for r in _slice(self._home(rank), int(self.own[rank]) + lo, hi - lo)
+        ]
+        first = int(self.surplus[-1])
         a, b = max(x, first) - first, min(y, first + self.pad_rows) - first
         total = self.total
         while a < b and total:  # the padding: the stream read cyclically from pad_offset
@@ -151,7 +146,7 @@ class Deal:
 
     def padding(self) -> list[Range]:
         """The positions read a second time to pad ranks (``'pad'``)."""
-        if self.surplus is None or not self.pad_rows:
+        if not self.pad_rows:
             return []
         first = int(self.surplus[-1])
         return self.pool(first, first + self.pad_rows)
@@ -182,13 +177,12 @@ def deal(
         key: ``(epoch, *salt)``: what the draws depend on besides the seed.
     """
     ranks = np.arange(num_ranks + 1, dtype=np.int64)
-    if not policy.acts_on(num_ranks):
-        if homes is None:
-            homes = np.minimum(ranks * -(-total // num_ranks), total)
-        return Deal(np.asarray(homes, dtype=np.int64), None)
     epoch, salt = key[0], key[1:]
     span, pad_offset, pad_rows = (total, total), 0, 0
-    if policy is EqualBatches.PAD:
+    quota: int | None = None
+    if not policy.acts_on(num_ranks):
+        even = np.minimum(ranks * -(-total // num_ranks), total)
+    elif policy is EqualBatches.PAD:
         pad_rows = -total % num_ranks
         quota = (total + pad_rows) // num_ranks
         if shuffle and total and pad_rows:
@@ -202,17 +196,9 @@ def deal(
         even = np.where(ranks * quota > lo, ranks * quota + k, ranks * quota)
         even[-1] = total
     homes = even if homes is None else np.asarray(homes, dtype=np.int64)
-    size = np.diff(homes)
     inside = np.clip(np.minimum(homes[1:], span[1]) - np.maximum(homes[:-1], span[0]), 0, None)
-    kept = size - inside
-    own = np.minimum(kept, quota)
-    return Deal(
-        homes,
-        quota,
-        span,
-        pad_offset,
-        pad_rows,
-        own,
-        np.concatenate(([0], np.cumsum(kept - own))),
-        np.concatenate(([0], np.cumsum(quota - own))),
-    )
+    kept = np.diff(homes) - inside
+    want = kept if quota is None else quota  # without equal batches a rank keeps its whole home
+    own = np.minimum(kept, want)
+    surplus, deficit = (np.concatenate(([0], np.cumsum(n))) for n in (kept - own, want - own))
+    return Deal(homes, own, surplus, deficit, span, pad_offset, pad_rows)

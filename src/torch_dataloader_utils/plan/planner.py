@@ -20,7 +20,7 @@ line and the tests) by calling the per-rank planner for each rank.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, overload
 
@@ -35,7 +35,7 @@ from torch_dataloader_utils.plan.chunks import (
     from_chunks,
     is_builtin,
 )
-from torch_dataloader_utils.plan.deal import Deal, Range, deal
+from torch_dataloader_utils.plan.deal import Deal, Range, crossed, deal
 from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.ranks import Span, to_workers
 from torch_dataloader_utils.plan.shuffle import permutation
@@ -127,6 +127,14 @@ class Source(Protocol):
         ...
 
 
+def _by_segment(spans: Sequence[Span]) -> dict[int, list[int]]:
+    """Positions of ``spans`` by the segment each is of."""
+    out: dict[int, list[int]] = {}
+    for k, span in enumerate(spans):
+        out.setdefault(span[0], []).append(k)
+    return out
+
+
 class Stream:
     """Segments one after another, each built when a range first crosses it.
 
@@ -175,27 +183,15 @@ class Stream:
         first = self._prefix.get(segment)
         if first is None:
             first = self._prefix[segment] = np.concatenate(([0], np.cumsum(rows, dtype=np.int64)))
-        i0 = max(0, int(np.searchsorted(first, a, side="right")) - 1)
-        i1 = int(np.searchsorted(first, b, side="left"))
-        at = np.arange(i0, i1)
-        lo = np.maximum(a - first[i0:i1], 0)
-        hi = np.minimum(b - first[i0:i1], rows[i0:i1])
-        keep = hi > lo
-        return [
-            (segment, i, x, y, padding)
-            for i, x, y in zip(at[keep].tolist(), lo[keep].tolist(), hi[keep].tolist(), strict=True)
-        ]
+        return [(segment, i, x, y, padding) for i, x, y in crossed(first, a, b)]
 
     def spans(self, ranges: Sequence[Range]) -> list[Span]:
         """What the stream positions ``ranges`` hold, in order (items of no rows left out)."""
         starts = self.starts
         out: list[Span] = []
         for lo, hi, padding in ranges:
-            segment = max(0, int(np.searchsorted(starts, lo, side="right")) - 1)
-            while segment < len(starts) - 1 and starts[segment] < hi:
-                s = int(starts[segment])
-                out += self._in(segment, max(lo, s) - s, min(hi, int(starts[segment + 1])) - s, padding)
-                segment += 1
+            for segment, a, b in crossed(starts, lo, hi):
+                out += self._in(segment, a, b, padding)
         return out
 
     def weight(self, span: Span) -> int:
@@ -205,10 +201,7 @@ class Stream:
     def pieces(self, spans: Sequence[Span]) -> list[Piece]:
         """The pieces ``spans`` stand for, in order (built now)."""
         out: list[Piece | None] = [None] * len(spans)
-        by_segment: dict[int, list[int]] = {}
-        for k, span in enumerate(spans):
-            by_segment.setdefault(span[0], []).append(k)
-        for segment, at in by_segment.items():
+        for segment, at in _by_segment(spans).items():
             for k, piece in zip(at, self.source(segment).pieces([spans[k] for k in at]), strict=True):
                 out[k] = piece
         return out  # type: ignore[return-value]  # every position filled
@@ -293,10 +286,7 @@ def _columns(stream: Stream, spans: Sequence[Span]) -> tuple[Array, Array, Array
     rows, nbytes, file = (np.empty(n, dtype=np.int64) for _ in range(3))
     padding = np.zeros(n, dtype=bool)
     files = None
-    by_segment: dict[int, list[int]] = {}
-    for k, span in enumerate(spans):
-        by_segment.setdefault(span[0], []).append(k)
-    for segment, positions in by_segment.items():
+    for segment, positions in _by_segment(spans).items():
         source = stream.source(segment)
         assert isinstance(source, TableSource)
         table, at = source.table, np.asarray(positions, dtype=np.int64)
@@ -387,9 +377,13 @@ class RankPlan:
 # ---------------------------------------------------------------------------------------
 
 
-def _unknown_rows(table: ChunkTable, index: int) -> PlanError:
-    c = table.chunk(index)
-    return PlanError(
+def _known_rows(table: ChunkTable, index: Array) -> Array:
+    """Rows of the chunks at ``index`` (:class:`PlanError` naming the first unknown count)."""
+    rows = table.rows[index]
+    if not np.any(rows < 0):
+        return rows
+    c = table.chunk(int(index[int(np.argmax(rows < 0))]))
+    raise PlanError(
         f"equal_batches needs exact row counts, but chunk {c.path!r} [{c.start}, {c.stop}) "
         f"{c.unit.value} has an unknown row count; use a format whose row counts are "
         "known (Parquet, ORC, Iceberg) or pass equal_batches='off'"
@@ -438,9 +432,7 @@ class _Dealt(_Shares):
             totals = np.zeros(r, dtype=np.int64)
             step = max(1, self._GATHER // r) * r
             for a in range(0, n, step):
-                rows = self.table.rows[self.order[a : a + step]]
-                if np.any(rows < 0):
-                    raise _unknown_rows(self.table, int(self.order[a + int(np.argmax(rows < 0))]))
+                rows = _known_rows(self.table, self.order[a : a + step])
                 full = len(rows) // r * r
                 totals += rows[:full].reshape(-1, r).sum(axis=0, dtype=np.int64)
                 totals[: len(rows) - full] += rows[full:]
@@ -494,9 +486,7 @@ class _PerRank(_Shares):
             out = np.zeros(self.num_ranks, dtype=np.int64)
             for rank in range(self.num_ranks):
                 source = self.source(rank)
-                if np.any(source.rows < 0):
-                    raise _unknown_rows(source.table, int(source.index[int(np.argmax(source.rows < 0))]))
-                out[rank] = int(source.rows.sum())
+                out[rank] = int(_known_rows(source.table, source.index).sum())
             self._totals = out
         return self._totals
 
@@ -537,7 +527,11 @@ def nondeterministic(name: str, where: str) -> PlanError:
 
 
 class _Epoch:
-    """One epoch's shares, its stream (share after share) and, with equal batches, its deal."""
+    """One epoch's shares, its stream (share after share) and, with equal batches, its deal.
+
+    Not the shares' own attributes: the stream calls the shares, so shares holding it
+    would be a reference cycle, keeping a dropped epoch's order alive until a collection.
+    """
 
     def __init__(self, spec: PlanSpec, epoch: int, shares: _Shares) -> None:
         self.spec = spec
@@ -614,14 +608,8 @@ class Planner:
         """This planner for a world of ``num_ranks`` ranks (sharing the chunk table)."""
         if num_ranks == self.spec.num_ranks:
             return self
-        other = Planner.__new__(Planner)
-        other.__setstate__(
-            {
-                "spec": replace(self.spec, num_ranks=num_ranks),
-                "files": self.files,
-                "_chunks": self.chunk_table(),
-            }
-        )
+        other = Planner(replace(self.spec, num_ranks=num_ranks, files=self.files))
+        other._chunks = self.chunk_table()
         return other
 
     def rows_known(self, epoch: int, num_workers: int) -> bool:
@@ -821,9 +809,6 @@ class LazyRanks(Sequence[tuple[WorkerChunks, ...]]):
             found = self._done[rank] = self._plan(rank).assignments()
         return found
 
-    def __iter__(self) -> Iterator[tuple[WorkerChunks, ...]]:
-        return (self[r] for r in range(self._n))
-
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence):
             return NotImplemented
@@ -847,9 +832,8 @@ class LazyRanks(Sequence[tuple[WorkerChunks, ...]]):
 def _checked(spec: PlanSpec, epoch: int) -> Planner:
     """A planner whose ``epoch`` is planned, a rank-aware strategy checked across ranks."""
     planner = Planner(spec)
-    shares = planner.shares(epoch, spec.num_workers).shares
-    if isinstance(shares, _PerRank):
-        shares.verify(fresh=False)
+    if planner.rank_aware:
+        planner.verify(epoch)
     return planner
 
 

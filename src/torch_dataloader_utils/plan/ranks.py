@@ -16,7 +16,6 @@ Fresh and resumed epochs share all of it; only their streams differ.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Sequence
 
 from torch_dataloader_utils.plan.assign import assign
@@ -51,42 +50,29 @@ def worker_quotas(rows: int, num_workers: int, batch_size: int) -> list[int]:
     return quotas
 
 
-def _cut(span: Span, rows: int) -> tuple[Span, Span]:
-    segment, item, lo, hi, padding = span
-    return (segment, item, lo, lo + rows, padding), (segment, item, lo + rows, hi, padding)
+def _take(spans: Sequence[Span], rows: int) -> tuple[list[Span], list[Span]]:
+    """The first ``rows`` rows of ``spans`` (the span they end in cut there), and the rest."""
+    for k, span in enumerate(spans):
+        n = span_rows(span)
+        if n > rows:
+            segment, item, lo, hi, padding = span
+            head = [(segment, item, lo, lo + rows, padding)] if rows else []
+            return [*spans[:k], *head], [(segment, item, lo + rows, hi, padding), *spans[k + 1 :]]
+        rows -= n
+    return list(spans), []
 
 
 def _fill(bins: Sequence[Sequence[Span]], quotas: Sequence[int]) -> list[list[Span]]:
-    """Every bin keeps its spans up to its quota; the rest, in bin order, tops up the others."""
+    """Every bin keeps its first ``quota`` rows; the rest, in bin order, tops up the others."""
     kept: list[list[Span]] = []
-    pool: deque[Span] = deque()
+    pool: list[Span] = []
     for spans, quota in zip(bins, quotas, strict=True):
-        out: list[Span] = []
-        have = 0
-        for span in spans:
-            n = span_rows(span)
-            if have + n <= quota:
-                out.append(span)
-                have += n
-            elif have < quota:
-                head, tail = _cut(span, quota - have)
-                out.append(head)
-                pool.append(tail)
-                have = quota
-            else:
-                pool.append(span)
-        kept.append(out)
+        head, tail = _take(spans, quota)
+        kept.append(head)
+        pool += tail
     for out, quota in zip(kept, quotas, strict=True):
-        have = sum(span_rows(s) for s in out)
-        while have < quota:
-            span = pool.popleft()
-            n = span_rows(span)
-            if n > quota - have:
-                span, tail = _cut(span, quota - have)
-                pool.appendleft(tail)
-                n = quota - have
-            out.append(span)
-            have += n
+        taken, pool = _take(pool, quota - sum(span_rows(s) for s in out))
+        out += taken
     assert not pool, "worker quotas add up to the rank's rows"
     return kept
 
