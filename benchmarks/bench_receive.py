@@ -21,7 +21,11 @@ divided by the batches, the cost that grows with the data.
 
 The floors, in the same run: torch's own DataLoader with the same workers handing over
 premade batches of the same shapes (a dict of tensors; torch's default transfer) and
-loading nothing; and the same DataLoader handing over one int per item: what torch's
+loading nothing; the same DataLoader handing over premade groups of batches of about
+``GROUP_BYTES`` as one ``[batches, columns, rows]`` block each, which the main process
+cuts into a dict of column tensors per batch (one ``unbind``): the least a loop fed
+one tensor per column can cost with torch's worker machinery; and the same DataLoader
+handing over one int per item: what torch's
 worker machinery costs the main process per hand-off by itself (the library sends a
 group of batches, about ``GROUP_BYTES`` (32 MiB), per hand-off; its s/GB column is that
 cost per ``GROUP_BYTES``).
@@ -103,6 +107,38 @@ class Premade(IterableDataset[dict[str, torch.Tensor]]):
             yield batch
 
 
+class PremadeGroups(IterableDataset[torch.Tensor]):
+    """Each worker yields premade ``[k, columns, rows]`` blocks of about ``GROUP_BYTES``."""
+
+    def __init__(self, columns: int, rows: int, batches: int) -> None:
+        self.per_group = max(1, GROUP_BYTES // (4 * columns * rows))
+        self.columns, self.rows, self.groups = columns, rows, -(-batches // self.per_group)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        info = get_worker_info()
+        share = range(info.id, self.groups, info.num_workers) if info is not None else range(self.groups)
+        block = torch.zeros(self.per_group, self.columns, self.rows, dtype=torch.float32)
+        for _ in share:
+            yield block
+
+
+class Unbound:
+    """The batches of :class:`PremadeGroups` as dicts of column tensors: one ``unbind`` per batch.
+
+    The least a main process can do to hand a loop a dict of one tensor per column when
+    workers send a group of batches as one block through torch's DataLoader.
+    """
+
+    def __init__(self, loader: DataLoader[torch.Tensor], columns: int) -> None:
+        self.loader, self.keys = loader, tuple(f"c{c}" for c in range(columns))
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        keys = self.keys
+        for block in self.loader:
+            for batch in block:
+                yield dict(zip(keys, batch.unbind(0), strict=True))
+
+
 def epochs(loader: Any, repeats: int) -> tuple[list[float], list[float], int, int]:
     """Per epoch: main-process CPU seconds and wall seconds; batches and bytes per epoch."""
     cpu, wall = [], []
@@ -170,7 +206,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             entry = {"loop": "torch DataLoader, premade", "columns": columns, "batch_size": batch}
             entry.update(cpu_s=cpu, wall_s=wall, batches=fb, bytes=fbytes)
             results.append(entry)
-        print(json.dumps(results[-2:] if not args.skip_floor else results[-1:]), flush=True)
+            groups = DataLoader(
+                PremadeGroups(columns, batch, batches),
+                batch_size=None,
+                num_workers=args.workers,
+                persistent_workers=True,
+            )
+            cpu, wall, fb, fbytes = epochs(Unbound(groups, columns), args.repeats)
+            del groups
+            entry = {"loop": "torch DataLoader, premade groups + unbind", "columns": columns}
+            entry["batch_size"] = batch
+            entry.update(cpu_s=cpu, wall_s=wall, batches=fb, bytes=fbytes)
+            results.append(entry)
+        print(json.dumps(results[-3:] if not args.skip_floor else results[-1:]), flush=True)
     if not args.skip_floor:
         ints = DataLoader(Ints(2000), batch_size=None, num_workers=args.workers, persistent_workers=True)
         cpu, wall, items, _ = epochs(ints, args.repeats)
