@@ -21,6 +21,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Final, TypeVar
 
+from torch_dataloader_utils.storage.threads import join_at_exit
+
 __all__ = ["AHEAD_ITEMS", "read_ahead"]
 
 T = TypeVar("T")
@@ -104,6 +106,7 @@ def read_ahead(
 
     thread = threading.Thread(target=run, name=f"torch_dataloader_utils-{name}", daemon=True)
     thread.start()
+    join_at_exit(thread, stop)  # never left running while Python finalizes
     try:
         while True:
             item = ready.get()

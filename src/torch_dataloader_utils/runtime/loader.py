@@ -34,6 +34,7 @@ from torch_dataloader_utils.runtime.device import DeviceStage, OnDevice, copied_
 from torch_dataloader_utils.runtime.emit import GROUP_BYTES
 from torch_dataloader_utils.runtime.metrics import LoaderMetrics, gather_metrics, stall_clock
 from torch_dataloader_utils.runtime.state import EpochProgress, Tagged
+from torch_dataloader_utils.storage.threads import join_at_exit
 from torch_dataloader_utils.transfer import BatchGroup, HostPinner, SegmentPool, can_pin_segments
 from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
 from torch_dataloader_utils.upstream.torch import CudaHostPinner
@@ -107,6 +108,7 @@ class _Receiver:
             target=self._run, args=(source,), name="torch_dataloader_utils-receive", daemon=True
         )
         self.thread.start()
+        join_at_exit(self.thread, self.stopped)  # never left running while Python finalizes
 
     def _put(self, kind: int, value: Any) -> bool:
         while not self.stopped.is_set():
