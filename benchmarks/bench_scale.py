@@ -372,24 +372,24 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
             def rows(epoch: int, workers: int, segments: list[dict[str, Any]]) -> list[list[int]]:
                 return counted(epoch, workers)  # the dataset keeps them per pass, too
 
-            tracker = ResumeTracker(files, options, world, 7, piece_rows=rows)
+            tracker, piece_rows = ResumeTracker(files, options, world, 7), rows
             t = time.perf_counter()
             rows(1, args.workers, [])  # what the dataset does when a pass starts (main process)
             tracker.fingerprint()
             out["pass_start_s"] = round(time.perf_counter() - t, 4)
         else:
-            tracker = ResumeTracker(files, options, world, 7)
+            tracker, piece_rows = ResumeTracker(files, options, world, 7), None
         progress = tracker.begin(args.workers, 1)
         for w in range(args.workers):
             progress.record((0, w, args.workers, 0, 512))
         t = time.perf_counter()
-        tracker.state_dict(1)
+        tracker.state_dict(1, piece_rows)
         out["first_state_dict_s"] = round(time.perf_counter() - t, 4)
         times = []
         for _ in range(20):
             progress.record((0, 0, args.workers, 0, 1024))
             t = time.perf_counter()
-            state = tracker.state_dict(1)
+            state = tracker.state_dict(1, piece_rows)
             times.append(time.perf_counter() - t)
         out["state_dict_s"] = round(statistics.median(times), 5)
         out["state_bytes"] = len(json.dumps(state))

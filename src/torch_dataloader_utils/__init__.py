@@ -138,7 +138,7 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 __all__ = [
     "BadDataError",
