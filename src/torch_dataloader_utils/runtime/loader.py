@@ -37,7 +37,7 @@ from torch_dataloader_utils.runtime.state import EpochProgress, Tagged
 from torch_dataloader_utils.storage.threads import join_at_exit
 from torch_dataloader_utils.transfer import BatchGroup, HostPinner, SegmentPool, can_pin_segments
 from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
-from torch_dataloader_utils.upstream.torch import CudaHostPinner
+from torch_dataloader_utils.upstream.torch import CudaHostPinner, loader_items
 
 __all__ = [
     "COPY_AHEAD_GROUPS",
@@ -122,7 +122,7 @@ class _Receiver:
     def _run(self, source: Iterator[Any]) -> None:
         try:
             prepare = self.prepare
-            for item in _items(source):
+            for item in loader_items(source):
                 if not self._put(0, item if prepare is None else prepare(item)):
                     return
             self._put(1, None)
@@ -137,27 +137,6 @@ class _Receiver:
         """Stop and wait for the thread (its current item arrives or fails first)."""
         self.stopped.set()
         self.thread.join()
-
-
-def _items(source: Iterator[Any]) -> Iterator[Any]:
-    """The items of a DataLoader iterator, without its per-item profiler range when no profiler runs.
-
-    ``next()`` on torch's iterator opens a ``record_function`` range around each item
-    (about 9 us on the project's machine, per group of batches); it is only seen by a
-    running profiler. With none, the iterator's own ``_next_data`` is called (what
-    ``__next__`` calls inside the range); with one, or an iterator without it, ``next()``.
-    """
-    step = getattr(source, "_next_data", None)
-    if step is None or getattr(source, "_sampler_iter", None) is None:
-        yield from source
-        return
-    profiling = torch._C._autograd._profiler_enabled
-    while True:
-        try:
-            item = next(source) if profiling() else step()
-        except StopIteration:
-            return
-        yield item
 
 
 def superseded() -> IncompatibleOptionsError:
