@@ -41,7 +41,8 @@ def test_the_loaders_receiving_thread_is_joined_at_exit(write_parquet: WriteParq
     it = iter(loader)
     next(it)
     receiver = loader._receiver
-    assert receiver is not None and receiver.thread.is_alive()  # mid-pass: it waits with a full queue
+    assert receiver is not None
+    assert receiver.thread.is_alive()  # mid-pass: it waits with a full queue
     assert stop_and_join_all(timeout=10) == []
     assert not receiver.thread.is_alive()
     del it
