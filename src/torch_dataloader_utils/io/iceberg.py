@@ -46,6 +46,7 @@ from torch_dataloader_utils.storage.iceberg_columns import (
 )
 from torch_dataloader_utils.storage.iceberg_meta import IcebergFileInfo, IcebergScan
 from torch_dataloader_utils.storage.identity import check_size
+from torch_dataloader_utils.storage.stores import options_identity
 
 __all__ = ["IcebergReader"]
 
@@ -115,8 +116,8 @@ class IcebergReader(ReaderBase):
         if self._cache is None or not self._cache.enabled or path.startswith(("file:", "/")):
             return None
         size = self._files[path].size
-        endpoint = self._scan.fs.properties.get("s3.endpoint", "")
-        key = FileKey(f"{path}@{endpoint}" if endpoint else path, size, "iceberg")
+        store = options_identity(path.partition("://")[0], self._scan.fs.properties)
+        key = FileKey(path, size, "iceberg", store)
         opened: list[Any] = []
 
         def fetch(lo: int, hi: int) -> bytes:

@@ -9,10 +9,12 @@ for local files, it does exactly what the readers did before it existed:
 ``open_input_file``.
 
 With ``data_cache``, every range goes through the :class:`~.cache.RangeCache` of the
-node, keyed by the file's identity *as planned* (URL with endpoint, size, modification
-time): a hit costs no request at all. A file opened for random access is served in
-aligned blocks of :data:`BLOCK_BYTES` (each one cache entry), so readers that read a
-file piece by piece (ORC, text) share blocks between chunks and epochs. ``before_fetch``
+node, keyed by the file's identity *as planned* (URL, size, modification time) and the
+store its requests reach (:mod:`~.stores`: the endpoint or account however it was
+configured, or the ``filesystem=`` object's): a hit costs no request at all. A file
+opened for random access is served in aligned blocks of :data:`BLOCK_BYTES` (each one
+cache entry), so readers that read a file piece by piece (ORC, text) share blocks
+between chunks and epochs. ``before_fetch``
 runs before any byte is fetched from storage: the readers pass their check that the
 file is still the planned one, so a file whose bytes all come from the cache costs no
 metadata request either (its bytes are those of the planned version, by their key).
@@ -29,10 +31,11 @@ from typing import Any
 import pyarrow as pa
 
 from torch_dataloader_utils.config import CacheConfig, FetchConfig
-from torch_dataloader_utils.storage.cache import FileKey, RangeCache, range_cache
+from torch_dataloader_utils.storage.cache import CacheStats, FileKey, RangeCache, range_cache
 from torch_dataloader_utils.storage.fetch import fetch_range
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.handles import Handles
+from torch_dataloader_utils.storage.stores import store_identity
 
 __all__ = ["BLOCK_BYTES", "BlockFile", "ReadOnlyFile", "RemoteReads", "file_key", "open_blocks"]
 
@@ -42,21 +45,23 @@ BLOCK_BYTES = 4 * 1024**2
 Fetch = Callable[[int, int], bytes]
 
 
-def file_key(fs: FileSystemSpec, path: str, size: int, version: float | str | None) -> FileKey | None:
+def file_key(
+    fs: FileSystemSpec, path: str, size: int, version: float | str | None, store: str | None = None
+) -> FileKey | None:
     """The cache key of ``path`` as planned, or ``None`` when it must not be cached.
 
-    The URL names the endpoint too (the same bucket on two endpoints is two files).
-    ``version`` is the planned modification time (or an ETag, or a marker of immutable
-    files such as Iceberg's); without one, the file is not cached.
+    The key names the store too (the same bucket on two endpoints is two files), however
+    its endpoint was configured: ``store`` (:func:`~.stores.store_identity` of ``fs``,
+    computed here when not given). ``version`` is the planned modification time (or an
+    ETag, or a marker of immutable files such as Iceberg's); without one, the file is
+    not cached.
     """
     if version is None:
         return None
-    url = fs.display(path)
-    options = fs.storage_options
-    client = options.get("client_kwargs")
-    if options.get("endpoint_url") or (isinstance(client, dict) and client.get("endpoint_url")):
-        url = f"{url}@{fs.endpoint}"  # the endpoint as fs.endpoint shows it: secrets hidden
-    return FileKey(url, int(size), repr(version) if isinstance(version, float) else str(version))
+    if store is None:
+        store = store_identity(fs.protocol, fs.storage_options, fs.user)
+    shown = repr(version) if isinstance(version, float) else str(version)
+    return FileKey(fs.display(path), int(size), shown, store)
 
 
 class RemoteReads:
@@ -76,6 +81,24 @@ class RemoteReads:
         self.fs = fs
         self.cache_config = cache if cache is not None and cache.enabled else None
         self.config = config or FetchConfig()
+        self._store: str | None = None
+        self.stats = CacheStats()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"fs": self.fs, "cache_config": self.cache_config, "config": self.config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._store = None
+        self.stats = CacheStats()  # each process counts its own reads
+
+    def key(self, path: str, size: int, version: float | str | None) -> FileKey | None:
+        """The cache key of ``path`` (:func:`file_key`; the store's identity computed once)."""
+        if version is None:
+            return None
+        if self._store is None:
+            self._store = store_identity(self.fs.protocol, self.fs.storage_options, self.fs.user)
+        return file_key(self.fs, path, size, version, self._store)
 
     @property
     def active(self) -> bool:
@@ -131,10 +154,10 @@ class RemoteReads:
             )
 
         cache = self.cache()
-        key = file_key(self.fs, path, size, version) if cache is not None else None
+        key = self.key(path, size, version) if cache is not None else None
         if cache is None or key is None:
             return from_storage()
-        return cache.fill(key, start, stop, from_storage)
+        return cache.fill(key, start, stop, from_storage, self.stats)
 
     # -- files ----------------------------------------------------------------------
     def open(
@@ -148,7 +171,7 @@ class RemoteReads:
     ) -> Any:
         """``path`` opened for random access (a pyarrow ``NativeFile``)."""
         cache = self.cache()
-        key = file_key(self.fs, path, size, version) if cache is not None else None
+        key = self.key(path, size, version) if cache is not None else None
         if cache is None or key is None:
             return self.fs.arrow().open_input_file(path)
 
@@ -175,18 +198,21 @@ class RemoteReads:
         return pa.CompressedInputStream(raw, compression) if compression else raw  # type: ignore[arg-type]
 
 
-def open_blocks(cache: CacheConfig | None, key: FileKey | None, size: int, fetch: Fetch) -> Any | None:
+def open_blocks(
+    cache: CacheConfig | None, key: FileKey | None, size: int, fetch: Fetch, stats: CacheStats | None = None
+) -> Any | None:
     """A file of ``size`` bytes whose blocks come from the cache, else from ``fetch(lo, hi)``.
 
     For storages reached through another client than a :class:`FileSystemSpec`
     (Iceberg's FileIO). ``None`` without a cache or a key: the caller opens the file itself.
+    ``stats``: the reader's own counters.
     """
     directory = cache.directory if cache is not None else None
     if cache is None or directory is None or key is None:
         return None
     store = range_cache(directory, cache.data_cache_size)
     return pa.PythonFile(
-        BlockFile(size, lambda lo, hi: store.fill(key, lo, hi, lambda: fetch(lo, hi))), mode="r"
+        BlockFile(size, lambda lo, hi: store.fill(key, lo, hi, lambda: fetch(lo, hi), stats)), mode="r"
     )
 
 
