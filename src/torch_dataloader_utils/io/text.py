@@ -43,8 +43,15 @@ import pyarrow.json as pjson
 
 from torch_dataloader_utils.config import FileFormat
 from torch_dataloader_utils.errors import FileChangedError, ReadError, RecordBoundaryError
-from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, describe, is_standin, standin_batch
-from torch_dataloader_utils.io.base import ReaderBase, ReadRequest
+from torch_dataloader_utils.io.bad import (
+    BadUnit,
+    agreed_bytes,
+    confirm_unchanged,
+    describe,
+    is_standin,
+    standin_batch,
+)
+from torch_dataloader_utils.io.base import ReaderBase, ReaderCounts, ReadRequest
 from torch_dataloader_utils.io.prefetch import FetchStats
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
 from torch_dataloader_utils.storage.identity import FileChecks
@@ -118,6 +125,10 @@ class TextReader(ReaderBase):
         """
         return self._stats.totals()
 
+    def counts(self) -> ReaderCounts:
+        """This reader's ``data_cache`` reads and skipped data in this process so far."""
+        return ReaderCounts.of(self._reads, self._bad)
+
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next: remote files are checked meanwhile."""
         self._checks.schedule(() if self._reads.active else (c.path for c in chunks))
@@ -152,10 +163,14 @@ class TextReader(ReaderBase):
                 raw = self._window(raw, chunk)
             for batch in raw:
                 if is_standin(batch):
+                    if chunk.windowed and not chunk.padding:  # a bad line of this chunk's records
+                        self._bad.count(self._fs.display(chunk.path), batch.num_rows, batch.num_rows)
                     if self._exact and self._out_schema is not None:
                         yield standin_batch(self._out_schema, batch.num_rows)
                     continue
                 yield self._finish(batch, chunk.path)
+        except MemoryError:
+            raise  # records that do not fit in memory are not bad data, nor a read error
         except (OSError, pa.ArrowException) as exc:
             where = f"{self._fs.display(chunk.path)!r} bytes [{chunk.start}, {chunk.stop})"
             if "utf8" in str(exc).lower():
@@ -231,17 +246,63 @@ class TextReader(ReaderBase):
 
     # -- parsing ---------------------------------------------------------------
     def _tables(self, chunk: Chunk, meta: TextFileMeta) -> Iterator[pa.Table]:
-        """The chunk's pieces parsed; a piece that does not parse is searched for its bad lines."""
+        """The chunk's pieces parsed; a piece that does not parse is searched for its bad lines.
+
+        A piece that does not parse is read again from storage first: bytes that differ
+        were damaged or cut in transit, and the piece read again is parsed instead
+        (:mod:`~torch_dataloader_utils.io.bad`: only what fails on the bytes storage
+        holds is bad data).
+        """
         checked: list[bool] = []
-        for offset, piece in self._pieces(chunk, meta):
+        for offset, first in self._pieces(chunk, meta):
+            piece = first
             try:
-                yield self._parse(piece, chunk.path, offset, meta)
-            except FileChangedError:
+                table = self._parse(piece, chunk.path, offset, meta)
+            except (FileChangedError, MemoryError):
                 raise
             except (pa.ArrowException, ReadError) as exc:
-                if not self._bad.skipping and isinstance(exc, ReadError):
-                    raise  # record boundaries, UTF-8: their own errors name the fix
+                if not checked:  # once per chunk: a changed file is never bad data
+                    confirm_unchanged(self._fs, chunk.path, self._files[chunk.path])
+                    checked.append(True)
+                again = self._read_again(chunk, meta, offset, piece, exc)
+                if again is None:
+                    failed: BaseException = exc
+                else:
+                    piece = again
+                    try:
+                        table = self._parse(piece, chunk.path, offset, meta)
+                    except (FileChangedError, MemoryError):
+                        raise
+                    except (pa.ArrowException, ReadError) as second:
+                        failed = second
+                    else:
+                        yield table
+                        continue
+                if not self._bad.skipping and isinstance(failed, ReadError):
+                    raise failed from None  # record boundaries, UTF-8: their own errors name the fix
                 yield from self._isolate(piece, chunk, offset, meta, checked)
+                continue
+            yield table
+
+    def _read_again(
+        self, chunk: Chunk, meta: TextFileMeta, offset: int, piece: bytes, error: BaseException
+    ) -> bytes | None:
+        """The piece at ``offset`` read again from storage, when it differs from ``piece`` (else ``None``).
+
+        Bytes that differ are read until two reads agree (:func:`~.bad.agreed_bytes`).
+        Compressed files are streamed (``offset`` counts decompressed bytes): not read again.
+        """
+        if meta.compression is not None:
+            return None
+        info = self._files[chunk.path]
+
+        def read() -> bytes:
+            fresh = self._reads.fresh(chunk.path, size=info.size, version=info.mtime)
+            fresh.seek(offset)
+            return fresh.read(len(piece))
+
+        where = f"the lines at bytes [{offset}, {offset + len(piece)}) of {self._fs.display(chunk.path)!r}"
+        return agreed_bytes(piece, read, where, error)
 
     def _isolate(
         self, piece: bytes, chunk: Chunk, offset: int, meta: TextFileMeta, checked: list[bool]
@@ -312,6 +373,7 @@ class TextReader(ReaderBase):
             padding=chunk.padding,
             schema=None,  # the record stays (its stand-in below); read() decides what the loop sees
             hint=hint,
+            counted=not chunk.windowed,  # a range shared by readers: counted if in this chunk's window
         )
         return _line_standin(1)
 
@@ -396,6 +458,8 @@ class TextReader(ReaderBase):
                     for piece in table.to_batches(max_chunksize=self._batch_size):
                         emitted += piece.num_rows
                         yield self._finish(piece, path)
+        except MemoryError:
+            raise
         except pa.ArrowException as exc:
             if not self._bad.skipping:
                 raise

@@ -177,6 +177,10 @@ class CacheStats:
     dropped: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
+    def __reduce__(self) -> tuple[type[CacheStats], tuple[()]]:
+        """Pickled as new counters: each process counts its own reads."""
+        return (CacheStats, ())
+
     def add(self, **counts: int) -> None:
         """Add ``counts`` (field name -> amount)."""
         with self.lock:
@@ -361,6 +365,36 @@ class RangeCache:
         with contextlib.suppress(OSError):
             os.unlink(path)
         return None
+
+    def discard(self, key: FileKey, start: int, stop: int, stats: CacheStats | None = None) -> int:
+        """Remove the entries of ``key`` that overlap ``[start, stop)``: how many were removed.
+
+        For bytes that did not decode: the range is read again from storage, and the
+        entries may hold the damaged bytes. Processes reading them meanwhile only miss.
+        """
+        folder = self._dir(key)
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return 0
+        removed = 0
+        for name in names:
+            found = _ENTRY.match(name)
+            if found is None or int(found.group(1)) >= stop or int(found.group(2)) <= start:
+                continue
+            path = os.path.join(folder, name)
+            try:
+                disk = _disk(os.stat(path).st_size - TRAILER_BYTES)
+                os.unlink(path)
+            except OSError:
+                continue
+            removed += 1
+            with contextlib.suppress(OSError):
+                self._release(disk)
+        if removed:
+            _add(stats, dropped=removed)
+            log.info("data_cache: dropped %d entries of %s in [%d, %d)", removed, key.url, start, stop)
+        return removed
 
     # -- filling --------------------------------------------------------------------
     def fill(

@@ -3,10 +3,21 @@
 :class:`RemoteReads` is what the readers ask for the bytes of remote files: ranges
 (:meth:`RemoteReads.fetch`: Parquet column chunks and footers, with retries) and files
 opened for random access (:meth:`RemoteReads.open`: ORC stripes, CSV / JSONL byte
-ranges; :meth:`RemoteReads.open_blocks`: Iceberg data files). Without ``data_cache``, or
-for local files, it does exactly what the readers did before it existed:
-:func:`~torch_dataloader_utils.storage.fetch.fetch_range` and the filesystem's own
-``open_input_file``.
+ranges; :func:`open_blocks`: Iceberg data files). Every remote read goes through
+:func:`~torch_dataloader_utils.storage.fetch.fetch_range`: transient errors are retried
+within ``request_timeout``, a response shorter than asked is an error (retried), and a
+failure for good is a :class:`~torch_dataloader_utils.errors.ReadError`. Without
+``data_cache`` a file opened for random access is a :class:`RangeFile` (one request per
+read, as the native client makes); local files are opened natively.
+
+**Reading again.** A unit that does not decode is decoded once more from bytes read
+again from storage before it may count as bad data
+(:func:`~torch_dataloader_utils.io.bad.decode_again`): :meth:`RemoteReads.fresh` opens
+the file so that every read is fetched now, never from the cache, and the cache's
+entries it overlaps are dropped (they may hold the damaged bytes). A file object
+remembers the error of its last failed fetch (:attr:`ReadOnlyFile.error`), since a
+decoder may report a failed read as a decoding error of its own (pyarrow's ORC reader
+turns any exception of the file into an ``OSError``).
 
 With ``data_cache``, every range goes through the :class:`~.cache.RangeCache` of the
 node, keyed by the file's identity *as planned* (URL, size, modification time) and the
@@ -24,6 +35,7 @@ size alone).
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections.abc import Callable
 from typing import Any
@@ -37,7 +49,15 @@ from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.handles import Handles
 from torch_dataloader_utils.storage.stores import store_identity
 
-__all__ = ["BLOCK_BYTES", "BlockFile", "ReadOnlyFile", "RemoteReads", "file_key", "open_blocks"]
+__all__ = [
+    "BLOCK_BYTES",
+    "BlockFile",
+    "RangeFile",
+    "ReadOnlyFile",
+    "RemoteReads",
+    "file_key",
+    "open_blocks",
+]
 
 BLOCK_BYTES = 4 * 1024**2
 """Block size of files opened for random access through the cache (one entry per block)."""
@@ -83,6 +103,7 @@ class RemoteReads:
         self.config = config or FetchConfig()
         self._store: str | None = None
         self.stats = CacheStats()
+        self._handles = Handles()  # files opened without the cache (RangeFile), kept open
 
     def __getstate__(self) -> dict[str, Any]:
         return {"fs": self.fs, "cache_config": self.cache_config, "config": self.config}
@@ -91,6 +112,7 @@ class RemoteReads:
         self.__dict__.update(state)
         self._store = None
         self.stats = CacheStats()  # each process counts its own reads
+        self._handles = Handles()
 
     def key(self, path: str, size: int, version: float | str | None) -> FileKey | None:
         """The cache key of ``path`` (:func:`file_key`; the store's identity computed once)."""
@@ -169,11 +191,23 @@ class RemoteReads:
         before_fetch: Callable[[], None] | None = None,
         on_request: Callable[[int], None] | None = None,
     ) -> Any:
-        """``path`` opened for random access (a pyarrow ``NativeFile``)."""
+        """``path`` opened for random access (a pyarrow ``NativeFile``).
+
+        Local files: the native file. Remote files: through the cache in aligned blocks
+        (:class:`BlockFile`), else one request per read (:class:`RangeFile`); retried.
+        """
+        if self.fs.is_local:
+            return self.fs.arrow().open_input_file(path)
         cache = self.cache()
         key = self.key(path, size, version) if cache is not None else None
         if cache is None or key is None:
-            return self.fs.arrow().open_input_file(path)
+
+            def fetch(lo: int, hi: int) -> bytes:
+                return self.fetch(
+                    path, lo, hi, size=size, version=None, on_request=on_request, handles=self._handles
+                )
+
+            return pa.PythonFile(RangeFile(size, fetch), mode="r")
 
         def block(lo: int, hi: int) -> bytes:
             return self.fetch(
@@ -181,6 +215,24 @@ class RemoteReads:
             )
 
         return pa.PythonFile(BlockFile(size, block), mode="r")
+
+    def fresh(self, path: str, *, size: int, version: float | str | None) -> RangeFile:
+        """``path`` read anew: every read fetched from storage now (retried, its length checked).
+
+        Never served from the cache; the cache's entries overlapping a read are dropped
+        (they may hold the bytes that did not decode). Wrap it in ``pyarrow.PythonFile``
+        to hand it to a decoder; its :attr:`~ReadOnlyFile.error` tells a failed fetch
+        from a decoding error.
+        """
+        cache = self.cache()
+        key = self.key(path, size, version) if cache is not None else None
+
+        def fetch(lo: int, hi: int) -> bytes:
+            if cache is not None and key is not None:
+                cache.discard(key, lo, min(hi, size), self.stats)
+            return fetch_range(self.fs, path, lo, hi, size=size, config=self.config)
+
+        return RangeFile(size, fetch, track=True)
 
     def open_stream(
         self,
@@ -192,7 +244,7 @@ class RemoteReads:
         before_fetch: Callable[[], None] | None = None,
     ) -> Any:
         """``path`` as a sequential stream, decompressed with ``compression`` (pyarrow codec name)."""
-        if not self.active or version is None:
+        if self.fs.is_local:
             return self.fs.arrow().open_input_stream(path, compression=compression)
         raw = self.open(path, size=size, version=version, before_fetch=before_fetch)
         return pa.CompressedInputStream(raw, compression) if compression else raw  # type: ignore[arg-type]
@@ -220,12 +272,25 @@ class ReadOnlyFile(io.RawIOBase):
     """A read-only, seekable file of ``size`` bytes; subclasses implement :meth:`read`.
 
     Handed to pyarrow as ``pyarrow.PythonFile(f, mode="r")``.
+
+    Attributes:
+        error: The error of the last fetch that failed (``None``: none did). A decoder
+            may report it as a decoding error of its own; this tells them apart.
     """
 
     def __init__(self, size: int) -> None:
         super().__init__()
         self._size = size
         self._pos = 0
+        self.error: BaseException | None = None
+
+    def _fetched(self, fetch: Fetch, lo: int, hi: int) -> bytes:
+        """``fetch(lo, hi)``, its error remembered (:attr:`error`) and raised."""
+        try:
+            return fetch(lo, hi)
+        except BaseException as exc:
+            self.error = exc
+            raise
 
     def readable(self) -> bool:
         """Always ``True``."""
@@ -273,7 +338,7 @@ class BlockFile(ReadOnlyFile):
         if held is not None and held[0] == index:
             return held[1]
         lo = index * self._bytes
-        data = self._block(lo, min(self._size, lo + self._bytes))
+        data = self._fetched(self._block, lo, min(self._size, lo + self._bytes))
         self._held = (index, data)
         return data
 
@@ -295,6 +360,43 @@ class BlockFile(ReadOnlyFile):
             pos += take
         self._pos = pos
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def size(self) -> int:
+        """The file's size."""
+        return self._size
+
+
+class RangeFile(ReadOnlyFile):
+    """A read-only file of ``size`` bytes whose every read is one ``fetch(lo, hi)``.
+
+    What a native input file does (one request per read), through the library's fetch:
+    retried, its length checked, a failure remembered (:attr:`~ReadOnlyFile.error`).
+    With ``track``, a digest of what was read (:meth:`digest`) tells whether two reads
+    of a unit returned the same bytes.
+    """
+
+    def __init__(self, size: int, fetch: Fetch, *, track: bool = False) -> None:
+        super().__init__(size)
+        self._fetch = fetch
+        self._hash = hashlib.blake2b(digest_size=16) if track else None
+
+    def read(self, size: int | None = -1) -> bytes:
+        """Up to ``size`` bytes from the position (all the rest for ``-1``)."""
+        start, stop = self._span(size)
+        if stop <= start:
+            return b""
+        data = self._fetched(self._fetch, start, stop)
+        if self._hash is not None:
+            self._hash.update(start.to_bytes(8, "little") + len(data).to_bytes(8, "little"))
+            self._hash.update(data)
+        self._pos = start + len(data)
+        return data
+
+    def digest(self) -> bytes:
+        """A digest of the offsets and bytes read so far (``track=True``), in order."""
+        if self._hash is None:
+            raise ValueError("a RangeFile made without track=True keeps no digest")
+        return self._hash.digest()
 
     def size(self) -> int:
         """The file's size."""

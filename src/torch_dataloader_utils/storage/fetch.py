@@ -1,9 +1,11 @@
 """Ranged reads with retries: every request for remote bytes goes through :func:`fetch_range`.
 
-Transient errors (HTTP 500/502/503/504/429, connection reset, timeouts) are retried with
-exponential backoff (``FetchConfig``) within the request's time budget
-(``request_timeout``, :func:`retry_call`); a permanent failure, or retries or time spent,
-raises :class:`ReadError` naming the file, the byte range and the endpoint.
+Transient errors (HTTP 500/502/503/504/429, connection reset, timeouts, a response cut
+short, ``EIO`` from a filesystem) are retried with exponential backoff (``FetchConfig``)
+within the request's time budget (``request_timeout``, :func:`retry_call`); a permanent
+failure (a missing file, denied access), or retries or time spent, raises
+:class:`ReadError` naming the file, the byte range and the endpoint. A memory error is
+never retried nor translated: it is raised as it is.
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.handles import Handles, too_many_open_files
 from torch_dataloader_utils.storage.redact import redact
 
-__all__ = ["CREDENTIALS_FIX", "GaveUp", "fetch_range", "is_transient", "lacks_credentials", "retry_call"]
+__all__ = [
+    "CREDENTIALS_FIX",
+    "GaveUp",
+    "ShortRead",
+    "fetch_range",
+    "is_transient",
+    "lacks_credentials",
+    "retry_call",
+]
 
 _TRANSIENT_STATUS = re.compile(r"\b(500|502|503|504|429)\b")
 _TRANSIENT_WORDS = (
@@ -44,13 +54,28 @@ _TRANSIENT_WORDS = (
     "unexpected eof",
     "incomplete read",
     "temporarily unavailable",
+    "payload is not completed",  # aiohttp: a response body cut short (s3fs, gcsfs, adlfs)
+    "not enough data",
+    "content-length",
+    "contentlength",
+    "response ended prematurely",
 )
 
 
 _TRANSIENT_ERRNOS = frozenset(
-    {errno.EBUSY, errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE, 121}
+    {
+        errno.EIO,
+        errno.EBUSY,
+        errno.EAGAIN,
+        errno.ETIMEDOUT,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.EPIPE,
+        121,
+    }
 )
-"""``errno`` of ``OSError``s worth a retry (121 is EREMOTEIO: s3fs's HTTP 500; EBUSY its 503)."""
+"""``errno`` of ``OSError``s worth a retry (121 is EREMOTEIO: s3fs's HTTP 500; EBUSY its 503;
+EIO a filesystem's I/O error, often a network filesystem's hiccup)."""
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -110,8 +135,8 @@ def _looks_transient(exc: BaseException) -> bool:
     return bool(_TRANSIENT_STATUS.search(text)) or any(word in text for word in _TRANSIENT_WORDS)
 
 
-class _ShortRead(ConnectionError):
-    """A response ended before the requested range did (a cut connection)."""
+class ShortRead(ConnectionError):
+    """A response ended before the requested range did (a cut connection): transient."""
 
 
 T = TypeVar("T")
@@ -153,6 +178,7 @@ def retry_call(call: Callable[[], T], config: FetchConfig, on_retry: Callable[[]
 
     Raises:
         DataLoaderUtilsError: as raised by ``call`` (never retried).
+        MemoryError: as raised by ``call`` (never retried).
         GaveUp: the last error, when it was permanent or the retries or time are spent.
     """
     started = time.monotonic()
@@ -161,7 +187,7 @@ def retry_call(call: Callable[[], T], config: FetchConfig, on_retry: Callable[[]
         began = time.monotonic()
         try:
             return call()
-        except DataLoaderUtilsError:
+        except (DataLoaderUtilsError, MemoryError):
             raise
         except Exception as exc:
             attempt += 1
@@ -215,7 +241,7 @@ def fetch_range(
     def attempt() -> bytes:
         data = fs.read_range(path, start, stop, size, metadata=metadata, handles=handles)
         if size is not None and len(data) != stop - start:
-            raise _ShortRead(f"got {len(data)} of {stop - start} bytes")
+            raise ShortRead(f"got {len(data)} of {stop - start} bytes")
         if on_request is not None:
             on_request(len(data))
         return data
