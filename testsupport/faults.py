@@ -59,6 +59,7 @@ class Schedule:
         every: Damage every ``every``-th matching request (``1``: all).
         limit: Damage at most this many (``-1``: no limit).
         path: Only requests whose path holds this string (``""``: any).
+        after: The first ``after`` matching requests are never damaged (a fault mid-file).
         seen: Matching requests so far.
         damaged: Requests damaged so far.
     """
@@ -67,16 +68,17 @@ class Schedule:
     every: int = 1
     limit: int = -1
     path: str = ""
+    after: int = 0
     seen: int = 0
     damaged: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def arm(self, kind: str, *, every: int = 1, limit: int = -1, path: str = "") -> None:
+    def arm(self, kind: str, *, every: int = 1, limit: int = -1, path: str = "", after: int = 0) -> None:
         """Start damaging requests (counters reset)."""
         if every < 1:
             raise ValueError(f"every={every} must be >= 1")
         with self.lock:
-            self.kind, self.every, self.limit, self.path = kind, every, limit, path
+            self.kind, self.every, self.limit, self.path, self.after = kind, every, limit, path, after
             self.seen = self.damaged = 0
 
     def disarm(self) -> None:
@@ -90,7 +92,8 @@ class Schedule:
             if not self.kind or (self.path and self.path not in target):
                 return ""
             self.seen += 1
-            if self.seen % self.every or (0 <= self.limit <= self.damaged):
+            counted = self.seen - self.after
+            if counted <= 0 or counted % self.every or (0 <= self.limit <= self.damaged):
                 return ""
             self.damaged += 1
             return self.kind
@@ -116,11 +119,11 @@ class FaultProxy:
         self._server: ThreadingHTTPServer | None = None
         self.endpoint = ""
 
-    def arm(self, kind: str, *, every: int = 1, limit: int = -1, path: str = "") -> None:
+    def arm(self, kind: str, *, every: int = 1, limit: int = -1, path: str = "", after: int = 0) -> None:
         """Damage the ranged data GETs (see :class:`Schedule`)."""
         if kind not in PROXY_FAULTS:
             raise ValueError(f"kind={kind!r}: one of {PROXY_FAULTS}")
-        self.schedule.arm(kind, every=every, limit=limit, path=path)
+        self.schedule.arm(kind, every=every, limit=limit, path=path, after=after)
 
     def disarm(self) -> None:
         """Forward every request untouched."""
@@ -265,11 +268,11 @@ class FaultyFileSystem(AbstractFileSystem):
         """The schedule of this filesystem's faults."""
         return fs_schedule(self.name)
 
-    def arm(self, kind: str, *, every: int = 1, limit: int = -1, path: str = "") -> None:
+    def arm(self, kind: str, *, every: int = 1, limit: int = -1, path: str = "", after: int = 0) -> None:
         """Fail file reads (see :class:`Schedule`)."""
         if kind not in FS_FAULTS:
             raise ValueError(f"kind={kind!r}: one of {FS_FAULTS}")
-        self.schedule.arm(kind, every=every, limit=limit, path=path)
+        self.schedule.arm(kind, every=every, limit=limit, path=path, after=after)
 
     def disarm(self) -> None:
         """Read normally."""

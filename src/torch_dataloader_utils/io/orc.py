@@ -13,7 +13,7 @@ from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, decode_again, describe
 from torch_dataloader_utils.io.base import OpenFiles, ReaderBase, ReaderCounts, ReadRequest
 from torch_dataloader_utils.plan.types import Chunk, RowGroup
-from torch_dataloader_utils.storage.cached import RangeFile
+from torch_dataloader_utils.storage.cached import RangeFile, fetch_error
 from torch_dataloader_utils.storage.identity import FileChecks
 
 __all__ = ["OrcReader"]
@@ -69,7 +69,13 @@ class OrcReader(ReaderBase):
             version=info.mtime,
             before_fetch=lambda: self._checks.check(path, info.size, info.mtime),
         )
-        return source, orc.ORCFile(source)
+        try:
+            return source, orc.ORCFile(source)
+        except (OSError, pa.ArrowException) as exc:
+            failed = fetch_error(source)  # pyarrow's ORC reader reports a failed read as its own error
+            if isinstance(failed, (ReadError, MemoryError)):
+                raise failed from exc
+            raise
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the chunk's rows (filtered, projected) in file order."""
@@ -77,7 +83,7 @@ class OrcReader(ReaderBase):
         try:
             if not self._reads.active:
                 self._checks.check(chunk.path, info.size, info.mtime)
-            reader = self._open.get(chunk.path)[1]
+            source, reader = self._open.get(chunk.path)
             for g in info.groups_in(chunk.start, chunk.stop):
                 lo = max(chunk.start, g.first_row) - g.first_row
                 hi = min(chunk.stop, g.stop_row) - g.first_row
@@ -86,6 +92,9 @@ class OrcReader(ReaderBase):
                 except MemoryError:
                     raise
                 except (OSError, pa.ArrowException) as exc:
+                    failed = fetch_error(source)
+                    if isinstance(failed, MemoryError):
+                        raise failed from exc
                     what = f"stripe {g.index} of {self._fs.display(chunk.path)!r}"
                     unchanged = functools.partial(
                         confirm_unchanged, self._fs, chunk.path, self._files[chunk.path]

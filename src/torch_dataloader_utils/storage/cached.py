@@ -52,9 +52,11 @@ from torch_dataloader_utils.storage.stores import store_identity
 __all__ = [
     "BLOCK_BYTES",
     "BlockFile",
+    "OpenedFile",
     "RangeFile",
     "ReadOnlyFile",
     "RemoteReads",
+    "fetch_error",
     "file_key",
     "open_blocks",
 ]
@@ -207,14 +209,14 @@ class RemoteReads:
                     path, lo, hi, size=size, version=None, on_request=on_request, handles=self._handles
                 )
 
-            return pa.PythonFile(RangeFile(size, fetch), mode="r")
+            return OpenedFile(RangeFile(size, fetch))
 
         def block(lo: int, hi: int) -> bytes:
             return self.fetch(
                 path, lo, hi, size=size, version=version, before_fetch=before_fetch, on_request=on_request
             )
 
-        return pa.PythonFile(BlockFile(size, block), mode="r")
+        return OpenedFile(BlockFile(size, block))
 
     def fresh(self, path: str, *, size: int, version: float | str | None) -> RangeFile:
         """``path`` read anew: every read fetched from storage now (retried, its length checked).
@@ -268,6 +270,24 @@ def open_blocks(
     )
 
 
+class OpenedFile(pa.PythonFile):
+    """A pyarrow file over one of the library's files, kept as :attr:`source`.
+
+    A decoder may report the error of a failed read as one of its own (pyarrow's ORC
+    reader turns any exception of the file into an ``OSError``): :func:`fetch_error`
+    finds the real one through :attr:`source`.
+    """
+
+    def __init__(self, source: ReadOnlyFile) -> None:
+        self.source = source
+
+
+def fetch_error(handle: object) -> BaseException | None:
+    """The error of the last fetch of ``handle`` (an :class:`OpenedFile`) when it failed, else ``None``."""
+    source = getattr(handle, "source", None)
+    return source.error if isinstance(source, ReadOnlyFile) else None
+
+
 class ReadOnlyFile(io.RawIOBase):
     """A read-only, seekable file of ``size`` bytes; subclasses implement :meth:`read`.
 
@@ -287,10 +307,12 @@ class ReadOnlyFile(io.RawIOBase):
     def _fetched(self, fetch: Fetch, lo: int, hi: int) -> bytes:
         """``fetch(lo, hi)``, its error remembered (:attr:`error`) and raised."""
         try:
-            return fetch(lo, hi)
+            data = fetch(lo, hi)
         except BaseException as exc:
             self.error = exc
             raise
+        self.error = None
+        return data
 
     def readable(self) -> bool:
         """Always ``True``."""
