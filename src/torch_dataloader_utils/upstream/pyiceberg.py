@@ -12,17 +12,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow.fs as pafs
 
-__all__ = ["arrow_filesystem", "manifest_entries", "parse_location"]
+__all__ = ["arrow_filesystem", "manifest_entries", "manifest_entries_with_deleted", "parse_location"]
 
 
-def manifest_entries(scan: Any) -> list[Any]:
-    """The live manifest entries of a pyiceberg ``DataScan`` (data and delete files)."""
-    return [entry for group in scan._plan_manifest_entries() for entry in group]
+def manifest_entries(scan: Any, manifests: Sequence[Any] | None = None) -> list[Any]:
+    """The live manifest entries of a pyiceberg ``DataScan`` (data and delete files).
+
+    ``manifests``: plan from these manifest files of the scan's snapshot only (pruned by
+    the scan's filter as usual), instead of all of them.
+    """
+    if manifests is None:
+        groups = scan._plan_manifest_entries()
+    else:
+        groups = scan._manifest_planner.plan_manifest_entries(list(manifests))
+    return [entry for group in groups for entry in group]
+
+
+def manifest_entries_with_deleted(manifest: Any, io: Any) -> list[Any]:
+    """Every entry of one manifest file, those of files it marks deleted included."""
+    return list(manifest.fetch_manifest_entry(io, discard_deleted=False))
 
 
 def parse_location(location: str, properties: Mapping[str, str]) -> tuple[str, str, str]:
