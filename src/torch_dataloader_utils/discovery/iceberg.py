@@ -67,6 +67,7 @@ from torch_dataloader_utils.upstream.pyiceberg import manifest_entries
 __all__ = [
     "IcebergFileInfo",
     "IcebergScan",
+    "ScanEntries",
     "ScanRequest",
     "deleted_positions",
     "discover_iceberg",
@@ -286,8 +287,13 @@ def discover_iceberg(tbl: Any, source: IcebergSourceConfig, *, count_filtered: b
 
 
 def scan_entries(
-    tbl: Any, snap: Any, request: ScanRequest, manifests: Sequence[Any] | None = None
-) -> _Entries:
+    tbl: Any,
+    snap: Any,
+    request: ScanRequest,
+    manifests: Sequence[Any] | None = None,
+    *,
+    pruned: bool = True,
+) -> ScanEntries:
     """The live manifest entries of snapshot ``snap`` that the request's filter may keep.
 
     Args:
@@ -295,6 +301,7 @@ def scan_entries(
         snap: The snapshot.
         request: The scan asked for (its pyiceberg filter prunes manifests and files).
         manifests: Plan from these manifest files of ``snap`` only (default: all of them).
+        pruned: Prune by the request's filter (``False``: every live entry).
 
     Raises:
         ConfigError: the filters cannot be bound to the table's schema.
@@ -302,18 +309,16 @@ def scan_entries(
     """
     from pyiceberg.table import ALWAYS_TRUE
 
-    scan = tbl.scan(
-        row_filter=request.iceberg_filter if request.iceberg_filter is not None else ALWAYS_TRUE,
-        snapshot_id=snap.snapshot_id,
-    )
+    expression = request.iceberg_filter if pruned and request.iceberg_filter is not None else ALWAYS_TRUE
+    scan = tbl.scan(row_filter=expression, snapshot_id=snap.snapshot_id)
     try:
         found = manifest_entries(scan, manifests)
     except ValueError as exc:
         raise ConfigError(f"scan_filter / filters cannot be bound to the table's schema: {exc}") from exc
-    return _Entries.of(found, tbl.metadata.specs())
+    return ScanEntries.of(found, tbl.metadata.specs())
 
 
-def planned_scan(request: ScanRequest, entries: _Entries, snapshot_id: int, **extra: Any) -> IcebergScan:
+def planned_scan(request: ScanRequest, entries: ScanEntries, snapshot_id: int, **extra: Any) -> IcebergScan:
     """The scan of ``entries``' data files, with their deletes (and a counted filter) resolved.
 
     ``extra``: further :class:`IcebergScan` fields (an incremental scan's).
@@ -339,7 +344,7 @@ def planned_scan(request: ScanRequest, entries: _Entries, snapshot_id: int, **ex
     )
 
 
-def deleted_positions(request: ScanRequest, entries: _Entries) -> dict[str, np.ndarray[Any, Any]]:
+def deleted_positions(request: ScanRequest, entries: ScanEntries) -> dict[str, np.ndarray[Any, Any]]:
     """The deleted positions (position and equality deletes only) of every data file of ``entries``."""
     positions, _ = _position_deletes(request.fs, entries)
     _equality_and_filter_deletes(request.fs, request.metadata, entries, request, None, positions)
@@ -444,7 +449,7 @@ class ScanRequest:
 
 
 @dataclass
-class _Entries:
+class ScanEntries:
     """The scan's live manifest entries by kind, with which deletes apply to which data."""
 
     data: list[tuple[Any, int]]
@@ -458,9 +463,11 @@ class _Entries:
     """Equality delete files to read: ``(path, equality field ids)``."""
     eq_targets: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     """Data file -> indices into :attr:`eq_work` of the equality deletes that apply to it."""
+    entries: list[Any] = field(default_factory=list)
+    """The manifest entries, as given."""
 
     @classmethod
-    def of(cls, entries: Sequence[Any], specs: Mapping[int, Any]) -> _Entries:
+    def of(cls, entries: Sequence[Any], specs: Mapping[int, Any]) -> ScanEntries:
         """Sort ``entries`` by content, check their formats, index data files by partition.
 
         Raises:
@@ -469,7 +476,7 @@ class _Entries:
         """
         from pyiceberg.manifest import DataFileContent
 
-        out = cls([], [], [], specs)
+        out = cls([], [], [], specs, entries=list(entries))
         kinds = {
             DataFileContent.DATA: out.data,
             DataFileContent.POSITION_DELETES: out.pos_deletes,
@@ -521,7 +528,7 @@ class _Entries:
 
 
 def _position_deletes(
-    fs: IcebergFileSystem, entries: _Entries
+    fs: IcebergFileSystem, entries: ScanEntries
 ) -> tuple[dict[str, list[np.ndarray[Any, Any]]], int]:
     """Deleted positions per data file from every position delete file (each read once).
 
@@ -549,7 +556,7 @@ def _position_deletes(
 def _equality_and_filter_deletes(
     fs: IcebergFileSystem,
     metadata: Any,
-    entries: _Entries,
+    entries: ScanEntries,
     request: ScanRequest,
     row_filter: RowFilter | None,
     positions: dict[str, list[np.ndarray[Any, Any]]],
@@ -592,7 +599,7 @@ def _equality_and_filter_deletes(
 
 def _data_files(
     fs: IcebergFileSystem,
-    entries: _Entries,
+    entries: ScanEntries,
     positions: Mapping[str, list[np.ndarray[Any, Any]]],
     snapshot_id: int,
 ) -> tuple[IcebergFileInfo, ...]:

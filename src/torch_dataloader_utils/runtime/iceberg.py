@@ -14,6 +14,7 @@ from typing import Any, Unpack
 
 from torch_dataloader_utils.config import FileFormat, IcebergSourceConfig
 from torch_dataloader_utils.discovery.iceberg import IcebergScan, discover_iceberg, load_table
+from torch_dataloader_utils.discovery.iceberg_delta import discover_incremental
 from torch_dataloader_utils.io.iceberg import IcebergReader
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.loader import ResumableDataLoader, make_loader
@@ -67,13 +68,18 @@ class IcebergDataset(PlannedDataset):
 
     def _setup(self, source: IcebergSourceConfig, options: Options) -> None:
         tbl = load_table(source.table, source.catalog_config)
-        scan = discover_iceberg(tbl, source, count_filtered=options.counts_rows)
+        if source.since_snapshot_id is not None:
+            scan = discover_incremental(tbl, source, count_filtered=options.counts_rows)
+        else:
+            scan = discover_iceberg(tbl, source, count_filtered=options.counts_rows)
         self.scan: IcebergScan = scan
-        """What discovery planned: data files, deletes, schema."""
+        """What discovery planned: data files, deletes, schema (and, incremental, ``scan.delta``)."""
         deletes = scan.delete_files_read
+        since = f" since snapshot {source.since_snapshot_id}" if source.since_snapshot_id is not None else ""
         log_files(
             scan.files,
-            f"Iceberg table {source.table!r} snapshot {scan.snapshot_id}: {len(scan.files):,} data files"
+            f"Iceberg table {source.table!r} snapshot {scan.snapshot_id}{since}: "
+            f"{len(scan.files):,} data files"
             + (f" ({deletes:,} delete files applied)" if deletes else ""),
             scan.output_schema,
             rank=options.world.rank,
@@ -102,6 +108,12 @@ class IcebergDataset(PlannedDataset):
             identity={
                 "table": source.table,
                 "snapshot_id": scan.snapshot_id,
+                # Only when set: states of full scans saved before it existed stay valid.
+                **(
+                    {}
+                    if source.since_snapshot_id is None
+                    else {"since_snapshot_id": source.since_snapshot_id}
+                ),
                 "columns": list(scan.output_schema.names),
                 **filter_identity(scan.filters),
             },
@@ -111,6 +123,11 @@ class IcebergDataset(PlannedDataset):
     def snapshot_id(self) -> int | None:
         """The snapshot read (``None`` for a table without snapshots: zero rows)."""
         return self.scan.snapshot_id
+
+    @property
+    def since_snapshot_id(self) -> int | None:
+        """An incremental dataset's older snapshot (its rows are not read), else ``None``."""
+        return None if self.scan.delta is None else self.scan.delta.since_snapshot_id
 
     @property
     def exact_row_counts(self) -> bool:
