@@ -241,7 +241,7 @@ def _compare(
         ],
         [
             (p, scan.formats[p], scan.constants[p], _deleted(by_path[p]), int(by_path[p].num_rows or 0))
-            for p in delta.rewritten
+            for p in sorted(by_path)
         ],
     ]
     hashed = [_hash_files(request, side) for side in sides]

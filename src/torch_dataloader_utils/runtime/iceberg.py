@@ -79,8 +79,7 @@ class IcebergDataset(PlannedDataset):
         log_files(
             scan.files,
             f"Iceberg table {source.table!r} snapshot {scan.snapshot_id}{since}: "
-            f"{len(scan.files):,} data files"
-            + (f" ({deletes:,} delete files applied)" if deletes else ""),
+            f"{len(scan.files):,} data files" + (f" ({deletes:,} delete files applied)" if deletes else ""),
             scan.output_schema,
             rank=options.world.rank,
         )
