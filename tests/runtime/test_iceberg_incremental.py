@@ -1,4 +1,5 @@
-"""Incremental Iceberg epochs (``since_snapshot_id``) on a real table grown over four snapshots.
+"""Incremental Iceberg epochs (``since_snapshot_id``) and epochs continued onto a newer snapshot
+(``continue_from``), on a real table grown over four snapshots.
 
 The oracle is the ``id`` column read by an independent reader (DataFusion + iceberg-rust)
 at each snapshot: an incremental epoch from Sa to Sb must read exactly the ids live at
@@ -13,8 +14,8 @@ from typing import Any
 import pytest
 
 from tests.fixtures.iceberg import GrownTable, grow_table, make_catalog, sql_catalog_config
-from torch_dataloader_utils import IcebergDataset
-from torch_dataloader_utils.errors import ConfigError, StateMismatchError
+from torch_dataloader_utils import IcebergDataset, merge_states
+from torch_dataloader_utils.errors import ConfigError, ResumeStateError, StateMismatchError
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +145,130 @@ def test_incremental_state_is_tied_to_its_since_snapshot(grown: tuple[dict[str, 
         )
         with pytest.raises(StateMismatchError, match="since_snapshot_id"):
             other.load_state_dict(state)
+
+
+def dropped_ids(ds: IcebergDataset) -> set[int]:
+    """The ids equal batches leave out of the dataset's current epoch (the same on every rank)."""
+    return {i for c in ds.plan().dropped for b in ds.read_chunk(c) for i in b.column("id").to_pylist()}
+
+
+CONTINUE = {"output_format": "numpy", "batch_size": 8, "split_rows": 10, "shuffle": True, "shuffle_seed": 5}
+
+
+def interrupted(
+    config: dict[str, str], g: GrownTable, since: int | None, epoch: int = 3
+) -> tuple[dict[str, Any], set[int], set[int]]:
+    """An epoch on S2 over 2 ranks x 2 workers, interrupted after 4 and 5 batches.
+
+    Returns the merged state, the ids consumed, and the ids equal batches left out.
+    """
+    states, consumed, dropped = [], set(), set()
+    extra = {} if since is None else {"since_snapshot_id": since}
+    for rank in range(2):
+        loader, ds = IcebergDataset.create_dataloader(
+            "ns.grown",
+            catalog_config=config,
+            snapshot_id=g.snapshots[1],
+            num_ranks=2,
+            rank=rank,
+            num_workers=2,
+            timeout=60,
+            **extra,
+            **CONTINUE,
+        )
+        ds.set_epoch(epoch)
+        batches = iter(loader)
+        for _ in range(4 + rank):
+            consumed.update(int(i) for i in next(batches)["id"])
+        states.append(loader.state_dict())
+        dropped |= dropped_ids(ds)
+    return merge_states(states), consumed, dropped
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+@pytest.mark.parametrize(("num_ranks", "num_workers"), [(1, 0), (2, 1), (3, 2)])
+def test_resume_continued_from_s2_onto_s4_reads_exactly_the_oracles_rows(
+    grown: tuple[dict[str, str], GrownTable], incremental: bool, num_ranks: int, num_workers: int
+) -> None:
+    """The rest of an epoch of S2 (full, or incremental since S1) less the rows deleted by S4,
+    then the rows S4 gained: every one once, equal batches, over other ranks and workers."""
+    config, g = grown
+    o1, o2, o4 = (set(g.oracle(k)) for k in (1, 2, 4))
+    state, consumed, dropped = interrupted(config, g, g.snapshots[0] if incremental else None)
+    left = (o2 - o1 if incremental else o2) - consumed - dropped
+    expected = (left & o4) | (o4 - o2)
+    got: list[int] = []
+    counts = set()
+    for rank in range(num_ranks):
+        loader, ds = IcebergDataset.create_dataloader(
+            "ns.grown",
+            catalog_config=config,
+            snapshot_id=g.snapshots[3],
+            continue_from=state,
+            num_ranks=num_ranks,
+            rank=rank,
+            num_workers=num_workers,
+            **({"timeout": 60} if num_workers else {}),
+            **CONTINUE,
+        )
+        assert ds.epoch == 3
+        batches = list(loader)
+        counts.add(len(batches))
+        got.extend(int(i) for b in batches for i in b["id"])
+    assert len(counts) == 1
+    assert len(got) == len(set(got))
+    late = dropped_ids(ds)
+    assert len(late) < num_ranks
+    assert sorted(got + list(late)) == sorted(expected)
+    continued = ds.continued
+    assert continued is not None
+    assert continued.epoch == 3
+    assert (continued.from_snapshot_id, continued.snapshot_id) == (g.snapshots[1], g.snapshots[3])
+    assert continued.from_since_snapshot_id == (g.snapshots[0] if incremental else None)
+    assert continued.rows_left == len(left)
+    assert continued.rows_deleted == len(left - o4)
+    assert continued.rows_new == len(o4 - o2)
+    if not incremental:
+        assert continued.rows_deleted > 0  # S3 and S4 deleted rows the epoch had left
+
+
+def test_a_continued_pass_resumes_and_refuses_other_epochs(grown: tuple[dict[str, str], GrownTable]) -> None:
+    config, g = grown
+    state, _, _ = interrupted(config, g, None)
+    build: dict[str, Any] = {
+        "catalog_config": config,
+        "snapshot_id": g.snapshots[3],
+        "num_workers": 0,
+        **CONTINUE,
+    }
+    loader, ds = IcebergDataset.create_dataloader("ns.grown", continue_from=state, **build)
+    everything = sorted(int(i) for b in loader for i in b["id"])
+    loader, ds = IcebergDataset.create_dataloader("ns.grown", continue_from=state, **build)
+    batches = iter(loader)
+    first = [int(i) for _ in range(3) for i in next(batches)["id"]]
+    again = loader.state_dict()
+    loader, ds = IcebergDataset.create_dataloader("ns.grown", continue_from=state, **build)
+    loader.load_state_dict(again)
+    rest = [int(i) for b in loader for i in b["id"]]
+    assert sorted(first + rest) == everything
+    with pytest.raises(ConfigError, match=r"set_epoch\(4\) on a dataset that continues epoch 3"):
+        ds.set_epoch(4)
+    # A state of the continued pass is tied to it: not to the snapshot's own dataset ...
+    plain, _ = IcebergDataset.create_dataloader("ns.grown", **build)
+    with pytest.raises(StateMismatchError, match="continued_from"):
+        plain.load_state_dict(again)
+    # ... and it cannot be continued once more.
+    with pytest.raises(ResumeStateError, match="while continuing an epoch"):
+        IcebergDataset("ns.grown", catalog_config=config, continue_from=again)
+
+
+def test_a_state_of_an_older_snapshot_names_continue_from(grown: tuple[dict[str, str], GrownTable]) -> None:
+    config, g = grown
+    state, _, _ = interrupted(config, g, None)
+    loader, _ = IcebergDataset.create_dataloader(
+        "ns.grown", catalog_config=config, num_ranks=2, rank=0, **CONTINUE
+    )
+    with pytest.raises(StateMismatchError, match=r"snapshot_id.*build the dataset with continue_from=state"):
+        loader.load_state_dict(state)
+    with pytest.raises(ResumeStateError, match=r"continue_from=\[1, 2\] must be a resume state"):
+        IcebergDataset("ns.grown", catalog_config=config, continue_from=[1, 2])  # type: ignore[typeddict-item]

@@ -1,0 +1,258 @@
+"""An epoch interrupted on one Iceberg snapshot, continued onto a newer one (``continue_from``).
+
+A resume state is tied to the snapshot it was saved on. With ``continue_from=state``,
+an :class:`~torch_dataloader_utils.IcebergDataset` of a newer snapshot reads, in one
+epoch (the state's):
+
+1. the rows the interrupted epoch had left: its plan on the state's snapshot (the same
+   options, re-planned as a resume would) cut at the state's cursors, as file rows
+   (:func:`~torch_dataloader_utils.plan.emitted.emitted_rows`; equal-batches padding,
+   which repeats rows, left out), less the rows deleted since: those a newer delete
+   removed from a file still live, and those of a file removed since (a rewrite) that
+   no file added since holds again (rows moved by a compaction are read from the file
+   they were planned in, which a rewrite leaves in place until the snapshot expires);
+2. the rows added since the state's snapshot, as an incremental scan from it finds them
+   (:mod:`~torch_dataloader_utils.discovery.iceberg_delta`).
+
+Both become one file table (each file's unread rows as its live rows), planned as a
+fresh pass of the state's epoch over the dataset's own ranks and workers: every row once,
+equal batches, and a state saved during it resumes on the same continued dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from torch_dataloader_utils.config import IcebergSourceConfig
+from torch_dataloader_utils.discovery.iceberg import ScanRequest, resolve_snapshot
+from torch_dataloader_utils.discovery.iceberg_delta import discover_incremental, live_deletes
+from torch_dataloader_utils.errors import IncompatibleOptionsError, ResumeStateError, StateMismatchError
+from torch_dataloader_utils.plan.emitted import emitted_rows
+from torch_dataloader_utils.plan.resume import Resumer
+from torch_dataloader_utils.plan.state import plain_state
+from torch_dataloader_utils.runtime.options import Options
+from torch_dataloader_utils.storage.iceberg_meta import IcebergFileInfo, IcebergScan
+
+if TYPE_CHECKING:
+    from torch_dataloader_utils.runtime.iceberg import IcebergDataset
+
+__all__ = ["Continued", "continue_scan", "state_snapshot"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Continued:
+    """What an epoch continued onto a newer snapshot reads (``IcebergDataset.continued``).
+
+    Attributes:
+        epoch: The epoch continued (the state's).
+        from_snapshot_id: The snapshot the state was saved on.
+        from_since_snapshot_id: That epoch's ``since_snapshot_id`` (an incremental epoch), or ``None``.
+        snapshot_id: The snapshot it is continued onto.
+        rows_left: Rows the interrupted epoch had left to read (padding aside).
+        rows_deleted: Of those, rows deleted since: not read.
+        rows_new: Rows added since the state's snapshot, read too.
+        state_sha256: A digest of the state, which a state saved during this pass is tied to.
+    """
+
+    epoch: int
+    from_snapshot_id: int
+    from_since_snapshot_id: int | None
+    snapshot_id: int
+    rows_left: int
+    rows_deleted: int
+    rows_new: int
+    state_sha256: str
+
+    def identity(self) -> dict[str, Any]:
+        """The JSON values a state saved during the continued pass is tied to."""
+        return {
+            "epoch": self.epoch,
+            "snapshot_id": self.from_snapshot_id,
+            "since_snapshot_id": self.from_since_snapshot_id,
+            "state_sha256": self.state_sha256,
+        }
+
+
+def state_snapshot(state: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """``(table, snapshot_id, since_snapshot_id)`` a plain resume state was saved for (``None`` if unsaid)."""
+    fingerprint = state.get("fingerprint")
+    options = fingerprint.get("options") if isinstance(fingerprint, Mapping) else None
+    if not isinstance(options, Mapping):
+        return None, None, None
+    return options.get("table"), options.get("snapshot_id"), options.get("since_snapshot_id")
+
+
+def continue_scan(
+    cls: type[IcebergDataset], tbl: Any, source: IcebergSourceConfig, options: Options
+) -> tuple[IcebergScan, Continued]:
+    """The scan of the rest of ``source.continue_from``'s epoch on the snapshot read, and what it holds.
+
+    Raises:
+        ResumeStateError: ``continue_from`` is not a resume state of an Iceberg dataset,
+            or was saved while continuing an epoch already.
+        StateMismatchError: it was saved for another table or other options, or for a
+            snapshot that is not an ancestor of the one read.
+        IncompatibleOptionsError: the row counts are not exact (an uncounted filter).
+    """
+    state, old = _old_dataset(cls, source, options)
+    if old.scan.filters is not None and not old.scan.filter_counted:
+        raise IncompatibleOptionsError(
+            f"continue_from needs exact row counts to know which rows the epoch had left, but "
+            f"filters={old.scan.filters} is not counted (count_rows=False); pass count_rows=True"
+        )
+    epoch = old.epoch
+    rest = _rest(old, epoch)
+    snap = resolve_snapshot(tbl, source.snapshot_id, source.as_of)
+    new_source = replace(source, since_snapshot_id=old.snapshot_id, continue_from=None)
+    new = discover_incremental(tbl, new_source, count_filtered=options.counts_rows)
+    request = ScanRequest.build(tbl, snap, new_source)
+    live = live_deletes(tbl, snap, request, sorted(rest))
+    moved = new.delta.moved if new.delta is not None else {}
+    kept: list[IcebergFileInfo] = []
+    left = deleted = 0
+    for info in old.scan.files:
+        rows = rest.get(info.path)
+        if rows is None or not len(rows):
+            continue
+        if info.path in live:
+            alive = rows[~np.isin(rows, live[info.path], assume_unique=True)]
+        else:  # removed since: its rows moved into a file added since, or deleted
+            alive = rows[np.isin(rows, moved.get(info.path, np.empty(0, np.int64)), assume_unique=True)]
+        left += len(rows)
+        deleted += len(rows) - len(alive)
+        if len(alive):
+            kept.append(_only(info, alive))
+    new_rows = sum(f.live_rows or 0 for f in new.files)
+    continued = Continued(
+        epoch=epoch,
+        from_snapshot_id=int(old.snapshot_id or 0),
+        from_since_snapshot_id=old.since_snapshot_id,
+        snapshot_id=int(new.snapshot_id or 0),
+        rows_left=left,
+        rows_deleted=deleted,
+        rows_new=new_rows,
+        state_sha256=hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest(),
+    )
+    log.info(
+        "continuing epoch %d of snapshot %s onto snapshot %s: %d rows were left, %d of them deleted "
+        "since (not read); %d rows added since",
+        epoch,
+        continued.from_snapshot_id,
+        continued.snapshot_id,
+        left,
+        deleted,
+        new_rows,
+    )
+    scan = replace(
+        new,
+        files=(*kept, *new.files),
+        formats={**old.scan.formats, **new.formats},
+        constants={**old.scan.constants, **new.constants},
+    )
+    return scan, continued
+
+
+def _old_dataset(
+    cls: type[IcebergDataset], source: IcebergSourceConfig, options: Options
+) -> tuple[Mapping[str, Any], IcebergDataset]:
+    """The dataset the state was saved on (same options, its snapshot), with the state loaded."""
+    given = source.continue_from
+    if not isinstance(given, Mapping):
+        raise ResumeStateError(
+            f"continue_from={given!r} must be a resume state (what loader.state_dict() returned, "
+            "merged over the ranks)"
+        )
+    state = plain_state(given)
+    table, snapshot_id, since = state_snapshot(state)
+    fingerprint = state.get("fingerprint")
+    saved = fingerprint.get("options") if isinstance(fingerprint, Mapping) else None
+    if isinstance(saved, Mapping) and "continued_from" in saved:
+        raise ResumeStateError(
+            "continue_from holds a state saved while continuing an epoch onto a newer snapshot "
+            "already; finish that pass first (build the same continued dataset and load the state "
+            "with load_state_dict), then start the next epoch on the newer snapshot"
+        )
+    if not isinstance(snapshot_id, int) or isinstance(snapshot_id, bool):
+        raise ResumeStateError(
+            "continue_from must be a resume state of an IcebergDataset (its fingerprint names the "
+            f"snapshot it was saved on); got one without a snapshot id ({snapshot_id!r})"
+        )
+    if table != source.table:
+        raise StateMismatchError(
+            f"continue_from was saved for table {table!r}, not {source.table!r}; continue it on its own table"
+        )
+    old_source = replace(
+        source, snapshot_id=snapshot_id, as_of=None, since_snapshot_id=since, continue_from=None
+    )
+    with warnings.catch_warnings():  # the old plan's layout warnings were given when it was read
+        warnings.simplefilter("ignore")
+        old = cls.from_config(old_source, options)
+    try:
+        old.load_state_dict(state)
+    except StateMismatchError as exc:
+        raise StateMismatchError(f"continue_from: {exc}") from exc
+    return state, old
+
+
+def _rest(old: IcebergDataset, epoch: int) -> dict[str, np.ndarray[Any, Any]]:
+    """The file rows the interrupted epoch had left, per file (padding left out)."""
+    segments = old._state.live_segments(epoch) or ()
+    files = old.planner.files
+    out: dict[str, list[np.ndarray[Any, Any]]] = {}
+    if not segments:  # nothing read yet: every live row
+        for info in old.scan.files:
+            out[info.path] = [np.asarray(_info_rows(info), dtype=np.int64)]
+    else:
+        resumer = Resumer(
+            old.planner,
+            epoch,
+            segments,
+            num_ranks=1,
+            num_workers=lambda rank: 1,
+            window_rows=old.row_shuffle_window,
+            exact=True,
+            mixing=old.row_mixing,
+        )
+        for pieces in resumer.rank(0):
+            for piece in pieces:
+                for chunk, rows in zip(piece.chunks, emitted_rows(piece, files), strict=True):
+                    if not chunk.padding and len(rows):
+                        out.setdefault(chunk.path, []).append(rows)
+    return {path: np.unique(np.concatenate(parts)) for path, parts in out.items()}
+
+
+def _info_rows(info: IcebergFileInfo) -> np.ndarray[Any, Any]:
+    """Every live file row position of a data file (its row groups, less its deleted positions)."""
+    if info.row_groups is None:
+        rows = np.arange(info.num_rows or 0, dtype=np.int64)
+    else:
+        parts = [np.arange(g.first_row, g.stop_row, dtype=np.int64) for g in info.row_groups]
+        rows = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    if info.deleted is not None and len(info.deleted):
+        rows = rows[~np.isin(rows, info.deleted, assume_unique=True)]
+    return rows
+
+
+def _only(info: IcebergFileInfo, rows: np.ndarray[Any, Any]) -> IcebergFileInfo:
+    """``info`` whose live rows are exactly ``rows``: row groups without any left out, the rest deleted."""
+    if info.row_groups is None:
+        everything = np.arange(info.num_rows or 0, dtype=np.int64)
+        return replace(info, deleted=np.setdiff1d(everything, rows, assume_unique=True))
+    starts = np.asarray([g.first_row for g in info.row_groups], dtype=np.int64)
+    stops = np.asarray([g.stop_row for g in info.row_groups], dtype=np.int64)
+    group_of = np.searchsorted(starts, rows, side="right") - 1
+    used = np.unique(group_of)
+    groups = tuple(info.row_groups[int(i)] for i in used)
+    spans = [np.arange(starts[i], stops[i], dtype=np.int64) for i in used]
+    within = np.concatenate(spans) if spans else np.empty(0, dtype=np.int64)
+    return replace(info, row_groups=groups, deleted=np.setdiff1d(within, rows, assume_unique=True))
