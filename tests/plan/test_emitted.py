@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.strategies import layouts, piece_rows
+from tests.strategies import layouts, live_row_ids, piece_rows
 from torch_dataloader_utils.plan.emitted import emitted_rows
 from torch_dataloader_utils.plan.mixing import RowMixing
 from torch_dataloader_utils.plan.pieces import Piece
@@ -22,8 +22,9 @@ def pieces(draw: st.DrawFn) -> tuple[Piece, dict[str, FileInfo]]:
     """
     files = {}
     for f in draw(layouts(max_files=4)):
-        if f.num_rows and draw(st.booleans()):
-            deleted = sorted(draw(st.sets(st.integers(0, f.num_rows - 1), max_size=f.num_rows)))
+        live = [row for _, row in live_row_ids((f,))]
+        if live and draw(st.booleans()):  # deleted positions lie in live row groups only
+            deleted = sorted(draw(st.sets(st.sampled_from(live), max_size=len(live))))
             f = FileWithDeletes(
                 f.path, f.size, f.num_rows, f.row_groups, deleted=np.asarray(deleted, np.int64)
             )

@@ -75,7 +75,7 @@ class IcebergDataset(PlannedDataset):
         self.continued: Continued | None = None
         """With ``continue_from``: the epoch continued, the rows it had left, deleted since and new."""
         if source.continue_from is not None:
-            scan, self.continued = continue_scan(type(self), tbl, source, options)
+            scan, self.continued = continue_scan(type(self).from_config, tbl, source, options)
         elif source.since_snapshot_id is not None:
             scan = discover_incremental(tbl, source, count_filtered=options.counts_rows)
         else:

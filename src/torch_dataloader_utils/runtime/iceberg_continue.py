@@ -25,9 +25,9 @@ import hashlib
 import json
 import logging
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -41,8 +41,8 @@ from torch_dataloader_utils.plan.state import plain_state
 from torch_dataloader_utils.runtime.options import Options
 from torch_dataloader_utils.storage.iceberg_meta import IcebergFileInfo, IcebergScan
 
-if TYPE_CHECKING:
-    from torch_dataloader_utils.runtime.iceberg import IcebergDataset
+Build = Callable[[IcebergSourceConfig, Options], Any]
+"""Builds the dataset of a source (``IcebergDataset.from_config``)."""
 
 __all__ = ["Continued", "continue_scan", "state_snapshot"]
 
@@ -93,9 +93,11 @@ def state_snapshot(state: Mapping[str, Any]) -> tuple[Any, Any, Any]:
 
 
 def continue_scan(
-    cls: type[IcebergDataset], tbl: Any, source: IcebergSourceConfig, options: Options
+    build: Build, tbl: Any, source: IcebergSourceConfig, options: Options
 ) -> tuple[IcebergScan, Continued]:
     """The scan of the rest of ``source.continue_from``'s epoch on the snapshot read, and what it holds.
+
+    ``build`` makes the dataset the state was saved on (its snapshot, the same options).
 
     Raises:
         ResumeStateError: ``continue_from`` is not a resume state of an Iceberg dataset,
@@ -104,7 +106,7 @@ def continue_scan(
             snapshot that is not an ancestor of the one read.
         IncompatibleOptionsError: the row counts are not exact (an uncounted filter).
     """
-    state, old = _old_dataset(cls, source, options)
+    state, old = _old_dataset(build, source, options)
     if old.scan.filters is not None and not old.scan.filter_counted:
         raise IncompatibleOptionsError(
             f"continue_from needs exact row counts to know which rows the epoch had left, but "
@@ -163,8 +165,8 @@ def continue_scan(
 
 
 def _old_dataset(
-    cls: type[IcebergDataset], source: IcebergSourceConfig, options: Options
-) -> tuple[Mapping[str, Any], IcebergDataset]:
+    build: Build, source: IcebergSourceConfig, options: Options
+) -> tuple[Mapping[str, Any], Any]:
     """The dataset the state was saved on (same options, its snapshot), with the state loaded."""
     given = source.continue_from
     if not isinstance(given, Mapping):
@@ -196,7 +198,7 @@ def _old_dataset(
     )
     with warnings.catch_warnings():  # the old plan's layout warnings were given when it was read
         warnings.simplefilter("ignore")
-        old = cls.from_config(old_source, options)
+        old = build(old_source, options)
     try:
         old.load_state_dict(state)
     except StateMismatchError as exc:
@@ -204,7 +206,7 @@ def _old_dataset(
     return state, old
 
 
-def _rest(old: IcebergDataset, epoch: int) -> dict[str, np.ndarray[Any, Any]]:
+def _rest(old: Any, epoch: int) -> dict[str, np.ndarray[Any, Any]]:
     """The file rows the interrupted epoch had left, per file (padding left out)."""
     segments = old._state.live_segments(epoch) or ()
     files = old.planner.files
