@@ -32,6 +32,11 @@ def epoch_ids(config: dict[str, str], **kwargs: Any) -> list[int]:
     return sorted(int(i) for batch in loader for i in batch["id"])
 
 
+def dropped_ids(ds: IcebergDataset) -> set[int]:
+    """The ids equal batches leave out of the dataset's current epoch (the same on every rank)."""
+    return {i for c in ds.plan().dropped for b in ds.read_chunk(c) for i in b.column("id").to_pylist()}
+
+
 @pytest.mark.parametrize(("since", "until"), [(1, 4), (2, 4), (3, 4), (1, 2), (2, 3), (1, 3)])
 def test_incremental_epoch_reads_exactly_the_rows_the_newer_snapshot_gained(
     grown: tuple[dict[str, str], GrownTable], since: int, until: int
@@ -80,6 +85,33 @@ def test_appends_and_deletes_only_read_no_data_to_plan(grown: tuple[dict[str, st
     assert len(delta.appended) == len(ds.files) == 1  # F
 
 
+def read_world(
+    config: dict[str, str], num_ranks: int, num_workers: int, **kwargs: Any
+) -> tuple[list[int], IcebergDataset]:
+    """The ids every rank of a world reads (real DataLoaders), checking equal batches; the last dataset."""
+    got: list[int] = []
+    counts = set()
+    for rank in range(num_ranks):
+        loader, ds = IcebergDataset.create_dataloader(
+            "ns.grown",
+            catalog_config=config,
+            num_ranks=num_ranks,
+            rank=rank,
+            num_workers=num_workers,
+            **({"timeout": 60} if num_workers else {}),
+            **kwargs,
+        )
+        if ds.continued is None:
+            ds.set_epoch(1)
+        batches = list(loader)
+        assert len(batches) == len(loader)
+        counts.add(len(batches))
+        got.extend(int(i) for b in batches for i in b["id"])
+    assert len(counts) == 1  # equal batches on every rank
+    assert len(got) == len(set(got))  # exactly once
+    return got, ds
+
+
 @pytest.mark.parametrize("num_ranks", [1, 2, 3])
 @pytest.mark.parametrize("num_workers", [0, 1, 2])
 def test_incremental_epoch_exactly_once_with_equal_batches_over_ranks_and_workers(
@@ -87,36 +119,21 @@ def test_incremental_epoch_exactly_once_with_equal_batches_over_ranks_and_worker
 ) -> None:
     config, g = grown
     expected = sorted(set(g.oracle(4)) - set(g.oracle(1)))
-    got: list[int] = []
-    dropped: list[int] = []
-    counts = set()
-    for rank in range(num_ranks):
-        loader, ds = IcebergDataset.create_dataloader(
-            "ns.grown",
-            catalog_config=config,
-            snapshot_id=g.snapshots[3],
-            since_snapshot_id=g.snapshots[0],
-            num_ranks=num_ranks,
-            rank=rank,
-            num_workers=num_workers,
-            split_rows=10,
-            batch_size=8,
-            shuffle=True,
-            shuffle_seed=3,
-            output_format="numpy",
-            **({"timeout": 60} if num_workers else {}),
-        )
-        ds.set_epoch(1)
-        batches = list(loader)
-        assert len(batches) == len(loader)
-        counts.add(len(batches))
-        got.extend(int(i) for b in batches for i in b["id"])
-        plan = ds.plan()
-        dropped = [i for c in plan.dropped for b in ds.read_chunk(c) for i in b.column("id").to_pylist()]
-    assert len(counts) == 1  # equal batches on every rank
-    assert len(got) == len(set(got))  # exactly once
+    got, ds = read_world(
+        config,
+        num_ranks,
+        num_workers,
+        snapshot_id=g.snapshots[3],
+        since_snapshot_id=g.snapshots[0],
+        split_rows=10,
+        batch_size=8,
+        shuffle=True,
+        shuffle_seed=3,
+        output_format="numpy",
+    )
+    dropped = dropped_ids(ds)
     assert len(dropped) < num_ranks
-    assert sorted(got + dropped) == expected
+    assert sorted(got + list(dropped)) == expected
 
 
 def test_since_snapshot_errors_name_the_option(grown: tuple[dict[str, str], GrownTable]) -> None:
@@ -145,11 +162,6 @@ def test_incremental_state_is_tied_to_its_since_snapshot(grown: tuple[dict[str, 
         )
         with pytest.raises(StateMismatchError, match="since_snapshot_id"):
             other.load_state_dict(state)
-
-
-def dropped_ids(ds: IcebergDataset) -> set[int]:
-    """The ids equal batches leave out of the dataset's current epoch (the same on every rank)."""
-    return {i for c in ds.plan().dropped for b in ds.read_chunk(c) for i in b.column("id").to_pylist()}
 
 
 CONTINUE = {"output_format": "numpy", "batch_size": 8, "split_rows": 10, "shuffle": True, "shuffle_seed": 5}
@@ -197,26 +209,10 @@ def test_resume_continued_from_s2_onto_s4_reads_exactly_the_oracles_rows(
     state, consumed, dropped = interrupted(config, g, g.snapshots[0] if incremental else None)
     left = (o2 - o1 if incremental else o2) - consumed - dropped
     expected = (left & o4) | (o4 - o2)
-    got: list[int] = []
-    counts = set()
-    for rank in range(num_ranks):
-        loader, ds = IcebergDataset.create_dataloader(
-            "ns.grown",
-            catalog_config=config,
-            snapshot_id=g.snapshots[3],
-            continue_from=state,
-            num_ranks=num_ranks,
-            rank=rank,
-            num_workers=num_workers,
-            **({"timeout": 60} if num_workers else {}),
-            **CONTINUE,
-        )
-        assert ds.epoch == 3
-        batches = list(loader)
-        counts.add(len(batches))
-        got.extend(int(i) for b in batches for i in b["id"])
-    assert len(counts) == 1
-    assert len(got) == len(set(got))
+    got, ds = read_world(
+        config, num_ranks, num_workers, snapshot_id=g.snapshots[3], continue_from=state, **CONTINUE
+    )
+    assert ds.epoch == 3
     late = dropped_ids(ds)
     assert len(late) < num_ranks
     assert sorted(got + list(late)) == sorted(expected)
