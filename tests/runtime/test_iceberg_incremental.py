@@ -15,7 +15,12 @@ import pytest
 
 from tests.fixtures.iceberg import GrownTable, grow_table, make_catalog, sql_catalog_config
 from torch_dataloader_utils import IcebergDataset, merge_states
-from torch_dataloader_utils.errors import ConfigError, ResumeStateError, StateMismatchError
+from torch_dataloader_utils.errors import (
+    ConfigError,
+    IncompatibleOptionsError,
+    ResumeStateError,
+    StateMismatchError,
+)
 
 
 @pytest.fixture(scope="module")
@@ -266,5 +271,11 @@ def test_a_state_of_an_older_snapshot_names_continue_from(grown: tuple[dict[str,
     )
     with pytest.raises(StateMismatchError, match=r"snapshot_id.*build the dataset with continue_from=state"):
         loader.load_state_dict(state)
+    with pytest.raises(IncompatibleOptionsError, match=r"since_snapshot_id=\d+ both say.*pass one"):
+        IcebergDataset(
+            "ns.grown", catalog_config=config, continue_from=state, since_snapshot_id=g.snapshots[0]
+        )
+    with pytest.raises(IncompatibleOptionsError, match=r"elastic order \(canonical_ranks=2\)"):
+        IcebergDataset("ns.grown", catalog_config=config, continue_from=state, canonical_ranks=2, **CONTINUE)
     with pytest.raises(ResumeStateError, match=r"continue_from=\[1, 2\] must be a resume state"):
         IcebergDataset("ns.grown", catalog_config=config, continue_from=[1, 2])  # type: ignore[typeddict-item]

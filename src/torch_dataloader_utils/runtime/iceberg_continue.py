@@ -104,8 +104,20 @@ def continue_scan(
             or was saved while continuing an epoch already.
         StateMismatchError: it was saved for another table or other options, or for a
             snapshot that is not an ancestor of the one read.
-        IncompatibleOptionsError: the row counts are not exact (an uncounted filter).
+        IncompatibleOptionsError: the row counts are not exact (an uncounted filter),
+            ``since_snapshot_id`` is given too, or the order is elastic (``canonical_ranks``).
     """
+    if source.since_snapshot_id is not None:
+        raise IncompatibleOptionsError(
+            f"continue_from and since_snapshot_id={source.since_snapshot_id} both say which rows to read: "
+            "continue_from reads the rest of the state's epoch and the rows added since the state's "
+            "snapshot; pass one of them"
+        )
+    if options.canonical is not None:
+        raise IncompatibleOptionsError(
+            f"continue_from does not continue epochs in elastic order (canonical_ranks={options.canonical}); "
+            "finish the epoch on the state's snapshot (load_state_dict), then go on with the newer one"
+        )
     state, old = _old_dataset(build, source, options)
     if old.scan.filters is not None and not old.scan.filter_counted:
         raise IncompatibleOptionsError(
