@@ -76,7 +76,21 @@ def test_rows_an_overwrite_moved_or_wrote_again_are_not_new(grown: tuple[dict[st
     assert len(delta.removed) == 2  # B and D as they were after D's append
     assert delta.removed_rows == 200
     assert delta.moved_rows == 100 - 2 + 100 - 11 + 5  # B less 120, 121; D less 310, 390..399; 390..394
+    assert delta.files_read == 5  # every file's ids overlap a file of the other side
     assert ds.since_snapshot_id == after_d
+
+
+def test_files_whose_bounds_rule_out_a_twin_are_not_read(grown: tuple[dict[str, str], GrownTable]) -> None:
+    """S1 -> S4: B was rewritten; of the files added since, only B's rewrite has ids in B's range."""
+    config, g = grown
+    _, ds = IcebergDataset.create_dataloader(
+        "ns.grown", catalog_config=config, snapshot_id=g.snapshots[3], since_snapshot_id=g.snapshots[0]
+    )
+    delta = ds.scan.delta
+    assert delta is not None
+    assert (len(delta.removed), len(delta.appended) + len(delta.rewritten)) == (1, 5)
+    assert delta.files_read == 2
+    assert delta.moved_rows == 97  # B less 120, 121 (copy-on-write) and 150 (equality delete)
 
 
 def test_appends_and_deletes_only_read_no_data_to_plan(grown: tuple[dict[str, str], GrownTable]) -> None:

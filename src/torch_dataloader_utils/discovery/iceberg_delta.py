@@ -26,7 +26,9 @@ files removed since S1 held at S1.
 
 Comparing costs one read of every column of the files added since S1 (at S2) and of the
 removed files (at S1, with S1's deletes), only when files were removed, and 16 bytes
-per row read.
+per row read; a file whose column bounds (in the manifests) meet no file of the other
+side on some column cannot hold a twin and is not read
+(:mod:`~torch_dataloader_utils.discovery.iceberg_bounds`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from torch_dataloader_utils.discovery.iceberg import (
     resolve_snapshot,
     scan_entries,
 )
+from torch_dataloader_utils.discovery.iceberg_bounds import may_match
 from torch_dataloader_utils.discovery.iceberg_content import match, row_hashes
 from torch_dataloader_utils.discovery.iceberg_equality import data_file_parts
 from torch_dataloader_utils.errors import ConfigError
@@ -202,7 +205,8 @@ def discover_incremental(
     delta = IcebergDelta(history.since, history.until, history.snapshots, appended, rewritten)
     removed = history.removed_entries(tbl)
     if removed:
-        scan, delta = _compare(tbl, request, history, scan, delta, removed)
+        added = {df.file_path: df for df, _ in entries.data}
+        scan, delta = _compare(tbl, request, history, scan, delta, removed, added)
     return replace(scan, delta=delta)
 
 
@@ -213,10 +217,22 @@ def _compare(
     scan: IcebergScan,
     delta: IcebergDelta,
     removed: Sequence[Any],
+    added: Mapping[str, Any],
 ) -> tuple[IcebergScan, IcebergDelta]:
-    """Rows of the added files matched by content with rows of the removed files: not new."""
+    """Rows of the added files matched by content with rows of the removed files: not new.
+
+    Only the files whose column bounds may hold a twin of a row of the other side are read
+    (:mod:`~torch_dataloader_utils.discovery.iceberg_bounds`).
+    """
     from pyiceberg.manifest import ManifestContent
 
+    gone = {e.data_file.file_path: e.data_file for e in removed}
+    types = _field_types(tbl.metadata)
+    read_added = may_match(added, gone, types)
+    read_removed = may_match(gone, {p: added[p] for p in read_added}, types)
+    delta = replace(delta, removed=tuple(sorted(gone)))
+    if not read_added or not read_removed:
+        return scan, delta
     since = tbl.metadata.snapshot_by_id(history.since)
     deletes = scan_entries(
         tbl,
@@ -225,7 +241,8 @@ def _compare(
         [m for m in since.manifests(tbl.io) if m.content == ManifestContent.DELETES],
         pruned=False,
     )
-    old = ScanEntries.of([*removed, *deletes.entries], deletes.specs)
+    kept = [e for e in removed if e.data_file.file_path in read_removed]
+    old = ScanEntries.of([*kept, *deletes.entries], deletes.specs)
     old_deleted = deleted_positions(request, old)
     by_path = {f.path: f for f in scan.files}
     sides = [
@@ -241,7 +258,7 @@ def _compare(
         ],
         [
             (p, scan.formats[p], scan.constants[p], _deleted(by_path[p]), int(by_path[p].num_rows or 0))
-            for p in sorted(by_path)
+            for p in sorted(read_added)
         ],
     ]
     hashed = [_hash_files(request, side) for side in sides]
@@ -254,21 +271,31 @@ def _compare(
     )
     removed_rows = sum(len(p) for p, _ in hashed[0][0])
     log.info(
-        "incremental scan since snapshot %d: %d added data file(s) compared by content with %d removed "
-        "file(s) (%d rows): %d rows moved, not new",
+        "incremental scan since snapshot %d: %d of %d added data file(s) compared by content with %d of %d "
+        "removed file(s) (%d rows): %d rows moved, not new",
         history.since,
-        len(by_path),
+        len(read_added),
+        len(added),
+        len(read_removed),
         len(removed),
         removed_rows,
         int(added_hit.sum()),
     )
     return replace(scan, files=files), replace(
         delta,
-        removed=tuple(s[0] for s in sides[0]),
         removed_rows=removed_rows,
         moved={p: v for p, v in moved.items() if len(v)},
         files_read=len(sides[0]) + len(sides[1]),
     )
+
+
+def _field_types(metadata: Any) -> dict[int, Any]:
+    """The Iceberg type of every top-level field id of the table's schemas (the newest schema's first)."""
+    types: dict[int, Any] = {}
+    for schema in sorted(metadata.schemas, key=lambda sc: sc.schema_id, reverse=True):
+        for nf in schema.fields:
+            types.setdefault(int(nf.field_id), nf.field_type)
+    return types
 
 
 def _deleted(info: IcebergFileInfo) -> np.ndarray[Any, Any]:

@@ -67,10 +67,12 @@ class IcebergDelta:
             both kinds are compared by content with the rows of ``removed``: a row with
             a removed twin is not new.
         removed: Data files live at ``since_snapshot_id`` and no longer at ``snapshot_id``.
-        removed_rows: Live rows of ``removed`` at ``since_snapshot_id`` (read to compare).
+        removed_rows: Live rows at ``since_snapshot_id`` of the removed files read to
+            compare (those whose column bounds may hold a twin of an added row).
         moved: Per removed file, the positions of its rows whose content an added file
             holds again (moved, not deleted), sorted.
-        files_read: Data files read to compare rows by content (added and removed).
+        files_read: Data files read to compare rows by content (added and removed; a
+            file whose column bounds rule out any twin is not read).
     """
 
     since_snapshot_id: int
