@@ -33,7 +33,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,7 +62,7 @@ from torch_dataloader_utils.plan.types import RowGroup
 from torch_dataloader_utils.storage.iceberg_fs import IcebergFileSystem
 from torch_dataloader_utils.storage.iceberg_meta import IcebergFileInfo, IcebergScan
 from torch_dataloader_utils.storage.redact import redact
-from torch_dataloader_utils.upstream.pyiceberg import manifest_entries
+from torch_dataloader_utils.upstream.pyiceberg import entry_filter, manifest_entries
 
 __all__ = [
     "IcebergFileInfo",
@@ -75,6 +75,7 @@ __all__ = [
     "planned_scan",
     "resolve_snapshot",
     "scan_entries",
+    "scan_filter_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -316,6 +317,23 @@ def scan_entries(
     except ValueError as exc:
         raise ConfigError(f"scan_filter / filters cannot be bound to the table's schema: {exc}") from exc
     return ScanEntries.of(found, tbl.metadata.specs())
+
+
+def scan_filter_of(tbl: Any, snap: Any, request: ScanRequest) -> Callable[[Any], bool]:
+    """Whether a data file may hold rows the request's filter keeps (partition values, column metrics).
+
+    The test a scan of ``snap`` applies to each manifest entry, for entries read without it.
+
+    Raises:
+        ConfigError: the filters cannot be bound to the table's schema.
+    """
+    from pyiceberg.table import ALWAYS_TRUE
+
+    expression = request.iceberg_filter if request.iceberg_filter is not None else ALWAYS_TRUE
+    try:
+        return entry_filter(tbl.scan(row_filter=expression, snapshot_id=snap.snapshot_id))
+    except ValueError as exc:
+        raise ConfigError(f"scan_filter / filters cannot be bound to the table's schema: {exc}") from exc
 
 
 def planned_scan(request: ScanRequest, entries: ScanEntries, snapshot_id: int, **extra: Any) -> IcebergScan:

@@ -49,6 +49,7 @@ from torch_dataloader_utils.discovery.iceberg import (
     planned_scan,
     resolve_snapshot,
     scan_entries,
+    scan_filter_of,
 )
 from torch_dataloader_utils.discovery.iceberg_bounds import may_match
 from torch_dataloader_utils.discovery.iceberg_content import match, row_hashes
@@ -130,37 +131,50 @@ class History:
         """The operation of commit ``snapshot_id`` (``"unknown"`` when it is not one of them)."""
         return dict(self.snapshots).get(snapshot_id, "unknown") if snapshot_id is not None else "unknown"
 
-    def removed_entries(self, tbl: Any) -> list[Any]:
+    def manifests(self, tbl: Any, listed: Sequence[Any]) -> dict[str, tuple[Any, list[Any]]]:
+        """The data manifests the commits wrote, each read once, every entry (deleted ones too).
+
+        Those still in ``listed`` (the newer snapshot's manifests) list the files added
+        since; those of the commits that removed files (even when a later commit wrote
+        them again) list the files removed. Returns ``{manifest path: (manifest, entries)}``.
+        """
+        from pyiceberg.manifest import ManifestContent
+
+        metadata, io, ids = tbl.metadata, tbl.io, self.ids
+        wanted = {
+            m.manifest_path: m
+            for m in listed
+            if m.content == ManifestContent.DATA and m.added_snapshot_id in ids
+        }
+        for snapshot_id, operation in self.snapshots:
+            if operation == APPEND:  # an append removes no file
+                continue
+            for m in metadata.snapshot_by_id(snapshot_id).manifests(io):
+                if m.added_snapshot_id == snapshot_id and m.content == ManifestContent.DATA:
+                    wanted.setdefault(m.manifest_path, m)
+        return {path: (m, manifest_entries_with_deleted(m, io)) for path, m in wanted.items()}
+
+    def removed_entries(self, written: Mapping[str, tuple[Any, list[Any]]]) -> list[Any]:
         """Manifest entries of the data files live at ``since`` that the commits removed (sorted by path).
 
-        Each commit that removes files lists them as deleted entries in the manifests it
-        writes; a file added after ``since`` (its file sequence number is larger) and
-        removed again was never in ``since``.
+        ``written``: :meth:`manifests`. Each commit that removes files lists them as
+        deleted entries in the manifests it writes; a file added after ``since`` (its file
+        sequence number is larger) and removed again was never in ``since``.
         """
-        from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestEntryStatus
+        from pyiceberg.manifest import DataFileContent, ManifestEntryStatus
 
-        metadata, io = tbl.metadata, tbl.io
         found: dict[str, Any] = {}
-        for snapshot_id, operation in self.snapshots:
-            if operation == APPEND:
-                continue
-            snap = metadata.snapshot_by_id(snapshot_id)
-            own = [
-                m
-                for m in snap.manifests(io)
-                if m.added_snapshot_id == snapshot_id and m.content == ManifestContent.DATA
-            ]
-            for manifest in own:
-                for entry in manifest_entries_with_deleted(manifest, io):
-                    sequence = entry.file_sequence_number
-                    if sequence is None:
-                        sequence = entry.sequence_number
-                    if (
-                        entry.status == ManifestEntryStatus.DELETED
-                        and entry.data_file.content == DataFileContent.DATA
-                        and (sequence is None or sequence <= self.since_sequence)
-                    ):
-                        found.setdefault(entry.data_file.file_path, entry)
+        for _, entries in written.values():
+            for entry in entries:
+                sequence = entry.file_sequence_number
+                if sequence is None:
+                    sequence = entry.sequence_number
+                if (
+                    entry.status == ManifestEntryStatus.DELETED
+                    and entry.data_file.content == DataFileContent.DATA
+                    and (sequence is None or sequence <= self.since_sequence)
+                ):
+                    found.setdefault(entry.data_file.file_path, entry)
         return [found[p] for p in sorted(found)]
 
 
@@ -176,24 +190,25 @@ def discover_incremental(
             row has a column that cannot be compared by content.
         CorruptFileError: a footer, delete or data file cannot be read.
     """
-    from pyiceberg.manifest import DataFileContent, ManifestContent
+    from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestEntryStatus
 
     snap = resolve_snapshot(tbl, source.snapshot_id, source.as_of)
     history = History.between(tbl, source.since_snapshot_id, snap)
     request = ScanRequest.build(tbl, snap, source, count_filtered=count_filtered)
-    ids = history.ids
-    # The manifests written by the commits since (they list every file added since) and
-    # every delete manifest (an older delete file may apply to a file added since).
-    manifests = [
-        m
-        for m in snap.manifests(tbl.io)
-        if m.content == ManifestContent.DELETES or m.added_snapshot_id in ids
+    listed = snap.manifests(tbl.io)
+    written = history.manifests(tbl, listed)
+    # The files added since and live at the snapshot, pruned as a scan prunes them, and
+    # every delete file (an older delete may apply to a file added since).
+    keep = scan_filter_of(tbl, snap, request)
+    added_entries = [
+        e
+        for m in listed
+        if m.manifest_path in written
+        for e in written[m.manifest_path][1]
+        if e.status != ManifestEntryStatus.DELETED and e.snapshot_id in history.ids and keep(e.data_file)
     ]
-    entries = scan_entries(tbl, snap, request, manifests)
-    entries = ScanEntries.of(
-        [e for e in entries.entries if e.data_file.content != DataFileContent.DATA or e.snapshot_id in ids],
-        entries.specs,
-    )
+    deletes = scan_entries(tbl, snap, request, [m for m in listed if m.content == ManifestContent.DELETES])
+    entries = ScanEntries.of([*added_entries, *deletes.entries], deletes.specs)
     added_by = {
         e.data_file.file_path: e.snapshot_id
         for e in entries.entries
@@ -203,7 +218,7 @@ def discover_incremental(
     rewritten = tuple(p for p in sorted(added_by) if history.operation(added_by[p]) != APPEND)
     appended = tuple(p for p in sorted(added_by) if p not in set(rewritten))
     delta = IcebergDelta(history.since, history.until, history.snapshots, appended, rewritten)
-    removed = history.removed_entries(tbl)
+    removed = history.removed_entries(written)
     if removed:
         added = {df.file_path: df for df, _ in entries.data}
         scan, delta = _compare(tbl, request, history, scan, delta, removed, added)
