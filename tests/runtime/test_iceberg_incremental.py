@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
 import pytest
 
 from tests.fixtures.iceberg import GrownTable, grow_table, make_catalog, sql_catalog_config
@@ -50,6 +51,28 @@ def test_incremental_epoch_reads_exactly_the_rows_the_newer_snapshot_gained(
     expected = sorted(set(g.oracle(until)) - set(g.oracle(since)))
     got = epoch_ids(config, snapshot_id=g.snapshots[until - 1], since_snapshot_id=g.snapshots[since - 1])
     assert got == expected
+
+
+@pytest.mark.parametrize("num_ranks", [1, 2])
+def test_incremental_epoch_with_a_row_filter(
+    grown: tuple[dict[str, str], GrownTable], num_ranks: int
+) -> None:
+    """``filters`` prunes the files added since (pyiceberg's evaluators) and, counted, keeps counts exact."""
+    config, g = grown
+    expected = sorted(i for i in set(g.oracle(4)) - set(g.oracle(1)) if 250 <= i < 400)
+    got, ds = read_world(
+        config,
+        num_ranks,
+        0,
+        snapshot_id=g.snapshots[3],
+        since_snapshot_id=g.snapshots[0],
+        filters=(pc.field("id") >= 250) & (pc.field("id") < 400),
+        count_rows=True,
+        batch_size=4,
+        output_format="numpy",
+    )
+    assert sorted(got + list(dropped_ids(ds))) == expected
+    assert len(ds.files) == 3  # of the 5 files added since S1, B's rewrite and F are pruned by their ids
 
 
 def test_rows_an_overwrite_moved_or_wrote_again_are_not_new(grown: tuple[dict[str, str], GrownTable]) -> None:
