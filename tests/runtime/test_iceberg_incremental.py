@@ -11,10 +11,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from tests.fixtures.iceberg import GrownTable, grow_table, make_catalog, sql_catalog_config
+from tests.fixtures.iceberg import (
+    GrownTable,
+    grow_table,
+    id_table,
+    make_catalog,
+    oracle_ids_at,
+    sql_catalog_config,
+)
 from torch_dataloader_utils import IcebergDataset, merge_states
 from torch_dataloader_utils.errors import (
     ConfigError,
@@ -316,3 +324,36 @@ def test_a_state_of_an_older_snapshot_names_continue_from(grown: tuple[dict[str,
         IcebergDataset("ns.grown", catalog_config=config, continue_from=state, canonical_ranks=2, **CONTINUE)
     with pytest.raises(ResumeStateError, match=r"continue_from=\[1, 2\] must be a resume state"):
         IcebergDataset("ns.grown", catalog_config=config, continue_from=[1, 2])  # type: ignore[typeddict-item]
+
+
+def test_a_partition_overwritten_with_its_own_rows_gains_only_the_added_ones(
+    iceberg_catalog: tuple[dict[str, str], Any],
+) -> None:
+    """A partitioned table (identity ``label``) whose partition 3 is overwritten by its own
+    rows and 4 more: only those 4 are new, and only partition 3's files are compared."""
+    from pyiceberg.expressions import EqualTo
+    from pyiceberg.transforms import IdentityTransform
+
+    config, catalog = iceberg_catalog
+    schema = id_table(0, 1).schema
+    t = catalog.create_table("ns.parts", schema=schema)
+    with t.update_spec() as spec:
+        spec.add_field("label", IdentityTransform(), "label")
+    t = t.refresh()
+    t.append(id_table(0, 70))
+    t = t.refresh()
+    s1 = t.current_snapshot().snapshot_id
+    first = t.metadata_location
+    again = id_table(0, 70).filter(pc.field("label") == 3)
+    extra = id_table(1000, 28).filter(pc.field("label") == 3)
+    t.overwrite(pa.concat_tables([again, extra]), overwrite_filter=EqualTo("label", 3))
+    t = t.refresh()
+    expected = sorted(set(oracle_ids_at(t, t.metadata_location)) - set(oracle_ids_at(t, first)))
+    assert expected == extra.column("id").to_pylist()
+    loader, ds = IcebergDataset.create_dataloader(
+        "ns.parts", catalog_config=config, since_snapshot_id=s1, output_format="numpy", num_workers=0
+    )
+    assert sorted(int(i) for b in loader for i in b["id"]) == expected
+    delta = ds.scan.delta
+    assert delta is not None
+    assert (len(delta.removed), delta.moved_rows, delta.files_read) == (1, len(again), 2)
