@@ -357,3 +357,18 @@ def test_a_partition_overwritten_with_its_own_rows_gains_only_the_added_ones(
     delta = ds.scan.delta
     assert delta is not None
     assert (len(delta.removed), delta.moved_rows, delta.files_read) == (1, len(again), 2)
+
+
+def test_continuing_an_epoch_not_started_reads_the_newer_snapshot(
+    grown: tuple[dict[str, str], GrownTable],
+) -> None:
+    """A state saved before any batch: its whole epoch of S2 less what S4 deleted, and what S4 gained."""
+    config, g = grown
+    loader, _ = IcebergDataset.create_dataloader(
+        "ns.grown", catalog_config=config, snapshot_id=g.snapshots[1], num_workers=0, **CONTINUE
+    )
+    state = loader.state_dict()
+    got, ds = read_world(config, 1, 0, continue_from=state, **CONTINUE)
+    assert sorted(got) == g.oracle(4)
+    assert ds.continued is not None
+    assert ds.continued.rows_left == len(g.oracle(2))

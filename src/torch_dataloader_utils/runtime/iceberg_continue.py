@@ -38,6 +38,7 @@ from torch_dataloader_utils.errors import IncompatibleOptionsError, ResumeStateE
 from torch_dataloader_utils.plan.emitted import emitted_rows
 from torch_dataloader_utils.plan.resume import Resumer
 from torch_dataloader_utils.plan.state import plain_state
+from torch_dataloader_utils.plan.types import Chunk
 from torch_dataloader_utils.runtime.options import Options
 from torch_dataloader_utils.storage.iceberg_meta import IcebergFileInfo, IcebergScan
 
@@ -134,18 +135,23 @@ def continue_scan(
     moved = new.delta.moved if new.delta is not None else {}
     kept: list[IcebergFileInfo] = []
     left = deleted = 0
-    for info in old.scan.files:
-        rows = rest.get(info.path)
-        if rows is None or not len(rows):
+    for info in old.scan.files:  # one file at a time: a row mask of one file held at once
+        parts = rest.get(info.path)
+        if not parts:
             continue
+        mask = _left_mask(info, parts)
+        before = int(mask.sum())
         if info.path in live:
-            alive = rows[~np.isin(rows, live[info.path], assume_unique=True)]
+            mask[live[info.path]] = False
         else:  # removed since: its rows moved into a file added since, or deleted
-            alive = rows[np.isin(rows, moved.get(info.path, np.empty(0, np.int64)), assume_unique=True)]
-        left += len(rows)
-        deleted += len(rows) - len(alive)
-        if len(alive):
-            kept.append(_only(info, alive))
+            moved_here = np.zeros(len(mask), dtype=bool)
+            moved_here[moved.get(info.path, np.empty(0, np.int64))] = True
+            mask &= moved_here
+        after = int(mask.sum())
+        left += before
+        deleted += before - after
+        if after:
+            kept.append(_only(info, mask))
     new_rows = sum(f.live_rows or 0 for f in new.files)
     continued = Continued(
         epoch=epoch,
@@ -218,55 +224,68 @@ def _old_dataset(
     return state, old
 
 
-def _rest(old: Any, epoch: int) -> dict[str, np.ndarray[Any, Any]]:
-    """The file rows the interrupted epoch had left, per file (padding left out)."""
+Part = Chunk | np.ndarray[Any, Any] | None
+"""What an interrupted epoch left of a file: a whole chunk, some file rows, or (``None``) every live row."""
+
+
+def _rest(old: Any, epoch: int) -> dict[str, list[Part]]:
+    """What the interrupted epoch had left of each file (padding left out).
+
+    Unread chunks stay chunks (no row positions are built for them); only the pieces a
+    cursor cut give file rows (:func:`~torch_dataloader_utils.plan.emitted.emitted_rows`).
+    """
     segments = old._state.live_segments(epoch) or ()
-    files = old.planner.files
-    out: dict[str, list[np.ndarray[Any, Any]]] = {}
     if not segments:  # nothing read yet: every live row
-        for info in old.scan.files:
-            out[info.path] = [np.asarray(_info_rows(info), dtype=np.int64)]
-    else:
-        resumer = Resumer(
-            old.planner,
-            epoch,
-            segments,
-            num_ranks=1,
-            num_workers=lambda rank: 1,
-            window_rows=old.row_shuffle_window,
-            exact=True,
-            mixing=old.row_mixing,
-        )
-        for pieces in resumer.rank(0):
-            for piece in pieces:
-                for chunk, rows in zip(piece.chunks, emitted_rows(piece, files), strict=True):
-                    if not chunk.padding and len(rows):
-                        out.setdefault(chunk.path, []).append(rows)
-    return {path: np.unique(np.concatenate(parts)) for path, parts in out.items()}
+        return {info.path: [None] for info in old.scan.files}
+    files = old.planner.files
+    out: dict[str, list[Part]] = {}
+    resumer = Resumer(
+        old.planner,
+        epoch,
+        segments,
+        num_ranks=1,
+        num_workers=lambda rank: 1,
+        window_rows=old.row_shuffle_window,
+        exact=True,
+        mixing=old.row_mixing,
+    )
+    for pieces in resumer.rank(0):
+        for piece in pieces:
+            whole = piece.lo == 0 and (piece.hi is None or piece.hi >= (piece.total_rows or 0))
+            rows = [None] * len(piece.chunks) if whole else emitted_rows(piece, files)
+            for chunk, found in zip(piece.chunks, rows, strict=True):
+                if not chunk.padding:
+                    out.setdefault(chunk.path, []).append(chunk if found is None else found)
+    return out
 
 
-def _info_rows(info: IcebergFileInfo) -> np.ndarray[Any, Any]:
-    """Every live file row position of a data file (its row groups, less its deleted positions)."""
+def _left_mask(info: IcebergFileInfo, parts: list[Part]) -> np.ndarray[Any, Any]:
+    """Which rows of a data file the epoch had left: its parts, among the file's live rows."""
+    n = int(info.num_rows or 0)
+    mask = np.zeros(n, dtype=bool)
+    for part in parts:
+        if part is None:
+            mask[:] = True
+        elif isinstance(part, Chunk):
+            mask[part.start : part.stop] = True
+        else:
+            mask[part] = True
+    live = np.zeros(n, dtype=bool)
+    for g in info.row_groups if info.row_groups is not None else ():
+        live[g.first_row : g.stop_row] = True
     if info.row_groups is None:
-        rows = np.arange(info.num_rows or 0, dtype=np.int64)
-    else:
-        parts = [np.arange(g.first_row, g.stop_row, dtype=np.int64) for g in info.row_groups]
-        rows = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        live[:] = True
     if info.deleted is not None and len(info.deleted):
-        rows = rows[~np.isin(rows, info.deleted, assume_unique=True)]
-    return rows
+        live[info.deleted] = False
+    return mask & live
 
 
-def _only(info: IcebergFileInfo, rows: np.ndarray[Any, Any]) -> IcebergFileInfo:
-    """``info`` whose live rows are exactly ``rows``: row groups without any left out, the rest deleted."""
+def _only(info: IcebergFileInfo, mask: np.ndarray[Any, Any]) -> IcebergFileInfo:
+    """``info`` whose live rows are those of ``mask``: row groups with none left out, the rest deleted."""
     if info.row_groups is None:
-        everything = np.arange(info.num_rows or 0, dtype=np.int64)
-        return replace(info, deleted=np.setdiff1d(everything, rows, assume_unique=True))
-    starts = np.asarray([g.first_row for g in info.row_groups], dtype=np.int64)
-    stops = np.asarray([g.stop_row for g in info.row_groups], dtype=np.int64)
-    group_of = np.searchsorted(starts, rows, side="right") - 1
-    used = np.unique(group_of)
-    groups = tuple(info.row_groups[int(i)] for i in used)
-    spans = [np.arange(starts[i], stops[i], dtype=np.int64) for i in used]
-    within = np.concatenate(spans) if spans else np.empty(0, dtype=np.int64)
-    return replace(info, row_groups=groups, deleted=np.setdiff1d(within, rows, assume_unique=True))
+        return replace(info, deleted=np.flatnonzero(~mask).astype(np.int64))
+    used = tuple(g for g in info.row_groups if mask[g.first_row : g.stop_row].any())
+    within = np.zeros(len(mask), dtype=bool)
+    for g in used:
+        within[g.first_row : g.stop_row] = True
+    return replace(info, row_groups=used, deleted=np.flatnonzero(within & ~mask).astype(np.int64))
