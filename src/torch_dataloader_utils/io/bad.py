@@ -414,6 +414,7 @@ class BadData:
         directory = self.config.quarantine_dir
         self._quarantine = Quarantine(directory) if directory is not None else None
         self._counts: dict[str, list[int]] = {}
+        self._standins = 0
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -422,6 +423,7 @@ class BadData:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._counts = {}  # each process counts what it skips
+        self._standins = 0
         self._lock = threading.Lock()
 
     def totals(self) -> tuple[int, int]:
@@ -433,6 +435,20 @@ class BadData:
         """Rows this reader skipped per file in this process so far."""
         with self._lock:
             return {path: c[1] for path, c in self._counts.items()}
+
+    def standin_rows(self) -> int:
+        """Stand-in rows this reader yielded in this process for units of chunks that are not padding.
+
+        With ``equal_batches='pad'`` they reach the loop flagged ``_is_padding``; the
+        metrics count them as ``bad_rows``, not as ``rows_padded``.
+        """
+        with self._lock:
+            return self._standins
+
+    def yielded(self, rows: int) -> None:
+        """Count ``rows`` stand-in rows yielded for units of a chunk that is not padding."""
+        with self._lock:
+            self._standins += rows
 
     def count(self, file: str, units: int, rows: int) -> None:
         """Count ``units`` skipped units of ``file`` holding ``rows`` rows."""
@@ -518,6 +534,8 @@ class BadData:
         self.skip(unit, padding=padding, counted=counted)
         if not unit.lost or schema is None:
             return None
+        if not padding:
+            self.yielded(unit.lost)
         return standin_batch(schema, unit.lost)
 
 

@@ -38,11 +38,15 @@ class ReaderCounts:
         cache: ``(hits, misses, bytes_served, evictions)`` of its ``data_cache`` reads.
         bad: ``(units, rows)`` of the data it skipped (``on_bad_data``).
         bad_files: Rows it skipped per file.
+        standin_rows: Rows of the stand-ins it yielded for skipped units of chunks that
+            are not padding (flagged ``_is_padding`` with ``equal_batches='pad'``, yet
+            not padding: the metrics subtract them from ``rows_padded``).
     """
 
     cache: tuple[int, int, int, int] = (0, 0, 0, 0)
     bad: tuple[int, int] = (0, 0)
     bad_files: Mapping[str, int] = field(default_factory=dict)
+    standin_rows: int = 0
 
     def __add__(self, other: ReaderCounts) -> ReaderCounts:
         files = dict(self.bad_files)
@@ -50,13 +54,13 @@ class ReaderCounts:
             files[path] = files.get(path, 0) + rows
         cache = tuple(a + b for a, b in zip(self.cache, other.cache, strict=True))
         bad = tuple(a + b for a, b in zip(self.bad, other.bad, strict=True))
-        return ReaderCounts(cache, bad, files)  # type: ignore[arg-type]
+        return ReaderCounts(cache, bad, files, self.standin_rows + other.standin_rows)  # type: ignore[arg-type]
 
     @classmethod
     def of(cls, reads: RemoteReads | None, bad: BadData) -> ReaderCounts:
         """The counts of a reader's remote reads (``None``: none) and its bad-data handling."""
         cache = reads.stats.totals() if reads is not None else (0, 0, 0, 0)
-        return cls(cache, bad.totals(), bad.files())
+        return cls(cache, bad.totals(), bad.files(), bad.standin_rows())
 
 
 @runtime_checkable

@@ -89,7 +89,8 @@ class IcebergReader(ReaderBase):
 
     def counts(self) -> ReaderCounts:
         """This reader's ``data_cache`` reads and skipped data in this process so far."""
-        return ReaderCounts(self._cache_stats.totals(), self._bad.totals(), self._bad.files())
+        bad = self._bad
+        return ReaderCounts(self._cache_stats.totals(), bad.totals(), bad.files(), bad.standin_rows())
 
     def use_threads(self, on: bool) -> None:
         """Decode with Arrow's thread pool (``True``, the default) or in the calling thread."""

@@ -166,6 +166,8 @@ class TextReader(ReaderBase):
                     if chunk.windowed and not chunk.padding:  # a bad line of this chunk's records
                         self._bad.count(self._fs.display(chunk.path), batch.num_rows, batch.num_rows)
                     if self._exact and self._out_schema is not None:
+                        if not chunk.padding:
+                            self._bad.yielded(batch.num_rows)
                         yield standin_batch(self._out_schema, batch.num_rows)
                     continue
                 yield self._finish(batch, chunk.path)

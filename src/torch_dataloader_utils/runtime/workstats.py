@@ -67,7 +67,8 @@ class WorkStats:
             decoding, filtering, re-batching).
         convert_sec: Seconds converting batches to the output format.
         transfer_sec: Seconds packing batches into the buffer they cross processes in.
-        rows_padded: Rows flagged as padding in the batches produced.
+        rows_padded: Rows flagged as padding in the batches produced (stand-ins of skipped
+            units included; :meth:`totals` leaves them out: they are ``bad_rows``).
     """
 
     __slots__ = (
@@ -78,6 +79,7 @@ class WorkStats:
         "_io",
         "_pieces",
         "_sent",
+        "_standins_base",
         "convert_sec",
         "flag_column",
         "read_sec",
@@ -92,6 +94,7 @@ class WorkStats:
         self._counts = counts if callable(counts) else (lambda: None)
         now = self._counts() or _NO_COUNTS
         self._counts_base = (*now.cache, *now.bad)
+        self._standins_base = now.standin_rows
         self._files_sent = dict(now.bad_files)
         self._pieces = pieces
         self._sent: tuple[float, ...] = (0.0,) * len(WORK_FIELDS)
@@ -110,11 +113,14 @@ class WorkStats:
         """Everything so far in this pass, in :data:`WORK_FIELDS` order."""
         io = self._io() or _NO_IO
         counts = self._counts() or _NO_COUNTS
+        padded = self.rows_padded
+        if self.flag_column is not None:  # stand-ins are flagged too, but counted as bad rows
+            padded = max(0, padded - (counts.standin_rows - self._standins_base))
         return (
             self.read_sec,
             self.convert_sec,
             self.transfer_sec,
-            self.rows_padded,
+            padded,
             self._pieces,
             *(now - base for now, base in zip(io, self._base, strict=True)),
             *(now - base for now, base in zip((*counts.cache, *counts.bad), self._counts_base, strict=True)),

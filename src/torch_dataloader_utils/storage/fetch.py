@@ -26,6 +26,7 @@ __all__ = [
     "CREDENTIALS_FIX",
     "GaveUp",
     "ShortRead",
+    "describe_failure",
     "fetch_range",
     "is_transient",
     "lacks_credentials",
@@ -142,6 +143,20 @@ class ShortRead(ConnectionError):
 T = TypeVar("T")
 
 
+def describe_failure(exc: BaseException, deadline: float | None = None) -> str:
+    """``"TypeName: message"`` of a failed request, secrets hidden.
+
+    A timeout with no message of its own says what ran out (``deadline``: the request's
+    time budget, ``request_timeout``).
+    """
+    text = redact(str(exc)).strip()
+    name = type(exc).__name__
+    if not text and isinstance(exc, TimeoutError):
+        budget = "" if deadline is None else f"request_timeout={deadline:g} s, "
+        text = f"no answer within the request's deadline ({budget}retries included)"
+    return f"{name}: {text}" if text else name
+
+
 class GaveUp(Exception):
     """A request failed for good: a permanent error, or its retries or time budget spent.
 
@@ -158,7 +173,7 @@ class GaveUp(Exception):
 
     def how(self, config: FetchConfig) -> str:
         """``"after 3 attempt(s) in 12.5 s (retries=4, request_timeout=30 s): ..."``."""
-        cause = f"{type(self.error).__name__}: {redact(str(self.error))}"
+        cause = describe_failure(self.error, config.request_timeout)
         if not self.transient:
             return f"with a permanent error: {cause}"
         return (

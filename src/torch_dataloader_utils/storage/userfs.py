@@ -100,6 +100,8 @@ class UserFileSystem:
         advice: What to change when its requests time out, for known traps (or ``""``).
         store: The store it reaches (:func:`~.stores.object_identity`: its class and where
             its requests go, no secrets): what the node-local cache keys its files by.
+        process_local: Whether it keeps its files in this process's memory (fsspec's
+            ``MemoryFileSystem``): they do not cross into a spawned DataLoader worker.
 
     Raises:
         OptionTypeError: ``filesystem`` is not a filesystem instance.
@@ -132,8 +134,10 @@ class UserFileSystem:
             self.protocols = _fsspec_protocols(inner)
             self.options = dict(getattr(inner, "storage_options", {}) or {})
         from fsspec.implementations.local import LocalFileSystem  # not imported by ``import fsspec``
+        from fsspec.implementations.memory import MemoryFileSystem
 
         self.is_local = type(filesystem) is pafs.LocalFileSystem or type(inner) is LocalFileSystem
+        self.process_local = isinstance(inner, MemoryFileSystem)
         self.store = object_identity(filesystem)
         self._native_s3: dict[str, Any] | None = None
         self.data_path = self._decide(filesystem, inner)
