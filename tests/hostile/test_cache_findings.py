@@ -189,7 +189,14 @@ def _remote(root: Path, files: int, rows: int) -> str:
     root.mkdir(parents=True, exist_ok=True)
     for i in range(files):
         ids = pa.array(np.arange(i * rows, (i + 1) * rows, dtype=np.int64))
-        pq.write_table(pa.table({"id": ids}), root / f"part-{i}.parquet", row_group_size=rows // 2)
+        pq.write_table(
+            pa.table({"id": ids}),
+            root / f"part-{i}.parquet",
+            row_group_size=rows // 2,
+            compression="none",
+            use_dictionary=False,
+            write_statistics=False,
+        )
     return f"latency://{root}"
 
 
@@ -265,3 +272,104 @@ def test_item_6_data_cache_expands_the_home_directory(
     assert_exactly_once(epoch_ids(loader), range(800))
     assert (home / "tdu-cache" / CACHE_DIRNAME / "usage").is_file()
     assert not (work / "~").exists()  # before: a directory literally named "~"
+
+
+# -- items 2 and 3: damaged responses and generations --------------------------------------
+
+
+def _generation(path: Path, first: int, rows: int, mtime: int) -> None:
+    """``rows`` ids from ``first`` in 4 row groups (one layout and size for any ``first``), at ``mtime``."""
+    pq.write_table(
+        pa.table({"id": pa.array(np.arange(first, first + rows, dtype=np.int64))}),
+        path,
+        row_group_size=rows // 4,
+        compression="none",
+        use_dictionary=False,
+        write_statistics=False,
+    )
+    os.utime(path, (mtime, mtime))
+
+
+def test_item_3_a_same_size_rewrite_in_the_same_second_never_mixes_generations(tmp_path: Path) -> None:
+    """No ETag, a modification time in whole seconds: the cached ranges are checked once per process."""
+    root, cache = tmp_path / "data", tmp_path / "cache"
+    root.mkdir()
+    path = root / "part-0.parquet"
+    _generation(path, 0, 4000, 1_700_000_000)
+    options = {"stats_key": uuid.uuid4().hex}
+    half, _ = create_dataloader(
+        f"latency://{root}", storage_options=options, data_cache=str(cache), num_ranks=2, rank=0,
+        split_rows=1000, num_workers=0,
+    )  # fmt: skip
+    assert len(epoch_ids(half)) == 2000  # half of the old generation's ranges are cached
+    size = path.stat().st_size
+    _generation(path, 4000, 4000, 1_700_000_000)  # rewritten: same size, same second
+    assert path.stat().st_size == size
+    loader, _ = create_dataloader(
+        f"latency://{root}", storage_options=options, data_cache=str(cache), num_workers=0
+    )
+    assert_exactly_once(epoch_ids(loader), range(4000, 8000))  # before: 2,000 old ids, 2,000 new
+
+
+@pytest.mark.slow
+def test_item_3_s3_keys_versions_by_etag(s3_server: S3Server, tmp_path: Path) -> None:
+    """A rewrite of the same size in the same second on S3: its ETag differs, and so does its key."""
+    fs = s3_server.fs()
+    for _ in range(15):
+        prefix = f"{BUCKET}/{uuid.uuid4().hex[:12]}"
+        name = f"{prefix}/data/part-0.parquet"
+        fs.pipe_file(name, _table(0))
+        first = fs.info(name, refresh=True)["LastModified"]
+        cache = str(tmp_path / uuid.uuid4().hex)
+        half, _ = create_dataloader(
+            f"s3://{prefix}/data", storage_options=s3_server.options(), data_cache=cache, num_ranks=2,
+            rank=0, split_rows=250, num_workers=0,
+        )  # fmt: skip
+        assert len(epoch_ids(half)) == ROWS // 2
+        fs.pipe_file(name, _table(ROWS))
+        if fs.info(name, refresh=True)["LastModified"] == first:
+            break
+    else:
+        pytest.skip("could not rewrite the file within the second it was written")
+    loader, _ = create_dataloader(
+        f"s3://{prefix}/data", storage_options=s3_server.options(), data_cache=cache, num_workers=0
+    )
+    assert_exactly_once(epoch_ids(loader), range(ROWS, 2 * ROWS))  # before: half the old ids
+
+
+@pytest.fixture(scope="module")
+def flip_proxy(s3_server: S3Server) -> Iterator[Any]:
+    from testsupport.faults import start_proxy
+
+    proxy = start_proxy(s3_server.endpoint)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+@pytest.mark.slow
+def test_item_2_a_damaged_whole_object_is_checked_against_its_etag_before_it_is_cached(
+    s3_server: S3Server, flip_proxy: Any, tmp_path: Path
+) -> None:
+    """ORC has no checksum of its own: a flipped byte that still decodes was cached and served forever."""
+    import pyarrow.orc as orc
+
+    ids = np.arange(ROWS, dtype=np.int64)
+    buf = io.BytesIO()
+    orc.write_table(pa.table({"id": ids, "x": ids * 0.5}), buf)
+    prefix = f"{BUCKET}/{uuid.uuid4().hex[:12]}"
+    s3_server.fs().pipe_file(f"{prefix}/data/part-0.orc", buf.getvalue())
+    loader, _ = create_dataloader(
+        f"s3://{prefix}/data", format="orc", storage_options=s3_server.options(flip_proxy.endpoint),
+        data_cache=str(tmp_path / "cache"), num_workers=0, output_format="numpy", retry_backoff=0.01,
+    )  # fmt: skip
+    flip_proxy.arm("flip", every=1, limit=1)
+    try:
+        epochs = [[(int(i), float(x)) for b in loader for i, x in zip(b["id"], b["x"], strict=True)]]
+    finally:
+        flip_proxy.disarm()
+    assert flip_proxy.schedule.damaged == 1
+    epochs.append([(int(i), float(x)) for b in loader for i, x in zip(b["id"], b["x"], strict=True)])
+    for rows in epochs:  # before: a wrong value (or a row lost) in every epoch, from the cache
+        assert sorted(rows) == [(i, i * 0.5) for i in range(ROWS)]

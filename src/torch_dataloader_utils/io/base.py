@@ -174,7 +174,7 @@ class ReadRequest:
 
     def reads(self) -> RemoteReads:
         """The readers' remote reads (through the ``data_cache`` when one is set)."""
-        return RemoteReads(self.fs, self.cache, self.fetch)
+        return RemoteReads(self.fs, self.cache, self.fetch, self.files)
 
     def bad(self) -> BadData:
         """The readers' handling of units that do not decode."""

@@ -366,6 +366,26 @@ class RangeCache:
             os.unlink(path)
         return None
 
+    def first_entry(
+        self, key: FileKey, nbytes: int, stats: CacheStats | None = None
+    ) -> tuple[int, bytes] | None:
+        """``(start, its first nbytes bytes)`` of the cached entry of ``key`` that starts first, or ``None``.
+
+        The entry is checked (length, checksum) as every read is; not counted as a hit.
+        """
+        try:
+            names = os.listdir(self._dir(key))
+        except OSError:
+            return None
+        spans = sorted(
+            (int(found.group(1)), int(found.group(2))) for name in names if (found := _ENTRY.match(name))
+        )
+        for lo, hi in spans:
+            data = self._read(key, lo, hi, stats)
+            if data is not None:
+                return lo, data[:nbytes]
+        return None
+
     def discard(self, key: FileKey, start: int, stop: int, stats: CacheStats | None = None) -> int:
         """Remove the entries of ``key`` that overlap ``[start, stop)``: how many were removed.
 

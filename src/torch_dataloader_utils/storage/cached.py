@@ -37,12 +37,17 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Callable
+import logging
+import re
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
 
 from torch_dataloader_utils.config import CacheConfig, FetchConfig
+from torch_dataloader_utils.errors import ReadError
+from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.storage.cache import CacheStats, FileKey, RangeCache, range_cache
 from torch_dataloader_utils.storage.fetch import fetch_range
 from torch_dataloader_utils.storage.fs import FileSystemSpec
@@ -63,6 +68,24 @@ __all__ = [
 
 BLOCK_BYTES = 4 * 1024**2
 """Block size of files opened for random access through the cache (one entry per block)."""
+WITNESS_BYTES = 4096
+"""Bytes of a cached entry compared with storage before a weakly versioned file is served
+from the cache in a process (:meth:`RemoteReads._witness`)."""
+VOUCH_READS = 3
+"""Reads again of a whole object whose bytes do not match its MD5 ETag (:meth:`RemoteReads._vouched`)."""
+
+_MD5 = re.compile(r"[0-9a-f]{32}")
+
+
+def _weak(version: str) -> bool:
+    """Whether a key's version is a modification time in whole seconds (the same for a rewrite then)."""
+    try:
+        return float(version).is_integer()
+    except ValueError:
+        return False  # an ETag, or a marker of immutable files
+
+
+log = logging.getLogger(__name__)
 
 Fetch = Callable[[int, int], bytes]
 
@@ -98,31 +121,51 @@ class RemoteReads:
     """
 
     def __init__(
-        self, fs: FileSystemSpec, cache: CacheConfig | None = None, config: FetchConfig | None = None
+        self,
+        fs: FileSystemSpec,
+        cache: CacheConfig | None = None,
+        config: FetchConfig | None = None,
+        files: Mapping[str, FileInfo] | None = None,
     ):
         self.fs = fs
         self.cache_config = cache if cache is not None and cache.enabled else None
         self.config = config or FetchConfig()
+        self.files = files
+        self._reset()
+
+    def _reset(self) -> None:
         self._store: str | None = None
-        self.stats = CacheStats()
+        self.stats = CacheStats()  # each process counts its own reads
         self._handles = Handles()  # files opened without the cache (RangeFile), kept open
+        self._witnessed: set[str] = set()  # weakly versioned files whose cached generation was checked
+        self._unverifiable: set[str] = set()  # files whose ETag is not the MD5 of their bytes
+        self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"fs": self.fs, "cache_config": self.cache_config, "config": self.config}
+        return {"fs": self.fs, "cache_config": self.cache_config, "config": self.config, "files": self.files}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._store = None
-        self.stats = CacheStats()  # each process counts its own reads
-        self._handles = Handles()
+        self._reset()
+
+    def etag(self, path: str) -> str | None:
+        """The ETag ``path`` was listed with (quotes removed), or ``None``."""
+        info = self.files.get(path) if self.files is not None else None
+        etag = info.etag if info is not None else None
+        return etag.strip('"') if etag else None
 
     def key(self, path: str, size: int, version: float | str | None) -> FileKey | None:
-        """The cache key of ``path`` (:func:`file_key`; the store's identity computed once)."""
+        """The cache key of ``path`` (:func:`file_key`; the store's identity computed once).
+
+        The version is the listed ETag where the store gave one (a rewrite of the same
+        size in the same second has another), else ``version`` (the modification time).
+        """
         if version is None:
             return None
         if self._store is None:
             self._store = store_identity(self.fs.protocol, self.fs.storage_options, self.fs.user)
-        return file_key(self.fs, path, size, version, self._store)
+        etag = self.etag(path)
+        return file_key(self.fs, path, size, f"etag {etag}" if etag else version, self._store)
 
     @property
     def active(self) -> bool:
@@ -161,14 +204,12 @@ class RemoteReads:
         """
         stop = min(stop, size)
 
-        def from_storage() -> bytes:
-            if before_fetch is not None:
-                before_fetch()
+        def request(lo: int = start, hi: int = stop) -> bytes:
             return fetch_range(
                 self.fs,
                 path,
-                start,
-                stop,
+                lo,
+                hi,
                 size=size,
                 config=self.config,
                 on_request=on_request,
@@ -177,11 +218,93 @@ class RemoteReads:
                 handles=handles,
             )
 
+        def from_storage() -> bytes:
+            if before_fetch is not None:
+                before_fetch()
+            data = request()
+            if start == 0 and stop == size:  # the whole object: what its ETag may vouch for
+                data = self._vouched(path, data, request)
+            return data
+
         cache = self.cache()
         key = self.key(path, size, version) if cache is not None else None
         if cache is None or key is None:
             return from_storage()
+        if key.digest not in self._witnessed:
+            self._witness(cache, key, path, request, before_fetch)
         return cache.fill(key, start, stop, from_storage, self.stats)
+
+    def _vouched(self, path: str, data: bytes, request: Callable[[], bytes]) -> bytes:
+        """A whole object's bytes checked against its ETag where that is their MD5 (else as read).
+
+        A single-part upload's ETag is the MD5 of its bytes on S3 and most S3 servers; a
+        multipart, SSE-KMS or SSE-C object's is not. Bytes that do not match are read
+        again: bytes that match replace them; the same bytes twice mean the ETag is no MD5
+        of them (the file is not checked again); bytes that differ at every read raise.
+
+        Raises:
+            ReadError: no two reads agreed (:data:`~torch_dataloader_utils.io.bad.READS_TO_AGREE`).
+        """
+        etag = self.etag(path)
+        if etag is None or not _MD5.fullmatch(etag) or path in self._unverifiable:
+            return data
+        if hashlib.md5(data, usedforsecurity=False).hexdigest() == etag:
+            return data
+        for _ in range(VOUCH_READS):
+            again = request()
+            if hashlib.md5(again, usedforsecurity=False).hexdigest() == etag:
+                log.warning("%s: a response did not match its ETag (MD5) and was read again", path)
+                return again
+            if again == data:  # not an MD5 of the bytes (SSE-KMS, another server's scheme)
+                with self._lock:
+                    self._unverifiable.add(path)
+                return data
+            data = again
+        raise ReadError(
+            f"{self.fs.display(path)!r}: its bytes differed from its ETag (MD5) {etag!r} and from "
+            f"each other at each of {VOUCH_READS + 1} reads: the storage or the network returns damaged "
+            "data. Check the endpoint (a proxy, a faulty disk or NIC) and read again"
+        )
+
+    def _witness(
+        self,
+        cache: RangeCache,
+        key: FileKey,
+        path: str,
+        request: Callable[[int, int], bytes],
+        before_fetch: Callable[[], None] | None,
+    ) -> None:
+        """Once per process and file: check that cached ranges of a weakly versioned file are its bytes now.
+
+        A key versioned by a modification time in whole seconds (an object store that
+        gave no ETag) is the same for a file rewritten at the same size in the same
+        second. Before this process serves any cached range of it, the start of its first
+        cached entry is compared with storage (one request, :data:`WITNESS_BYTES`);
+        entries of another generation are dropped, so one file's bytes never mix two
+        generations. Strongly versioned keys (an ETag, Iceberg's immutable files, a
+        modification time finer than the second) need no check.
+        """
+        with self._lock:
+            if key.digest in self._witnessed:
+                return
+            self._witnessed.add(key.digest)
+        if not _weak(key.version):
+            return
+        first = cache.first_entry(key, WITNESS_BYTES, self.stats)
+        if first is None:
+            return
+        lo, cached = first
+        if before_fetch is not None:
+            before_fetch()
+        if request(lo, lo + len(cached)) != cached:
+            dropped = cache.discard(key, 0, key.size, self.stats)
+            log.warning(
+                "data_cache: %s was rewritten with the same size in the same second as the version "
+                "cached (its bytes at %d differ): %d cached ranges of the old version dropped",
+                key.url,
+                lo,
+                dropped,
+            )
 
     # -- files ----------------------------------------------------------------------
     def open(
