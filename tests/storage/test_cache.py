@@ -324,6 +324,7 @@ def test_cache_command_shows_and_clears(
     shown = capsys.readouterr().out
     assert f"{len(ROWS)} files" in shown
     assert "part-0000.parquet" in shown
+    assert "(latency " in shown  # the store each file came from
     assert "of 1.0 MiB (" in shown
     held = _disk(cache)
     assert main(["cache", "clear", str(cache)]) == 0

@@ -88,7 +88,8 @@ class CacheReport:
         ]
         largest = sorted(self.files, key=lambda f: f.disk_bytes, reverse=True)[:top]
         for f in largest:
-            lines.append(f"  {size(f.disk_bytes):>10}  {f.entries:>6} ranges  {f.url}")
+            store = f"  ({f.store})" if f.store else ""
+            lines.append(f"  {size(f.disk_bytes):>10}  {f.entries:>6} ranges  {f.url}{store}")
         if len(self.files) > top:
             lines.append(f"  ... and {len(self.files) - top:,} more files")
         return "\n".join(lines)
