@@ -222,14 +222,16 @@ class RemoteReads:
             if before_fetch is not None:
                 before_fetch()
             data = request()
-            if start == 0 and stop == size:  # the whole object: what its ETag may vouch for
+            if start == 0 and stop == size:  # the whole object, to be cached: what its ETag may vouch for
                 data = self._vouched(path, data, request)
             return data
 
         cache = self.cache()
         key = self.key(path, size, version) if cache is not None else None
         if cache is None or key is None:
-            return from_storage()
+            if before_fetch is not None:
+                before_fetch()
+            return request()  # not kept: a unit that does not decode is read again anyway
         if key.digest not in self._witnessed:
             self._witness(cache, key, path, request, before_fetch)
         return cache.fill(key, start, stop, from_storage, self.stats)
