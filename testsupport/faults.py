@@ -103,7 +103,27 @@ class Schedule:
         return random.Random(self.damaged * 7919 + length).randrange(length)
 
 
-class FaultProxy:
+class _Armed:
+    """What can be armed with a fault: its :class:`Schedule` and the kinds it injects."""
+
+    kinds: tuple[str, ...] = ()
+
+    @property
+    def schedule(self) -> Schedule:
+        raise NotImplementedError
+
+    def arm(self, kind: str, *, every: int = 1, limit: int = -1, path: str = "", after: int = 0) -> None:
+        """Start injecting ``kind`` (see :class:`Schedule`)."""
+        if kind not in self.kinds:
+            raise ValueError(f"kind={kind!r}: one of {self.kinds}")
+        self.schedule.arm(kind, every=every, limit=limit, path=path, after=after)
+
+    def disarm(self) -> None:
+        """Inject nothing more."""
+        self.schedule.disarm()
+
+
+class FaultProxy(_Armed):
     """An HTTP proxy in front of ``upstream`` that damages ranged data GETs when armed.
 
     Attributes:
@@ -112,22 +132,19 @@ class FaultProxy:
         forwarded: Requests forwarded to the upstream server.
     """
 
+    kinds = PROXY_FAULTS
+
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
-        self.schedule = Schedule()
+        self._schedule = Schedule()
         self.forwarded = 0
         self._server: ThreadingHTTPServer | None = None
         self.endpoint = ""
 
-    def arm(self, kind: str, *, every: int = 1, limit: int = -1, path: str = "", after: int = 0) -> None:
-        """Damage the ranged data GETs (see :class:`Schedule`)."""
-        if kind not in PROXY_FAULTS:
-            raise ValueError(f"kind={kind!r}: one of {PROXY_FAULTS}")
-        self.schedule.arm(kind, every=every, limit=limit, path=path, after=after)
-
-    def disarm(self) -> None:
-        """Forward every request untouched."""
-        self.schedule.disarm()
+    @property
+    def schedule(self) -> Schedule:
+        """The armed fault."""
+        return self._schedule
 
     def stop(self) -> None:
         """Stop serving."""
@@ -240,7 +257,7 @@ class _FaultyFile(fsspec.spec.AbstractBufferedFile):
         return fs.cat_file(self.path, start=start, end=end)
 
 
-class FaultyFileSystem(AbstractFileSystem):
+class FaultyFileSystem(_Armed, AbstractFileSystem):
     """An fsspec filesystem over ``target`` whose file reads fail on a schedule (:func:`fs_schedule`).
 
     Args:
@@ -251,6 +268,7 @@ class FaultyFileSystem(AbstractFileSystem):
 
     protocol = "faulty"
     root_marker = "/"
+    kinds = FS_FAULTS
 
     def __init__(
         self,
@@ -267,16 +285,6 @@ class FaultyFileSystem(AbstractFileSystem):
     def schedule(self) -> Schedule:
         """The schedule of this filesystem's faults."""
         return fs_schedule(self.name)
-
-    def arm(self, kind: str, *, every: int = 1, limit: int = -1, path: str = "", after: int = 0) -> None:
-        """Fail file reads (see :class:`Schedule`)."""
-        if kind not in FS_FAULTS:
-            raise ValueError(f"kind={kind!r}: one of {FS_FAULTS}")
-        self.schedule.arm(kind, every=every, limit=limit, path=path, after=after)
-
-    def disarm(self) -> None:
-        """Read normally."""
-        self.schedule.disarm()
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
         return self.target.ls(path, detail=detail, **kwargs)

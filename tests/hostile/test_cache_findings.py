@@ -17,7 +17,6 @@ import gc
 import io
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,7 +34,7 @@ from testsupport.stores import AzureServer, start_azurite
 
 from tests.fixtures.e2e import assert_exactly_once, epoch_ids
 from tests.fixtures.s3 import missing_server
-from tests.fixtures.stores import missing_store
+from tests.fixtures.stores import own_server
 from torch_dataloader_utils import create_dataloader
 from torch_dataloader_utils.storage import fs as fs_module
 from torch_dataloader_utils.storage.cache import CACHE_DIRNAME
@@ -147,17 +146,8 @@ def test_item_1_cache_never_serves_one_s3_endpoints_bytes_to_another(
 @pytest.fixture(scope="module")
 def two_azurite(azure_server: AzureServer) -> Iterator[tuple[AzureServer, AzureServer]]:
     """Azurite for the session and a second one: the same account, container and blob names."""
-    workdir = Path(tempfile.mkdtemp(prefix="tdu-azurite-"))
-    started = start_azurite(workdir)
-    if isinstance(started, str):
-        shutil.rmtree(workdir, ignore_errors=True)
-        missing_store("a second Azurite", started)
-    second, stop = started
-    try:
+    with own_server(start_azurite, "a second Azurite") as (second, _):
         yield azure_server, second
-    finally:
-        stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.mark.slow
@@ -337,20 +327,9 @@ def test_item_3_s3_keys_versions_by_etag(s3_server: S3Server, tmp_path: Path) ->
     assert_exactly_once(epoch_ids(loader), range(ROWS, 2 * ROWS))  # before: half the old ids
 
 
-@pytest.fixture(scope="module")
-def flip_proxy(s3_server: S3Server) -> Iterator[Any]:
-    from testsupport.faults import start_proxy
-
-    proxy = start_proxy(s3_server.endpoint)
-    try:
-        yield proxy
-    finally:
-        proxy.stop()
-
-
 @pytest.mark.slow
 def test_item_2_a_damaged_whole_object_is_checked_against_its_etag_before_it_is_cached(
-    s3_server: S3Server, flip_proxy: Any, tmp_path: Path
+    s3_server: S3Server, storage_faults: Any, tmp_path: Path
 ) -> None:
     """ORC has no checksum of its own: a flipped byte that still decodes was cached and served forever."""
     import pyarrow.orc as orc
@@ -361,15 +340,15 @@ def test_item_2_a_damaged_whole_object_is_checked_against_its_etag_before_it_is_
     prefix = f"{BUCKET}/{uuid.uuid4().hex[:12]}"
     s3_server.fs().pipe_file(f"{prefix}/data/part-0.orc", buf.getvalue())
     loader, _ = create_dataloader(
-        f"s3://{prefix}/data", format="orc", storage_options=s3_server.options(flip_proxy.endpoint),
+        f"s3://{prefix}/data", format="orc", storage_options=s3_server.options(storage_faults.endpoint),
         data_cache=str(tmp_path / "cache"), num_workers=0, output_format="numpy", retry_backoff=0.01,
     )  # fmt: skip
-    flip_proxy.arm("flip", every=1, limit=1)
+    storage_faults.arm("flip", every=1, limit=1)
     try:
         epochs = [[(int(i), float(x)) for b in loader for i, x in zip(b["id"], b["x"], strict=True)]]
     finally:
-        flip_proxy.disarm()
-    assert flip_proxy.schedule.damaged == 1
+        storage_faults.disarm()
+    assert storage_faults.schedule.damaged == 1
     epochs.append([(int(i), float(x)) for b in loader for i, x in zip(b["id"], b["x"], strict=True)])
     for rows in epochs:  # before: a wrong value (or a row lost) in every epoch, from the cache
         assert sorted(rows) == [(i, i * 0.5) for i in range(ROWS)]

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ import pyarrow.orc as orc
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
-from testsupport.faults import FaultProxy, FaultyFileSystem, start_proxy
+from testsupport.faults import FaultProxy, FaultyFileSystem
 from testsupport.s3_server import BUCKET, S3Server
 
 from tests.fixtures.e2e import assert_exactly_once, epoch_ids
@@ -74,13 +73,9 @@ def _encode(fmt: str, table: pa.Table) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
-    """The fault-injecting proxy in front of the S3 server (module scope; disarmed between uses)."""
-    started = start_proxy(s3_server.endpoint)
-    try:
-        yield started
-    finally:
-        started.stop()
+def proxy(storage_faults: FaultProxy) -> FaultProxy:
+    """The fault-injecting proxy in front of the S3 server (disarmed between uses)."""
+    return storage_faults
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +164,26 @@ def _read(
         target.disarm()
 
 
+def _every_row_once(
+    case: FaultCase,
+    tmp: Path,
+    s3: S3Server,
+    proxy: FaultProxy,
+    remote: dict[str, tuple[str, Path]],
+    lake: dict[str, str] | None = None,
+    after: int = 0,
+) -> Any:
+    """Read an epoch of ``case`` (the fault armed): every row once, none counted as bad; the loader."""
+    loader, faulty = _loader(case, tmp, s3, proxy, remote, lake)
+    ids = _read(case, loader, proxy, faulty, after)
+    schedule = faulty.schedule if faulty is not None else proxy.schedule
+    assert schedule.damaged > 0  # the faults happened
+    assert case.limit < 0 or schedule.damaged == case.limit
+    assert_exactly_once(ids, range(TOTAL))
+    assert loader.metrics().total.bad_units == 0
+    return loader
+
+
 def _quarantined(tmp: Path) -> list[str]:
     report = tmp / "quarantine" / "quarantine.jsonl"
     return report.read_text().splitlines() if report.exists() else []
@@ -189,11 +204,7 @@ def test_item_7_a_transient_http_fault_is_retried_never_skipped(
 ) -> None:
     every = 3 if fmt == "orc" else 1  # a Parquet or JSONL file here comes in one request
     case = FaultCase(kind, fmt, "skip", cache=False, every=every, limit=2)
-    loader, faulty = _loader(case, tmp_path, s3_server, proxy, remote)
-    ids = _read(case, loader, proxy, faulty)
-    assert proxy.schedule.damaged == 2  # the faults happened
-    assert_exactly_once(ids, range(TOTAL))  # before (ORC): a stripe per fault dropped, or a ReadError
-    assert loader.metrics().total.bad_units == 0
+    _every_row_once(case, tmp_path, s3_server, proxy, remote)  # before (ORC): stripes dropped, or ReadError
 
 
 @pytest.mark.parametrize("cache", [False, True], ids=["no_cache", "cache"])
@@ -208,11 +219,7 @@ def test_item_7_a_flipped_byte_in_transit_is_read_again_never_skipped(
 ) -> None:
     """Parquet pages carry checksums here; ``0xFF`` is never valid UTF-8 text."""
     case = FaultCase("flip", fmt, "skip", cache=cache, every=1, limit=2)
-    loader, faulty = _loader(case, tmp_path, s3_server, proxy, remote)
-    ids = _read(case, loader, proxy, faulty)
-    assert proxy.schedule.damaged == 2
-    assert_exactly_once(ids, range(TOTAL))  # before: a good row group or line skipped
-    assert loader.metrics().total.bad_units == 0
+    loader = _every_row_once(case, tmp_path, s3_server, proxy, remote)  # before: a good unit skipped
     if cache:  # the damaged bytes were not kept: the next epoch reads them right
         assert_exactly_once(epoch_ids(loader), range(TOTAL))
         assert_exactly_once(epoch_ids(loader), range(TOTAL))
@@ -224,12 +231,7 @@ def test_item_7_eio_from_a_filesystem_object_is_retried_never_skipped(
     s3_server: S3Server, proxy: FaultProxy, remote: dict[str, tuple[str, Path]], tmp_path: Path, fmt: str
 ) -> None:
     case = FaultCase("eio", fmt, "skip", cache=False, every=2, limit=-1)  # 1 read in 2 fails
-    loader, faulty = _loader(case, tmp_path, s3_server, proxy, remote)
-    ids = _read(case, loader, proxy, faulty)
-    assert faulty is not None
-    assert faulty.schedule.damaged > 0
-    assert_exactly_once(ids, range(TOTAL))  # before: 2,000 of 3,000 rows dropped
-    assert loader.metrics().total.bad_units == 0
+    _every_row_once(case, tmp_path, s3_server, proxy, remote)  # before: 2,000 of 3,000 rows dropped
 
 
 @pytest.mark.parametrize("fmt", ["orc", "parquet", "jsonl"])
@@ -361,11 +363,7 @@ def test_item_7_iceberg_on_s3_a_transient_fault_never_drops_a_row_group(
     # Four requests in a row after the first footer and row group: more than the S3
     # client's own attempts (3), so the row group's read fails in pyarrow.
     case = FaultCase(kind, "iceberg", "skip", cache=False, every=1, limit=4)
-    loader, faulty = _loader(case, tmp_path, s3_server, proxy, remote, lake)
-    ids = _read(case, loader, proxy, faulty, after=3)
-    assert proxy.schedule.damaged == 4
-    assert_exactly_once(ids, range(TOTAL))  # before: a good 250-row group dropped
-    assert loader.metrics().total.bad_units == 0
+    _every_row_once(case, tmp_path, s3_server, proxy, remote, lake, after=3)  # before: a row group dropped
 
 
 # -- the property ------------------------------------------------------------------------------

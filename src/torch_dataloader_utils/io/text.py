@@ -258,33 +258,33 @@ class TextReader(ReaderBase):
         checked: list[bool] = []
         for offset, first in self._pieces(chunk, meta):
             piece = first
-            try:
-                table = self._parse(piece, chunk.path, offset, meta)
-            except (FileChangedError, MemoryError):
-                raise
-            except (pa.ArrowException, ReadError) as exc:
+            table, failed = self._try_parse(piece, chunk.path, offset, meta)
+            if failed is not None:
                 if not checked:  # once per chunk: a changed file is never bad data
                     confirm_unchanged(self._fs, chunk.path, self._files[chunk.path])
                     checked.append(True)
-                again = self._read_again(chunk, meta, offset, piece, exc)
-                if again is None:
-                    failed: BaseException = exc
-                else:
+                again = self._read_again(chunk, meta, offset, piece, failed)
+                if again is not None:  # damaged in transit: parse what storage holds
                     piece = again
-                    try:
-                        table = self._parse(piece, chunk.path, offset, meta)
-                    except (FileChangedError, MemoryError):
-                        raise
-                    except (pa.ArrowException, ReadError) as second:
-                        failed = second
-                    else:
-                        yield table
-                        continue
-                if not self._bad.skipping and isinstance(failed, ReadError):
-                    raise failed from None  # record boundaries, UTF-8: their own errors name the fix
-                yield from self._isolate(piece, chunk, offset, meta, checked)
+                    table, failed = self._try_parse(piece, chunk.path, offset, meta)
+            if failed is None:
+                assert table is not None
+                yield table
                 continue
-            yield table
+            if not self._bad.skipping and isinstance(failed, ReadError):
+                raise failed from None  # record boundaries, UTF-8: their own errors name the fix
+            yield from self._isolate(piece, chunk, offset, meta, checked)
+
+    def _try_parse(
+        self, piece: bytes, path: str, offset: int, meta: TextFileMeta
+    ) -> tuple[pa.Table | None, BaseException | None]:
+        """``(table, None)``, or ``(None, error)`` when the piece does not parse (other errors raise)."""
+        try:
+            return self._parse(piece, path, offset, meta), None
+        except (FileChangedError, MemoryError):
+            raise
+        except (pa.ArrowException, ReadError) as exc:
+            return None, exc
 
     def _read_again(
         self, chunk: Chunk, meta: TextFileMeta, offset: int, piece: bytes, error: BaseException
