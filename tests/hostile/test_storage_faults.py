@@ -21,6 +21,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,28 @@ def lake(s3_server: S3Server, proxy: FaultProxy, tmp_path_factory: pytest.TempPa
     return {**config, "s3.endpoint": proxy.endpoint}  # read through the proxy
 
 
+@dataclass(frozen=True)
+class Where:
+    """Where the faults' data lives: the S3 server, the proxy before it, the files, the Iceberg table."""
+
+    s3: S3Server
+    proxy: FaultProxy
+    remote: dict[str, tuple[str, Path]]
+    lake: dict[str, str] | None = None
+
+
+@pytest.fixture(scope="module")
+def where(s3_server: S3Server, proxy: FaultProxy, remote: dict[str, tuple[str, Path]]) -> Where:
+    """The data of every format on S3 (and on local disk for ``filesystem=`` faults), and the proxy."""
+    return Where(s3_server, proxy, remote)
+
+
+@pytest.fixture(scope="module")
+def where_lake(where: Where, lake: dict[str, str]) -> Where:
+    """:func:`where` with the Iceberg table."""
+    return Where(where.s3, where.proxy, where.remote, lake)
+
+
 def _options(case: FaultCase, tmp: Path) -> dict[str, Any]:
     options: dict[str, Any] = {"num_workers": 0, "batch_size": 300, "on_bad_data": case.policy, **FAST}
     if case.policy == "quarantine":
@@ -126,28 +149,22 @@ def _options(case: FaultCase, tmp: Path) -> dict[str, Any]:
     return options
 
 
-def _loader(
-    case: FaultCase,
-    tmp: Path,
-    s3: S3Server,
-    proxy: FaultProxy,
-    remote: dict[str, tuple[str, Path]],
-    lake: dict[str, str] | None = None,
-) -> tuple[Any, FaultyFileSystem | None]:
+def _loader(case: FaultCase, tmp: Path, where: Where) -> tuple[Any, FaultyFileSystem | None]:
     """The loader of ``case``, built with no fault armed, and the failing filesystem (FS faults)."""
     options = _options(case, tmp)
     if case.fmt == "iceberg":
+        lake = where.lake
         assert lake is not None
         for name in FAST:  # Iceberg reads with the default retries and budget
             options.pop(name)
         loader, _ = IcebergDataset.create_dataloader("ns.t", catalog_config=lake, **options)
         return loader, None
-    prefix, local = remote[case.fmt]
+    prefix, local = where.remote[case.fmt]
     if case.kind in FS_FAULTS:
         faulty = FaultyFileSystem(name=uuid.uuid4().hex, skip_instance_cache=True)
         loader, _ = create_dataloader(f"faulty://{local}", format=case.fmt, filesystem=faulty, **options)
         return loader, faulty
-    storage = s3.options(proxy.endpoint)
+    storage = where.s3.options(where.proxy.endpoint)
     loader, _ = create_dataloader(f"s3://{prefix}", format=case.fmt, storage_options=storage, **options)
     return loader, None
 
@@ -164,19 +181,11 @@ def _read(
         target.disarm()
 
 
-def _every_row_once(
-    case: FaultCase,
-    tmp: Path,
-    s3: S3Server,
-    proxy: FaultProxy,
-    remote: dict[str, tuple[str, Path]],
-    lake: dict[str, str] | None = None,
-    after: int = 0,
-) -> Any:
+def _every_row_once(case: FaultCase, tmp: Path, where: Where, after: int = 0) -> Any:
     """Read an epoch of ``case`` (the fault armed): every row once, none counted as bad; the loader."""
-    loader, faulty = _loader(case, tmp, s3, proxy, remote, lake)
-    ids = _read(case, loader, proxy, faulty, after)
-    schedule = faulty.schedule if faulty is not None else proxy.schedule
+    loader, faulty = _loader(case, tmp, where)
+    ids = _read(case, loader, where.proxy, faulty, after)
+    schedule = faulty.schedule if faulty is not None else where.proxy.schedule
     assert schedule.damaged > 0  # the faults happened
     assert case.limit < 0 or schedule.damaged == case.limit
     assert_exactly_once(ids, range(TOTAL))
@@ -195,31 +204,27 @@ def _quarantined(tmp: Path) -> list[str]:
 @pytest.mark.parametrize("fmt", ["orc", "parquet", "jsonl"])
 @pytest.mark.parametrize("kind", ["503", "reset", "cut"])
 def test_item_7_a_transient_http_fault_is_retried_never_skipped(
-    s3_server: S3Server,
-    proxy: FaultProxy,
-    remote: dict[str, tuple[str, Path]],
+    where: Where,
     tmp_path: Path,
     kind: str,
     fmt: str,
 ) -> None:
     every = 3 if fmt == "orc" else 1  # a Parquet or JSONL file here comes in one request
     case = FaultCase(kind, fmt, "skip", cache=False, every=every, limit=2)
-    _every_row_once(case, tmp_path, s3_server, proxy, remote)  # before (ORC): stripes dropped, or ReadError
+    _every_row_once(case, tmp_path, where)  # before (ORC): stripes dropped, or ReadError
 
 
 @pytest.mark.parametrize("cache", [False, True], ids=["no_cache", "cache"])
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl", "csv"])
 def test_item_7_a_flipped_byte_in_transit_is_read_again_never_skipped(
-    s3_server: S3Server,
-    proxy: FaultProxy,
-    remote: dict[str, tuple[str, Path]],
+    where: Where,
     tmp_path: Path,
     fmt: str,
     cache: bool,
 ) -> None:
     """Parquet pages carry checksums here; ``0xFF`` is never valid UTF-8 text."""
     case = FaultCase("flip", fmt, "skip", cache=cache, every=1, limit=2)
-    loader = _every_row_once(case, tmp_path, s3_server, proxy, remote)  # before: a good unit skipped
+    loader = _every_row_once(case, tmp_path, where)  # before: a good unit skipped
     if cache:  # the damaged bytes were not kept: the next epoch reads them right
         assert_exactly_once(epoch_ids(loader), range(TOTAL))
         assert_exactly_once(epoch_ids(loader), range(TOTAL))
@@ -228,32 +233,32 @@ def test_item_7_a_flipped_byte_in_transit_is_read_again_never_skipped(
 
 @pytest.mark.parametrize("fmt", ["orc", "parquet", "csv"])
 def test_item_7_eio_from_a_filesystem_object_is_retried_never_skipped(
-    s3_server: S3Server, proxy: FaultProxy, remote: dict[str, tuple[str, Path]], tmp_path: Path, fmt: str
+    where: Where, tmp_path: Path, fmt: str
 ) -> None:
     case = FaultCase("eio", fmt, "skip", cache=False, every=2, limit=-1)  # 1 read in 2 fails
-    _every_row_once(case, tmp_path, s3_server, proxy, remote)  # before: 2,000 of 3,000 rows dropped
+    _every_row_once(case, tmp_path, where)  # before: 2,000 of 3,000 rows dropped
 
 
 @pytest.mark.parametrize("fmt", ["orc", "parquet", "jsonl"])
 def test_item_7_eacces_from_a_filesystem_object_is_a_read_error(
-    s3_server: S3Server, proxy: FaultProxy, remote: dict[str, tuple[str, Path]], tmp_path: Path, fmt: str
+    where: Where, tmp_path: Path, fmt: str
 ) -> None:
     case = FaultCase("eacces", fmt, "skip", cache=False, every=2, limit=-1)
-    loader, faulty = _loader(case, tmp_path, s3_server, proxy, remote)
+    loader, faulty = _loader(case, tmp_path, where)
     with pytest.raises(ReadError, match=r"PermissionError.*Permission denied \(injected\)") as raised:
-        _read(case, loader, proxy, faulty)
+        _read(case, loader, where.proxy, faulty)
     assert not isinstance(raised.value, BadDataError)
     assert "part-" in str(raised.value)  # the file is named
 
 
 @pytest.mark.parametrize("fmt", ["orc", "parquet", "jsonl"])
 def test_item_7_a_memory_error_while_reading_is_raised_not_skipped(
-    s3_server: S3Server, proxy: FaultProxy, remote: dict[str, tuple[str, Path]], tmp_path: Path, fmt: str
+    where: Where, tmp_path: Path, fmt: str
 ) -> None:
     case = FaultCase("memory", fmt, "skip", cache=False, every=2, limit=-1)
-    loader, faulty = _loader(case, tmp_path, s3_server, proxy, remote)
+    loader, faulty = _loader(case, tmp_path, where)
     with pytest.raises(MemoryError, match="injected"):
-        _read(case, loader, proxy, faulty)
+        _read(case, loader, where.proxy, faulty)
     assert loader.metrics().total.bad_units == 0
 
 
@@ -343,27 +348,24 @@ def test_item_7_a_long_outage_with_the_cache_is_a_read_error_not_lost_rows(
 
 @pytest.mark.parametrize("fmt", ["orc", "parquet", "jsonl"])
 def test_item_7_with_raise_one_503_is_retried_not_called_undecodable(
-    s3_server: S3Server, proxy: FaultProxy, remote: dict[str, tuple[str, Path]], tmp_path: Path, fmt: str
+    where: Where, tmp_path: Path, fmt: str
 ) -> None:
     case = FaultCase("503", fmt, "raise", cache=False, every=2, limit=1)
-    loader, faulty = _loader(case, tmp_path, s3_server, proxy, remote)
-    assert_exactly_once(_read(case, loader, proxy, faulty), range(TOTAL))  # before: "cannot be decoded"
-    assert proxy.schedule.damaged == 1
+    loader, faulty = _loader(case, tmp_path, where)
+    assert_exactly_once(_read(case, loader, where.proxy, faulty), range(TOTAL))  # before: "cannot be decoded"
+    assert where.proxy.schedule.damaged == 1
 
 
 @pytest.mark.parametrize("kind", ["503", "reset", "cut"])
 def test_item_7_iceberg_on_s3_a_transient_fault_never_drops_a_row_group(
-    s3_server: S3Server,
-    proxy: FaultProxy,
-    remote: dict[str, tuple[str, Path]],
-    lake: dict[str, str],
+    where_lake: Where,
     tmp_path: Path,
     kind: str,
 ) -> None:
     # Four requests in a row after the first footer and row group: more than the S3
     # client's own attempts (3), so the row group's read fails in pyarrow.
     case = FaultCase(kind, "iceberg", "skip", cache=False, every=1, limit=4)
-    _every_row_once(case, tmp_path, s3_server, proxy, remote, lake, after=3)  # before: a row group dropped
+    _every_row_once(case, tmp_path, where_lake, after=3)  # before: a row group dropped
 
 
 # -- the property ------------------------------------------------------------------------------
@@ -372,20 +374,17 @@ def test_item_7_iceberg_on_s3_a_transient_fault_never_drops_a_row_group(
 @settings(max_examples=40)
 @given(case=fault_cases())
 def test_item_7_every_good_row_once_or_a_read_error_never_fewer_rows(
-    s3_server: S3Server,
-    proxy: FaultProxy,
-    remote: dict[str, tuple[str, Path]],
-    lake: dict[str, str],
+    where_lake: Where,
     tmp_path_factory: pytest.TempPathFactory,
     case: FaultCase,
 ) -> None:
     """Any fault, format, policy, with or without the cache: never fewer rows without an error."""
     tmp = tmp_path_factory.mktemp("case")
-    loader, faulty = _loader(case, tmp, s3_server, proxy, remote, lake)
+    loader, faulty = _loader(case, tmp, where_lake)
     allowed: tuple[type[BaseException], ...] = (MemoryError,) if case.kind == "memory" else (ReadError,)
     failed: BaseException | None = None
     try:
-        ids = _read(case, loader, proxy, faulty)
+        ids = _read(case, loader, where_lake.proxy, faulty)
     except allowed as exc:
         failed = exc
     if failed is not None:

@@ -419,8 +419,8 @@ class ReadOnlyFile(io.RawIOBase):
     Handed to pyarrow as ``pyarrow.PythonFile(f, mode="r")``.
 
     Attributes:
-        error: The error of the last fetch that failed (``None``: none did). A decoder
-            may report it as a decoding error of its own; this tells them apart.
+        error: The error of the last fetch when it failed (``None``: it did not). A
+            decoder may report it as a decoding error of its own; this tells them apart.
     """
 
     def __init__(self, size: int) -> None:
@@ -428,15 +428,18 @@ class ReadOnlyFile(io.RawIOBase):
         self._size = size
         self._pos = 0
         self.error: BaseException | None = None
+        self._sticky = False  # keep the first error (a file read for one decode)
 
     def _fetched(self, fetch: Fetch, lo: int, hi: int) -> bytes:
         """``fetch(lo, hi)``, its error remembered (:attr:`error`) and raised."""
         try:
             data = fetch(lo, hi)
         except BaseException as exc:
-            self.error = exc
+            if self.error is None or not self._sticky:
+                self.error = exc
             raise
-        self.error = None
+        if not self._sticky:
+            self.error = None
         return data
 
     def readable(self) -> bool:
@@ -518,14 +521,16 @@ class RangeFile(ReadOnlyFile):
 
     What a native input file does (one request per read), through the library's fetch:
     retried, its length checked, a failure remembered (:attr:`~ReadOnlyFile.error`).
-    With ``track``, a digest of what was read (:meth:`digest`) tells whether two reads
-    of a unit returned the same bytes.
+    With ``track`` (a file read for one decode), a digest of what was read
+    (:meth:`digest`) tells whether two reads of a unit returned the same bytes, and
+    :attr:`~ReadOnlyFile.error` keeps the first failed fetch (else the last fetch's).
     """
 
     def __init__(self, size: int, fetch: Fetch, *, track: bool = False) -> None:
         super().__init__(size)
         self._fetch = fetch
         self._hash = hashlib.blake2b(digest_size=16) if track else None
+        self._sticky = track
 
     def read(self, size: int | None = -1) -> bytes:
         """Up to ``size`` bytes from the position (all the rest for ``-1``)."""
