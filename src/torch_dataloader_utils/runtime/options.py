@@ -534,16 +534,18 @@ def build_options(
 
 
 def _check_device(loader: LoaderConfig, output: OutputConfig, given: Mapping[str, object]) -> None:
-    """A GPU ``device`` moves torch tensors: other output formats have none.
+    """``device`` hands over torch tensors: other output formats have none.
+
+    Any ``device`` (``"cpu"`` and ``"auto"`` too) with another output format is refused,
+    so the same options behave the same on a machine with a GPU and one without.
 
     Raises:
-        IncompatibleOptionsError: ``device`` is a GPU and ``output_format`` is not ``'torch'``.
+        IncompatibleOptionsError: ``device`` is set and ``output_format`` is not ``'torch'``.
     """
-    device = loader.device
-    if device is None or device.type == "cpu" or output.output_format is OutputFormat.TORCH:
+    if loader.device is None or output.output_format is OutputFormat.TORCH:
         return
     raise IncompatibleOptionsError(
-        f"device={given.get('device')!r} copies torch tensors to the GPU, but "
+        f"device={given.get('device')!r} hands over torch tensors on a device, but "
         f"output_format={output.output_format.value!r} gives no tensors; use output_format='torch' "
         "or leave device unset"
     )
