@@ -6,6 +6,10 @@
   ("cannot infer column types from the first ... bytes").
 - 10: a CSV with a quoted newline under ``skip``: a record lost and a made-up row
   ``{'id': 3, 'text': 'line"', 'n': 6}`` delivered.
+- 19: a state whose keys are ``rank00`` or ``Rank0``, or whose entries were decoded to
+  dicts, said "not a resume state (expected a dict ... got dict)"; a mixed loader's state
+  given to a plain loader (and the reverse) did not say what it was. (DCP from 2 ranks to
+  3: tests/runtime/test_checkpoint_launch.py.)
 - 22: ``device='cpu'`` with ``output_format='numpy'`` was accepted and ignored.
 - 25: ``filters=`` of the wrong type raised another class than 0.2.0's ``TypeError`` when
   anything else was wrong too (a missing path, an empty directory, a missing table).
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.fixtures.iceberg import create_id_table, id_table
@@ -30,6 +35,7 @@ from torch_dataloader_utils import (
     InferredSchemaError,
     OptionTypeError,
     RecordBoundaryError,
+    ResumeStateError,
     StructuredDataset,
     create_dataloader,
     create_mixed_dataloader,
@@ -134,6 +140,50 @@ def test_33_10_a_quoted_newline_under_skip_makes_no_row_up(tmp_path: Path, split
         {"id": 2, "text": "first\n3,line", "n": 6},
         {"id": 4, "text": "b", "n": 4},
     ]
+
+
+# -- 19: a state that is not the one expected says what it is --------------------------
+@pytest.fixture
+def parquet_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    root.mkdir()
+    for f in range(2):
+        pq.write_table(pa.table({"id": list(range(f * 100, f * 100 + 100))}), root / f"p{f}.parquet")
+    return root
+
+
+def started(loader: Any) -> dict[str, Any]:
+    """The state of ``loader`` after two batches."""
+    it = iter(loader)
+    next(it)
+    next(it)
+    return loader.state_dict()  # type: ignore[no-any-return]
+
+
+def test_33_19_rank_keys_spelled_otherwise_or_decoded_entries_say_so(parquet_dir: Path) -> None:
+    state = started(create_dataloader(str(parquet_dir), batch_size=10, num_workers=0)[0])
+    fresh, _ = create_dataloader(str(parquet_dir), batch_size=10, num_workers=0)
+    for key in ("rank00", "Rank0"):
+        with pytest.raises(
+            ResumeStateError, match=rf"its keys \['{key}'\] are not rank keys: .*'rank0', 'rank1'"
+        ):
+            fresh.load_state_dict({key: state["rank0"]})
+    with pytest.raises(ResumeStateError, match=r"its entry 'rank0' is a dict, not the JSON string"):
+        fresh.load_state_dict({"rank0": json.loads(state["rank0"])})
+    fresh.load_state_dict(state)  # the state as it was returned loads
+
+
+def test_33_19_a_mixed_loaders_state_and_a_plain_one_say_which_they_are(parquet_dir: Path) -> None:
+    plain = started(create_dataloader(str(parquet_dir), batch_size=10, num_workers=0)[0])
+    sources = [{"path": str(parquet_dir)}, {"path": str(parquet_dir)}]
+    mixed = started(create_mixed_dataloader(sources, [1, 1], batch_size=10, num_workers=0)[0])
+    with pytest.raises(
+        ResumeStateError, match=r"it is the state of a mixed loader \(create_mixed_dataloader\)"
+    ):
+        create_dataloader(str(parquet_dir), batch_size=10, num_workers=0)[0].load_state_dict(mixed)
+    fresh_mix, _ = create_mixed_dataloader(sources, [1, 1], batch_size=10, num_workers=0)
+    with pytest.raises(ResumeStateError, match=r"it is the state of a loader of files or an Iceberg table"):
+        fresh_mix.load_state_dict(plain)
 
 
 # -- 22: device needs torch output -----------------------------------------------------
