@@ -10,6 +10,8 @@
   dicts, said "not a resume state (expected a dict ... got dict)"; a mixed loader's state
   given to a plain loader (and the reverse) did not say what it was. (DCP from 2 ranks to
   3: tests/runtime/test_checkpoint_launch.py.)
+- 20: Lightning warned "your dataloader is not resumable" on every exact resume (a real
+  Trainer's resumed fit: tests/test_lightning.py).
 - 22: ``device='cpu'`` with ``output_format='numpy'`` was accepted and ignored.
 - 25: ``filters=`` of the wrong type raised another class than 0.2.0's ``TypeError`` when
   anything else was wrong too (a missing path, an empty directory, a missing table).
@@ -184,6 +186,26 @@ def test_33_19_a_mixed_loaders_state_and_a_plain_one_say_which_they_are(parquet_
     fresh_mix, _ = create_mixed_dataloader(sources, [1, 1], batch_size=10, num_workers=0)
     with pytest.raises(ResumeStateError, match=r"it is the state of a loader of files or an Iceberg table"):
         fresh_mix.load_state_dict(plain)
+
+
+# -- 20: Lightning counts StructuredDataModule's train loader as resumable ---------------
+def test_33_20_lightning_counts_the_train_loader_as_resumable(parquet_dir: Path) -> None:
+    """Lightning warns "not resumable" unless every loader is its ``_Stateful``
+    (``training_epoch_loop.reset``); the cursors stay the data module's entry.
+    """
+    pytest.importorskip("lightning")
+    from lightning.fabric.utilities.types import _Stateful
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+    from torch_dataloader_utils.lightning import KEPT_BY, StructuredDataModule
+
+    data = StructuredDataModule(str(parquet_dir), batch_size=16, num_workers=0)
+    combined = CombinedLoader(data.train_dataloader())
+    assert all(isinstance(loader, _Stateful) for loader in combined.flattened)  # Lightning's test
+    assert combined._state_dicts() == [KEPT_BY]  # no cursors in Lightning's own entry
+    combined._load_state_dicts([KEPT_BY])
+    with pytest.raises(ResumeStateError, match=r"written for another train loader"):
+        combined._load_state_dicts([{"rank0": "{}"}])
 
 
 # -- 22: device needs torch output -----------------------------------------------------
