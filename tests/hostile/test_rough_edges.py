@@ -13,6 +13,8 @@
 - 20: Lightning warned "your dataloader is not resumable" on every exact resume (a real
   Trainer's resumed fit: tests/test_lightning.py).
 - 22: ``device='cpu'`` with ``output_format='numpy'`` was accepted and ignored.
+- 23: ``plan --mix ... --picture p.png`` and ``simulate --mix ... --picture`` exited 0 and
+  wrote no picture; ``"sources": "/path"`` and a malformed filter gave cryptic messages.
 - 25: ``filters=`` of the wrong type raised another class than 0.2.0's ``TypeError`` when
   anything else was wrong too (a missing path, an empty directory, a missing table).
 """
@@ -20,6 +22,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.fixtures.iceberg import create_id_table, id_table
+from tests.fixtures.recipes import SOURCE_ID_BASE, write_source
 from torch_dataloader_utils import (
     BadDataError,
     CorruptFileError,
@@ -43,6 +47,7 @@ from torch_dataloader_utils import (
     create_mixed_dataloader,
     reshard,
 )
+from torch_dataloader_utils.cli import main
 from torch_dataloader_utils.config import PADDING_COLUMN
 
 pytestmark = pytest.mark.filterwarnings(
@@ -217,6 +222,98 @@ def test_33_22_device_cpu_with_numpy_output_is_refused(tmp_path: Path, device: s
         IncompatibleOptionsError, match=rf"device='{device}'.*output_format='numpy' gives no tensors"
     ):
         create_dataloader(str(path), format="jsonl", device=device, output_format="numpy")
+
+
+# -- 23: the command line --------------------------------------------------------------
+def recipe(tmp_path: Path, **changes: Any) -> str:
+    """A recipe of two sources (300 and 90 rows), as ``--mix`` text."""
+    paths = [write_source(tmp_path / f"s{i}", i, n) for i, n in enumerate((300, 90))]
+    body: dict[str, Any] = {"sources": [{"path": paths[0]}, {"path": paths[1]}], "weights": [3, 1]}
+    return json.dumps({**body, **changes})
+
+
+def test_33_23_plan_mix_picture_is_refused_not_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    picture = tmp_path / "p.png"
+    assert main(["plan", "--mix", recipe(tmp_path), "--picture", str(picture)]) == 2
+    err = capsys.readouterr().err
+    assert "--picture applies to the plan of one source" in err
+    assert "run plan SOURCE --picture for each source of the recipe, or drop --picture" in err
+    assert not picture.exists()
+    assert main(["plan", "--mix", recipe(tmp_path), "--verify"]) == 2
+    assert "--verify applies to the plan of one source" in capsys.readouterr().err
+
+
+def test_33_23_simulate_mix_picture_is_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    picture = tmp_path / "s.png"
+    args = ["--num-ranks", "2", "--num-workers", "2", "--batch-size", "10", "--decode-rate", "1000"]
+    code = main(
+        ["simulate", "--mix", recipe(tmp_path), "--picture", str(picture), "--worker-start", "0", *args]
+    )
+    assert code == 0
+    assert f"picture: {picture} (4 workers drawn)" in capsys.readouterr().out
+    assert picture.read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize(
+    ("sources", "says"),
+    [
+        (
+            "/data/web",
+            r'"sources" is the string \'/data/web\', not a list of sources; '
+            r'write "sources": \[\{"path": "/data/web"\}\]',
+        ),
+        (
+            ["/data/web"],
+            r"sources\[0\] is the string '/data/web'; "
+            r'each source is an object, e.g. \{"path": "/data/web"\}',
+        ),
+        (
+            {"path": "/data/web"},
+            r'"sources" is \{"path": "/data/web"\}; it must be a non-empty list of sources',
+        ),
+    ],
+)
+def test_33_23_sources_that_are_not_a_list_of_objects_name_the_key_and_fix(
+    sources: object, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--mix", json.dumps({"sources": sources, "weights": [1]})])
+    assert exit_.value.code == 2
+    assert re.search(says, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    ("filters", "says"),
+    [
+        (["label >>= 3"], r"sources\[1\]\.filters\[0\]: --filter 'label >>= 3': '>' is followed by '>= 3'"),
+        (["label"], r"sources\[1\]\.filters\[0\]: --filter 'label' is not 'COLUMN OP VALUE'"),
+        ({"label": 3}, r'sources\[1\]\.filters is \{"label": 3\}; give --filter texts, e.g. "filters": \['),
+    ],
+)
+def test_33_23_a_malformed_filter_in_a_recipe_is_named_by_its_place(
+    tmp_path: Path, filters: object, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = json.loads(recipe(tmp_path))
+    body["sources"][1]["filters"] = filters
+    with pytest.raises(SystemExit) as exit_:  # a message, not a traceback
+        main(["plan", "--mix", json.dumps(body)])
+    assert exit_.value.code == 2
+    assert re.search(says, capsys.readouterr().err)
+
+
+def test_33_23_one_filter_text_in_a_recipe_is_taken_as_a_list_of_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = json.loads(recipe(tmp_path))
+    body["sources"][1]["filters"] = "label >= 3"
+    assert main(["plan", "--mix", json.dumps(body), "--batch-size", "10", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["epochs"][0]["sources"][1]["rows"] == sum(
+        1 for i in range(90) if (i + SOURCE_ID_BASE) % 7 >= 3
+    )
 
 
 # -- 25: filters of the wrong type are a TypeError, whatever else is wrong ---------------

@@ -51,7 +51,12 @@ def check_filter(filters: object, schema: pa.Schema) -> pc.Expression | None:
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         if "No match for FieldRef" in str(exc):
             raise UnknownColumnError(f"filters={filters}: {exc}; available columns: {schema.names}") from exc
-        raise ConfigError(f"filters={filters} cannot be applied to this data: {exc}") from exc
+        shown = ", ".join(f"{f.name}: {f.type}" for f in list(schema)[:20])
+        more = f", ... ({len(schema)} columns)" if len(schema) > 20 else ""
+        raise ConfigError(
+            f"filters={filters} cannot be applied to this data ({exc}); compare each column with a value "
+            f"of its type (a number for a number column, a string for text); the columns: {shown}{more}"
+        ) from exc
     del mask
     return filters
 
