@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -225,3 +226,13 @@ def test_head_lines_that_disagree_on_a_type_name_the_fix(tmp_path: Path) -> None
     match = r"its lines disagree on a column's type \(.*\); pass schema="
     with pytest.raises(SchemaMismatchError, match=match):
         StructuredDataset(str(path), format="jsonl")
+
+
+def test_the_search_for_lines_that_parse_is_bounded(tmp_path: Path) -> None:
+    """A file of another format is not parsed line by line through its whole head (tens of seconds)."""
+    path = tmp_path / "really-csv.jsonl"
+    path.write_text("id,x\n" + "".join(f"{i},{i}\n" for i in range(200_000)))
+    with pytest.raises(CorruptFileError, match=r"none of its ([\d,]+) first lines parses") as exc:
+        StructuredDataset(str(path), format="jsonl")
+    searched = int(re.search(r"none of its ([\d,]+) first", str(exc.value))[1].replace(",", ""))  # type: ignore[index]
+    assert 0 < searched <= text_discovery._SEARCH_PARSES < 100_000  # the head holds ~100,000 lines

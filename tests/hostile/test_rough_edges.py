@@ -125,7 +125,8 @@ def test_33_9_a_bad_line_in_the_head_is_skipped_like_any_other(tmp_path: Path) -
 def test_33_9_a_head_where_no_line_parses_names_the_first_line(tmp_path: Path) -> None:
     path = tmp_path / "really.jsonl"
     path.write_text("id,x\n" + "".join(f"{i},{i}\n" for i in range(10)))  # a CSV file
-    with pytest.raises(CorruptFileError, match=r"no line parses \(the first, line 1 at byte 0: .*format="):
+    match = r"none of its 11 first lines parses \(line 1 at byte 0: .*\); is the format right\? Pass format="
+    with pytest.raises(CorruptFileError, match=match):
         delivered(path, "jsonl")
 
 
