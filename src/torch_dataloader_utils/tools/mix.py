@@ -3,8 +3,10 @@
 A *recipe* is a JSON object: ``{"sources": [{"path": ...}, {"table": ..., "catalog_config":
 {...}}], "weights": [...]}`` plus any keyword of ``create_mixed_dataloader``
 (``on_exhausted``, ``source_column``, ``batch_size``, ...). A source may give
-``"filters": ["label >= 3", ...]`` as the command line's ``--filter`` texts. Options
-given on the command line apply to the whole mix (and are every source's defaults).
+``"filters": ["label >= 3", ...]`` as the command line's ``--filter`` texts (one text
+alone is a list of one). :func:`load_recipe` checks the shape and parses the filters,
+naming what is wrong by its place (``sources[1].filters[0]``). Options given on the
+command line apply to the whole mix (and are every source's defaults).
 
 ``plan --mix`` shows what every epoch of the mix takes of each source: its weight and
 share, its rows per lane and epoch, where it stands when the mix's epoch starts, and the
@@ -14,7 +16,8 @@ batches per lane and rank (:meth:`~torch_dataloader_utils.runtime.recipes.MixedD
 workers (:func:`~torch_dataloader_utils.tools.simulate.run_simulation`), then adds up,
 worker by worker, each source's time scaled by the share of its epoch the mix's epoch
 takes: a worker of the mix reads all its sources side by side, one after the other in
-time.
+time. ``--picture`` draws that epoch (:class:`MixWorker` lanes); ``plan --mix`` has no
+picture (a plan picture draws one source's chunks).
 """
 
 from __future__ import annotations
