@@ -329,6 +329,17 @@ class IcebergReadOptions(ReadOptions, total=False):
     """Read the snapshot current at this time: an aware ``datetime`` or ms since the epoch."""
     scan_filter: Any
     """A pyiceberg ``BooleanExpression`` used for pruning only."""
+    since_snapshot_id: int | None
+    """An incremental epoch: read only the rows the snapshot read (``snapshot_id``, ``as_of``
+    or the current one) has and this older snapshot, one of its ancestors, did not. Rows
+    appended since are new; rows of files rewritten since (overwrite, compaction) are new
+    only when no row of the files those commits removed has the same content
+    (docs/iceberg.md, "Incremental epochs")."""
+    continue_from: Mapping[str, Any] | None
+    """A resume state saved on an older snapshot of the table (``loader.state_dict()``):
+    the epoch it interrupted goes on over the snapshot read, with its unread rows less those
+    deleted since, and the rows added since. The explicit opt-in for a state whose snapshot
+    differs; ``load_state_dict`` refuses such a state."""
     storage_options: Mapping[str, Any] | None
     """The file datasets' filesystem options, translated into the catalog's FileIO
     properties (``key`` -> ``s3.access-key-id``, ``secret``, ``token``, ``endpoint_url``
