@@ -137,7 +137,8 @@ class RemoteReads:
         self._store: str | None = None
         self.stats = CacheStats()  # each process counts its own reads
         self._handles = Handles()  # files opened without the cache (RangeFile), kept open
-        self._witnessed: set[str] = set()  # weakly versioned files whose cached generation was checked
+        self._witnessed: set[str] = set()  # files whose cached generation was checked (or needs none)
+        self._witnessing: dict[str, threading.Lock] = {}
         self._unverifiable: set[str] = set()  # files whose ETag is not the MD5 of their bytes
         self._lock = threading.Lock()
 
@@ -233,8 +234,18 @@ class RemoteReads:
                 before_fetch()
             return request()  # not kept: a unit that does not decode is read again anyway
         if key.digest not in self._witnessed:
-            self._witness(cache, key, path, request, before_fetch)
+            with self._witness_lock(key.digest):  # other threads wait for the check's outcome
+                if key.digest not in self._witnessed:
+                    self._witness(cache, key, path, request, before_fetch)
+                    self._witnessed.add(key.digest)
         return cache.fill(key, start, stop, from_storage, self.stats)
+
+    def _witness_lock(self, digest: str) -> threading.Lock:
+        with self._lock:
+            lock = self._witnessing.get(digest)
+            if lock is None:
+                lock = self._witnessing[digest] = threading.Lock()
+            return lock
 
     def _vouched(self, path: str, data: bytes, request: Callable[[], bytes]) -> bytes:
         """A whole object's bytes checked against its ETag where that is their MD5 (else as read).
@@ -286,10 +297,6 @@ class RemoteReads:
         generations. Strongly versioned keys (an ETag, Iceberg's immutable files, a
         modification time finer than the second) need no check.
         """
-        with self._lock:
-            if key.digest in self._witnessed:
-                return
-            self._witnessed.add(key.digest)
         if not _weak(key.version):
             return
         first = cache.first_entry(key, WITNESS_BYTES, self.stats)
