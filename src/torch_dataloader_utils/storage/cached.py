@@ -20,17 +20,24 @@ decoder may report a failed read as a decoding error of its own (pyarrow's ORC r
 turns any exception of the file into an ``OSError``).
 
 With ``data_cache``, every range goes through the :class:`~.cache.RangeCache` of the
-node, keyed by the file's identity *as planned* (URL, size, modification time) and the
-store its requests reach (:mod:`~.stores`: the endpoint or account however it was
-configured, or the ``filesystem=`` object's): a hit costs no request at all. A file
-opened for random access is served in aligned blocks of :data:`BLOCK_BYTES` (each one
-cache entry), so readers that read a file piece by piece (ORC, text) share blocks
-between chunks and epochs. ``before_fetch``
-runs before any byte is fetched from storage: the readers pass their check that the
-file is still the planned one, so a file whose bytes all come from the cache costs no
-metadata request either (its bytes are those of the planned version, by their key).
-A file whose modification time is unknown is never cached (its identity would be its
-size alone).
+node, keyed by the file's identity *as planned* (URL, size, and version: the listing's
+ETag, else the modification time) and the store its requests reach (:mod:`~.stores`:
+the endpoint or account however it was configured, or the ``filesystem=`` object's): a
+hit costs no request at all. A file opened for random access is served in aligned
+blocks of :data:`BLOCK_BYTES` (each one cache entry), so readers that read a file piece
+by piece (ORC, text) share blocks between chunks and epochs. ``before_fetch`` runs
+before any byte is fetched from storage: the readers pass their check that the file is
+still the planned one, so a file whose bytes all come from the cache costs no metadata
+request either (its bytes are those of the planned version, by their key). A file
+whose modification time is unknown is never cached (its identity would be its size
+alone).
+
+**Checked before it is cached.** A whole object fetched to be cached is compared with
+its ETag where that is the MD5 of its bytes (:meth:`RemoteReads._vouched`). A file
+versioned by a modification time in whole seconds (no ETag) has its first cached entry
+compared with storage once per process before any of its ranges is served
+(:meth:`RemoteReads._witness`): a rewrite of the same size in the same second never
+mixes two generations.
 """
 
 from __future__ import annotations
