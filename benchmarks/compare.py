@@ -12,9 +12,10 @@ Scenarios (each run in a fresh process; wall time from ``iter(loader)`` to the e
   tensor), batch 1024: the first batch, in seconds since the process was started
   (imports included), and the rest of the epoch ("steady").
 * ``S7``: S1 at ``num_workers=2`` behind a 1 ms training step (``time.sleep``) per batch.
-* ``pack``: documents of 0-2,048 tokens packed into rows of 2,048
-  (``SequencePack``), ``num_workers=0``; against ``numpy floor``, a numpy packer over
-  ``pyarrow`` ``iter_batches`` (versions without ``SequencePack`` show ``-``).
+* ``pack``: 100k documents of 0-2,048 tokens (8 files of one row group) packed into
+  rows of 2,048 (``SequencePack``), 256 documents per batch, ``num_workers=0``; against
+  ``pack numpy floor``, a numpy packer over ``pyarrow`` ``iter_batches`` in a process
+  that imported torch (versions without ``SequencePack`` show ``-``).
 
 Every scenario also reports the peak PSS (proportional set size: shared pages split
 between the processes sharing them) of the child and its DataLoader workers together,
@@ -133,9 +134,14 @@ def extract(commit: str, into: Path) -> Path:
 
 
 def _numpy_pack(data: str, batch_size: int) -> int:
-    """The floor: each batch's documents laid end to end into rows of SEQ_LEN (numpy, no library)."""
+    """The floor: each batch's documents laid end to end into rows of SEQ_LEN as torch tensors.
+
+    numpy over pyarrow's ``iter_batches``, without the library (torch imported, as a
+    training process has it).
+    """
     import numpy as np
     import pyarrow.parquet as pq
+    import torch
 
     docs = 0
     for f in sorted(Path(data).glob("*.parquet")):
@@ -150,7 +156,8 @@ def _numpy_pack(data: str, batch_size: int) -> int:
             position = np.arange(rows * SEQ_LEN, dtype=np.int32)
             starts = offsets[:-1][np.diff(offsets) > 0]
             position[:n] -= np.repeat(starts, np.diff(np.append(starts, n))).astype(np.int32)
-            docs += len(offsets) - 1
+            packed = [torch.from_numpy(a).view(rows, SEQ_LEN) for a in (tokens, position)]
+            docs += len(offsets) - 1 + 0 * len(packed)
     return docs
 
 
