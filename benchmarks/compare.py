@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -326,7 +327,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     info = common.machine()
     with tempfile.TemporaryDirectory(prefix="compare-") as tmp:
         srcs = {ref: extract(resolve(ref), Path(tmp) / f"v{i}") for i, ref in enumerate(args.refs)}
-        srcs[TREE] = ROOT / "src"
+        # The working tree as it is now: edits made while the run goes on do not count.
+        srcs[TREE] = Path(tmp) / "tree" / "src"
+        shutil.copytree(ROOT / "src", srcs[TREE], ignore=shutil.ignore_patterns("__pycache__"))
         labels = [*args.refs, TREE]
         results: dict[str, dict[str, list[dict[str, Any]]]] = {v: {} for v in labels}
         loads = [os.getloadavg()[0]]
