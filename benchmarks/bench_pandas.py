@@ -10,7 +10,9 @@ runs S1 of ``compare.py`` (8M rows, 9 numeric columns, 16 files, batch 4096,
 * ``... + worker gc.freeze``: each worker moves every object it inherited into the
   permanent generation when it starts (``gc.freeze()``: no object is touched), so its
   collections traverse only the objects it makes;
-* ``pandas + worker gc off``: the workers never collect cycles.
+* ``pandas + worker gc off``: the workers never collect cycles;
+* ``pandas + main gc.collect before fork``: the main process collects once before its
+  workers fork (inside the timed loop, as the loader does it), and the workers freeze.
 
 Reported per variant: the wall time of the epoch, the workers' CPU seconds and minor
 page faults (``RUSAGE_CHILDREN``, after they exited), the workers' full (generation 2)
@@ -44,6 +46,7 @@ VARIANTS = {  # name: (pandas on the path, what each worker does when it starts)
     "no pandas + worker gc.freeze": (False, "freeze"),
     "pandas + worker gc.freeze": (True, "freeze"),
     "pandas + worker gc off": (True, "off"),
+    "pandas + main gc.collect before fork": (True, "collect"),
 }
 
 
@@ -109,6 +112,8 @@ def child(data: str, mode: str, report: str) -> None:
     gc.callbacks.append(on_gc)
     rows = 0
     t0 = time.perf_counter()
+    if mode == "collect":  # once, before the workers fork, timed (as the loader would)
+        gc.collect()
     for batch in loader:
         rows += len(batch["id"])
     wall = time.perf_counter() - t0

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -156,3 +158,25 @@ def test_a_worker_freezes_what_it_inherited_once() -> None:
     [(in_worker, _, after, _)] = list(_FreezeProbe())
     assert not in_worker
     assert after == main_frozen == gc.get_freeze_count()
+
+
+def test_the_main_process_collects_once_before_its_first_workers_fork(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: the first full collection came mid-epoch, walking every young object pandas' import made."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from torch_dataloader_utils import create_dataloader
+
+    pq.write_table(pa.table({"id": np.arange(100)}), tmp_path / "t.parquet")
+    monkeypatch.setattr(env, "_collected_in", None)
+    full = gc.get_stats()[2]["collections"]
+    loader, _ = create_dataloader(str(tmp_path), batch_size=10, num_workers=1)
+    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(100))
+    assert env._collected_in == os.getpid()
+    assert gc.get_stats()[2]["collections"] >= full + 1
+    again = gc.get_stats()[2]["collections"]
+    env.collect_before_fork()  # once per process
+    assert gc.get_stats()[2]["collections"] == again
