@@ -8,7 +8,8 @@ the test uses (never by hand, so new tests get theirs too); a test's tier, in re
 is the first of ``launch``, ``store``, ``slow`` it has:
 
 * ``launch``: it starts processes: ``torchrun``, ``accelerate``, the CLI or a script
-  (``subprocess``, ``sys.executable``, ``Popen``), or a Lightning ``Trainer``; found in
+  (``subprocess``, ``sys.executable``, ``Popen``), or uses Lightning (a ``Trainer``, or
+  just its import: about 2 CPU seconds, charged to the first test that imports it); found in
   the source of the test, of its fixtures and of the module's functions they call (two
   calls deep), and for every test of a ``*launch*`` or ``test_lightning*`` module;
 * ``store``: it uses an object-store server: a fixture of ``tests/fixtures/s3.py`` or
@@ -95,7 +96,10 @@ TIERS = ("launch", "store", "slow")
 STORE_FIXTURE_MODULES = ("tests.fixtures.s3", "tests.fixtures.stores")
 STORE_FIXTURE = re.compile(r"(_server|_proxy|_proxy_session)$")
 STORE_WORDS = re.compile(r"\b(s3_server|moto_server|gcs_server|azure_server|s3_proxy|ThreadedMotoServer)\b")
-LAUNCH_WORDS = re.compile(r"torchrun|\bsubprocess\.|sys\.executable|\bPopen\b|\bTrainer\(")
+LAUNCH_WORDS = re.compile(
+    r"torchrun|\bsubprocess\.|sys\.executable|\bPopen\b|\bTrainer\("
+    r"|importorskip\(\"lightning|\bfrom lightning\b|\bimport lightning\b|torch_dataloader_utils\.lightning"
+)
 LAUNCH_MODULE = re.compile(r"(launch|^test_lightning)")
 
 
