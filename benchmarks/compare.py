@@ -285,7 +285,7 @@ def report(
         for key, label, digits, only in METRICS:
             if only is not None and s.name not in only:
                 continue
-            per = {v: [r[key] for r in results[v][s.name] if key in r] for v in labels}
+            per = {v: [r[key] for r in results[v].get(s.name, []) if key in r] for v in labels}
             cells = [_cell(per[v], digits) for v in labels]
             ratios = []
             for v in labels[1:]:
@@ -297,6 +297,15 @@ def report(
                     f"[{min(pairs):.2f}-{max(pairs):.2f}]"
                 )
             rows.append([s.name, label, *cells, *ratios])
+    floor = {v: results[v].get("pack numpy floor", []) for v in labels}
+    packed = {v: results[v].get("pack", []) for v in labels}
+    for key, label in (("peak_pss_mib", "peak PSS"), ("wall_s", "wall")):
+        cells = []
+        for v in labels:  # pack over its floor, per version (the target: <= 2x PSS)
+            a, b = [r[key] for r in packed[v]], [r[key] for r in floor[v]]
+            cells.append(f"{statistics.median(a) / statistics.median(b):.2f}x" if a and b else "-")
+        if any(c != "-" for c in cells):
+            rows.append(["pack / numpy floor", label, *cells, *["" for _ in labels[1:]]])
     return (
         "\n".join(["| " + " | ".join(map(str, r)) + " |" for r in [headers, ["---"] * len(headers), *rows]])
         + "\n"
@@ -343,6 +352,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             loads.append(os.getloadavg()[0])
             print(f"repetition {r + 1}/{repeats} done (load {loads[-1]:.1f})", file=sys.stderr, flush=True)
     commits = {ref: resolve(ref)[:9] for ref in args.refs}
+    args.out_dir.mkdir(parents=True, exist_ok=True)  # the raw figures first, whatever the report does
+    (args.out_dir / "compare-last-raw.json").write_text(json.dumps(results, indent=1))
     md = (
         f"`benchmarks/compare.py {' '.join(sys.argv[1:] if argv is None else argv)}`: "
         + ", ".join(f"{ref} = {c}" for ref, c in commits.items())
