@@ -224,6 +224,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             for _, nodeid, cpu, wall in timed[:10]:
                 write(f"  {cpu:6.2f} {wall:6.2f}  {nodeid}")
     budget = config.getoption("--tier-budget")
+    near = [t for t in _TIMINGS if t[0] == "quick" and budget is not None and 0.75 * budget < t[2] <= budget]
+    if near:
+        terminalreporter.section("tests with no tier near the budget (over 75 % of it)")
+        for _, nodeid, cpu, _ in sorted(near, key=lambda t: -t[2]):
+            write(f"  {cpu:6.2f} CPU s  {nodeid}")
     over = [t for t in _TIMINGS if t[0] == "quick" and budget is not None and t[2] > budget]
     if over:
         terminalreporter.section("tests with no tier over the budget", red=True)
