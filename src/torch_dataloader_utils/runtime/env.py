@@ -202,14 +202,15 @@ def freeze_inherited() -> None:
     """Once per process: move every object it holds into the garbage collector's permanent generation.
 
     Called in a DataLoader worker, before it reads. A forked worker inherits the main
-    process's objects (pandas' alone are about 25,000, imported by ``pyarrow.dataset``
-    whenever pandas is installed), and most were made since the main process's last
+    process's objects (pandas' alone are about 25,000, imported by pyarrow whenever
+    pandas is installed), and most were made since the main process's last
     full collection; soon after the fork they trigger one in the worker, which walks
     every inherited object, writing to each, so the worker copies the pages that hold
     them (copy-on-write). Measured with pandas installed (``bench_pandas.py``, S1 at
     ``num_workers=2``): 0.2-1.1 s of the workers' CPU and about 29,000 more page faults
-    per epoch, the whole 1.36x slowdown. ``gc.freeze()`` only relinks the generations'
-    lists, touching no object, so the worker's collections walk only what it makes;
+    per epoch (with the main process's first full collection, see
+    :func:`collect_before_fork`, the 1.36x slowdown). ``gc.freeze()`` only relinks the
+    generations' lists, touching no object, so the worker's collections walk only what it makes;
     objects it inherited are still freed by reference counting (a cycle among them is
     kept until the worker exits).
     """
