@@ -277,9 +277,14 @@ METRICS = [  # (figure, label, digits, scenarios it is shown for)
 def report(
     results: dict[str, dict[str, list[dict[str, Any]]]], labels: list[str], scenarios: list[Scenario]
 ) -> str:
-    """The markdown table: per scenario and figure, each version's median [range]; ratios vs the first."""
+    """The markdown table: per scenario and figure, each version's median [range], and ratios.
+
+    Ratios: every version against the first, and the working tree against each other.
+    """
     base = labels[0]
-    headers = ["scenario", "figure", *labels, *[f"{v} / {base}" for v in labels[1:]]]
+    # Every version against the first; the working tree (last) also against each other REF.
+    pairs_of = [(v, base) for v in labels[1:]] + [(labels[-1], ref) for ref in labels[1:-1]]
+    headers = ["scenario", "figure", *labels, *[f"{v} / {ref}" for v, ref in pairs_of]]
     rows = []
     for s in scenarios:
         for key, label, digits, only in METRICS:
@@ -288,12 +293,12 @@ def report(
             per = {v: [r[key] for r in results[v].get(s.name, []) if key in r] for v in labels}
             cells = [_cell(per[v], digits) for v in labels]
             ratios = []
-            for v in labels[1:]:
-                pairs = [b / a for a, b in zip(per[base], per[v], strict=False) if a]
+            for v, ref in pairs_of:
+                pairs = [b / a for a, b in zip(per[ref], per[v], strict=False) if a]
                 ratios.append(
                     "-"
                     if not pairs
-                    else f"{statistics.median(per[v]) / statistics.median(per[base]):.2f}x "
+                    else f"{statistics.median(per[v]) / statistics.median(per[ref]):.2f}x "
                     f"[{min(pairs):.2f}-{max(pairs):.2f}]"
                 )
             rows.append([s.name, label, *cells, *ratios])
@@ -305,7 +310,7 @@ def report(
             a, b = [r[key] for r in packed[v]], [r[key] for r in floor[v]]
             cells.append(f"{statistics.median(a) / statistics.median(b):.2f}x" if a and b else "-")
         if any(c != "-" for c in cells):
-            rows.append(["pack / numpy floor", label, *cells, *["" for _ in labels[1:]]])
+            rows.append(["pack / numpy floor", label, *cells, *["" for _ in pairs_of]])
     return (
         "\n".join(["| " + " | ".join(map(str, r)) + " |" for r in [headers, ["---"] * len(headers), *rows]])
         + "\n"
