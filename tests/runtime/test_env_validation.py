@@ -160,7 +160,7 @@ def test_a_worker_freezes_what_it_inherited_once() -> None:
     assert after == main_frozen == gc.get_freeze_count()
 
 
-def test_the_main_process_collects_once_before_its_first_workers_fork(
+def test_the_main_process_collects_once_after_its_first_batch_with_workers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 37: the first full collection came mid-epoch, walking every young object pandas' import made."""
@@ -174,9 +174,11 @@ def test_the_main_process_collects_once_before_its_first_workers_fork(
     monkeypatch.setattr(env, "_collected_in", None)
     full = gc.get_stats()[2]["collections"]
     loader, _ = create_dataloader(str(tmp_path), batch_size=10, num_workers=1)
-    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(100))
+    batches = iter(loader)
+    first = next(batches)
+    assert sorted(i for b in [first, *batches] for i in b["id"].tolist()) == list(range(100))
     assert env._collected_in == os.getpid()
     assert gc.get_stats()[2]["collections"] >= full + 1
     again = gc.get_stats()[2]["collections"]
-    env.collect_before_fork()  # once per process
+    env.collect_once()  # once per process
     assert gc.get_stats()[2]["collections"] == again
