@@ -171,13 +171,13 @@ def test_the_main_process_collects_once_after_its_first_batch_with_workers(
     from torch_dataloader_utils import create_dataloader
 
     pq.write_table(pa.table({"id": np.arange(100)}), tmp_path / "t.parquet")
-    monkeypatch.setattr(env, "_collected_in", None)
+    monkeypatch.delitem(env._done_in, "collect", raising=False)
     full = gc.get_stats()[2]["collections"]
     loader, _ = create_dataloader(str(tmp_path), batch_size=10, num_workers=1)
     batches = iter(loader)
     first = next(batches)
     assert sorted(i for b in [first, *batches] for i in b["id"].tolist()) == list(range(100))
-    assert env._collected_in == os.getpid()
+    assert env._done_in["collect"] == os.getpid()
     assert gc.get_stats()[2]["collections"] >= full + 1
     again = gc.get_stats()[2]["collections"]
     env.collect_once()  # once per process

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -177,8 +178,16 @@ def worker_slot() -> WorkerSlot:
     return WorkerSlot(info.id, info.num_workers, True)
 
 
-_frozen_in: int | None = None
-_collected_in: int | None = None
+_done_in: dict[str, int] = {}
+"""What ran once per process (:func:`_once`): its name -> the process id it ran in."""
+
+
+def _once(name: str, action: Callable[[], object]) -> None:
+    """Run ``action`` once in this process (a forked child, whose parent ran it, runs it again)."""
+    pid = os.getpid()
+    if _done_in.get(name) != pid:
+        _done_in[name] = pid
+        action()
 
 
 def collect_once() -> None:
@@ -193,11 +202,7 @@ def collect_once() -> None:
     delayed the first batch by its length, here the workers go on reading meanwhile. Once
     per process: later epochs make few long-lived objects.
     """
-    global _collected_in
-    pid = os.getpid()
-    if _collected_in != pid:
-        _collected_in = pid
-        gc.collect()
+    _once("collect", gc.collect)
 
 
 def freeze_inherited() -> None:
@@ -216,11 +221,7 @@ def freeze_inherited() -> None:
     objects it inherited are still freed by reference counting (a cycle among them is
     kept until the worker exits).
     """
-    global _frozen_in
-    pid = os.getpid()
-    if _frozen_in != pid:
-        _frozen_in = pid
-        gc.freeze()
+    _once("freeze", gc.freeze)
 
 
 def cpus_per_rank() -> int:
