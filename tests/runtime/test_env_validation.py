@@ -160,7 +160,7 @@ def test_a_worker_freezes_what_it_inherited_once() -> None:
     assert after == main_frozen == gc.get_freeze_count()
 
 
-def test_the_main_process_collects_once_after_its_first_batch_with_workers(
+def test_the_main_process_collects_once_before_its_first_workers_fork(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 37: the first full collection came mid-epoch, walking every young object pandas' import made."""
@@ -180,5 +180,5 @@ def test_the_main_process_collects_once_after_its_first_batch_with_workers(
     assert env._done_in["collect"] == os.getpid()
     assert gc.get_stats()[2]["collections"] >= full + 1
     again = gc.get_stats()[2]["collections"]
-    env.collect_once()  # once per process
+    env.collect_before_fork()  # once per process
     assert gc.get_stats()[2]["collections"] == again

@@ -21,7 +21,7 @@ from torch_dataloader_utils.plan.types import World
 __all__ = [
     "DetectedWorld",
     "WorkerSlot",
-    "collect_once",
+    "collect_before_fork",
     "cpus_per_rank",
     "detect",
     "freeze_inherited",
@@ -190,17 +190,17 @@ def _once(name: str, action: Callable[[], object]) -> None:
         action()
 
 
-def collect_once() -> None:
-    """Once per process, when its first pass with workers has its first batch: one full garbage collection.
+def collect_before_fork() -> None:
+    """Once per process, before it forks its first DataLoader workers: one full garbage collection.
 
     The objects that imports made (pandas', imported by pyarrow whenever it is installed,
     among them) are young until a full collection has walked them; without one here, the
-    first comes at any point of the first epoch, holding the GIL while the workers' groups
+    first comes in the middle of the first epoch, holding the GIL while the workers' groups
     wait to be taken (0.16-0.66 s of S1's epoch at ``num_workers=2`` on a loaded 2-core
-    machine, against 0.06-0.20 s run at a moment of our choosing; ``bench_pandas.py``).
-    Called by the receiving thread once the first group is handed over: before the fork it
-    delayed the first batch by its length, here the workers go on reading meanwhile. Once
-    per process: later epochs make few long-lived objects.
+    machine, against 0.06-0.20 s run here; ``bench_pandas.py``). Before the fork, not
+    after: a collection writes to every object it walks, so run after the fork it made
+    the main process copy the pages it shares with its workers (peak PSS +8-14 %,
+    ``compare.py``). Once per process: later epochs make few long-lived objects.
     """
     _once("collect", gc.collect)
 
@@ -216,7 +216,7 @@ def freeze_inherited() -> None:
     them (copy-on-write). Measured with pandas installed (``bench_pandas.py``, S1 at
     ``num_workers=2``): 0.2-1.1 s of the workers' CPU and about 29,000 more page faults
     per epoch (with the main process's first full collection, see
-    :func:`collect_once`, the 1.36x slowdown). ``gc.freeze()`` only relinks the
+    :func:`collect_before_fork`, the 1.36x slowdown). ``gc.freeze()`` only relinks the
     generations' lists, touching no object, so the worker's collections walk only what it makes;
     objects it inherited are still freed by reference counting (a cycle among them is
     kept until the worker exits).

@@ -123,13 +123,9 @@ class _Receiver:
     def _run(self, source: Iterator[Any]) -> None:
         try:
             prepare = self.prepare
-            first = True
             for item in loader_items(source):
                 if not self._put(0, item if prepare is None else prepare(item)):
                     return
-                if first:  # the loop has its first batch; the workers read on meanwhile
-                    first = False
-                    env.collect_once()
             self._put(1, None)
         except BaseException as exc:  # handed to the loop, raised there
             self._put(2, exc)
@@ -293,6 +289,7 @@ class ResumableDataLoader(DataLoader[Any]):
         # here once, forked workers find it loaded (about 20 ms less per worker and epoch).
         import numpy.random  # noqa: F401
 
+        env.collect_before_fork()
         if self._transport is None:
             slots = (self.prefetch_factor or 2) + SPARE_SEGMENTS
             if self.device is not None and self.device.type == "cuda" and not COPY_IN_RECEIVER:
