@@ -253,8 +253,10 @@ class SequencePack:
     are left out, since a packed row mixes several documents):
 
     * ``column``: the tokens, ``[rows, seq_len]``, padded with ``pad_id``;
-    * ``position_ids``: int32 ``[rows, seq_len]``, each token's position in its document
-      (a document continued from the previous row keeps counting; padding is 0);
+    * ``position_ids``: int32 ``[rows, seq_len]``, each token's position in its segment:
+      0 where a document starts and where a row starts (a document continued from the
+      previous row counts from 0 again, as the row's attention cannot see its start), so
+      always below ``seq_len``; padding is 0;
     * ``cu_seqlens``: int32 per row, the segment boundaries ``[0, ..., seq_len]`` as
       FlashAttention's varlen functions take them (padding is a segment of its own);
       :func:`~torch_dataloader_utils.packing.batch_cu_seqlens` joins a batch's rows;

@@ -41,10 +41,20 @@ from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.runtime.workstats import WorkStats
 from torch_dataloader_utils.transfer import BatchGroup, SegmentWriter, pack_group
 
-__all__ = ["FIRST_GROUP_BATCHES", "GROUP_BYTES", "GROUP_MAX_BATCHES", "ArrowBytes", "Positions", "grouped"]
+__all__ = [
+    "FIRST_GROUP_BATCHES",
+    "GROUP_BYTES",
+    "GROUP_MAX_BATCHES",
+    "UNPINNED_GROUP_BYTES",
+    "ArrowBytes",
+    "Positions",
+    "grouped",
+]
 
 GROUP_BYTES = 32 << 20
-"""A worker under ``create_dataloader``'s loader sends batches in groups of about this size.
+"""A worker under ``create_dataloader``'s loader sends batches in groups of about this size
+into page-locked segments (``pin_memory=True`` or a CUDA ``device=``; otherwise
+``UNPINNED_GROUP_BYTES``).
 
 Every hand-off between a worker and the main process has a fixed cost (queue, pickle,
 waking a process and two threads, a shared-memory segment): about 0.5-0.7 ms of the
@@ -53,6 +63,16 @@ small batches it dominates, so batches travel several to a transfer. 8 MiB group
 that cost at about 0.07 s per GB delivered; 32 MiB at a quarter of it (``bench_receive``
 in docs/benchmarks.md). In flight at once: about ``(prefetch_factor + 1) * num_workers``
 groups, each in a worker's shared-memory segment (see ``runtime.loader.SPARE_SEGMENTS``).
+"""
+
+UNPINNED_GROUP_BYTES = 8 << 20
+"""The groups' size when the segments are not page-locked (the CPU path).
+
+Each worker's segments hold a group each (``SPARE_SEGMENTS`` plus ``prefetch_factor``
+of them), so the group size sets most of the memory in flight: with 32 MiB groups a
+CPU loader at ``num_workers=2`` peaked at 1.29x 0.5.0's PSS (``compare.py``, S1), with
+8 MiB at 0.99x. The hand-offs that the larger groups save (about 0.05 s per GB delivered)
+matter where a GPU waits, which is the page-locked path.
 """
 
 GROUP_MAX_BATCHES = 1024
@@ -261,7 +281,7 @@ def grouped(
     work: WorkStats,
     pool: SegmentWriter | None = None,
 ) -> Iterator[Tagged]:
-    """Worker side: tagged batches sent in groups of about ``GROUP_BYTES``.
+    """Worker side: tagged batches sent in groups of about ``GROUP_BYTES`` (``UNPINNED_GROUP_BYTES``).
 
     A group is one :class:`Tagged` whose batch is a packed ``BatchGroup``, whose tag
     is the tuple of the batches' tags and whose ``work`` is what ``work`` counted since
@@ -279,6 +299,7 @@ def grouped(
     worker = positions.worker
     most = FIRST_GROUP_BATCHES
     measure = ArrowBytes()
+    limit = GROUP_BYTES if pool is not None and pool.every_size else UNPINNED_GROUP_BYTES
 
     def send() -> Tagged:
         began = clock()
@@ -298,7 +319,7 @@ def grouped(
             size += nbytes
             asked = clock()
             work.convert_sec += asked - got
-            if size >= GROUP_BYTES or len(pending) >= most:
+            if size >= limit or len(pending) >= most:
                 yield send()
                 pending, tags, size = [], [], 0
                 most = min(2 * most, GROUP_MAX_BATCHES)

@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 from torch_dataloader_utils.config import LoaderConfig
 from torch_dataloader_utils.errors import IncompatibleOptionsError
 from torch_dataloader_utils.plan.state import keyed_state
+from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.device import DeviceStage, OnDevice, copied_ahead
 from torch_dataloader_utils.runtime.emit import GROUP_BYTES
@@ -291,6 +292,7 @@ class ResumableDataLoader(DataLoader[Any]):
         # here once, forked workers find it loaded (about 20 ms less per worker and epoch).
         import numpy.random  # noqa: F401
 
+        env.collect_before_fork()
         if self._transport is None:
             slots = (self.prefetch_factor or 2) + SPARE_SEGMENTS
             if self.device is not None and self.device.type == "cuda" and not COPY_IN_RECEIVER:
