@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import math
+import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -347,12 +349,14 @@ class MixConfig:
                 "e.g. weights=[0.5, 0.3, 0.2]"
             )
         for w in weights:
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0 or w == float("inf"):
+            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not w > 0 or not math.isfinite(w):
                 raise ConfigError(
                     f"weights={list(weights)!r}: every weight must be a finite number > 0 (got {w!r}); "
                     "leave a source out instead of giving it weight 0"
                 )
-        object.__setattr__(self, "weights", tuple(weights))
+        object.__setattr__(
+            self, "weights", tuple(int(w) if isinstance(w, numbers.Integral) else float(w) for w in weights)
+        )
         object.__setattr__(self, "on_exhausted", coerce_enum(self.on_exhausted, OnExhausted, "on_exhausted"))
         column = self.source_column
         if column is not None and (not isinstance(column, str) or not column):

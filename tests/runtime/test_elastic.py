@@ -3,8 +3,9 @@
 A job of ``R`` ranks is simulated in one process: one dataset per rank. A rank with
 ``num_workers`` workers runs its workers' reading code in this process one worker at a
 time (``env.worker_slot`` says which), their batches travel pickled as they would between
-processes, and the main process's half (``deliver``: the joiner, the consumption record)
-takes them in the DataLoader's order, a worker after another. The multiset of rows of
+processes, and the main process's half (the loader's protocol: ``open_pass`` gives the
+pass, whose ``deliver`` joins and whose ``consume`` records) takes them in the
+DataLoader's order, a worker after another. The multiset of rows of
 global batch ``t`` (every rank's batch ``t``) must not depend on ``R`` or ``num_workers``,
 and a state saved at ``R = 4`` must resume at ``R = 2`` and ``R = 6`` into the batches
 the uninterrupted run would have yielded.
@@ -56,9 +57,7 @@ def rank_batches(ds: StructuredDataset, workers: int, stop: int | None = None) -
     """The batches one rank's loader yields with ``workers`` workers (simulated here), up to ``stop``."""
     if workers == 0:
         return [_ids(b) for b in itertools.islice(iter(ds), stop)]
-    progress = ds._state.begin(workers, ds.epoch)
-    ds.begin_metrics(workers)
-    ds._state.tagging = True
+    opened = ds.open_pass(workers)  # the loader's protocol: a pass, opened before the workers start
     items = []
     mp = pytest.MonkeyPatch()
     try:
@@ -68,22 +67,23 @@ def rank_batches(ds: StructuredDataset, workers: int, stop: int | None = None) -
             items.append([pickle.loads(pickle.dumps(item)) for item in iter(ds)])
     finally:
         mp.undo()
-        ds._state.tagging = False
     out: list[list[int]] = []
-    for item in (i for group in itertools.zip_longest(*items) for i in group if i is not None):
-        for batch, tag in zip(item.batch, item.tag, strict=True):
-            if stop is not None and len(out) >= stop:
-                return out
-            delivered = iter(ds.deliver(Tagged(batch, tag), progress))
-            while stop is None or len(out) < stop:  # the loop stops: what it did not take is not consumed
-                joined = next(delivered, None)
-                if joined is None:
-                    break
-                out.append(_ids(ds._state.consume(joined, progress)))  # the loop's hand-over
-            if stop is not None and len(out) >= stop:
-                return out
-    ds.delivered()
-    ds._state.finish(progress)
+    try:
+        for item in (i for group in itertools.zip_longest(*items) for i in group if i is not None):
+            for batch, tag in zip(item.batch, item.tag, strict=True):
+                if stop is not None and len(out) >= stop:
+                    return out
+                delivered = iter(opened.deliver(Tagged(batch, tag)))
+                while stop is None or len(out) < stop:  # the loop stops: what it did not take is not consumed
+                    joined = next(delivered, None)
+                    if joined is None:
+                        break
+                    out.append(_ids(opened.consume(joined)))  # the loop's hand-over
+                if stop is not None and len(out) >= stop:
+                    return out
+        opened.finish()
+    finally:
+        opened.end()
     return out
 
 

@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
+
+from torch_dataloader_utils.errors import ConfigError
 
 __all__ = [
     "MAX_PERIOD",
@@ -71,16 +74,33 @@ def apportion(total: int, weights: Sequence[int]) -> list[int]:
 def integer_weights(weights: Sequence[float]) -> tuple[int, ...]:
     """The weights as the smallest integers in the same proportions (a cycle of at most ``MAX_PERIOD``).
 
+    Each weight is taken as a fraction with a denominator up to :data:`WEIGHT_DENOMINATOR`
+    (``0.3`` is ``3/10``). Weights too small for that (``[1, 0.0004]``) are taken relative to
+    the largest, with denominators up to :data:`MAX_PERIOD`, so a source keeps its share
+    down to ``1 / MAX_PERIOD``. Any real number is taken (numpy scalars too).
+
     Raises:
-        ValueError: a weight is not a finite number > 0, or there is none.
+        ConfigError: a weight is not a finite number > 0, there is none, or a share is
+            below ``1 / MAX_PERIOD`` (a cycle could not hold it).
     """
     if not weights:
-        raise ValueError("there must be at least one weight")
-    fractions: list[Fraction] = []
+        raise ConfigError("there must be at least one weight")
+    values: list[float] = []
     for w in weights:
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
-            raise ValueError(f"weights must be finite numbers > 0, got {w!r}")
-        fractions.append(Fraction(w).limit_denominator(WEIGHT_DENOMINATOR))
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or w <= 0:
+            raise ConfigError(f"weights must be finite numbers > 0, got {w!r}")
+        values.append(float(w))
+    fractions = [Fraction(w).limit_denominator(WEIGHT_DENOMINATOR) for w in values]
+    if not all(fractions):  # too small for the usual denominators: relative to the largest
+        largest = max(values)
+        fractions = [Fraction(w / largest).limit_denominator(MAX_PERIOD) for w in values]
+        if not all(fractions):
+            small = [w for w, f in zip(values, fractions, strict=True) if not f]
+            raise ConfigError(
+                f"weights={[float(w) for w in weights]}: a source's share of {small[0] / sum(values):.3g} is "
+                f"below the smallest a mix keeps, 1/{MAX_PERIOD:,} of the rows (its rows within one row per "
+                f"cycle of {MAX_PERIOD:,}); raise that weight, or leave the source out"
+            )
     scale = math.lcm(*(f.denominator for f in fractions))
     ints = [int(f * scale) for f in fractions]
     common = math.gcd(*ints)

@@ -33,15 +33,25 @@ import pyarrow.compute as pc
 
 from torch_dataloader_utils.io.ahead import read_ahead
 from torch_dataloader_utils.io.base import ChunkReader
+from torch_dataloader_utils.io.batching import concat_batches
 from torch_dataloader_utils.io.helpers import Helpers
-from torch_dataloader_utils.io.pieces import Gather, gathered, read_piece
+from torch_dataloader_utils.io.pieces import ROUND_POOL, Gather, gathered, read_piece
 from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.runtime.workstats import WorkStats
 from torch_dataloader_utils.transfer import BatchGroup, SegmentWriter, pack_group
 
-__all__ = ["FIRST_GROUP_BATCHES", "GROUP_BYTES", "GROUP_MAX_BATCHES", "ArrowBytes", "Positions", "grouped"]
+__all__ = [
+    "FIRST_GROUP_BATCHES",
+    "GROUP_BYTES",
+    "GROUP_MAX_BATCHES",
+    "ArrowBytes",
+    "BatchCount",
+    "BatchParts",
+    "Positions",
+    "grouped",
+]
 
 GROUP_BYTES = 32 << 20
 """A worker under ``create_dataloader``'s loader sends batches in groups of about this size.
@@ -209,6 +219,72 @@ class Positions:
         return (*self._prefix, index, planned - self._starts[index], rows, nbytes)
 
 
+class BatchCount:
+    """The positions of a reading process whose batches are planned one by one: batches yielded.
+
+    A tag is ``(token, worker, workers, 0, batches yielded, rows, nbytes)``: the cursor
+    counts batches (a mix's lane builds every batch from the plan).
+
+    Args:
+        token: The live start's token (0: none), part of every tag.
+        worker: This worker's id.
+        workers: Workers reading this epoch.
+        done: Batches of the pass yielded before this reading began (a resumed lane).
+    """
+
+    def __init__(self, token: int, worker: int, workers: int, done: int = 0) -> None:
+        self._prefix = (token, worker, workers, 0)
+        self.worker = worker
+        self.done = done
+
+    def tag(self, rows: int, nbytes: int = 0) -> tuple[int, ...]:
+        """The position after a yielded batch of ``rows`` rows (and ``nbytes`` Arrow bytes)."""
+        self.done += 1
+        return (*self._prefix, self.done, rows, nbytes)
+
+
+class BatchParts:
+    """One batch as its parts (say, each source's rows of a mixed batch), joined only when used.
+
+    ``order``: the batch's rows are the parts' rows, one after the other, taken in this
+    order (``None``: as they are). A worker joins them straight into the buffer that
+    carries the batch to the main process (one copy, :class:`~torch_dataloader_utils.transfer.JoinedColumn`);
+    elsewhere :meth:`joined` makes the Arrow batch. ``extra``: what the batch's tag carries
+    after its counts (a mix: the rows of every source, for the metrics).
+    """
+
+    __slots__ = ("extra", "num_rows", "order", "parts")
+
+    def __init__(
+        self, parts: list[pa.RecordBatch], order: np.ndarray | None = None, extra: tuple[int, ...] = ()
+    ) -> None:
+        self.parts = parts
+        self.order = order
+        self.extra = extra
+        self.num_rows = sum(p.num_rows for p in parts)
+
+    @property
+    def nbytes(self) -> int:
+        """The Arrow bytes of the parts."""
+        return sum(int(p.nbytes) for p in self.parts)
+
+    def column(self, name: str) -> pa.ChunkedArray[Any]:
+        """One column of every part (in the parts' order)."""
+        return pa.chunked_array(
+            [p.column(name) for p in self.parts], type=self.parts[0].schema.field(name).type
+        )
+
+    def joined(self) -> pa.RecordBatch:
+        """The batch as one Arrow record batch (one copy of the rows)."""
+        parts = self.parts
+        if self.order is None or self.num_rows < 2:
+            return concat_batches(parts, memory_pool=ROUND_POOL)
+        taken = pc.take(
+            pa.Table.from_batches(parts), pa.array(self.order), boundscheck=False, memory_pool=ROUND_POOL
+        )
+        return taken.combine_chunks(memory_pool=ROUND_POOL).to_batches()[0]
+
+
 def _prepare(item: tuple[int, pa.RecordBatch | Gather]) -> bool:
     """The read-ahead thread's work while it waits: a queued shuffle's gather."""
     return isinstance(item[1], Gather) and item[1].prepare()
@@ -255,9 +331,9 @@ class ArrowBytes:
 
 
 def grouped(
-    batches: Iterator[pa.RecordBatch],
-    convert: Callable[[pa.RecordBatch], Any],
-    positions: Positions,
+    batches: Iterator[Any],
+    convert: Callable[[Any], Any],
+    positions: Positions | BatchCount,
     work: WorkStats,
     pool: SegmentWriter | None = None,
 ) -> Iterator[Tagged]:
@@ -273,7 +349,7 @@ def grouped(
     :class:`~torch_dataloader_utils.transfer.SegmentPool`.
     """
     pending: list[Any] = []
-    tags: list[Tag] = []
+    tags: list[tuple[int, ...]] = []
     size = 0
     clock = time.perf_counter
     worker = positions.worker
@@ -294,7 +370,8 @@ def grouped(
             work.count_padding(batch)
             pending.append(convert(batch))
             nbytes = measure(batch)
-            tags.append(positions.tag(batch.num_rows, nbytes))
+            tag = positions.tag(batch.num_rows, nbytes)
+            tags.append(tag if type(batch) is not BatchParts or not batch.extra else (*tag, *batch.extra))
             size += nbytes
             asked = clock()
             work.convert_sec += asked - got

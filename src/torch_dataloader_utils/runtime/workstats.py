@@ -16,11 +16,13 @@ When the dataset is read in the main process, the recorder reads the live
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from torch_dataloader_utils.io.bad import bad_data_files, bad_data_totals
-from torch_dataloader_utils.io.base import ChunkReader
+from torch_dataloader_utils.io.base import ChunkReader, IoTotals
 from torch_dataloader_utils.storage.cache import process_stats
 
 __all__ = ["WORK_FIELDS", "WorkStats"]
@@ -57,12 +59,26 @@ def _process_counts() -> tuple[int, ...]:
 _NO_IO = (0, 0, 0, 0, 0.0)
 
 
+def _summed(counters: Sequence[Callable[[], IoTotals | None]]) -> Callable[[], IoTotals | None]:
+    """The I/O counters of several readers, summed (``None`` when none counts)."""
+
+    def total() -> IoTotals | None:
+        found = [t for t in (c() for c in counters) if t is not None]
+        if not found:
+            return None
+        sums = [sum(t[i] for t in found) for i in range(5)]
+        return (int(sums[0]), int(sums[1]), int(sums[2]), int(sums[3]), float(sums[4]))
+
+    return total
+
+
 class WorkStats:
     """What one pass of one reading process did so far; see the module docstring.
 
     Args:
-        reader: The chunk reader; its ``io_totals()`` (when it has one) gives the I/O
-            counters ``(bytes_fetched, bytes_needed, requests, retries, wait_sec)``.
+        reader: The chunk reader (or the readers of several sources, summed); its
+            ``io_totals()`` (when it has one) gives the I/O counters ``(bytes_fetched,
+            bytes_needed, requests, retries, wait_sec)``.
         pieces: Pieces (chunks, or windows of the row shuffle) this pass reads.
         flag_column: The padding flag column (``equal_batches='pad'``), or ``None``.
 
@@ -88,8 +104,12 @@ class WorkStats:
         "transfer_sec",
     )
 
-    def __init__(self, reader: ChunkReader, pieces: int, flag_column: str | None = None) -> None:
-        self._io = reader.io_totals
+    def __init__(
+        self, reader: ChunkReader | Sequence[ChunkReader], pieces: int, flag_column: str | None = None
+    ) -> None:
+        self._io = (
+            reader.io_totals if not isinstance(reader, Sequence) else _summed([r.io_totals for r in reader])
+        )
         self._base = self._io() or _NO_IO
         self._process_base = _process_counts()
         self._files_sent = bad_data_files()
