@@ -520,6 +520,6 @@ def _one_file_batches(plan: PlanSummary, unmixed: bool, batch_size: int) -> Layo
         f"shuffle=True shuffles the order of the {plan.total_chunks:,} chunks, but rows keep their "
         f"file order inside a chunk: with chunks of a median {rows:,.0f} rows >= "
         f"batch_size={batch_size}, nearly every batch holds rows of one file only. If files group "
-        f"similar rows (by time, label or source), mix them: keep row_mixing on (its default) or "
+        f"similar rows (by time, label or source), interleave them: keep row_interleave on (its default) or "
         f"set row_shuffle_window={int(4 * rows)}, which shuffles rows across about 4 chunks",
     )

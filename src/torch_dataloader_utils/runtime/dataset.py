@@ -618,7 +618,7 @@ class PlannedDataset(OrderedDataset):
 
     @property
     def row_mixing(self) -> RowMixing | None:
-        """The row mixing in effect (``shuffle=True`` with ``row_mixing``), or ``None``."""
+        """The row interleaving in effect (``shuffle=True`` with ``row_interleave``), or ``None``."""
         return self._options.shuffle.mixing
 
     def fingerprint(self) -> dict[str, Any]:

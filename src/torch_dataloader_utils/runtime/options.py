@@ -115,18 +115,20 @@ class ReadOptions(TypedDict, total=False):
     drop_last: bool
     """Drop each worker's last, short batch (default ``False``)."""
     shuffle: bool
-    """Shuffle every epoch, by ``(shuffle_seed, epoch)``: the order of chunks, and rows
-    mixed across chunks (``row_mixing``) (default ``False``)."""
+    """Shuffle every epoch, by ``(shuffle_seed, epoch)``: the order of chunks, and rows of
+    several chunks interleaved (``row_interleave``) (default ``False``)."""
     shuffle_seed: int
     """Seed of the shuffle, an int >= 0, the same on every rank (default 0)."""
+    row_interleave: int | None
+    """With ``shuffle=True``, how rows of several chunks are interleaved: each worker reads
+    8 of its chunks (or parts of chunks) side by side and yields them in rounds of about
+    this many rows, each round in an order seeded by ``(shuffle_seed, epoch, ...)``, so
+    every batch draws rows from several files. More rows per round interleave more widely
+    and hold more memory (one round, plus a decoded batch per chunk read). ``None``
+    shuffles chunk order only (rows of a chunk stay in file order). Default 32768. Exactly
+    once and resumable; ignored when ``row_shuffle_window`` or ``shuffle_buffer_size`` is set."""
     row_mixing: int | None
-    """With ``shuffle=True``, how rows are mixed across chunks: each worker reads 8 of
-    its chunks (or parts of chunks) side by side and yields them in rounds of about this
-    many rows, each round in an order seeded by ``(shuffle_seed, epoch, ...)``, so every
-    batch draws rows from several files. More rows per round mix more widely and hold
-    more memory (one round, plus a decoded batch per chunk read). ``None`` shuffles chunk
-    order only (rows of a chunk stay in file order). Default 32768. Exactly once and
-    resumable; ignored when ``row_shuffle_window`` or ``shuffle_buffer_size`` is set."""
+    """The former name of ``row_interleave`` (0.7.0), still taken: the same option."""
     row_shuffle_window: int | None
     """With ``shuffle=True``, also mix rows across chunks: each worker reads runs of
     consecutive chunks of up to this many rows together and yields their rows in a
