@@ -116,7 +116,7 @@ class BatchGroup(list[Any]):
 
 
 class JoinedColumn:
-    """A column made of parts (CPU tensors of one dtype and trailing shape), joined only in the buffer.
+    """A column made of parts (numpy arrays of one dtype and trailing shape), joined only in the buffer.
 
     :func:`pack` writes the parts one after the other straight into the buffer that
     carries the batch (or, with ``order``, each row to its place: row ``j`` of the column
@@ -125,14 +125,21 @@ class JoinedColumn:
     travel so (:class:`~torch_dataloader_utils.runtime.emit.BatchParts`).
     """
 
-    __slots__ = ("dtype", "order", "parts", "shape")
+    __slots__ = ("_numel", "np_dtype", "order", "parts", "shape")
 
-    def __init__(self, parts: list[torch.Tensor], order: np.ndarray | None = None) -> None:
+    def __init__(self, parts: list[np.ndarray[Any, Any]], order: np.ndarray[Any, Any] | None = None) -> None:
         first = parts[0]
         self.parts = parts
         self.order = order
-        self.dtype = first.dtype
-        self.shape = (sum(len(p) for p in parts), *first.shape[1:])
+        self.np_dtype = first.dtype
+        rows = sum(len(p) for p in parts)
+        self.shape = (rows, *first.shape[1:])
+        self._numel = rows if first.ndim == 1 else rows * int(np.prod(first.shape[1:]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The joined column's torch dtype."""
+        return _torch_dtype_of(self.np_dtype)
 
     def dim(self) -> int:
         """Dimensions of the joined column."""
@@ -140,36 +147,29 @@ class JoinedColumn:
 
     def numel(self) -> int:
         """Items of the joined column."""
-        return int(np.prod(self.shape, dtype=np.int64))
+        return self._numel
 
     def element_size(self) -> int:
         """Bytes of one item."""
-        return self.parts[0].element_size()
+        return int(self.np_dtype.itemsize)
 
     def place(self, out: list[tuple[int, Any, int]], at: int) -> None:
-        """Register the copies that write the column at byte ``at`` of the buffer."""
-        if self.order is None:
-            for part in self.parts:
-                nbytes = part.numel() * part.element_size()
-                if nbytes:
-                    out.append((at, _bytes_of(part), nbytes))
-                    at += nbytes
-            return
+        """Register the copy that writes the column at byte ``at`` of the buffer (one numpy call)."""
         nbytes = self.numel() * self.element_size()
         if nbytes:
-            out.append((at, self._scatter, nbytes))
+            out.append((at, self._write, nbytes))
 
-    def _scatter(self, dst: np.ndarray[Any, Any]) -> None:
-        np_dtype = _numpy_dtype_of(self.dtype)
-        assert np_dtype is not None
-        assert self.order is not None
-        column = dst.view(np_dtype).reshape(self.shape)
+    def _write(self, dst: np.ndarray[Any, Any]) -> None:
+        column = dst.view(self.np_dtype).reshape(self.shape)
+        if self.order is None:
+            np.concatenate(self.parts, out=column)
+            return
         where = np.empty(len(self.order), dtype=np.int64)
         where[self.order] = np.arange(len(self.order), dtype=np.int64)  # row i of the parts goes to where[i]
         start = 0
         for part in self.parts:
             n = len(part)
-            column[where[start : start + n]] = part.numpy()
+            column[where[start : start + n]] = part
             start += n
 
 
@@ -256,7 +256,7 @@ def _bytes_of(o: torch.Tensor) -> Any:
 def _is_column(o: Any) -> bool:
     """A plain 1-d CPU tensor (or joined column) of a dtype numpy has: a candidate for a column block."""
     if type(o) is JoinedColumn:
-        return o.dim() == 1 and _numpy_dtype_of(o.dtype) is not None
+        return o.dim() == 1
     return (
         type(o) is torch.Tensor
         and o.dim() == 1
@@ -302,9 +302,7 @@ class _Packer:
 
     def joined(self, o: JoinedColumn) -> Any:
         """A joined column: its parts written where the column lies in the buffer."""
-        np_dtype = _numpy_dtype_of(o.dtype)
-        if np_dtype is None:
-            raise _Unpackable
+        np_dtype = o.np_dtype
         self.leaves += 1
         at = self.total
         o.place(self.parts, at)

@@ -427,9 +427,9 @@ class OrderedDataset(IterableDataset[Any]):
 
     def _for_transfer(self, batch: Any) -> Any:
         if type(batch) is BatchParts:
-            if self._join_parts:  # each part converted, the columns joined in the transfer buffer
-                parts = [self._converter.convert_for_transfer(p) for p in batch.parts]
-                return {k: JoinedColumn([p[k] for p in parts], batch.order) for k in parts[0]}
+            arrays = batch.arrays() if self._join_parts else None
+            if arrays is not None:  # the parts' columns joined in the transfer buffer: one copy
+                return {name: JoinedColumn(parts, batch.order) for name, parts in arrays.items()}
             batch = batch.joined()
         collate = self._options.output.collate_fn
         if collate is None:

@@ -22,6 +22,7 @@ after its last group a worker sends one more item, with no batch, holding the re
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -274,6 +275,26 @@ class BatchParts:
             [p.column(name) for p in self.parts], type=self.parts[0].schema.field(name).type
         )
 
+    def arrays(self) -> dict[str, list[np.ndarray]] | None:
+        """Every column as its parts' numpy arrays, as the torch output holds them; ``None`` if not all can be.
+
+        Numbers without nulls (zero-copy), booleans, and fixed-size lists of them (``[rows,
+        size, ...]``): the columns a worker joins straight into the transfer buffer
+        (:class:`~torch_dataloader_utils.transfer.JoinedColumn`); anything else is
+        converted as usual, from :meth:`joined`.
+        """
+        schema = self.parts[0].schema
+        if not _plain_schema(schema):
+            return None
+        out: dict[str, list[np.ndarray]] = {name: [] for name in schema.names}
+        lists = list(out.values())
+        for part in self.parts:
+            for into, column in zip(lists, part.columns, strict=True):
+                if column.null_count:
+                    return None
+                into.append(_plain_array(column))
+        return out
+
     def joined(self) -> pa.RecordBatch:
         """The batch as one Arrow record batch (one copy of the rows)."""
         parts = self.parts
@@ -283,6 +304,29 @@ class BatchParts:
             pa.Table.from_batches(parts), pa.array(self.order), boundscheck=False, memory_pool=ROUND_POOL
         )
         return taken.combine_chunks(memory_pool=ROUND_POOL).to_batches()[0]
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_schema(schema: pa.Schema) -> bool:
+    """Every column is a number, a boolean or a fixed-size list of them (see :meth:`BatchParts.arrays`)."""
+
+    def plain(t: pa.DataType) -> bool:
+        if pa.types.is_fixed_size_list(t):
+            return plain(t.value_type)
+        return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+    return all(plain(f.type) for f in schema)
+
+
+def _plain_array(column: pa.Array) -> np.ndarray:
+    """``column`` (of a plain type, no nulls) as the numpy array the torch output converts it to."""
+    t = column.type
+    if pa.types.is_fixed_size_list(t):
+        inner = _plain_array(column.flatten())
+        return inner.reshape(len(column), t.list_size, *inner.shape[1:])
+    if pa.types.is_boolean(t):
+        return column.to_numpy(zero_copy_only=False)
+    return column.to_numpy(zero_copy_only=True)
 
 
 def _prepare(item: tuple[int, pa.RecordBatch | Gather]) -> bool:
