@@ -276,7 +276,7 @@ class BatchParts:
         )
 
     def arrays(self) -> dict[str, list[np.ndarray]] | None:
-        """Every column as its parts' numpy arrays, as the torch output holds them; ``None`` if not all can be.
+        """Every column as its parts' numpy arrays, as the torch output holds them (``None``: not all can be).
 
         Numbers without nulls (zero-copy), booleans, and fixed-size lists of them (``[rows,
         size, ...]``): the columns a worker joins straight into the transfer buffer
@@ -318,7 +318,7 @@ def _plain_schema(schema: pa.Schema) -> bool:
     return all(plain(f.type) for f in schema)
 
 
-def _plain_array(column: pa.Array) -> np.ndarray:
+def _plain_array(column: Any) -> np.ndarray:
     """``column`` (of a plain type, no nulls) as the numpy array the torch output converts it to."""
     t = column.type
     if pa.types.is_fixed_size_list(t):
