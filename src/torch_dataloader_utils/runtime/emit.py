@@ -324,9 +324,8 @@ def _plain_array(column: Any) -> np.ndarray:
     if pa.types.is_fixed_size_list(t):
         inner = _plain_array(column.flatten())
         return inner.reshape(len(column), t.list_size, *inner.shape[1:])
-    if pa.types.is_boolean(t):
-        return column.to_numpy(zero_copy_only=False)
-    return column.to_numpy(zero_copy_only=True)
+    array: np.ndarray = column.to_numpy(zero_copy_only=not pa.types.is_boolean(t))
+    return array
 
 
 def _prepare(item: tuple[int, pa.RecordBatch | Gather]) -> bool:
