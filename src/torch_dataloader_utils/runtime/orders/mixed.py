@@ -246,7 +246,7 @@ class MixedOrder:
         self._choose_splits(sources)
         self.sources = [LaneSource(s, self.num_lanes) for s in sources]
         self.weights = integer_weights(mix.weights)
-        self.totals = [int(s.fingerprint()["rows"]) for s in sources]
+        self.totals = [_rows(s) for s in sources]
         self._check_rows()
         at_weight = [self.totals[s] / self.weights[s] for s in range(len(sources))]
         if mix.on_exhausted is OnExhausted.CYCLE:  # the longest epoch at its weight ends the mix's
@@ -599,6 +599,8 @@ class MixedOrder:
                 for w in range(self.readers)
             ]
             consumed[self.world.rank] = tuple(received)
+        elif any(self.first_batches(epoch)):  # a loaded pass not read yet: where its lanes stood
+            consumed[self.world.rank] = tuple(self.first_batches(epoch))
         origin = self.origin
         full = origin.full if segment and epoch == origin.epoch and origin.full is not None else start
         return MixState(
@@ -731,6 +733,15 @@ class MixedOrder:
             "period": self.blend.period,
             "sources": sources,
         }
+
+
+def _rows(source: SourcePlan) -> int:
+    """A source's rows: its files' (metadata), or its chunks' (text files counted when built)."""
+    rows = int(source.fingerprint()["rows"])
+    table = source.planner.chunk_table()
+    if rows or table is None:
+        return rows
+    return int(table.rows[table.rows > 0].sum())
 
 
 def _without(part: pa.RecordBatch, column: str) -> pa.RecordBatch:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches
-from torch_dataloader_utils.errors import UnknownLengthError, warn
+from torch_dataloader_utils.errors import IncompatibleOptionsError, UnknownLengthError, warn
 from torch_dataloader_utils.io.batching import rebatch
 from torch_dataloader_utils.io.helpers import Helpers, helpers
 from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
@@ -382,7 +382,22 @@ class PlannedOrder(SegmentOrder):
         return self.rank_plan(epoch, num_workers).digest
 
     def validate(self, epoch: int, segments: tuple[Segment, ...]) -> object:
-        """Plan the rest of ``epoch`` after ``segments`` (raising on a state that does not fit)."""
+        """Plan the rest of ``epoch`` after ``segments`` (raising on a state that does not fit).
+
+        Raises:
+            IncompatibleOptionsError: the state's passes dealt equal rows to several ranks,
+                and this dataset's row counts are unknown (text files not counted).
+        """
+        saved = max(s.num_ranks for s in segments)
+        policy = self.options.batching.equal_batches
+        table = self.planner.chunk_table()
+        if saved > 1 and policy is not EqualBatches.OFF and table is not None and (table.rows < 0).any():
+            raise IncompatibleOptionsError(
+                f"the resume state was saved on {saved} ranks with equal_batches={policy.value!r}, whose "
+                "plan deals exact row counts, but this dataset's row counts are unknown (its text files "
+                "were not counted: one rank counts only when asked); build it with count_rows=True to "
+                "resume the state"
+            )
         return self.pieces(epoch, self.readers(), segments)
 
     def _resumer(self, epoch: int, workers: int, segments: tuple[Segment, ...]) -> Resumer:
