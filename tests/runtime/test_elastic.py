@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.data import write_parquet_files
-from torch_dataloader_utils import StructuredDataset, merge_states
+from torch_dataloader_utils import StructuredDataset, create_dataloader, merge_states
 from torch_dataloader_utils.errors import IncompatibleOptionsError, ResumeStateError
 from torch_dataloader_utils.runtime import dataset as dataset_module
 from torch_dataloader_utils.runtime import elastic as elastic_module
@@ -281,3 +281,34 @@ def test_rounds_refuse_streams_of_unequal_rows() -> None:
     held = [elastic_module._Held(iter(_stream(0, [10]))), elastic_module._Held(iter(_stream(100, [4])))]
     with pytest.raises(ValueError, match="streams ended unevenly"):
         list(elastic_module._rounds(held, 3, drop_last=False, group=1))
+
+
+@pytest.mark.slow
+def test_the_librarys_split_gives_the_same_global_batches_in_every_world(tmp_path: Path) -> None:
+    """``canonical_ranks=4, shuffle=True``, split left to the library: R in {1, 2, 4} x num_workers in {0, 2}.
+
+    The split is chosen for the 4 canonical streams, not for ranks x workers (issue 32: 0 of 50
+    global batches matched across worlds when the row interleaving split finer for more readers).
+    """
+    root = tmp_path / "data"
+    write_parquet_files(root, [1000] * 8, row_group_size=125, with_strings=False)  # 64 row groups
+    options = {"canonical_ranks": 4, "shuffle": True, "shuffle_seed": 3}
+    worlds = {}
+    for ranks in (1, 2, 4):
+        for workers in (0, 2):
+            per_rank = []
+            for rank in range(ranks):
+                loader, _ = create_dataloader(
+                    str(root),
+                    num_ranks=ranks,
+                    rank=rank,
+                    batch_size=16 // ranks,
+                    num_workers=workers,
+                    **options,
+                )
+                per_rank.append([_ids(b) for b in loader])
+            worlds[(ranks, workers)] = global_batches(per_rank)
+    expected = worlds[(1, 0)]
+    assert len(expected) == 8000 // 16
+    for world, batches in worlds.items():
+        assert batches == expected, world
