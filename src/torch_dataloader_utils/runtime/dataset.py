@@ -1,32 +1,28 @@
 """The engine: one pass machinery that drives any order (:mod:`.orders`), and the planned dataset.
 
-:class:`OrderedDataset` reads whatever its order says and does the rest the same way for
-every order: in a DataLoader worker of the library's loader it converts the batches and
-sends them in groups through the loader's shared-memory segments (:func:`.emit.grouped`);
-in a DataLoader of the user's own it packs each batch; in the main process it converts
-and tags them. It records what the loop consumed (:class:`Pass`, opened by the loader with
-:meth:`OrderedDataset.open_pass` or by a loop over the dataset itself), counts and times
-it (:attr:`OrderedDataset.metrics`), selects epochs and saves and loads resume states.
-
-The dataset holds only values (the order, its options, a shared-memory epoch counter), so
-it pickles cheaply to DataLoader workers, and ``set_epoch`` reaches persistent workers too.
-:class:`PlannedDataset` is one source (files, Iceberg) in the planned or the elastic order;
-:class:`~torch_dataloader_utils.runtime.recipes.MixedDataset` several sources, mixed.
+:class:`OrderedDataset` reads what its order says and does the rest alike for every order:
+in a worker of the library's loader it converts batches and sends them in groups through
+shared memory (:func:`.emit.grouped`); in a DataLoader of the user's own it packs each
+batch; in the main process it converts and tags them. It records what the loop consumed
+(:class:`Pass`, from :meth:`OrderedDataset.open_pass`), counts and times it, selects epochs,
+saves and loads states. It holds only values (pickled cheaply to workers; ``set_epoch``
+reaches persistent ones). :class:`PlannedDataset` is one source in the planned or elastic
+order; :class:`~torch_dataloader_utils.runtime.recipes.MixedDataset` several, mixed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset
 
-from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches, OutputConfig, OutputFormat, check_int
+from torch_dataloader_utils.config import EqualBatches, check_int
 from torch_dataloader_utils.errors import IncompatibleOptionsError, ResumeStateError, warn
 from torch_dataloader_utils.io.bad import is_standin
 from torch_dataloader_utils.io.base import ChunkReader
@@ -41,128 +37,21 @@ from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.elastic import join_converted, join_converted_blocks, joinable
-from torch_dataloader_utils.runtime.emit import ArrowBytes, BatchParts, grouped
+from torch_dataloader_utils.runtime.emit import ArrowBytes, BatchParts, batch_schema, grouped, parts_joinable
 from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics, WorkerMetrics, stall_clock
 from torch_dataloader_utils.runtime.options import Options
-from torch_dataloader_utils.runtime.orders import Delivery, Joins, Order, Tagger
+from torch_dataloader_utils.runtime.orders import Joins, Order, Tagger
 from torch_dataloader_utils.runtime.orders.elastic import ElasticOrder
-from torch_dataloader_utils.runtime.orders.planned import MAX_AUTO_WORKERS, PlannedOrder
+from torch_dataloader_utils.runtime.orders.planned import MAX_AUTO_WORKERS, PlannedOrder, check_options
 from torch_dataloader_utils.runtime.orders.source import SourcePlan
+from torch_dataloader_utils.runtime.passes import Handoff, Pass
 from torch_dataloader_utils.runtime.progress import Progress
-from torch_dataloader_utils.runtime.state import EpochProgress, PassLog, Tagged
+from torch_dataloader_utils.runtime.state import PassLog, Tagged
 from torch_dataloader_utils.runtime.watchdog import watch_parent
 from torch_dataloader_utils.runtime.workstats import WorkStats
 from torch_dataloader_utils.transfer import JoinedColumn, SegmentPool, pack
 
-__all__ = ["MAX_AUTO_WORKERS", "OrderedDataset", "Pass", "PlannedDataset", "batch_schema", "parts_joinable"]
-
-
-def batch_schema(schema: pa.Schema, equal: EqualBatches) -> pa.Schema:
-    """The schema of every batch: ``schema``, plus the padding flag with ``equal_batches='pad'``.
-
-    Raises:
-        IncompatibleOptionsError: the data already has a column of the flag's name.
-    """
-    if equal is not EqualBatches.PAD:
-        return schema
-    if PADDING_COLUMN in schema.names:
-        raise IncompatibleOptionsError(
-            f"equal_batches='pad' adds a column {PADDING_COLUMN!r}, but the data already has one; "
-            "rename it or leave it out of columns"
-        )
-    return schema.append(pa.field(PADDING_COLUMN, pa.bool_(), nullable=False))
-
-
-def parts_joinable(output: OutputConfig, schema: pa.Schema) -> bool:
-    """Whether a batch's parts, converted one by one, can be joined straight into the transfer buffer.
-
-    Torch output of numbers and fixed-size lists, with nothing applied to the whole batch
-    (no ``collate_fn``, packing or feature packs): each column is then its parts' tensors
-    one after the other (:class:`~torch_dataloader_utils.transfer.JoinedColumn`).
-    """
-    if output.output_format is not OutputFormat.TORCH or output.collate_fn is not None:
-        return False
-    if output.pack_sequences is not None or output.pack_features:
-        return False
-
-    def plain(t: pa.DataType) -> bool:
-        if pa.types.is_fixed_size_list(t):
-            return plain(t.value_type)
-        return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
-
-    return all(plain(f.type) for f in schema)
-
-
-class Handoff(NamedTuple):
-    """What a pass of the library's loader tells its workers (they pickle the dataset as it starts).
-
-    Attributes:
-        transport: The shared-memory segments they send batches in (``None``: the pipe).
-    """
-
-    transport: SegmentPool | None
-
-
-class Pass:
-    """One pass over the current epoch, as the loader (or a loop over the dataset) runs it.
-
-    The loader opens it before its workers start (:meth:`OrderedDataset.open_pass`),
-    hands every item a worker sent to :meth:`deliver` (when :attr:`delivers`), records each
-    batch as consumed when the loop takes it (:meth:`consume`), and ends it.
-    """
-
-    def __init__(self, dataset: OrderedDataset, progress: EpochProgress, handoff: Handoff | None) -> None:
-        self._dataset = dataset
-        self.progress = progress
-        self._handoff = handoff
-        self._delivery: Delivery | None = None
-
-    @property
-    def delivers(self) -> bool:
-        """Items must go through :meth:`deliver` (a joiner or a sequencer stands between)."""
-        return self._delivery is not None
-
-    def deliver(self, item: Tagged) -> Iterable[Any]:
-        """Main process: one batch (or part) a worker sent; the loop's batches it completes."""
-        if self._delivery is None:
-            return (item,)
-        return self._delivery.add(item)
-
-    def consume(self, item: Any) -> Any:
-        """Record ``item`` as consumed by the loop (a tagged batch); return the batch."""
-        if not isinstance(item, Tagged):
-            return item
-        tag = item.tag
-        if len(tag) > 7:  # rows of every source (a mix)
-            self._dataset.count_sources(tag[7:])
-        # Plain stores last, no call after them: an exception raised asynchronously in the
-        # main thread (a signal handler) cannot land between the record and the hand-over.
-        self.progress.record(tag)
-        return item.batch
-
-    def _consume_part(self, part: Tagged) -> Any:
-        """A worker's part of a joined batch, recorded as consumed when the batch is made."""
-        self.progress.record(part.tag)
-        return part.batch
-
-    def started(self) -> None:
-        """The workers started (they took the hand-off): the dataset keeps no transport."""
-        dataset = self._dataset
-        if dataset._handoff is self._handoff and self._handoff is not None:
-            dataset._handoff = Handoff(None)
-            self._handoff = dataset._handoff
-
-    def finish(self) -> None:
-        """The pass ran to its end (every worker's parts were joined)."""
-        if self._delivery is not None:
-            self._delivery.check_done()
-        self._dataset.order.passes.finish(self.progress)
-
-    def end(self) -> None:
-        """The pass ended (exhausted, closed or failed): a later pass is not nested in it."""
-        PassLog.end(self.progress)
-        if self._dataset._handoff is self._handoff:
-            self._dataset._handoff = None
+__all__ = ["MAX_AUTO_WORKERS", "OrderedDataset", "PlannedDataset", "batch_schema"]
 
 
 class OrderedDataset(IterableDataset[Any]):
@@ -488,34 +377,6 @@ def _as_is(batch: Any) -> Any:
     return batch
 
 
-def _check_counts(options: Options, row_count_issue: str | None) -> None:
-    """Equal batches need exact row counts (else ranks could yield different batch counts)."""
-    if options.equalized and row_count_issue:
-        raise IncompatibleOptionsError(
-            f"equal_batches={options.batching.equal_batches.value!r} needs exact row counts, but "
-            f"{row_count_issue}, so the {options.world.num_ranks} ranks' row counts are unknown "
-            "before reading and they could yield different numbers of batches (a DDP job would "
-            "hang). Mask those rows in the training step instead, rewrite the data already "
-            "filtered, or pass equal_batches='off' and handle uneven inputs yourself "
-            "(torch.distributed.algorithms.Join)"
-        )
-
-
-def _check_bad_data(options: Options) -> None:
-    """Skipping bad data with equal_batches='drop' on several ranks could unbalance the ranks."""
-    drop = options.batching.equal_batches is EqualBatches.DROP
-    if options.bad_data.skipping and drop and (options.equalized or options.canonical is not None):
-        ranks = options.world.num_ranks
-        where = f"{ranks} ranks" if options.canonical is None else f"canonical_ranks={options.canonical}"
-        raise IncompatibleOptionsError(
-            f"on_bad_data={options.bad_data.on_bad_data.value!r} with equal_batches='drop' on "
-            f"{where}: the rows of a skipped unit would leave its rank with "
-            "fewer batches than the others (a DDP job would hang). Pass equal_batches='pad': the "
-            f"skipped rows are then replaced, in place, by rows flagged in {PADDING_COLUMN!r} (mask "
-            "them as padding), or equal_batches='off' to let the ranks' batch counts differ"
-        )
-
-
 class PlannedDataset(OrderedDataset):
     """One source read in the planned order (or, with ``canonical_ranks``, the elastic order).
 
@@ -557,8 +418,7 @@ class PlannedDataset(OrderedDataset):
         if self._member:
             self._options, self._schema = options, output_schema
             return
-        _check_counts(options, row_count_issue)
-        _check_bad_data(options)
+        check_options(options, row_count_issue)
         workers = options.loader.num_workers
         order: PlannedOrder | ElasticOrder
         if options.canonical is None:

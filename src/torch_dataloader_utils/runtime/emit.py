@@ -32,6 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches, OutputConfig, OutputFormat
+from torch_dataloader_utils.errors import IncompatibleOptionsError
 from torch_dataloader_utils.io.ahead import read_ahead
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import concat_batches
@@ -51,7 +53,9 @@ __all__ = [
     "BatchCount",
     "BatchParts",
     "Positions",
+    "batch_schema",
     "grouped",
+    "parts_joinable",
 ]
 
 GROUP_BYTES = 32 << 20
@@ -433,3 +437,39 @@ def grouped(
     files = work.files_delta()
     if any(rest) or files:
         yield Tagged(BatchGroup(), (), (worker, rest, files))
+
+
+def batch_schema(schema: pa.Schema, equal: EqualBatches) -> pa.Schema:
+    """The schema of every batch: ``schema``, plus the padding flag with ``equal_batches='pad'``.
+
+    Raises:
+        IncompatibleOptionsError: the data already has a column of the flag's name.
+    """
+    if equal is not EqualBatches.PAD:
+        return schema
+    if PADDING_COLUMN in schema.names:
+        raise IncompatibleOptionsError(
+            f"equal_batches='pad' adds a column {PADDING_COLUMN!r}, but the data already has one; "
+            "rename it or leave it out of columns"
+        )
+    return schema.append(pa.field(PADDING_COLUMN, pa.bool_(), nullable=False))
+
+
+def parts_joinable(output: OutputConfig, schema: pa.Schema) -> bool:
+    """Whether a batch's parts, converted one by one, can be joined straight into the transfer buffer.
+
+    Torch output of numbers and fixed-size lists, with nothing applied to the whole batch
+    (no ``collate_fn``, packing or feature packs): each column is then its parts' tensors
+    one after the other (:class:`~torch_dataloader_utils.transfer.JoinedColumn`).
+    """
+    if output.output_format is not OutputFormat.TORCH or output.collate_fn is not None:
+        return False
+    if output.pack_sequences is not None or output.pack_features:
+        return False
+
+    def plain(t: pa.DataType) -> bool:
+        if pa.types.is_fixed_size_list(t):
+            return plain(t.value_type)
+        return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+    return all(plain(f.type) for f in schema)

@@ -29,10 +29,11 @@ from torch.utils.data import DataLoader, Sampler
 from torch_dataloader_utils.config import LoaderConfig
 from torch_dataloader_utils.errors import IncompatibleOptionsError
 from torch_dataloader_utils.plan.state import keyed_state
-from torch_dataloader_utils.runtime.dataset import OrderedDataset, Pass
+from torch_dataloader_utils.runtime.dataset import OrderedDataset
 from torch_dataloader_utils.runtime.device import DeviceStage, OnDevice, copied_ahead
 from torch_dataloader_utils.runtime.emit import GROUP_BYTES
 from torch_dataloader_utils.runtime.metrics import LoaderMetrics, gather_metrics, stall_clock
+from torch_dataloader_utils.runtime.passes import Pass
 from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.storage.threads import join_at_exit
 from torch_dataloader_utils.transfer import BatchGroup, HostPinner, SegmentPool, can_pin_segments

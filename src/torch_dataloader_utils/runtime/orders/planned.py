@@ -40,7 +40,14 @@ from torch_dataloader_utils.runtime.report import report_plan
 from torch_dataloader_utils.runtime.state import ResumeTracker, Tagged, complete_state
 from torch_dataloader_utils.runtime.workstats import WorkStats
 
-__all__ = ["MAX_AUTO_WORKERS", "REPORT_MAX_RANKS", "STANDIN_COLUMN", "PlannedOrder", "SegmentOrder"]
+__all__ = [
+    "MAX_AUTO_WORKERS",
+    "REPORT_MAX_RANKS",
+    "STANDIN_COLUMN",
+    "PlannedOrder",
+    "SegmentOrder",
+    "check_options",
+]
 
 log = logging.getLogger("torch_dataloader_utils.runtime.dataset")
 """The dataset's logger, as before orders were values (what users and tests listen to)."""
@@ -64,6 +71,44 @@ def _batches_of(rows: Sequence[int | None], batch_size: int, drop_last: bool, un
         full, rest = divmod(count, batch_size)
         total += full + (1 if rest and not drop_last else 0)
     return total
+
+
+def _check_counts(options: Options, row_count_issue: str | None) -> None:
+    """Equal batches need exact row counts (else ranks could yield different batch counts)."""
+    if options.equalized and row_count_issue:
+        raise IncompatibleOptionsError(
+            f"equal_batches={options.batching.equal_batches.value!r} needs exact row counts, but "
+            f"{row_count_issue}, so the {options.world.num_ranks} ranks' row counts are unknown "
+            "before reading and they could yield different numbers of batches (a DDP job would "
+            "hang). Mask those rows in the training step instead, rewrite the data already "
+            "filtered, or pass equal_batches='off' and handle uneven inputs yourself "
+            "(torch.distributed.algorithms.Join)"
+        )
+
+
+def _check_bad_data(options: Options) -> None:
+    """Skipping bad data with equal_batches='drop' on several ranks could unbalance the ranks."""
+    drop = options.batching.equal_batches is EqualBatches.DROP
+    if options.bad_data.skipping and drop and (options.equalized or options.canonical is not None):
+        ranks = options.world.num_ranks
+        where = f"{ranks} ranks" if options.canonical is None else f"canonical_ranks={options.canonical}"
+        raise IncompatibleOptionsError(
+            f"on_bad_data={options.bad_data.on_bad_data.value!r} with equal_batches='drop' on "
+            f"{where}: the rows of a skipped unit would leave its rank with "
+            "fewer batches than the others (a DDP job would hang). Pass equal_batches='pad': the "
+            f"skipped rows are then replaced, in place, by rows flagged in {PADDING_COLUMN!r} (mask "
+            "them as padding), or equal_batches='off' to let the ranks' batch counts differ"
+        )
+
+
+def check_options(options: Options, row_count_issue: str | None) -> None:
+    """The options one source is read with fit its data (counts for equal batches, bad data).
+
+    Raises:
+        IncompatibleOptionsError: naming the options that cannot be combined, and the fix.
+    """
+    _check_counts(options, row_count_issue)
+    _check_bad_data(options)
 
 
 class SegmentOrder:
