@@ -324,12 +324,16 @@ def coerce_sequence_pack(value: object) -> SequencePack | None:
 
 
 class OnExhausted(enum.Enum):
-    """What a mix does when one of its sources has read its epoch (``on_exhausted``).
+    """Which source's epoch ends an epoch of a mix (``on_exhausted``): its *anchor*.
 
-    * ``CYCLE``: the source starts its next epoch and the mix goes on; the mix's epoch
-      ends when the source that takes longest at its weight has read its epoch.
-    * ``STOP``: the mix's epoch ends; the other sources go on where they stopped in the
-      next one.
+    * ``CYCLE``: the source that takes longest at its weight; every other source starts
+      its next epoch when it runs out, and the mix goes on.
+    * ``STOP``: the source that takes shortest at its weight (in the first epoch, the
+      first to run out); a source that runs out before it (having started part-read)
+      starts its next epoch.
+
+    Every epoch of the mix reads its anchor's epoch once, so all have the same length,
+    and the other sources go on where they stopped in the next one.
     """
 
     CYCLE = "cycle"

@@ -132,12 +132,10 @@ class LaneSource:
         in_worker: bool,
         ahead: bool,
         flag: str | None,
-        read_rows: int | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """The rows of ``lane``'s entry ``(epoch, segments)`` after its first ``skip`` rows.
 
         ``flag``: a boolean column marking padding and stand-ins of skipped units, or ``None``.
-        ``read_rows``: rows per decoded batch, where the reader can choose (``None``: its own).
         """
         pieces: Sequence[Piece] = self.pieces(epoch, segments, lane)
         files = self.source.table
@@ -148,6 +146,4 @@ class LaneSource:
         reader.schedule([c for piece in pieces for c in piece_reads(piece, files)])
         positions = Positions(0, lane, self.num_lanes)
         mix_rows = MIX_WORKER_READ_ROWS if in_worker else None
-        if read_rows is not None:  # several sources read side by side: smaller decoded batches
-            reader = reader.with_read_rows(read_rows)
         yield from positions.read(reader, pieces, flag, batch_size, files, mix_rows, ahead=ahead)

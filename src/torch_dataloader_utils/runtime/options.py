@@ -380,11 +380,11 @@ class MixedLoaderOptions(FileReadOptions, LoaderOptions, total=False):
     """
 
     on_exhausted: str | OnExhausted
-    """What happens when a source has read its epoch: ``"cycle"`` (default) starts its
-    next epoch, and an epoch of the mix ends when the source that takes longest at its
-    weight has read its own (every row of it once); ``"stop"`` ends the mix's epoch
-    when any source has read its epoch. Either way a source goes on where it stopped in
-    the next epoch of the mix, so each source is read exactly once per its own epoch."""
+    """Which source's epoch ends an epoch of the mix (its anchor): ``"cycle"`` (default),
+    the source that takes longest at its weight; ``"stop"``, the one that takes shortest.
+    Every epoch of the mix reads its anchor once (so all have the same length); a source
+    that runs out before it starts its next epoch, and every source goes on where it
+    stopped in the next epoch of the mix, so each is read exactly once per its own epoch."""
     source_column: str | None
     """Add an int32 column of this name holding each row's source index (its position
     in ``sources``); default: none."""

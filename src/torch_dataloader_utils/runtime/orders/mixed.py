@@ -70,9 +70,6 @@ AHEAD_ROWS = 65536
 """Rows of mixed batches the read-ahead thread hands over at once (as a decoded batch of
 ``create_dataloader``'s read path holds)."""
 
-LANE_READ_ROWS = 65536
-"""Rows of decoded batches a DataLoader worker of a mix holds of all its sources together."""
-
 Start = tuple[SourcePosition, ...]
 """Where every source stands when a pass starts."""
 
@@ -503,9 +500,6 @@ class MixedOrder:
         if flag is not None:
             columns.append(flag)
         done = plan.consumed(first) if first else None
-        # A worker holds a decoded batch of every source at once: smaller ones, together about
-        # what one source's read holds (fewer fresh large allocations, a smaller working set).
-        read_rows = max(batching.batch_size, LANE_READ_ROWS // len(self.sources)) if in_worker else None
         streams = [
             _LaneStream(
                 source,
@@ -516,7 +510,6 @@ class MixedOrder:
                 in_worker=in_worker,
                 ahead=False,
                 flag=flag,
-                read_rows=read_rows,
             )
             for s, source in enumerate(self.sources)
         ]
