@@ -69,8 +69,13 @@ def refused(combo: dict[str, Any], ranks: int) -> str | None:
 
 
 def refused_resume(combo: dict[str, Any], before: int, after: int) -> str | None:
-    """The fix named when a state of ``before`` ranks cannot be loaded on ``after`` (text not counted)."""
-    if combo["format"] == "jsonl" and combo["order"] == "planned" and before > 1 and after == 1:
+    """The fix named when a state of ``before`` ranks cannot be loaded on ``after`` ranks.
+
+    Text rows are counted when equal batches act on several ranks (``count_rows`` left to
+    the library), and a text file's chunks and cursors depend on it: a state saved with
+    them counted resumes only where they are, and the other way round.
+    """
+    if combo["format"] == "jsonl" and combo["order"] == "planned" and (before > 1) != (after > 1):
         return "count_rows=True"
     return None
 

@@ -15,14 +15,15 @@ repeated cycle, the ``phase`` drawn from ``(seed, epoch, segment)``. So in *any*
 window of consecutive batches a source's rows are within 2 rows of the window's rows
 times its share: the proportions hold per batch up to one row, and they never drift.
 
-A pass ends when a *limited* source runs out (:func:`plan_pass`): with ``cycle`` the
-source whose epoch takes longest at its weight (the others start their next epoch as
-they run out), with ``stop`` any source. The last batch takes what the exhausted source
-has left and fills the rest from the others, by weight, so it stays full.
+A pass ends when a *limited* source, the mix's anchor, runs out (:func:`plan_pass`): with
+``cycle`` the source whose epoch takes longest at its weight, with ``stop`` the one whose
+epoch takes shortest (the others start their next epoch as they run out). The last batch
+takes what the exhausted source has left and fills the rest from the others, by weight, so
+it stays full.
 
-Stream positions (:func:`advance`) are counted per lane: every source's lane stream is
+Positions (:func:`advance`) are counted per lane: every source's rows on a lane are
 a list of partly read epochs followed by whole ones, and a pass moves each source
-along its stream by the rows it took.
+along them by the rows it took.
 
 Pure: stdlib and numpy only; nothing here reads data or the environment.
 """
@@ -329,9 +330,9 @@ def plan_pass(
 
 
 def advance(lengths: Sequence[int], fresh: int, skip: int, rows: int) -> tuple[int, int, int]:
-    """Where a lane's stream of one source stands after ``rows`` more rows.
+    """Where a lane's rows of one source stand after ``rows`` more rows.
 
-    The stream is ``len(lengths)`` partly read epochs of ``lengths[i]`` rows each, then
+    The rows are ``len(lengths)`` partly read epochs of ``lengths[i]`` rows each, then
     whole epochs of ``fresh`` rows each; ``skip`` rows of its head are already read.
 
     Returns:

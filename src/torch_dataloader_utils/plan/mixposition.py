@@ -1,6 +1,6 @@
 """Where each source of a mix stands, and the mix's resume state as a value.
 
-A :class:`SourcePosition` is where a source's lane streams stand: its begun epochs (as
+A :class:`SourcePosition` is where a source stands on every lane: its begun epochs (as
 the source's own resume-state segments, :class:`~torch_dataloader_utils.plan.state.Segment`,
 so the rest of an interrupted epoch can be re-dealt over any number of lanes), then
 whole ones. It is the same on every lane of a mix. :class:`MixState` is a mix's resume
@@ -26,7 +26,7 @@ Segments = tuple[Segment, ...]
 
 @dataclass(frozen=True)
 class SourcePosition:
-    """Where one source's lane streams stand (the same on every lane).
+    """Where one source stands on its lanes (the same on every lane).
 
     Attributes:
         entries: Epochs of the source begun and not finished, in order: ``(epoch,

@@ -419,6 +419,7 @@ class PlannedDataset(OrderedDataset):
             self._options, self._schema = options, output_schema
             return
         check_options(options, row_count_issue)
+        self._source.counted_key = True
         workers = options.loader.num_workers
         order: PlannedOrder | ElasticOrder
         if options.canonical is None:

@@ -1,4 +1,4 @@
-"""A source read in equal *lanes*: every reading process of every rank a stream of its own.
+"""A source read in equal *lanes*: every reading process of every rank a share of its own.
 
 A mix (:mod:`.recipes`) builds each batch from several sources at once, and every
 reading process must build the same batches from its own rows. So each source is
@@ -8,7 +8,7 @@ same rows of each epoch (``'drop'`` leaves out fewer than ``num_lanes`` rows, ``
 repeats as many), and the rest of an interrupted epoch is re-dealt equally over any
 other number of lanes by the source's own resume planning.
 
-An *entry* of a lane's stream is one epoch of the source, whole (no segments) or the
+An *entry* of a lane's rows is one epoch of the source, whole (no segments) or the
 rest of an interrupted one (the segments of the source's own resume state, which say
 what every lane consumed). This module is the one place a mix meets the planner's
 pieces and cursors (:mod:`~torch_dataloader_utils.plan.resume`,

@@ -448,7 +448,7 @@ class ResumeTracker(PassLog):
         expected = self.fingerprint()
         saved = plain.get("fingerprint") if isinstance(plain, dict) else None
         if isinstance(saved, dict):
-            expected = _older_filter(saved.get("options"), expected)
+            expected = _older_options(saved.get("options"), expected)
         checked = ResumeState.parse(plain).check_against(expected).normalized()
         if checked.segments:
             validate(checked.epoch, checked.segments)
@@ -458,6 +458,18 @@ class ResumeTracker(PassLog):
         else:
             self._live.set(checked.epoch, checked.segments)
         return checked.epoch
+
+
+def _older_options(saved: object, expected: dict[str, Any]) -> dict[str, Any]:
+    """``expected`` for a state saved by an older version: the keys it could not have are left out.
+
+    ``rows_counted`` (whether text rows were counted) is recorded since 0.8: a state without
+    it is taken as it was. A filter's lossless key: :func:`_older_filter`.
+    """
+    options = expected["options"]
+    if isinstance(saved, dict) and "rows_counted" in options and "rows_counted" not in saved:
+        expected = {**expected, "options": {k: v for k, v in options.items() if k != "rows_counted"}}
+    return _older_filter(saved, expected)
 
 
 def _older_filter(saved: object, expected: dict[str, Any]) -> dict[str, Any]:

@@ -4,8 +4,8 @@ Each source is planned for ``lanes = ranks x reading processes per rank`` lanes
 (:class:`~torch_dataloader_utils.runtime.lanes.LaneSource`): with equal batches every lane
 holds the same rows of each source epoch, so every lane builds the same sequence of batch
 compositions (the :class:`~torch_dataloader_utils.plan.blend.PassPlan` of the epoch) from
-its own streams, and ranks yield equal batch counts. A reading process is one lane; it
-reads its streams of all sources side by side, takes each batch's rows of each source and
+its own rows, and ranks yield equal batch counts. A reading process is one lane; it
+reads its rows of all sources side by side, takes each batch's rows of each source and
 hands them on as the batch's parts (:class:`~torch_dataloader_utils.runtime.emit.BatchParts`),
 which a DataLoader worker joins straight into the buffer the batch travels in.
 
@@ -94,7 +94,7 @@ class MixStart:
     lanes: tuple[int, ...] | None = None
 
 
-class _LaneStream:
+class _LaneRows:
     """One lane's rows of one source: its begun epochs, then whole epochs, as slices."""
 
     def __init__(
@@ -136,7 +136,7 @@ class _LaneStream:
                     self._size = 0
                     empty += 1
                     if empty > 2:  # cannot happen with exact counts (checked when built)
-                        raise RuntimeError("a source's lane stream ended before its planned rows")
+                        raise RuntimeError("a source's rows of a lane ended before its planned rows")
                     continue
                 empty = 0
                 if current.schema.names != self._names:
@@ -500,8 +500,8 @@ class MixedOrder:
         if flag is not None:
             columns.append(flag)
         done = plan.consumed(first) if first else None
-        streams = [
-            _LaneStream(
+        lanes = [
+            _LaneRows(
                 source,
                 lane,
                 start[s] if done is None else self._moved(s, start[s], int(done[s])),
@@ -516,10 +516,10 @@ class MixedOrder:
         block = 1024  # batches whose counts are computed at once (vectorized)
         for at in range(first, plan.batches, block):
             for offset, counts in enumerate(plan.counts_of(at, at + block).tolist()):
-                yield self._assemble(streams, counts, (epoch, segment, lane, at + offset), removed)
+                yield self._assemble(lanes, counts, (epoch, segment, lane, at + offset), removed)
 
     def _assemble(
-        self, streams: Sequence[_LaneStream], counts: Sequence[int], key: tuple[int, ...], removed: str | None
+        self, lanes: Sequence[_LaneRows], counts: Sequence[int], key: tuple[int, ...], removed: str | None
     ) -> BatchParts:
         """A batch of a lane: ``counts[s]`` next rows of every source, as its parts (and their order)."""
         tag_column = self.mix.source_column
@@ -529,7 +529,7 @@ class MixedOrder:
             if not n:
                 continue
             taken: list[pa.RecordBatch] = []
-            streams[s].take(n, taken)
+            lanes[s].take(n, taken)
             if removed is not None:  # stand-ins of skipped units leave the batch (it is shorter)
                 taken = [_without(p, removed) for p in taken]
             for p in taken:
@@ -637,7 +637,7 @@ class MixedOrder:
         saved = self.sources
         if lanes != self.num_lanes:
             saved = [LaneSource(s.source, lanes) for s in self.sources]
-        rows = [[p.skip] * lanes for p in start]  # rows of every saved lane's stream read so far
+        rows = [[p.skip] * lanes for p in start]  # rows of every saved lane read so far
         continued = None
         if state.consumed:
             plan = self._plan(epoch, start, segment, saved)
@@ -747,7 +747,7 @@ def _without(part: pa.RecordBatch, column: str) -> pa.RecordBatch:
 
 
 def _rest(source: LaneSource, position: SourcePosition, rows: Sequence[int]) -> SourcePosition:
-    """``position`` after lane ``v`` read ``rows[v]`` rows of its stream, as the source's own segments.
+    """``position`` after lane ``v`` read ``rows[v]`` rows of the source, as the source's own segments.
 
     Every begun epoch that some lane has not finished keeps a segment saying what each
     lane read of it (:meth:`LaneSource.segment`), so its rest can be re-dealt over any

@@ -29,7 +29,7 @@ from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.planner import Planner, RankPlan, nondeterministic
 from torch_dataloader_utils.plan.resume import Resumer, group
 from torch_dataloader_utils.plan.spread import SPREAD_RANKS, FileSpread
-from torch_dataloader_utils.plan.state import ResumeState, Segment, segments_of
+from torch_dataloader_utils.plan.state import ResumeState, Segment, saved_options, segments_of
 from torch_dataloader_utils.plan.types import EpochPlan, WorkerChunks
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.emit import Positions
@@ -237,6 +237,7 @@ class SegmentOrder:
             StateMismatchError: saved for other files or options (says what changed).
         """
         state = complete_state(state, self.world)
+        self._check_counted(state)
         undo = self.source.adopt(state)
         if undo is not None:
             self.split_changed()
@@ -247,6 +248,31 @@ class SegmentOrder:
                 undo()
                 self.split_changed()
             raise
+
+    def _check_counted(self, state: Mapping[str, Any]) -> None:
+        """A state's text chunks and cursors were made with (or without) counted rows: so must ours.
+
+        Raises:
+            IncompatibleOptionsError: the state's text rows were counted and ours are not, or
+                the other way round (its chunks and cursors would point at other rows).
+        """
+        saved = saved_options(state)
+        ours = self.passes.fingerprint()["options"].get("rows_counted")
+        if saved is None or ours is None or "rows_counted" not in saved or saved["rows_counted"] == ours:
+            return
+        then = saved["rows_counted"]
+        fix = (
+            f"Build it with count_rows={then!r} to resume the state"
+            if then
+            else "Resume it where the rows are not counted either (count_rows=False; on one rank, or with "
+            "equal_batches='off'), and save states to be resumed on other numbers of ranks with "
+            "count_rows=True (rows counted when the dataset is built)"
+        )
+        raise IncompatibleOptionsError(
+            f"the resume state was saved with the text files' rows {'counted' if then else 'not counted'} "
+            f"(count_rows={then!r}, or its default on that many ranks), and this dataset's are "
+            f"{'counted' if ours else 'not'}: chunks and cursors would point at other records. {fix}"
+        )
 
     def delivery(
         self, epoch: int, num_workers: int, joins: Joins, consume: Callable[[Tagged], Any]

@@ -123,6 +123,9 @@ class SourcePlan:
         self.planner = Planner(plan_spec(self.table, options))
         self.split_auto: dict[str, int] | None = None
         """The sizes the library chose for the row mixing (``None``: the user's or the default)."""
+        self.counted_key = False
+        """A state records whether text rows were counted (a source read alone: its chunks and
+        their rows depend on it; a mix counts every source)."""
         self._fingerprint: dict[str, Any] | None = None
 
     @property
@@ -135,6 +138,8 @@ class SourcePlan:
         tied = tied_options(self.options, self.identity)
         if self.split_auto is not None:  # only when the library split finer for the mixing
             tied["split_auto"] = self.split_auto
+        if self.counted_key and self.identity.get("format") in ("csv", "jsonl"):
+            tied["rows_counted"] = self.options.counts_rows
         return tied
 
     def fingerprint(self) -> dict[str, Any]:
