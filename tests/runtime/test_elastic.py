@@ -13,8 +13,6 @@ the uninterrupted run would have yielded.
 
 from __future__ import annotations
 
-import itertools
-import pickle
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -25,12 +23,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.data import write_parquet_files
+from tests.fixtures.orders import read_pass
 from torch_dataloader_utils import StructuredDataset, create_dataloader, merge_states
 from torch_dataloader_utils.errors import IncompatibleOptionsError, ResumeStateError
-from torch_dataloader_utils.runtime import dataset as dataset_module
 from torch_dataloader_utils.runtime import elastic as elastic_module
-from torch_dataloader_utils.runtime import env
-from torch_dataloader_utils.runtime.state import Tagged
 
 ROWS = [230, 170, 311, 94, 205]
 TOTAL = sum(ROWS)
@@ -55,36 +51,7 @@ def _ids(batch: Any) -> list[int]:
 
 def rank_batches(ds: StructuredDataset, workers: int, stop: int | None = None) -> list[list[int]]:
     """The batches one rank's loader yields with ``workers`` workers (simulated here), up to ``stop``."""
-    if workers == 0:
-        return [_ids(b) for b in itertools.islice(iter(ds), stop)]
-    opened = ds.open_pass(workers)  # the loader's protocol: a pass, opened before the workers start
-    items = []
-    mp = pytest.MonkeyPatch()
-    try:
-        mp.setattr(dataset_module, "watch_parent", lambda: None)
-        for w in range(workers):
-            mp.setattr(env, "worker_slot", lambda w=w: env.WorkerSlot(w, workers, True))
-            items.append([pickle.loads(pickle.dumps(item)) for item in iter(ds)])
-    finally:
-        mp.undo()
-    out: list[list[int]] = []
-    try:
-        for item in (i for group in itertools.zip_longest(*items) for i in group if i is not None):
-            for batch, tag in zip(item.batch, item.tag, strict=True):
-                if stop is not None and len(out) >= stop:
-                    return out
-                delivered = iter(opened.deliver(Tagged(batch, tag)))
-                while stop is None or len(out) < stop:  # the loop stops: what it did not take is not consumed
-                    joined = next(delivered, None)
-                    if joined is None:
-                        break
-                    out.append(_ids(opened.consume(joined)))  # the loop's hand-over
-                if stop is not None and len(out) >= stop:
-                    return out
-        opened.finish()
-    finally:
-        opened.end()
-    return out
+    return read_pass(ds, workers, stop, unit=_ids)
 
 
 def global_batches(per_rank: list[list[list[int]]]) -> list[Counter[int]]:

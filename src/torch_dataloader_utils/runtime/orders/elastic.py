@@ -34,7 +34,6 @@ from torch_dataloader_utils.runtime.options import Options
 from torch_dataloader_utils.runtime.orders import Delivery, Joins, Reading
 from torch_dataloader_utils.runtime.orders.planned import MAX_AUTO_WORKERS, REPORT_MAX_RANKS, SegmentOrder
 from torch_dataloader_utils.runtime.orders.source import SourcePlan
-from torch_dataloader_utils.runtime.report import report_plan
 from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.runtime.workstats import WorkStats
 
@@ -201,17 +200,7 @@ class ElasticOrder(SegmentOrder):
             f"streams, and each rank has canonical_ranks / num_ranks = {self.layout.per_rank}"
         )
         if self.world.num_ranks <= REPORT_MAX_RANKS:
-            shuffle = self.options.shuffle
-            report_plan(
-                self.plan(0),
-                self.source.table,
-                rank=self.world.rank,
-                shuffle=shuffle.shuffle,
-                row_window=shuffle.rows_mixed,
-                batch_size=self.options.batching.batch_size,
-                name=self.source.name,
-                more_chunks=fix if readers < self.num_workers else self.source.more_chunks(),
-            )
+            self.report(self.plan(0), fix if readers < self.num_workers else self.source.more_chunks())
         elif self.num_workers > 1 and readers < self.num_workers:
             warn(
                 f"num_workers={self.num_workers} but rank {self.world.rank} has {readers} canonical "

@@ -289,6 +289,20 @@ class SegmentOrder:
     def _dropped(self, epoch: int) -> Sequence[Any]:
         return self.source.planner.dropped(epoch, self.readers())
 
+    def report(self, plan: EpochPlan, more_chunks: str) -> None:
+        """Log ``plan`` and its layout issues on rank 0 (``more_chunks``: how the data gives more chunks)."""
+        shuffle = self.options.shuffle
+        report_plan(
+            plan,
+            self.source.table,
+            rank=self.world.rank,
+            shuffle=shuffle.shuffle,
+            row_window=shuffle.rows_mixed,
+            batch_size=self.options.batching.batch_size,
+            name=self.source.name,
+            more_chunks=more_chunks,
+        )
+
     def prepare(self, epoch: int, num_workers: int) -> None:
         """Main process: a pass starts; what ``state_dict()`` needs of it is planned now."""
         self.piece_rows(epoch, self.readers(num_workers), self.live(epoch))
@@ -669,18 +683,8 @@ class PlannedOrder(SegmentOrder):
         command instead; each rank then only warns about its own idle workers.
         """
         chunks = self.rank_plan(0).share_size  # this rank's plan, checked (a custom strategy too)
-        shuffle = self.options.shuffle
         if self.world.num_ranks <= REPORT_MAX_RANKS:
-            report_plan(
-                self.plan(0),
-                self.source.table,
-                rank=self.world.rank,
-                shuffle=shuffle.shuffle,
-                row_window=shuffle.rows_mixed,
-                batch_size=self.options.batching.batch_size,
-                name=self.source.name,
-                more_chunks=self.source.more_chunks(),
-            )
+            self.report(self.plan(0), self.source.more_chunks())
         elif self.num_workers > 1 and chunks < self.num_workers:
             warn(
                 f"num_workers={self.num_workers} but rank {self.world.rank} has only {chunks} chunk(s) of "
