@@ -153,10 +153,7 @@ class ElasticOrder(SegmentOrder):
     def batches(self, slot: env.WorkerSlot, epoch: int, converted_parts: bool = False) -> Reading:
         """This process's streams read side by side: whole batches, or its parts of them."""
         reader = self.source.reader
-        spare = slot.count < env.cpus_per_rank() if slot.in_worker else env.cpus_per_rank() > 1
-        if slot.in_worker:
-            reader.use_threads(spare)
-        ahead = self.options.fetch.decode_ahead
+        ahead = self.decodes_ahead(slot)
         batching = self.options.batching
         flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
         streams = self.streams.of_worker(epoch, self.live(epoch), slot.id, slot.count)
@@ -173,7 +170,7 @@ class ElasticOrder(SegmentOrder):
             # A worker whose parts are joined sends its parts of many batches at once: the
             # main process joins them with one copy per column (Joiner).
             batches=part_batches(self.layout) if joined else 1,
-            ahead=spare if ahead is None else ahead,
+            ahead=ahead,
         )
         positions = StreamPositions(self.passes.token, slot.id, slot.count, rank=self.world.rank)
         return Reading(batches, positions, work, parts=joined)

@@ -289,6 +289,18 @@ class SegmentOrder:
     def _dropped(self, epoch: int) -> Sequence[Any]:
         return self.source.planner.dropped(epoch, self.readers())
 
+    def decodes_ahead(self, slot: env.WorkerSlot) -> bool:
+        """Whether ``slot`` decodes ahead of its caller (it has a CPU to spare, or was told to).
+
+        Workers that already fill the rank's CPUs decode in their own thread, and only
+        when asked (``decode_ahead``); their reader then uses no Arrow threads either.
+        """
+        spare = slot.count < env.cpus_per_rank() if slot.in_worker else env.cpus_per_rank() > 1
+        if slot.in_worker:
+            self.source.reader.use_threads(spare)
+        ahead = self.options.fetch.decode_ahead
+        return spare if ahead is None else ahead
+
     def report(self, plan: EpochPlan, more_chunks: str) -> None:
         """Log ``plan`` and its layout issues on rank 0 (``more_chunks``: how the data gives more chunks)."""
         shuffle = self.options.shuffle
@@ -645,11 +657,7 @@ class PlannedOrder(SegmentOrder):
     def batches(self, slot: env.WorkerSlot, epoch: int, converted_parts: bool = False) -> Reading:
         """The batches the reading process ``slot`` reads of the current pass over ``epoch``."""
         reader = self.source.reader
-        spare = slot.count < env.cpus_per_rank() if slot.in_worker else env.cpus_per_rank() > 1
-        if slot.in_worker:
-            reader.use_threads(spare)
-        ahead = self.options.fetch.decode_ahead
-        ahead = spare if ahead is None else ahead
+        ahead = self.decodes_ahead(slot)
         files = self.source.table if self.exact else None
         batching = self.options.batching
         padded = batching.equal_batches is EqualBatches.PAD
