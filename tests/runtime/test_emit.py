@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 from torch_dataloader_utils.config import OutputConfig
 from torch_dataloader_utils.io.base import ReaderBase
 from torch_dataloader_utils.packing import converter_for
-from torch_dataloader_utils.runtime.emit import GROUP_MAX_BATCHES, BatchParts, Positions, grouped
+from torch_dataloader_utils.runtime.emit import (
+    GROUP_MAX_BATCHES,
+    BatchParts,
+    Positions,
+    grouped,
+    plain_arrays,
+)
 from torch_dataloader_utils.runtime.workstats import WorkStats
 from torch_dataloader_utils.transfer import JoinedColumn, pack_group
 
@@ -103,6 +109,13 @@ def test_a_batch_joined_in_the_transfer_buffer_is_the_converted_batch(
     batch = BatchParts(parts, order)
     arrays = batch.arrays()
     assert arrays is not None
+    views = [plain_arrays(p) for p in parts]  # made once per decoded batch, as a mix's lanes do
+    assert all(v is not None for v in views)
+    made = BatchParts(parts, order, views=views).arrays()  # type: ignore[arg-type]
+    assert made is not None
+    assert {k: [a.tolist() for a in v] for k, v in made.items()} == {
+        k: [a.tolist() for a in v] for k, v in arrays.items()
+    }
     sent = {name: JoinedColumn(columns, order) for name, columns in arrays.items()}
     got = pickle.loads(pickle.dumps(pack_group([sent, sent])))
     expected = converter_for(parts[0].schema, OutputConfig()).convert_for_transfer(batch.joined())

@@ -56,6 +56,7 @@ __all__ = [
     "batch_schema",
     "grouped",
     "parts_joinable",
+    "plain_arrays",
 ]
 
 GROUP_BYTES = 32 << 20
@@ -255,17 +256,24 @@ class BatchParts:
     order (``None``: as they are). A worker joins them straight into the buffer that
     carries the batch to the main process (one copy, :class:`~torch_dataloader_utils.transfer.JoinedColumn`);
     elsewhere :meth:`joined` makes the Arrow batch. ``extra``: what the batch's tag carries
-    after its counts (a mix: the rows of every source, for the metrics).
+    after its counts (a mix: the rows of every source, for the metrics). ``views``: every
+    part's columns as numpy arrays already (slices of arrays made once per decoded batch),
+    ``None`` for a column that is not plain, or ``None`` when not made.
     """
 
-    __slots__ = ("extra", "num_rows", "order", "parts")
+    __slots__ = ("extra", "num_rows", "order", "parts", "views")
 
     def __init__(
-        self, parts: list[pa.RecordBatch], order: np.ndarray | None = None, extra: tuple[int, ...] = ()
+        self,
+        parts: list[pa.RecordBatch],
+        order: np.ndarray | None = None,
+        extra: tuple[int, ...] = (),
+        views: list[list[np.ndarray | None]] | None = None,
     ) -> None:
         self.parts = parts
         self.order = order
         self.extra = extra
+        self.views = views
         self.num_rows = sum(p.num_rows for p in parts)
 
     @property
@@ -292,6 +300,13 @@ class BatchParts:
             return None
         out: dict[str, list[np.ndarray]] = {name: [] for name in schema.names}
         lists = list(out.values())
+        if self.views is not None:
+            for view in self.views:
+                for into, array in zip(lists, view, strict=True):
+                    if array is None:
+                        return None
+                    into.append(array)
+            return out
         for part in self.parts:
             for into, column in zip(lists, part.columns, strict=True):
                 if column.null_count:
@@ -320,6 +335,17 @@ def _plain_schema(schema: pa.Schema) -> bool:
         return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
     return all(plain(f.type) for f in schema)
+
+
+def plain_arrays(batch: pa.RecordBatch) -> list[np.ndarray | None] | None:
+    """Every column of ``batch`` as the numpy array the torch output converts it to.
+
+    ``None`` for a column with nulls; ``None`` in all when the schema is not plain (see
+    :meth:`BatchParts.arrays`).
+    """
+    if not _plain_schema(batch.schema):
+        return None
+    return [None if c.null_count else _plain_array(c) for c in batch.columns]
 
 
 def _plain_array(column: Any) -> np.ndarray:

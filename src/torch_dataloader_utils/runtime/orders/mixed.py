@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch.distributed as dist
@@ -52,7 +53,7 @@ from torch_dataloader_utils.plan.mixposition import MixState, Segments, SourcePo
 from torch_dataloader_utils.plan.mixstate import merge_mixed_states, partial_mix_state, saved_sources
 from torch_dataloader_utils.plan.shuffle import permutation, random_offset
 from torch_dataloader_utils.runtime import env, share
-from torch_dataloader_utils.runtime.emit import BatchCount, BatchParts
+from torch_dataloader_utils.runtime.emit import BatchCount, BatchParts, parts_joinable, plain_arrays
 from torch_dataloader_utils.runtime.lanes import LaneSource
 from torch_dataloader_utils.runtime.options import Options
 from torch_dataloader_utils.runtime.orders import Delivery, Joins, Reading
@@ -95,10 +96,20 @@ class MixStart:
 
 
 class _LaneRows:
-    """One lane's rows of one source: its begun epochs, then whole epochs, as slices."""
+    """One lane's rows of one source: its begun epochs, then whole epochs, as slices.
+
+    With ``arrays``, every decoded batch's columns are also made numpy arrays once (as the
+    torch output holds them), and every slice taken comes with its views of them.
+    """
 
     def __init__(
-        self, source: LaneSource, lane: int, position: SourcePosition, names: Sequence[str], **read: Any
+        self,
+        source: LaneSource,
+        lane: int,
+        position: SourcePosition,
+        names: Sequence[str],
+        arrays: bool = False,
+        **read: Any,
     ) -> None:
         self._source = source
         self._lane = lane
@@ -111,6 +122,8 @@ class _LaneRows:
         self._current: pa.RecordBatch | None = None
         self._offset = 0
         self._size = 0
+        self._arrays = arrays
+        self._columns: list[np.ndarray | None] | None = None
 
     def _open(self) -> Iterator[pa.RecordBatch]:
         if self._queue:
@@ -121,30 +134,42 @@ class _LaneRows:
         skip, self._skip = self._skip, 0
         return self._source.read(epoch, segments, self._lane, skip, **self._read)
 
-    def take(self, rows: int, out: list[pa.RecordBatch]) -> None:
-        """Append the next ``rows`` rows to ``out`` (zero-copy slices, columns in ``names`` order)."""
+    def _load(self) -> pa.RecordBatch | None:
+        """The next decoded batch (``None``: this entry ended), its columns in ``names`` order."""
+        if self._batches is None:
+            self._batches = self._open()
+        current = next(self._batches, None)
+        self._offset = 0
+        if current is None:
+            self._batches = None
+            self._size = 0
+        else:
+            if current.schema.names != self._names:
+                current = current.select(self._names)
+            self._size = current.num_rows
+            self._columns = plain_arrays(current) if self._arrays else None
+        self._current = current
+        return current
+
+    def take(self, rows: int, out: list[pa.RecordBatch], views: list[list[np.ndarray | None] | None]) -> None:
+        """Append the next ``rows`` rows to ``out`` (zero-copy slices), and their numpy views to ``views``."""
         empty = 0
         while rows > 0:
             current = self._current
             if current is None or self._offset >= self._size:
-                if self._batches is None:
-                    self._batches = self._open()
-                current = self._current = next(self._batches, None)
-                self._offset = 0
+                current = self._load()
                 if current is None:
-                    self._batches = None
-                    self._size = 0
                     empty += 1
                     if empty > 2:  # cannot happen with exact counts (checked when built)
                         raise RuntimeError("a source's rows of a lane ended before its planned rows")
                     continue
                 empty = 0
-                if current.schema.names != self._names:
-                    current = self._current = current.select(self._names)
-                self._size = current.num_rows
             n = min(rows, self._size - self._offset)
-            out.append(current.slice(self._offset, n))
-            self._offset += n
+            lo, hi = self._offset, self._offset + n
+            out.append(current.slice(lo, n))
+            columns = self._columns
+            views.append(None if columns is None else [None if c is None else c[lo:hi] for c in columns])
+            self._offset = hi
             rows -= n
 
 
@@ -500,12 +525,16 @@ class MixedOrder:
         if flag is not None:
             columns.append(flag)
         done = plan.consumed(first) if first else None
+        # In a worker whose batches go to the transfer buffer as their parts' columns: every
+        # decoded batch made numpy arrays once, not every slice of it (see BatchParts.arrays).
+        arrays = in_worker and removed is None and parts_joinable(self.options.output, self._schema())
         lanes = [
             _LaneRows(
                 source,
                 lane,
                 start[s] if done is None else self._moved(s, start[s], int(done[s])),
                 columns,
+                arrays,
                 batch_size=batching.batch_size,
                 in_worker=in_worker,
                 ahead=False,
@@ -524,12 +553,13 @@ class MixedOrder:
         """A batch of a lane: ``counts[s]`` next rows of every source, as its parts (and their order)."""
         tag_column = self.mix.source_column
         parts: list[pa.RecordBatch] = []
+        views: list[list[np.ndarray | None] | None] = []
         rows = [0] * len(counts)
         for s, n in enumerate(counts):
             if not n:
                 continue
             taken: list[pa.RecordBatch] = []
-            lanes[s].take(n, taken)
+            lanes[s].take(n, taken, views)
             if removed is not None:  # stand-ins of skipped units leave the batch (it is shorter)
                 taken = [_without(p, removed) for p in taken]
             for p in taken:
@@ -546,8 +576,10 @@ class MixedOrder:
         if shuffle.shuffle and total >= 2:  # the batch's rows in a seeded order
             order = permutation(total, shuffle.shuffle_seed, *key, _ORDER_SALT)
         if not parts:  # every row of the batch was a skipped unit's
-            parts = [pa.RecordBatch.from_pylist([], schema=self._schema())]
-        return BatchParts(parts, order, tuple(rows))
+            return BatchParts([pa.RecordBatch.from_pylist([], schema=self._schema())], order, tuple(rows))
+        arrays = [v for v in views if v is not None]  # every slice's numpy views, when it has them
+        plain = removed is None and tag_column is None and len(arrays) == len(parts)
+        return BatchParts(parts, order, tuple(rows), arrays if plain else None)
 
     def _schema(self) -> pa.Schema:
         schema = self.sources[0].source.schema
