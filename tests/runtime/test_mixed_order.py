@@ -51,7 +51,10 @@ def on_weight(counts: np.ndarray, weights: Sequence[float], batch: int) -> np.nd
 def test_every_lanes_last_batch_comes_at_the_end(sources: list[Planted]) -> None:
     """Batch 128, weights 60/30/10, 2 workers: the off-weight batches were in the middle (issue 32)."""
     loader, dataset = make(sources, batch_size=128, num_workers=2, source_column="source", shuffle=True)
-    counts = np.array([np.bincount(b["source"].numpy(), minlength=3) for b in loader])
+    batches = list(loader)
+    for b in batches:  # joined in the workers' transfer buffers: every row beside its own source
+        assert (b["id"] // SOURCE_BASE == b["source"]).all()
+    counts = np.array([np.bincount(b["source"].numpy(), minlength=3) for b in batches])
     assert len(counts) == len(loader) == 2 * dataset.pass_plan().batches
     off = np.flatnonzero(~on_weight(counts, (60, 30, 10), 128))
     assert off.tolist() == [len(counts) - 2, len(counts) - 1]  # the two lanes' last batches, last

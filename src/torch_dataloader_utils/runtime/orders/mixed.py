@@ -559,15 +559,18 @@ class MixedOrder:
             if not n:
                 continue
             taken: list[pa.RecordBatch] = []
+            first = len(views)
             lanes[s].take(n, taken, views)
             if removed is not None:  # stand-ins of skipped units leave the batch (it is shorter)
                 taken = [_without(p, removed) for p in taken]
-            for p in taken:
+            for p, view in zip(taken, views[first:], strict=True):
                 if not p.num_rows:
                     continue
                 if tag_column is not None:  # the source's index beside its rows
                     field = pa.field(tag_column, pa.int32(), nullable=False)
                     p = p.append_column(field, pa.repeat(pa.scalar(s, pa.int32()), p.num_rows))
+                    if view is not None:
+                        view.append(np.full(p.num_rows, s, dtype=np.int32))
                 parts.append(p)
                 rows[s] += p.num_rows
         total = sum(rows)
@@ -578,7 +581,7 @@ class MixedOrder:
         if not parts:  # every row of the batch was a skipped unit's
             return BatchParts([pa.RecordBatch.from_pylist([], schema=self._schema())], order, tuple(rows))
         arrays = [v for v in views if v is not None]  # every slice's numpy views, when it has them
-        plain = removed is None and tag_column is None and len(arrays) == len(parts)
+        plain = removed is None and len(arrays) == len(parts)
         return BatchParts(parts, order, tuple(rows), arrays if plain else None)
 
     def _schema(self) -> pa.Schema:
