@@ -11,6 +11,7 @@ import contextlib
 import enum
 import math
 import numbers
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -1053,10 +1054,10 @@ class CacheConfig:
 
     @property
     def directory(self) -> str | None:
-        """``data_cache`` as a plain path (a ``file://`` prefix removed)."""
+        """``data_cache`` as a plain path (a ``file://`` prefix removed, ``~`` expanded)."""
         if self.data_cache is None:
             return None
-        return self.data_cache.removeprefix("file://")
+        return os.path.expanduser(self.data_cache.removeprefix("file://"))
 
 
 METADATA_CACHE_CHECKS = ("listing", "on_open")
