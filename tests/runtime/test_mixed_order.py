@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.orders import SOURCE_BASE, Planted, planted_parquet, read_pass
+from tests.hostile.test_bad_data import plant_parquet
 from torch_dataloader_utils import create_mixed_dataloader
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -119,3 +121,17 @@ def test_real_workers_resume_batch_identically(sources: list[Planted], workers: 
         again, _ = make(sources, **options)
         again.load_state_dict(state)
         assert [b["id"].tolist() for b in again] == whole[stop:], stop
+
+
+def test_a_mix_counts_the_bad_data_of_every_source_once(tmp_path: Path) -> None:
+    """The metrics add up the counts of the mix's readers (each reader counts its own)."""
+    bad = plant_parquet(tmp_path / "bad", [400], 100, {(0, 1)})
+    clean = plant_parquet(tmp_path / "clean", [400], 100, set())
+    loader, _ = create_mixed_dataloader(
+        [{"path": str(clean.root)}, {"path": str(bad.root)}], [1, 1], batch_size=50,
+        on_bad_data="skip", equal_batches="pad", on_exhausted="stop", output_format="arrow",
+    )  # fmt: skip
+    flagged = sum(sum(b.column("_is_padding").to_pylist()) for b in loader)
+    total = loader.metrics().total
+    assert (total.bad_units, total.bad_rows) == (1, 100)
+    assert (flagged, total.rows_padded) == (100, 0)  # the stand-ins are flagged, but bad rows
