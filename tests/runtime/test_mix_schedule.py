@@ -20,7 +20,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.orders import read_pass
-from tests.fixtures.recipes import compositions, marked, once_per_epoch
+from tests.fixtures.recipes import check_shares, compositions, marked, once_per_epoch, switch_step
 from torch_dataloader_utils import (
     MixedDataset,
     MixSchedule,
@@ -43,39 +43,6 @@ def builder(paths: Sequence[str], weights: Any, **options: Any) -> Callable[[int
         )[1]
 
     return build
-
-
-def switch_step(first: int, switch: int, readers: int) -> int:
-    """Where a pass that starts at step ``first`` takes up a stage starting at step ``switch``."""
-    return first + max(0, -(-(switch - first) // readers)) * readers
-
-
-def check_pass(
-    counts: np.ndarray,
-    first: int,
-    stages: Sequence[tuple[int, Sequence[int]]],
-    readers: int,
-    batch_size: int,
-) -> None:
-    """A rank's batches of one pass, from step ``first``: each stage's batches hold its weights.
-
-    Every batch within a row of its stage's share, any window of a stage's batches within
-    ``2 x readers`` rows; the pass's last round (filled up once the anchor ran out) left out.
-    """
-    end = first + len(counts) - readers
-    starts = [switch_step(first, s, readers) for s, _ in stages]
-    for k, (_, weights) in enumerate(stages):
-        lo = max(first, starts[k])
-        hi = min(end, starts[k + 1] if k + 1 < len(stages) else end)
-        if lo >= hi:
-            continue
-        share = np.asarray(weights, dtype=float) / sum(weights) * batch_size
-        part = counts[lo - first : hi - first]
-        assert (np.abs(part - share).max(axis=1) < 2).all(), (k, lo, part.tolist())
-        sums = np.vstack([np.zeros(len(weights)), np.cumsum(part, axis=0)])
-        for size in range(1, len(part) + 1):
-            windows = sums[size:] - sums[:-size]
-            assert np.abs(windows - size * share).max() < 2 * readers, (k, size)
 
 
 def differ(w0: Sequence[int], w1: Sequence[int], batch_size: int) -> bool:
@@ -127,7 +94,7 @@ def test_a_two_stage_schedule_switches_at_its_step_also_after_a_resume(
     for e, first in ((0, 0), (1, lengths[0])):
         assert {len(b) for b in whole[e]} == {lengths[e]}  # equal batches on every rank
         for rank in whole[e]:
-            check_pass(compositions(rank, 3), first, stages, readers, batch_size)
+            check_shares(compositions(rank, 3), first, stages, readers, batch_size)
     # Interrupted inside either stage (every rank at the same step), resumed in `after`.
     epoch = data.draw(st.integers(0, 1), label="epoch")
     stop = data.draw(st.integers(1, lengths[epoch] - 1), label="stop")
@@ -149,13 +116,13 @@ def test_a_two_stage_schedule_switches_at_its_step_also_after_a_resume(
         assert [p + r for p, r in zip(part, rest, strict=True)] == whole[epoch]
     resumed_readers = max(1, after[1])
     for rank in rest:  # another world: a new pass from the step the job had reached
-        check_pass(compositions(rank, 3), first_step + stop, stages, resumed_readers, batch_size)
+        check_shares(compositions(rank, 3), first_step + stop, stages, resumed_readers, batch_size)
     # The epoch after goes on from where the resumed pass ended, steps included.
     for ds in resumed:
         ds.set_epoch(epoch + 1)
     later = [read_pass(ds, after[1], unit=marked) for ds in resumed]
     for rank in later:
-        check_pass(
+        check_shares(
             compositions(rank, 3), first_step + stop + len(rest[0]), stages, resumed_readers, batch_size
         )
     ids = [
