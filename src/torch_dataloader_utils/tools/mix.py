@@ -216,23 +216,30 @@ def _fill_note(view: Mapping[str, Any]) -> list[str]:
     rows of the anchor and 924 of the other, 9.24 of its epochs).
     """
     anchor = view["anchor"]
+    lanes = view["lanes"]
     filled = [
         s
         for s in view["sources"]
-        if s["name"] != anchor and s["last_batch_fill"] * 10 > max(1, s["rows_this_epoch"] // view["lanes"])
+        if s["name"] != anchor and s["last_batch_fill"] * 10 > max(1, s["rows_this_epoch"] // lanes)
     ]
     if not filled:
         return []
-    last = next(s for s in view["sources"] if s["name"] == anchor)["last_batch_rows"]
+    head = next(s for s in view["sources"] if s["name"] == anchor)
+    batch = view["batch_size"]
     each = ", ".join(
-        f"{s['name']!r} {s['last_batch_fill']:,} more rows than its weight gives "
-        f"({s['epochs_this_epoch']:.2f} of its epochs this epoch)"
+        f"{s['name']!r} takes {s['last_batch_rows']:,} rows there, {s['last_batch_fill']:,} more than a "
+        f"batch at the weights holds, and reads {s['epochs_this_epoch']:.2f} of its epochs this epoch "
+        "(each row once per its epoch)"
         for s in filled
     )
+    # At most this batch size, the anchor's epoch is 10 or more batches per lane.
+    fits = max(1, int(head["rows_per_lane_epoch"] / head["share"] / 10))
     return [
-        f"  note: every lane's last batch takes the {last:,} rows {anchor!r} has left and fills the rest of "
-        f"its {view['batch_size']:,} rows from the other sources, by weight, to stay full: {each}. The "
-        "sources hold few rows per lane for the batch size; a smaller batch_size keeps the weights "
+        f"  note: {anchor!r}, whose epoch ends the mix's, has {head['rows_per_lane_epoch']:,} rows per lane "
+        f"and its share of a batch is {round(head['share'] * batch):,} rows: every "
+        f"lane's last batch takes the {head['last_batch_rows']:,} rows it has left and fills the rest of its "
+        f"{batch:,} rows from the other sources, by weight, so that batches stay full: {each}. With "
+        f"batch_size <= {fits:,} the epoch has 10 or more batches and its last one is a small part of it "
         '(docs/recipes.md, "The last batch of an epoch")'
     ]
 
