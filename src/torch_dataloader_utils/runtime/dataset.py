@@ -51,6 +51,7 @@ from torch_dataloader_utils.runtime.elastic import (
     part_batches,
 )
 from torch_dataloader_utils.runtime.emit import ArrowBytes, Positions, grouped
+from torch_dataloader_utils.runtime.ledger import PassLedger, source_config
 from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics, WorkerMetrics, stall_clock
 from torch_dataloader_utils.runtime.options import Options
 from torch_dataloader_utils.runtime.progress import Progress
@@ -304,6 +305,37 @@ class PlannedDataset(IterableDataset[Any]):
         self._num_workers = self._auto_workers() if workers is None else workers
         self._check_plan()
         self._check_mixing()
+        ledger = options.loader.ledger
+        self._ledger = None if ledger is None else PassLedger(ledger, options.world.rank, self._ledger_files)
+
+    @property
+    def row_count_issue(self) -> str | None:
+        """Why row counts are not exact before reading (``None``: they are)."""
+        return self._row_count_issue
+
+    def _ledger_files(self) -> tuple[dict[str, Any], list[tuple[FileTable, str]]]:
+        return source_config(self), [(self._table, self.fingerprint()["files_digest"])]
+
+    def ledger_begin(self, num_workers: int, groups: int | None) -> None:
+        """Main process: a pass starts; the ledger (``ledger=``) records it."""
+        if self._ledger is None:
+            return
+        epoch = self.epoch
+        segments = self._state.live_segments(epoch)
+        start = None if not segments else {"epoch": epoch, "segments": [s.to_json() for s in segments]}
+        self._ledger.begin(
+            num_ranks=self.world.num_ranks,
+            num_workers=num_workers,
+            epoch=epoch,
+            order="planned" if self._elastic is None else "elastic",
+            groups=groups if num_workers > 0 else None,
+            start=start,
+        )
+
+    def ledger_end(self, batches: int, completed: bool) -> None:
+        """Main process: the pass ended after ``batches`` batches."""
+        if self._ledger is not None:
+            self._ledger.end(batches, completed)
 
     # -- the split --------------------------------------------------------------
     def _choose_split(self) -> dict[str, int] | None:

@@ -31,7 +31,7 @@ from torch_dataloader_utils.errors import IncompatibleOptionsError
 from torch_dataloader_utils.plan.state import keyed_state
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.device import DeviceStage, OnDevice, copied_ahead
-from torch_dataloader_utils.runtime.emit import GROUP_BYTES
+from torch_dataloader_utils.runtime.emit import GROUP_BYTES, GROUP_MAX_BATCHES
 from torch_dataloader_utils.runtime.metrics import LoaderMetrics, gather_metrics, stall_clock
 from torch_dataloader_utils.runtime.state import EpochProgress, Tagged
 from torch_dataloader_utils.storage.threads import join_at_exit
@@ -367,6 +367,7 @@ class ResumableDataLoader(DataLoader[Any]):
         state = self.dataset._state
         progress = self._progress = self.dataset.begin_pass(self.num_workers)
         passes.append(progress)
+        self.dataset.ledger_begin(self.num_workers, GROUP_MAX_BATCHES)
         self.dataset.begin_metrics(self.num_workers)
         state.tagging = True  # set before workers start: they pickle the dataset
         pool = self._lease_transport()
@@ -408,6 +409,7 @@ class ResumableDataLoader(DataLoader[Any]):
             raise
         finally:
             state.end(progress)
+            self.dataset.ledger_end(progress.batches, bool(completed))
             state.tagging = False
             if receiver is not None:  # this pass's thread (another pass may have started since)
                 receiver.stop()

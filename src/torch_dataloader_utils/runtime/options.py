@@ -370,6 +370,13 @@ class LoaderOptions(TypedDict, total=False):
     the current stream. Strings stay on the host. With CUDA and workers it page-locks
     the workers' shared memory, as ``pin_memory=True`` does. ``None`` (default): no
     device stage."""
+    ledger: str | os.PathLike[str] | None
+    """The training ledger: a local or shared directory (e.g. next to the checkpoints)
+    where every rank appends one small record when a pass starts, and nothing per step,
+    so that ``torch-dataloader-utils replay DIR --step N`` (or ``Ledger(DIR)``) can say
+    which rows any step saw and read its batch again, and ``torch-dataloader-utils
+    ledger DIR --where "id = 123"`` which steps saw a row. A path holding ``{rank}`` gives
+    every rank its own. ``None`` (default): no ledger. See ``docs/lineage.md``."""
 
 
 class FileLoaderOptions(FileReadOptions, LoaderOptions, total=False):
@@ -468,6 +475,7 @@ _COERCE: dict[str, Callable[[Any], object]] = {
     "count_cache_dir": _fspath,
     "metadata_cache": _fspath,
     "data_cache": _fspath,
+    "ledger": _fspath,
     "data_cache_size": lambda v: parse_size(v, "data_cache_size"),
     "quarantine_dir": _fspath,
     "on_bad_data": coerce_bad_data,
