@@ -38,6 +38,7 @@ __all__ = [
     "SkipRecord",
     "parse_record",
     "rank_file",
+    "to_line",
 ]
 
 LEDGER_VERSION = 1

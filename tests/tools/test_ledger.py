@@ -1,0 +1,228 @@
+"""The training ledger end to end: a loop records its passes; replay gives back every batch it received."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from tests.fixtures.data import write_parquet_files
+from torch_dataloader_utils import FileChangedError, LedgerError, create_dataloader
+from torch_dataloader_utils.tools.ledger import Ledger
+from torch_dataloader_utils.tools.ledger_query import where
+
+pytestmark = pytest.mark.filterwarnings("ignore:shuffle=True mixes the rows")
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    write_parquet_files(root, [300, 257, 410, 190], row_group_size=64)
+    return root
+
+
+def delivered(loader: Any, dataset: Any, epochs: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Every batch of ``epochs`` epochs, as the loop receives them (step = its position)."""
+    for epoch in range(epochs):
+        dataset.set_epoch(epoch)
+        yield from loader
+
+
+def assert_same(got: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert list(got) == list(expected)
+    for name, value in expected.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(got[name], value), name
+        else:
+            assert got[name] == value, name
+
+
+CASES = {
+    "plain": {},
+    "workers": {"num_workers": 2},
+    "shuffle": {"shuffle": True, "num_workers": 2},
+    "row mixing": {"shuffle": True, "row_mixing": 100, "num_workers": 2},
+    "window": {"shuffle": True, "row_shuffle_window": 300, "num_workers": 1},
+    "split rows": {"shuffle": True, "split_rows": 100, "drop_last": True},
+}
+
+
+@pytest.mark.parametrize("options", CASES.values(), ids=CASES.keys())
+def test_replay_gives_back_every_batch_the_loop_received(data: Path, tmp_path: Path, options: Any) -> None:
+    ledger = tmp_path / "ledger"
+    loader, dataset = create_dataloader(str(data), batch_size=50, ledger=str(ledger), **options)
+    batches = list(delivered(loader, dataset, 2))
+    book = Ledger(ledger)
+    assert book.steps(0) == len(batches)
+    for step, batch in enumerate(batches):
+        assert_same(book.rows(step), batch)
+        lineage = book.batch(step)
+        assert lineage.rows.column("file_row").to_pylist() == [
+            int(i) - _first_id(data, f)
+            for i, f in zip(batch["id"], lineage.rows.column("file").to_pylist(), strict=True)
+        ]
+
+
+def _first_id(data: Path, file: str) -> int:
+    return int(pq.read_table(file, columns=["id"]).column("id")[0].as_py())
+
+
+@pytest.mark.parametrize("num_ranks", [2, 3])
+def test_every_rank_replays_its_own_batches(data: Path, tmp_path: Path, num_ranks: int) -> None:
+    ledger = tmp_path / "ledger"
+    received = {}
+    for rank in range(num_ranks):
+        loader, dataset = create_dataloader(
+            str(data), batch_size=32, num_ranks=num_ranks, rank=rank, shuffle=True, row_mixing=64,
+            num_workers=1, ledger=str(ledger),
+        )  # fmt: skip
+        received[rank] = list(delivered(loader, dataset, 2))
+    book = Ledger(ledger)
+    assert book.ranks == list(range(num_ranks))
+    for rank, batches in received.items():
+        for step, batch in enumerate(batches):
+            assert_same(book.rows(step, rank), batch)
+
+
+def test_elastic_order_replays_on_any_rank(data: Path, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    received = {}
+    for rank in range(2):
+        loader, dataset = create_dataloader(
+            str(data),
+            batch_size=64,
+            num_ranks=2,
+            rank=rank,
+            canonical_ranks=4,
+            shuffle=True,
+            ledger=str(ledger),
+        )
+        received[rank] = list(delivered(loader, dataset, 1))
+    book = Ledger(ledger)
+    assert book.passes(1)[0].record.order == "elastic"
+    for rank, batches in received.items():
+        for step, batch in enumerate(batches):
+            assert_same(book.rows(step, rank), batch)
+
+
+def test_where_finds_every_step_that_saw_a_row_and_no_other(data: Path, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    seen: dict[int, list[tuple[int, int, int]]] = {}
+    for rank in range(2):
+        loader, dataset = create_dataloader(
+            str(data), batch_size=40, num_ranks=2, rank=rank, shuffle=True, row_mixing=50, num_workers=2,
+            ledger=str(ledger),
+        )  # fmt: skip
+        for step, batch in enumerate(delivered(loader, dataset, 3)):
+            for position, value in enumerate(batch["id"].tolist()):
+                seen.setdefault(value, []).append((step, rank, position))
+    book = Ledger(ledger)
+    for planted in (7, 300, 556, 1000, 1156):
+        found = where(book, pc.field("id") == planted)
+        assert [(s.step, s.rank, s.position) for s in found] == sorted(seen[planted])
+        assert {s.file_row for s in found} == {planted - _file_start(planted)}
+    assert where(book, pc.field("id") == -5) == []
+
+
+def _file_start(value: int) -> int:
+    starts = np.cumsum([0, 300, 257, 410, 190])
+    return int(starts[np.searchsorted(starts, value, side="right") - 1])
+
+
+def test_where_reads_only_the_chunks_statistics_leave(data: Path, tmp_path: Path) -> None:
+    from torch_dataloader_utils.tools.ledger_query import _Matcher, sightings
+
+    ledger = tmp_path / "ledger"
+    loader, dataset = create_dataloader(str(data), batch_size=100, split_rows=64, ledger=str(ledger))
+    list(delivered(loader, dataset, 1))
+    book = Ledger(ledger)
+    matcher = _Matcher(pc.field("id") == 600)
+    found = sightings(book, matcher, [0])
+    assert len(found) == 1
+    assert matcher.chunks_read == 1  # of 19 chunks: the one row group whose min/max hold 600
+
+
+def test_replay_refuses_a_file_changed_since_naming_it(data: Path, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    loader, dataset = create_dataloader(str(data), batch_size=100, ledger=str(ledger))
+    list(delivered(loader, dataset, 1))
+    first = sorted(data.iterdir())[0]
+    table = pq.read_table(first)
+    pq.write_table(table.slice(1), first, row_group_size=64)  # one row fewer
+    book = Ledger(ledger)
+    files = {step: set(book.batch(step).rows.column("file").to_pylist()) for step in range(book.steps())}
+    touched = [step for step, names in files.items() if str(first) in names]  # no data read to know
+    untouched = [step for step, names in files.items() if str(first) not in names]
+    assert touched
+    assert untouched
+    with pytest.raises(FileChangedError, match=first.name):
+        book.read(touched[0])
+    book.read(untouched[0])  # a batch of files that did not change is read
+
+
+def test_the_files_manifest_is_written_once_per_files_digest(data: Path, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    loader, dataset = create_dataloader(str(data), batch_size=100, shuffle=True, ledger=str(ledger))
+    list(delivered(loader, dataset, 3))
+    names = sorted(p.name for p in ledger.iterdir())
+    assert [n.split("-")[0] for n in names] == ["config", "files", "rank"]
+    lines = (ledger / "rank-00000.jsonl").read_text().splitlines()
+    passes = [json.loads(line) for line in lines if json.loads(line)["kind"] == "pass"]
+    assert len(passes) == 3
+    assert all(len(line) < 400 for line in lines)
+    assert passes[0]["files"] == passes[2]["files"] == [n for n in names if n.startswith("files-")]
+
+
+def test_secrets_are_never_written(s3_server: Any, tmp_path: Path) -> None:
+    from testsupport.s3_server import SECRET
+
+    prefix = s3_server.new_prefix()
+    fs = s3_server.fs()
+    local = tmp_path / "data"
+    write_parquet_files(local, [120, 80], row_group_size=40)
+    for path in local.iterdir():
+        fs.put(str(path), f"{prefix}/{path.name}")
+    ledger = tmp_path / "ledger"
+    options = s3_server.options()
+    loader, dataset = create_dataloader(
+        f"s3://{prefix}", batch_size=50, storage_options=options, ledger=str(ledger)
+    )
+    batches = list(delivered(loader, dataset, 1))
+    for path in ledger.iterdir():
+        assert SECRET.encode() not in path.read_bytes(), path.name
+        assert options["key"].encode() not in path.read_bytes(), path.name
+    assert_same(Ledger(ledger, storage_options=options).rows(2), batches[2])
+    with pytest.raises(Exception, match=r"(?i)denied|forbidden|credential|signature|403|invalid"):
+        Ledger(ledger, storage_options={"endpoint_url": options["endpoint_url"]}).read(2)
+
+
+def test_a_directory_without_a_ledger_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(LedgerError, match="no ledger"):
+        Ledger(tmp_path)
+
+
+def test_a_step_before_any_pass_or_of_an_unknown_rank_is_an_error(data: Path, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    loader, dataset = create_dataloader(str(data), batch_size=100, ledger=str(ledger))
+    list(delivered(loader, dataset, 1))
+    book = Ledger(ledger)
+    with pytest.raises(LedgerError, match="no records of rank 3"):
+        book.batch(0, rank=3)
+    with pytest.raises(LedgerError, match="step 400 is not in rank 0's pass from step 0"):
+        book.batch(400)
+
+
+def test_a_ledger_url_is_refused(data: Path) -> None:
+    from torch_dataloader_utils import ConfigError
+
+    with pytest.raises(ConfigError, match="ledger='s3://b/l' is a URL"):
+        create_dataloader(str(data), ledger="s3://b/l")
+    assert os.path.isdir(data)
