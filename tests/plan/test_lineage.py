@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from tests.strategies import cut_pieces, piece_rows
-from torch_dataloader_utils.plan.lineage import Delivery, WorkerStream, emission, stream_rows
+from torch_dataloader_utils.plan.lineage import Delivery, WorkerStream, emission, positions_of, stream_rows
 from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo
 
@@ -38,6 +38,16 @@ def test_emission_of_a_range_is_that_slice_of_the_whole_order(
     chunk, offsets = emission(piece, lo, hi)
     assert chunk.tolist() == whole_chunk[lo:hi].tolist()
     assert offsets.tolist() == whole_offsets[lo:hi].tolist()
+
+
+@given(cut_pieces())
+def test_positions_of_inverts_emission(case: tuple[Piece, dict[str, FileInfo]]) -> None:
+    piece, _ = case
+    total = sum(c.num_rows or 0 for c in piece.chunks)
+    chunk, offsets = emission(piece, 0, total)
+    for c in range(len(piece.chunks)):
+        mine = chunk == c
+        assert positions_of(piece, c, offsets[mine]).tolist() == np.flatnonzero(mine).tolist()
 
 
 def test_emission_needs_counted_rows() -> None:

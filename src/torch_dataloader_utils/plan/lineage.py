@@ -36,6 +36,7 @@ __all__ = [
     "Span",
     "WorkerStream",
     "emission",
+    "positions_of",
     "stream_rows",
 ]
 
@@ -108,6 +109,45 @@ def _mix_pool(piece: Piece, sizes: Ints, start: int, stop: int) -> Ints:
         before += size
         index += 1
     return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
+
+
+def positions_of(piece: Piece, chunk: int, offsets: Ints) -> Ints:
+    """The emission positions (of the piece's whole order) of rows ``offsets`` of chunk ``chunk``.
+
+    The inverse of :func:`emission`, computed for those rows only: a window's permutation,
+    or the rounds of a mix that hold them.
+
+    Raises:
+        ValueError: a chunk's row count is unknown.
+    """
+    offsets = np.asarray(offsets, dtype=np.int64)
+    sizes = _sizes(piece)
+    firsts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    if piece.mode is ReadMode.FILE:
+        return offsets
+    if piece.mode is ReadMode.WINDOW:
+        key = piece.key or (0, 0)
+        order = permutation(int(sizes.sum()), key[0], key[1], *key[2:])
+        inverse = np.empty(len(order), dtype=np.int64)
+        inverse[order] = np.arange(len(order), dtype=np.int64)
+        return inverse[firsts[chunk] + offsets]  # type: ignore[no-any-return]
+    if piece.mix is None or piece.key is None:
+        raise TypeError("not a mix")
+    schedule = MixSchedule([c.weight for c in piece.chunks], piece.mix.rows, piece.key)
+    section = int(schedule.sections[chunk])
+    out = np.empty(len(offsets), dtype=np.int64)
+    rounds = offsets // max(1, section)
+    counts = [int(n) for n in sizes]
+    for r in np.unique(rounds).tolist():
+        lengths = schedule.round_lengths(r, counts)
+        order = schedule.order(r, lengths)
+        inverse = np.empty(len(order), dtype=np.int64)
+        inverse[order] = np.arange(len(order), dtype=np.int64)
+        before = int(np.minimum(sizes, schedule.sections * r).sum())
+        mine = rounds == r
+        pool = int(lengths[:chunk].sum()) + offsets[mine] - section * r
+        out[mine] = before + inverse[pool]
+    return out
 
 
 def stream_rows(chunk_index: Ints, offsets: Ints, piece: Piece, files: Mapping[str, FileInfo]) -> Ints:

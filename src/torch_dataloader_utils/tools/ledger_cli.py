@@ -220,7 +220,7 @@ def delivered_table(batch: Any) -> pa.Table:
     return pa.table({str(k): _column(v) for k, v in batch.items()})
 
 
-def _column(value: Any) -> pa.Array:
+def _column(value: Any) -> Any:
     from torch_dataloader_utils.convert import FlatList, PaddedList
 
     if isinstance(value, (PaddedList, FlatList)):

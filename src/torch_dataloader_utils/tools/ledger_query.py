@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from torch_dataloader_utils.errors import LedgerError
 from torch_dataloader_utils.plan.emitted import chunk_rows
-from torch_dataloader_utils.plan.lineage import emission
+from torch_dataloader_utils.plan.lineage import positions_of
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
 from torch_dataloader_utils.tools.ledger import Ledger, LedgerPass, PassReplay, check_files
 
@@ -86,25 +86,19 @@ def _pass_sightings(
     offsets_of: Callable[[LedgerPass, PassReplay, Chunk], Offsets],
 ) -> list[Sighting]:
     out: list[Sighting] = []
-    record = replay.record
     end = ledger_pass.last_step
     for stream_id, stream in enumerate(replay.streams):
         for piece_id, piece in enumerate(stream.pieces):
-            found = [(c, offsets_of(ledger_pass, replay, chunk)) for c, chunk in enumerate(piece.chunks)]
-            found = [(c, o) for c, o in found if len(o)]
-            if not found:
-                continue
-            chunk_index, offsets = emission(piece, 0, None)
-            positions = np.arange(len(offsets), dtype=np.int64)
-            for c, wanted in found:
-                mine = chunk_index == c
-                at = positions[mine][np.isin(offsets[mine], wanted)]
-                at = at[(at >= piece.lo) & ((piece.hi is None) | (at < (piece.hi or 0)))]
-                for emitted in at.tolist():
-                    sighting = _sighting(replay, stream_id, piece_id, int(emitted), c, int(offsets[emitted]))
+            for c, chunk in enumerate(piece.chunks):
+                wanted = offsets_of(ledger_pass, replay, chunk)
+                if not len(wanted):
+                    continue
+                emitted = positions_of(piece, c, wanted)
+                inside = (emitted >= piece.lo) & (emitted < (piece.hi if piece.hi is not None else np.inf))
+                for at, offset in zip(emitted[inside].tolist(), wanted[inside].tolist(), strict=True):
+                    sighting = _sighting(replay, stream_id, piece_id, int(at), c, int(offset))
                     if sighting is not None and (end is None or sighting.step < end):
                         out.append(sighting)
-    del record
     return out
 
 
@@ -148,21 +142,26 @@ def _sighting(
 # -- where ---------------------------------------------------------------------------------------
 
 
-def where(ledger: Ledger, condition: pc.Expression, ranks: Iterable[int] | None = None) -> list[Sighting]:
+def where(
+    ledger: Ledger, condition: pc.Expression, ranks: Iterable[int] | None = None, *, prune: bool = True
+) -> list[Sighting]:
     """Every step (of ``ranks``, default all) that delivered a row meeting ``condition``.
+
+    ``prune=False`` reads every chunk the passes read (no statistics; to compare).
 
     Raises:
         LedgerError: the source cannot be built again (see :meth:`Ledger.read`).
     """
-    matcher = _Matcher(condition)
+    matcher = _Matcher(condition, prune)
     return sightings(ledger, matcher, ledger.ranks if ranks is None else ranks)
 
 
 class _Matcher:
     """Rows of a chunk meeting a condition: candidates pruned by statistics, each chunk read once."""
 
-    def __init__(self, condition: pc.Expression) -> None:
+    def __init__(self, condition: pc.Expression, prune: bool = True) -> None:
         self.condition = condition
+        self.prune = prune
         self.found: dict[tuple[Any, ...], Offsets] = {}
         self.candidates: dict[str, Mapping[str, Any]] = {}
         self.chunks_read = 0
@@ -187,6 +186,8 @@ class _Matcher:
 
     def _may_match(self, replay: PassReplay, chunk: Chunk) -> bool:
         """Whether statistics leave the chunk a candidate (its file's row groups that may match)."""
+        if not self.prune:
+            return True
         pruned = self.candidates.get(replay.record.config)
         if pruned is None:
             pruned = self.candidates[replay.record.config] = replay.pruned_groups(self.condition)
