@@ -38,6 +38,8 @@ __all__ = [
     "fingerprint",
     "keyed_state",
     "merge_states",
+    "merged_steps",
+    "parse_steps",
     "plain_state",
     "rank_states",
     "segments_of",
@@ -342,6 +344,8 @@ class ResumeState:
         segments: The interrupted passes over the epoch, in order.
         seed: The shuffle seed it was saved with.
         world: ``(num_ranks, rank)`` of the rank that saved it, ``None`` if unsaid.
+        steps: Batches the loader of each saving rank had handed out over its life (the
+            training ledger's step, :mod:`.ledger`), by rank; ``None`` if unsaid.
     """
 
     epoch: int
@@ -349,6 +353,7 @@ class ResumeState:
     segments: tuple[Segment, ...] = ()
     seed: int | None = None
     world: tuple[int, int] | None = field(default=None, compare=False)
+    steps: Mapping[int, int] | None = field(default=None, compare=False)
 
     @classmethod
     def parse(cls, value: object, *, complete: bool = True) -> ResumeState:
@@ -393,7 +398,7 @@ class ResumeState:
             )
         for position, segment in enumerate(segments):
             segment.check(position, complete)
-        return cls(epoch, fp, segments, seed, world)
+        return cls(epoch, fp, segments, seed, world, parse_steps(state.get("steps"), "state.steps"))
 
     def to_json(self) -> dict[str, Any]:
         """The state as JSON values (what ``state_dict()`` returns)."""
@@ -408,6 +413,8 @@ class ResumeState:
         if self.world is not None:
             out["world"] = {"num_ranks": self.world[0], "rank": self.world[1]}
         out["segments"] = [s.to_json() for s in self.segments]
+        if self.steps is not None:
+            out["steps"] = {str(rank): n for rank, n in sorted(self.steps.items())}
         return out
 
     def normalized(self) -> ResumeState:
@@ -533,8 +540,36 @@ def _header(value: object) -> dict[str, Any]:
             f"{STATE_VERSION}); resume with the library version that saved it"
         )
     return _object(
-        value, "state", ("format", "version", "fingerprint", "epoch", "segments"), ("seed", "world")
+        value, "state", ("format", "version", "fingerprint", "epoch", "segments"), ("seed", "world", "steps")
     )
+
+
+def parse_steps(value: object, where: str) -> dict[int, int] | None:
+    """A state's ``steps``: ``{"<rank>": batches handed out}`` (``None`` when absent).
+
+    Raises:
+        ResumeStateError: not such a mapping.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > MAX_RANKS:
+        _fail(value, where, f"an object of at most {MAX_RANKS} ranks")
+    out: dict[int, int] = {}
+    for key, n in value.items():
+        if not isinstance(key, str) or not key.isdigit() or int(key) >= MAX_RANKS:
+            _fail(key, f"{where} key", "a rank")
+        out[int(key)] = _int(n, f"{where}[{key}]")
+    return out
+
+
+def merged_steps(parts: Sequence[Mapping[int, int] | None]) -> dict[int, int] | None:
+    """Every saving rank's ``steps``, united (``None`` when no state had them)."""
+    if all(p is None for p in parts):
+        return None
+    out: dict[int, int] = {}
+    for part in parts:
+        out.update(part or {})
+    return out
 
 
 def fingerprint(files: Sequence[FileInfo] | FileTable, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -589,7 +624,8 @@ def _merge(states: Sequence[ResumeState], first: ResumeState) -> ResumeState:
                 raise ResumeStateError(f"rank {rank} appears twice, with different cursors")
             entries[rank] = entry
     merged = Segment(last.num_ranks, entries, last.index)
-    return replace(first, segments=(*first.segments[:-1], merged)).normalized()
+    steps = merged_steps([s.steps for s in states])
+    return replace(first, segments=(*first.segments[:-1], merged), steps=steps).normalized()
 
 
 def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -620,7 +656,7 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if other.segments[:-1] != first.segments[:-1]:
             raise ResumeStateError("cannot merge states that resumed from different checkpoints")
     if not first.segments:
-        return first.to_json()
+        return replace(first, steps=merged_steps([s.steps for s in parsed])).to_json()
     return _merge(parsed, first).to_json()
 
 

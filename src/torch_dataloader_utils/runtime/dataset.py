@@ -332,6 +332,9 @@ class PlannedDataset(IterableDataset[Any]):
             start=start,
         )
 
+    handed = 0
+    """Batches the loader handed to the loop in the current pass (set by the loader)."""
+
     def ledger_end(self, batches: int, completed: bool) -> None:
         """Main process: the pass ended after ``batches`` batches."""
         if self._ledger is not None:
@@ -1275,7 +1278,10 @@ class PlannedDataset(IterableDataset[Any]):
                 "training loop consumed (batches count as consumed when the loop receives them, in "
                 "the main process); call loader.state_dict() in the training loop"
             )
-        return self._state.state_dict(self.epoch, self._rows_per_piece, self._plan_digest)
+        state = self._state.state_dict(self.epoch, self._rows_per_piece, self._plan_digest)
+        if self._ledger is not None:
+            state["steps"] = {str(self.world.rank): self._ledger.steps_at(self.handed)}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a state: the next pass over its epoch reads only what was not consumed.
@@ -1303,6 +1309,8 @@ class PlannedDataset(IterableDataset[Any]):
                 self._use_split(*previous)
             raise
         self._epoch.fill_(epoch)
+        if self._ledger is not None:
+            self._ledger.resume_steps(state, self.world)
 
 
 def _without_standins(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -44,6 +44,7 @@ import pyarrow as pa
 from torch_dataloader_utils.config import FeaturePack, SequencePack
 from torch_dataloader_utils.errors import ConfigError, LedgerError
 from torch_dataloader_utils.plan.ledger import EndRecord, PassRecord, SkipRecord, rank_file, to_line
+from torch_dataloader_utils.plan.state import parse_steps
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.storage.redact import HIDDEN, is_secret, redact
 from torch_dataloader_utils.upstream.pyarrow import expression_bytes, expression_from_bytes
@@ -470,6 +471,24 @@ class PassLedger:
             library=library_version(),
         )
         return self._open
+
+    def steps_at(self, taken: int) -> int:
+        """The loader's step count once the loop took ``taken`` batches of the open pass (if any)."""
+        return (self._open.step if self._open is not None else self.steps) + taken
+
+    def resume_steps(self, state: Mapping[str, Any], world: Any) -> None:
+        """Go on counting where a loaded resume state's ranks stopped (its ``steps``).
+
+        In the world that saved it, each rank takes its own count; in another world every
+        rank takes the largest (with equal batches every rank's count is the same).
+        """
+        steps = parse_steps(state.get("steps"), "state.steps") if isinstance(state, Mapping) else None
+        if not steps:
+            return
+        segments = state.get("segments")
+        saved = segments[-1] if isinstance(segments, list) and segments else state.get("world")
+        same = isinstance(saved, Mapping) and saved.get("num_ranks") == world.num_ranks
+        self.steps = steps[world.rank] if same and world.rank in steps else max(steps.values())
 
     def skipped(self, worker: int, at: int, rows: int) -> None:
         """Rows of a worker's planned stream were removed in the open pass."""

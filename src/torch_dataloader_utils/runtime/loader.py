@@ -234,6 +234,7 @@ class ResumableDataLoader(DataLoader[Any]):
     _receiver: _Receiver | None = None
     _progress: EpochProgress | None = None
     _epoch_sampler: EpochSampler | None = None
+    _handed = 0
 
     @property
     def sampler(self) -> EpochSampler:
@@ -317,7 +318,10 @@ class ResumableDataLoader(DataLoader[Any]):
                 # nothing that can raise between the record and the hand-over: torch's SIGCHLD
                 # handler raises in the main thread wherever it runs (a worker died), and a
                 # batch recorded but never handed over would be skipped by a resume.
-                yield consume(item, passes[0])
+                handed = consume(item, passes[0])
+                self._handed += 1
+                self.dataset.handed = self._handed
+                yield handed
         finally:
             metrics.finish(bool(completed))
 
@@ -368,6 +372,7 @@ class ResumableDataLoader(DataLoader[Any]):
         progress = self._progress = self.dataset.begin_pass(self.num_workers)
         passes.append(progress)
         self.dataset.ledger_begin(self.num_workers, GROUP_MAX_BATCHES)
+        self._handed = self.dataset.handed = 0
         self.dataset.begin_metrics(self.num_workers)
         state.tagging = True  # set before workers start: they pickle the dataset
         pool = self._lease_transport()
@@ -409,7 +414,7 @@ class ResumableDataLoader(DataLoader[Any]):
             raise
         finally:
             state.end(progress)
-            self.dataset.ledger_end(progress.batches, bool(completed))
+            self.dataset.ledger_end(self._handed, bool(completed))
             state.tagging = False
             if receiver is not None:  # this pass's thread (another pass may have started since)
                 receiver.stop()

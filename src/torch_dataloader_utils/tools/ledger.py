@@ -456,11 +456,12 @@ class PassReplay:
         elastic = self.elastic
         if elastic is not None:
             streams = elastic.streams(self.record.epoch, self.segments)
-            per = elastic.layout.per_stream
-            return [
-                WorkerStream(streams[c], per, batching.drop_last)
-                for c in elastic.layout.of_rank(self.record.rank)
+            layout, workers, rank = elastic.layout, self.record.num_workers, self.record.rank
+            # A batch is every reading worker's part, in worker order: its streams, in order.
+            order = [
+                c for w in range(layout.readers(workers)) for c in layout.of_worker(rank, w, max(1, workers))
             ]
+            return [WorkerStream(streams[c], layout.per_stream, batching.drop_last) for c in order]
         skips = self.ledger_pass.skips
         return [
             WorkerStream(pieces, batching.batch_size, batching.drop_last, skips.get(w, ()))
