@@ -185,9 +185,7 @@ def where(args: argparse.Namespace) -> dict[str, Any]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from torch_dataloader_utils import create_dataloader
-    from torch_dataloader_utils.tools.ledger import Ledger
-    from torch_dataloader_utils.tools.ledger_query import where as query
+    from torch_dataloader_utils import Ledger, create_dataloader
 
     data = _where_data(args.where_rows, args.data_dir)
     ledger = Path(tempfile.mkdtemp(prefix="bench-ledger-"))
@@ -203,11 +201,11 @@ def where(args: argparse.Namespace) -> dict[str, Any]:
         found: list[Any] = []
 
         def ours() -> int:
-            found[:] = query(Ledger(ledger), pc.field("id") == wanted)
+            found[:] = Ledger(ledger).where(pc.field("id") == wanted)
             return len(found)
 
         def unpruned() -> int:
-            return len(query(Ledger(ledger), pc.field("id") == wanted, prune=False))
+            return len(Ledger(ledger).where(pc.field("id") == wanted, prune=False))
 
         def scan() -> int:
             hits = 0

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from tests.strategies import cut_pieces, piece_rows
 from torch_dataloader_utils.plan.lineage import Delivery, WorkerStream, emission, positions_of, stream_rows
@@ -132,32 +128,3 @@ def test_one_reading_process_delivers_its_batches_in_order() -> None:
     assert [delivery.locate(s) for s in range(7)] == [(0, s) for s in range(7)]
     with pytest.raises(ValueError, match="group cap"):
         Delivery([3, 4], None)
-
-
-class _Groups(IterableDataset[list[tuple[int, int]]]):
-    """Each worker yields its batches ``(worker, index)`` in groups of 1, 2, 4, ... (at most ``cap``)."""
-
-    def __init__(self, batches: list[int], cap: int) -> None:
-        self.batches, self.cap = batches, cap
-
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        info = get_worker_info()
-        worker = 0 if info is None else info.id
-        size, at, count = 1, 0, self.batches[worker]
-        while at < count:
-            yield [(worker, k) for k in range(at, min(count, at + size))]
-            at += size
-            size = min(2 * size, self.cap)
-
-
-@pytest.mark.parametrize(("batches", "cap"), [([5, 40], 4), ([33, 2], 8), ([0, 9], 2)])
-def test_torch_dataloader_delivers_groups_in_the_order_delivery_computes(
-    batches: list[int], cap: int
-) -> None:
-    """The assumption under :class:`Delivery`: torch takes one item of every live worker in turn."""
-    loader = DataLoader(_Groups(batches, cap), batch_size=None, num_workers=2, prefetch_factor=2)
-    got = [tuple(item) for group in loader for item in group]
-    got = [(int(torch.as_tensor(w)), int(torch.as_tensor(k))) for w, k in got]
-    delivery = Delivery(batches, cap)
-    assert got == [delivery.locate(s) for s in range(delivery.total)]
-    assert np.array_equal(np.asarray(got), np.asarray(reference_order(batches, cap)).reshape(-1, 2))

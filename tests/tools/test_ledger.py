@@ -13,11 +13,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from tests.fixtures.data import write_parquet_files
-from torch_dataloader_utils import FileChangedError, LedgerError, create_dataloader
-from torch_dataloader_utils.tools.ledger import Ledger
-from torch_dataloader_utils.tools.ledger_query import where
+from tests.plan.test_lineage import reference_order
+from torch_dataloader_utils import FileChangedError, Ledger, LedgerError, create_dataloader
+from torch_dataloader_utils.plan.lineage import Delivery
 
 pytestmark = pytest.mark.filterwarnings("ignore:shuffle=True mixes the rows")
 
@@ -126,10 +127,10 @@ def test_where_finds_every_step_that_saw_a_row_and_no_other(data: Path, tmp_path
                 seen.setdefault(value, []).append((step, rank, position))
     book = Ledger(ledger)
     for planted in (7, 300, 556, 1000, 1156):
-        found = where(book, pc.field("id") == planted)
+        found = book.where(pc.field("id") == planted)
         assert [(s.step, s.rank, s.position) for s in found] == sorted(seen[planted])
         assert {s.file_row for s in found} == {planted - _file_start(planted)}
-    assert where(book, pc.field("id") == -5) == []
+    assert book.where("id = -5") == []
 
 
 def _file_start(value: int) -> int:
@@ -145,7 +146,7 @@ def test_where_reads_only_the_chunks_statistics_leave(data: Path, tmp_path: Path
     list(delivered(loader, dataset, 1))
     book = Ledger(ledger)
     matcher = _Matcher(pc.field("id") == 600)
-    found = sightings(book, matcher, [0])
+    found = sightings(book.replays(), matcher)
     assert len(found) == 1
     assert matcher.chunks_read == 1  # of 19 chunks: the one row group whose min/max hold 600
 
@@ -226,3 +227,32 @@ def test_a_ledger_url_is_refused(data: Path) -> None:
     with pytest.raises(ConfigError, match="ledger='s3://b/l' is a URL"):
         create_dataloader(str(data), ledger="s3://b/l")
     assert os.path.isdir(data)
+
+
+class _Groups(IterableDataset[list[tuple[int, int]]]):
+    """Each worker yields its batches ``(worker, index)`` in groups of 1, 2, 4, ... (at most ``cap``)."""
+
+    def __init__(self, batches: list[int], cap: int) -> None:
+        self.batches, self.cap = batches, cap
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        info = get_worker_info()
+        worker = 0 if info is None else info.id
+        size, at, count = 1, 0, self.batches[worker]
+        while at < count:
+            yield [(worker, k) for k in range(at, min(count, at + size))]
+            at += size
+            size = min(2 * size, self.cap)
+
+
+@pytest.mark.parametrize(("batches", "cap"), [([5, 40], 4), ([33, 2], 8), ([0, 9], 2)])
+def test_torch_dataloader_delivers_groups_in_the_order_delivery_computes(
+    batches: list[int], cap: int
+) -> None:
+    """The assumption under :class:`Delivery`: torch takes one item of every live worker in turn."""
+    loader = DataLoader(_Groups(batches, cap), batch_size=None, num_workers=2, prefetch_factor=2)
+    got = [tuple(item) for group in loader for item in group]
+    got = [(int(torch.as_tensor(w)), int(torch.as_tensor(k))) for w, k in got]
+    delivery = Delivery(batches, cap)
+    assert got == [delivery.locate(s) for s in range(delivery.total)]
+    assert np.array_equal(np.asarray(got), np.asarray(reference_order(batches, cap)).reshape(-1, 2))

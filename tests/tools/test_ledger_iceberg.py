@@ -15,9 +15,7 @@ import pytest
 import torch
 
 from tests.fixtures.iceberg import GrownTable, grow_table, make_catalog, sql_catalog_config
-from torch_dataloader_utils import IcebergDataset, LedgerError
-from torch_dataloader_utils.tools.ledger import Ledger
-from torch_dataloader_utils.tools.ledger_query import deleted
+from torch_dataloader_utils import IcebergDataset, Ledger, LedgerError
 
 pytestmark = pytest.mark.filterwarnings("ignore:shuffle=True mixes the rows")
 
@@ -52,7 +50,7 @@ def test_the_audit_lists_exactly_the_deleted_rows_that_were_trained_on(
     trained = {int(i) for b in batches for i in b["id"]}
     assert trained == set(table.oracle(1))
     expected = set(table.oracle(1)) - set(table.oracle(later))
-    found = deleted(Ledger(ledger), table.snapshots[later - 1])
+    found = Ledger(ledger).deleted(table.snapshots[later - 1])
     assert {_id(batches, s.step, s.position) for s in found} == expected
     assert len(found) == len(expected)  # each trained on once, in one epoch
 
@@ -65,7 +63,7 @@ def test_the_audit_leaves_out_rows_the_loop_never_received(
     batches = train(config, table.snapshots[0], ledger, stop=5)
     trained = {int(i) for b in batches for i in b["id"]}
     expected = (set(table.oracle(1)) - set(table.oracle(4))) & trained
-    found = deleted(Ledger(ledger), table.snapshots[3])
+    found = Ledger(ledger).deleted(table.snapshots[3])
     assert {_id(batches, s.step, s.position) for s in found} == expected
     assert len(expected) < len(set(table.oracle(1)) - set(table.oracle(4)))
 
@@ -100,4 +98,4 @@ def test_the_audit_of_a_files_ledger_is_refused(tmp_path: Path) -> None:
     loader, _ = create_dataloader(str(tmp_path / "data"), batch_size=10, ledger=str(tmp_path / "ledger"))
     list(loader)
     with pytest.raises(LedgerError, match="--deleted audits an Iceberg table"):
-        deleted(Ledger(tmp_path / "ledger"), 1)
+        Ledger(tmp_path / "ledger").deleted(1)

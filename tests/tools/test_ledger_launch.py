@@ -21,7 +21,7 @@ import pytest
 
 from tests.runtime.test_ddp_launch import LAUNCH_TIMEOUT, ROWS, bin_of, child_env, free_port, launch
 from tests.runtime.test_resume_launch import kill_tree
-from torch_dataloader_utils.tools.ledger import Ledger
+from torch_dataloader_utils import Ledger
 
 pytestmark = pytest.mark.slow
 

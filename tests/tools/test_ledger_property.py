@@ -18,8 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.data import write_parquet_files
-from torch_dataloader_utils import create_dataloader, merge_states
-from torch_dataloader_utils.tools.ledger import Ledger
+from torch_dataloader_utils import Ledger, create_dataloader, merge_states
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
 

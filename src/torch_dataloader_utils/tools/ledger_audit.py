@@ -25,7 +25,7 @@ from torch_dataloader_utils.config import IcebergSourceConfig
 from torch_dataloader_utils.discovery.iceberg import ScanRequest, load_table
 from torch_dataloader_utils.discovery.iceberg_delta import discover_incremental, live_deletes
 from torch_dataloader_utils.errors import ConfigError, LedgerError
-from torch_dataloader_utils.tools.ledger import PassReplay
+from torch_dataloader_utils.tools.replay import PassReplay
 
 __all__ = ["audit_deleted"]
 

@@ -22,7 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from torch_dataloader_utils.tools.ledger import BatchLineage, Ledger
+from torch_dataloader_utils.tools.ledger import Ledger
+from torch_dataloader_utils.tools.replay import BatchLineage
 from torch_dataloader_utils.tools.source import parse_catalog_config, parse_filter, parse_storage_option
 
 __all__ = ["add_commands", "delivered_table"]
@@ -155,15 +156,14 @@ def _lineage_json(lineage: BatchLineage) -> dict[str, Any]:
 
 
 def _ledger(args: argparse.Namespace) -> int:
-    from torch_dataloader_utils.tools.ledger_query import deleted, where
-
     ledger = _open(args, args.dir)
     ranks = ledger.ranks if args.rank is None else [args.rank]
     if args.where is None and args.deleted is None:
         return _summary(ledger, ranks, args.json)
-    found = (
-        where(ledger, args.where, ranks) if args.where is not None else deleted(ledger, args.deleted, ranks)
-    )
+    if args.where is not None:
+        found = ledger.where(args.where, ranks=ranks)
+    else:
+        found = ledger.deleted(args.deleted, ranks=ranks)
     if args.json:
         print(json.dumps([dataclasses.asdict(s) for s in found]))
         return 0

@@ -32,11 +32,13 @@ from torch_dataloader_utils.errors import LedgerError
 from torch_dataloader_utils.plan.emitted import chunk_rows
 from torch_dataloader_utils.plan.lineage import positions_of
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
-from torch_dataloader_utils.tools.ledger import Ledger, LedgerPass, PassReplay, check_files
+from torch_dataloader_utils.tools.replay import LedgerPass, PassReplay, check_files
 
-__all__ = ["Sighting", "deleted", "where"]
+__all__ = ["Passes", "Sighting", "deleted", "sightings", "where"]
 
 Offsets = np.ndarray[Any, np.dtype[np.int64]]
+Passes = Iterable[tuple[LedgerPass, PassReplay]]
+"""The passes a question covers, each with its replay (``Ledger.replays``)."""
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -69,14 +71,12 @@ def _key(chunk: Chunk) -> tuple[Any, ...]:
 
 
 def sightings(
-    ledger: Ledger, offsets_of: Callable[[LedgerPass, PassReplay, Chunk], Offsets], ranks: Iterable[int]
+    passes: Passes, offsets_of: Callable[[LedgerPass, PassReplay, Chunk], Offsets]
 ) -> list[Sighting]:
     """Every delivered step holding a row ``offsets_of`` finds (offsets in a chunk's read stream)."""
     out: list[Sighting] = []
-    for rank in ranks:
-        for ledger_pass in ledger.passes(rank):
-            replay = ledger.replay(ledger_pass)
-            out.extend(_pass_sightings(ledger_pass, replay, offsets_of))
+    for ledger_pass, replay in passes:
+        out.extend(_pass_sightings(ledger_pass, replay, offsets_of))
     return sorted(out)
 
 
@@ -142,18 +142,15 @@ def _sighting(
 # -- where ---------------------------------------------------------------------------------------
 
 
-def where(
-    ledger: Ledger, condition: pc.Expression, ranks: Iterable[int] | None = None, *, prune: bool = True
-) -> list[Sighting]:
-    """Every step (of ``ranks``, default all) that delivered a row meeting ``condition``.
+def where(passes: Passes, condition: pc.Expression, *, prune: bool = True) -> list[Sighting]:
+    """Every step of ``passes`` that delivered a row meeting ``condition``.
 
     ``prune=False`` reads every chunk the passes read (no statistics; to compare).
 
     Raises:
         LedgerError: the source cannot be built again (see :meth:`Ledger.read`).
     """
-    matcher = _Matcher(condition, prune)
-    return sightings(ledger, matcher, ledger.ranks if ranks is None else ranks)
+    return sightings(passes, _Matcher(condition, prune))
 
 
 class _Matcher:
@@ -217,8 +214,8 @@ def _mask(table: pa.Table, condition: pc.Expression) -> np.ndarray[Any, Any]:
 # -- deleted -------------------------------------------------------------------------------------
 
 
-def deleted(ledger: Ledger, snapshot_id: int, ranks: Iterable[int] | None = None) -> list[Sighting]:
-    """Every step that trained on a row the Iceberg snapshot ``snapshot_id`` no longer has.
+def deleted(passes: Passes, snapshot_id: int) -> list[Sighting]:
+    """Every step of ``passes`` that trained on a row the Iceberg snapshot ``snapshot_id`` no longer has.
 
     For every pass that read an older snapshot of the table, the rows of that snapshot
     deleted by ``snapshot_id`` (position or equality deletes, files removed less the rows
@@ -250,4 +247,4 @@ def deleted(ledger: Ledger, snapshot_id: int, ranks: Iterable[int] | None = None
         rows = chunk_rows(chunk, replay.table[chunk.path])
         return np.flatnonzero(np.isin(rows, positions)).astype(np.int64)
 
-    return sightings(ledger, offsets_of, ledger.ranks if ranks is None else ranks)
+    return sightings(passes, offsets_of)
