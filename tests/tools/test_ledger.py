@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from tests.fixtures.data import write_parquet_files
 from tests.plan.test_lineage import reference_order
-from torch_dataloader_utils import FileChangedError, Ledger, LedgerError, create_dataloader
+from torch_dataloader_utils import FileChangedError, Ledger, LedgerError, SequencePack, create_dataloader
 from torch_dataloader_utils.plan.lineage import Delivery
 
 pytestmark = pytest.mark.filterwarnings("ignore:shuffle=True mixes the rows")
@@ -37,13 +37,24 @@ def delivered(loader: Any, dataset: Any, epochs: int) -> Iterator[dict[str, torc
         yield from loader
 
 
-def assert_same(got: dict[str, Any], expected: dict[str, Any]) -> None:
-    assert list(got) == list(expected)
-    for name, value in expected.items():
-        if isinstance(value, torch.Tensor):
-            assert torch.equal(got[name], value), name
-        else:
-            assert got[name] == value, name
+def assert_same(got: Any, expected: Any) -> None:
+    """The same values in the same order: tensors, tuples of them (packed lists), dicts, lists."""
+    assert type(got) is type(expected)
+    if isinstance(expected, torch.Tensor) and expected.is_nested:  # jagged: values and offsets
+        assert torch.equal(got.values(), expected.values())
+        assert torch.equal(got.offsets(), expected.offsets())
+    elif isinstance(expected, torch.Tensor):
+        assert torch.equal(got, expected)
+    elif isinstance(expected, dict):
+        assert list(got) == list(expected)
+        for name, value in expected.items():
+            assert_same(got[name], value)
+    elif isinstance(expected, (tuple, list)):
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            assert_same(a, b)
+    else:
+        assert got == expected
 
 
 CASES = {
@@ -74,6 +85,23 @@ def test_replay_gives_back_every_batch_the_loop_received(data: Path, tmp_path: P
 
 def _first_id(data: Path, file: str) -> int:
     return int(pq.read_table(file, columns=["id"]).column("id")[0].as_py())
+
+
+def test_packed_batches_replay_with_their_documents(corpus: str, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    pack = SequencePack("tokens", seq_len=32, pad_id=-1, attention_mask=True)
+    loader, dataset = create_dataloader(
+        corpus, batch_size=16, shuffle=True, num_workers=1, pack_sequences=pack, ledger=str(ledger)
+    )
+    batches = list(delivered(loader, dataset, 2))
+    book = Ledger(ledger)
+    for step, batch in enumerate(batches):
+        assert_same(book.rows(step), batch)
+    documents = book.read(3)  # the batch's documents, before they were packed
+    assert documents.num_rows == book.batch(3).rows.num_rows == 16
+    assert sum(len(t) for t in documents.column("tokens").to_pylist()) == int(
+        (batches[3]["tokens"] >= 0).sum()
+    )
 
 
 @pytest.mark.parametrize("num_ranks", [2, 3])
