@@ -651,7 +651,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_reshard(sub)
     _add_cache(sub)
-    ledger_cli.add_commands(sub, _Help)
+    ledger_cli.add_commands(sub, _Help, _typed, _typed(_non_negative, "int"))
 
     demo = sub.add_parser(
         "demo", help="generate a local dataset and read it as ranks x workers", formatter_class=_Help

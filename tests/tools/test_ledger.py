@@ -284,3 +284,33 @@ def test_torch_dataloader_delivers_groups_in_the_order_delivery_computes(
     delivery = Delivery(batches, cap)
     assert got == [delivery.locate(s) for s in range(delivery.total)]
     assert np.array_equal(np.asarray(got), np.asarray(reference_order(batches, cap)).reshape(-1, 2))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"num_workers": 0},
+        {"num_workers": 2, "shuffle": True},
+        {"num_workers": 2, "shuffle": True, "row_mixing": 40},
+        {"num_workers": 1, "equal_batches": "pad", "num_ranks": 2},
+    ],
+    ids=["main process", "workers", "row mixing", "pad"],
+)
+def test_skipped_units_shift_later_batches_and_replay_knows(tmp_path: Path, options: dict[str, Any]) -> None:
+    from tests.hostile.test_bad_data import plant_parquet
+
+    planted = plant_parquet(tmp_path / "data", [300, 200, 250], 50, {(0, 1), (1, 3), (2, 0), (2, 4)})
+    ledger = tmp_path / "ledger"
+    received = {}
+    ranks = options.pop("num_ranks", 1)
+    for rank in range(ranks):
+        loader, dataset = create_dataloader(
+            str(planted.root), batch_size=32, on_bad_data="skip", ledger=str(ledger),
+            num_ranks=ranks, rank=rank, **options,
+        )  # fmt: skip
+        received[rank] = list(delivered(loader, dataset, 2))
+    book = Ledger(ledger)
+    for rank, batches in received.items():
+        for step, batch in enumerate(batches):
+            assert_same(book.rows(step, rank), batch)

@@ -13,32 +13,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from tests.runtime.test_ddp_launch import LAUNCH_TIMEOUT, ROWS, bin_of, child_env, free_port, launch
-from tests.runtime.test_resume_launch import kill_tree
+from tests.runtime.test_ddp_launch import LAUNCH_TIMEOUT, ROWS, child_env, launch
+from tests.runtime.test_resume_launch import run_until_ready, torchrun
 from torch_dataloader_utils import Ledger
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).with_name("ledger_scripts") / "train.py"
-
-
-def torchrun(ranks: int, data: Path, out: Path, phase: str) -> list[str]:
-    return [
-        bin_of("torchrun"),
-        f"--nproc_per_node={ranks}",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
-        str(SCRIPT),
-        str(data),
-        str(out),
-        phase,
-    ]
 
 
 def written(out: Path, phase: str, rank: int) -> dict[int, dict[str, list[float]]]:
@@ -61,25 +47,11 @@ def test_kill_two_ranks_resume_on_three_and_replay_both_sides(write_parquet, tmp
     data = write_parquet(ROWS, row_group_size=[200, 50, 300, 55, 100, 111, 20], with_strings=False)[0].parent
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.Popen(
-        torchrun(2, data, out, "first"), cwd=tmp_path, env=child_env(tmp_path), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + LAUNCH_TIMEOUT
-    try:
-        while not all((out / f"ready_rank{r}").exists() for r in range(2)):
-            if proc.poll() is not None:
-                pytest.fail(f"first run exited early:\n{proc.communicate()[0][-4000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail("first run did not reach its checkpoints in time")
-            time.sleep(0.2)
-    finally:
-        kill_tree(proc.pid)  # preemption: launcher, ranks and workers die at once
-        proc.communicate()
+    run_until_ready(torchrun(2, data, out, "first", SCRIPT), tmp_path, out, 2)
     checkpoint = max(
         s for s in (4, 8, 12, 16, 20, 24) if all((out / f"step{s}_rank{r}.json").exists() for r in range(2))
     )
-    launch([torchrun(3, data, out, "second")], tmp_path)
+    launch([torchrun(3, data, out, "second", SCRIPT)], tmp_path)
 
     ledger = Ledger(out / "ledger")
     assert ledger.ranks == [0, 1, 2]

@@ -25,13 +25,11 @@ shared directory rank 0 writes the shared files; with a per-rank path (a ``{rank
 from __future__ import annotations
 
 import base64
-import contextlib
 import dataclasses
 import enum
 import hashlib
 import json
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -46,6 +44,7 @@ from torch_dataloader_utils.errors import ConfigError, LedgerError
 from torch_dataloader_utils.plan.ledger import EndRecord, PassRecord, SkipRecord, rank_file, to_line
 from torch_dataloader_utils.plan.state import parse_steps
 from torch_dataloader_utils.plan.table import FileTable
+from torch_dataloader_utils.storage.atomic import write_atomically
 from torch_dataloader_utils.storage.redact import HIDDEN, is_secret, redact
 from torch_dataloader_utils.upstream.pyarrow import expression_bytes, expression_from_bytes
 
@@ -229,37 +228,13 @@ def ledger_paths(ledger: str, rank: int) -> tuple[Path, Path, bool]:
     return root / rank_file(rank), root, rank == 0
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def _canonical(value: Mapping[str, Any]) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
 def write_manifest(table: FileTable, path: Path) -> None:
     """Write ``table``'s columns to ``path`` (an uncompressed ``.npz``), atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp.npz")
-    os.close(fd)
-    try:
-        np.savez(tmp, **table.to_arrays())  # type: ignore[arg-type]
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomically(path, lambda f: np.savez(f, **table.to_arrays()))  # type: ignore[arg-type]
 
 
 def read_manifest(path: Path) -> FileTable:
@@ -336,7 +311,7 @@ class LedgerWriter:
         """The name of the config file holding ``config`` (written once)."""
         data = _canonical(config)
         name = f"config-{hashlib.sha256(data).hexdigest()[:24]}.json"
-        return self._shared(name, lambda p: _atomic_write(p, data))
+        return self._shared(name, lambda p: write_atomically(p, data))
 
     def files(self, table: FileTable, digest: str) -> str:
         """The name of the manifest of ``table`` (whose files digest is ``digest``; written once)."""
@@ -346,7 +321,7 @@ class LedgerWriter:
         """The name of the file holding the resume state ``state`` (written once)."""
         data = _canonical(state)
         name = f"state-{hashlib.sha256(data).hexdigest()[:24]}.json"
-        return self._shared(name, lambda p: _atomic_write(p, data))
+        return self._shared(name, lambda p: write_atomically(p, data))
 
     def _append(self, record: PassRecord | SkipRecord | EndRecord) -> None:
         line = to_line(record).encode()

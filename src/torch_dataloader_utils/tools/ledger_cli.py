@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,43 +29,32 @@ from torch_dataloader_utils.tools.source import parse_catalog_config, parse_filt
 
 __all__ = ["add_commands", "delivered_table"]
 
-
-def _typed(parse: Any, name: str) -> Any:
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from exc
-
-    convert.__name__ = name
-    return convert
+Typed = Callable[[Callable[[str], Any], str], Callable[[str], Any]]
+"""The command line's wrapper of a parser into an argparse ``type``."""
 
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(f"{text!r} must be an integer >= 0")
-    return value
-
-
-def _secrets(p: argparse.ArgumentParser) -> None:
+def _secrets(p: argparse.ArgumentParser, typed: Typed) -> None:
     p.add_argument(
         "--storage-option",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        type=_typed(parse_storage_option, "storage option"),
+        type=typed(parse_storage_option, "storage option"),
         help="a filesystem option the job used (credentials are not in a ledger); repeat for more",
     )
     p.add_argument(
         "--catalog-config",
-        type=_typed(parse_catalog_config, "catalog config"),
+        type=typed(parse_catalog_config, "catalog config"),
         help="Iceberg catalog properties (a JSON object or file), merged over the recorded ones",
     )
 
 
-def add_commands(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
-    """Add ``replay`` and ``ledger`` to the command line's subparsers."""
+def add_commands(sub: Any, formatter: type[argparse.HelpFormatter], typed: Typed, step: Any) -> None:
+    """Add ``replay`` and ``ledger`` to the command line's subparsers.
+
+    ``typed`` wraps a parser into an argparse ``type`` (the command line's own), ``step``
+    is the ``type`` of an int >= 0.
+    """
     replay = sub.add_parser(
         "replay",
         help="which rows step N saw (file, row group or byte range, row), or its batch again (--read)",
@@ -75,16 +65,14 @@ def add_commands(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
         formatter_class=formatter,
     )
     replay.add_argument("ledger", help="the ledger directory")
-    replay.add_argument(
-        "--step", required=True, type=_typed(_non_negative, "int"), help="the step (batch) replayed"
-    )
-    replay.add_argument("--rank", type=_typed(_non_negative, "int"), default=0, help="the rank")
+    replay.add_argument("--step", required=True, type=step, help="the step (batch) replayed")
+    replay.add_argument("--rank", type=step, default=0, help="the rank")
     replay.add_argument("--read", action="store_true", help="read the batch, converted as it was delivered")
     replay.add_argument(
         "--out", metavar="FILE", help="with --read: write the batch to FILE (Parquet) (default: stdout)"
     )
     replay.add_argument("--json", action="store_true", help="print JSON for machines")
-    _secrets(replay)
+    _secrets(replay, typed)
     replay.set_defaults(fn=_replay)
 
     ledger = sub.add_parser(
@@ -98,7 +86,7 @@ def add_commands(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
     what.add_argument(
         "--where",
         metavar="CONDITION",
-        type=_typed(parse_filter, "condition"),
+        type=typed(parse_filter, "condition"),
         help='COLUMN OP VALUE, e.g. "id = 123": list the steps and ranks that saw such a row',
     )
     what.add_argument(
@@ -107,11 +95,9 @@ def add_commands(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
         type=int,
         help="Iceberg: the rows this later snapshot deleted that earlier steps trained on",
     )
-    ledger.add_argument(
-        "--rank", type=_typed(_non_negative, "int"), help="only this rank (default: every rank)"
-    )
+    ledger.add_argument("--rank", type=step, help="only this rank (default: every rank)")
     ledger.add_argument("--json", action="store_true", help="print JSON for machines")
-    _secrets(ledger)
+    _secrets(ledger, typed)
     ledger.set_defaults(fn=_ledger)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from datetime import timedelta
@@ -22,22 +21,13 @@ import torch.distributed as dist
 
 from torch_dataloader_utils import StructuredDataset, merge_states
 
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "runtime", "ddp_scripts")
+)
+from resume_loop import last_complete_step, save  # the resume test's checkpoint helpers
+
 EVERY = 4
 OPTIONS = {"batch_size": 24, "split_rows": 150, "shuffle": True, "shuffle_seed": 5, "row_mixing": 64}
-
-
-def save(path: str, value: object) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(value, f)
-    os.replace(path + ".tmp", path)
-
-
-def last_complete_step(out: str, world: int) -> int:
-    steps: dict[int, int] = {}
-    for name in os.listdir(out):
-        if m := re.fullmatch(r"step(\d+)_rank\d+\.json", name):
-            steps[int(m.group(1))] = steps.get(int(m.group(1)), 0) + 1
-    return max(s for s, n in steps.items() if n == world)
 
 
 def main() -> None:
