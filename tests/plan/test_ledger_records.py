@@ -12,9 +12,11 @@ from torch_dataloader_utils.plan.ledger import (
     EndRecord,
     PassRecord,
     SkipRecord,
+    pack_runs,
     parse_record,
     rank_file,
     to_line,
+    unpack_runs,
 )
 
 PASS = PassRecord(
@@ -37,7 +39,8 @@ PASS = PassRecord(
     "record",
     [
         PASS,
-        SkipRecord(rank=0, step=4, worker=1, at=77, rows=10),
+        SkipRecord(rank=0, step=4, worker=1, runs=((77, 10),)),
+        SkipRecord(rank=0, step=4, worker=1, runs=((3, 1), (5, 2), (1000, 130), (2**40, 7))),
         EndRecord(rank=0, step=4, batches=9, completed=True),
     ],
 )
@@ -51,6 +54,14 @@ def test_a_record_is_one_line_that_parses_back(record: object) -> None:
 
 def test_a_pass_record_is_a_few_hundred_bytes() -> None:
     assert len(to_line(PASS)) < 300
+
+
+def test_scattered_runs_are_packed_to_a_few_bytes_each() -> None:
+    runs = tuple((3 * i, 1 + i % 2) for i in range(0, 30000, 1))  # a unit's rows scattered by a row mix
+    line = to_line(SkipRecord(rank=0, step=0, worker=0, runs=runs))
+    assert len(line) < 2 * len(runs)
+    assert parse_record(line, "x:1").runs == runs  # type: ignore[union-attr]
+    assert unpack_runs(pack_runs(runs)) == runs
 
 
 def test_unknown_keys_are_ignored() -> None:
@@ -74,6 +85,7 @@ def test_another_version_is_refused_naming_it() -> None:
         ({"files": "files-1.npz"}, "files: must be a list of strings"),
         ({"rank": 2}, "rank: must be below num_ranks=2"),
         ({"kind": "nothing"}, "kind: must be one of end, pass, skip"),
+        ({"kind": "skip", "runs": "not base64!"}, "runs: must be runs packed by pack_runs"),
     ],
 )
 def test_a_damaged_record_is_refused_naming_the_field(change: dict[str, object], words: str) -> None:

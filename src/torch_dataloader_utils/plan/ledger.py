@@ -6,7 +6,7 @@ its own, ``rank-<rank>.jsonl`` (5 digits), and nothing per step:
 * ``{"ledger": 1, "kind": "pass", ...}`` (:class:`PassRecord`) when a pass starts: which
   rows every later batch of the pass holds follows from it (:mod:`.lineage`);
 * ``{"ledger": 1, "kind": "skip", ...}`` (:class:`SkipRecord`) when a reading process
-  removed the rows of a unit that did not decode (``on_bad_data='skip'`` without padding),
+  removed the rows of units that did not decode (``on_bad_data='skip'`` without padding),
   before the loop receives a batch after them: the rows that follow shift;
 * ``{"ledger": 1, "kind": "end", ...}`` (:class:`EndRecord`) when a pass ends, with the
   batches the loop received.
@@ -22,8 +22,10 @@ record of another version is an error. Pure: stdlib only.
 
 from __future__ import annotations
 
+import base64
 import json
-from collections.abc import Mapping
+import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, NoReturn
 
@@ -36,9 +38,11 @@ __all__ = [
     "PassRecord",
     "Record",
     "SkipRecord",
+    "pack_runs",
     "parse_record",
     "rank_file",
     "to_line",
+    "unpack_runs",
 ]
 
 LEDGER_VERSION = 1
@@ -145,14 +149,19 @@ class PassRecord:
 
 @dataclass(frozen=True, slots=True)
 class SkipRecord:
-    """Rows a reading process removed from its planned stream (a unit that did not decode).
+    """Rows a reading process removed from its planned stream (units that did not decode).
+
+    In JSON one run is ``"at"`` and ``"rows"``; several (a row mix scatters a unit's rows
+    over many places) are ``"runs"``: the positions' gaps and the runs' lengths as
+    little-endian unsigned varints, alternately, zlib-compressed, in base64 (a few bytes a
+    run).
 
     Attributes:
         rank: The rank.
         step: The step the pass started at (which pass of the rank).
         worker: The reading process (DataLoader worker id; 0 in the main process).
-        at: Position of the first removed row in the worker's planned stream of the pass.
-        rows: Rows removed there.
+        runs: ``(position, rows)`` of every run removed, sorted: the position of its first
+            row in the worker's planned stream of the pass, and its rows.
     """
 
     KIND: ClassVar[str] = "skip"
@@ -160,19 +169,77 @@ class SkipRecord:
     rank: int
     step: int
     worker: int
-    at: int
-    rows: int
+    runs: tuple[tuple[int, int], ...]
 
     @classmethod
     def parse(cls, value: Mapping[str, Any], where: str) -> SkipRecord:
         """Check and read a record's JSON value."""
+        if "runs" in value:
+            runs = unpack_runs(_str(value.get("runs"), f"{where} runs"), f"{where} runs")
+        else:
+            runs = ((_int(value.get("at"), f"{where} at"), _int(value.get("rows"), f"{where} rows", 1)),)
         return cls(
             rank=_int(value.get("rank"), f"{where} rank"),
             step=_int(value.get("step"), f"{where} step"),
             worker=_int(value.get("worker"), f"{where} worker"),
-            at=_int(value.get("at"), f"{where} at"),
-            rows=_int(value.get("rows"), f"{where} rows", 1),
+            runs=runs,
         )
+
+    def to_json(self) -> dict[str, Any]:
+        """The record's JSON fields (one run in clear, several packed)."""
+        out: dict[str, Any] = {"rank": self.rank, "step": self.step, "worker": self.worker}
+        if len(self.runs) == 1:
+            out["at"], out["rows"] = self.runs[0]
+        else:
+            out["runs"] = pack_runs(self.runs)
+        return out
+
+
+def _varints(values: list[int]) -> bytes:
+    out = bytearray()
+    for v in values:
+        while v >= 0x80:
+            out.append((v & 0x7F) | 0x80)
+            v >>= 7
+        out.append(v)
+    return bytes(out)
+
+
+def pack_runs(runs: Sequence[tuple[int, int]]) -> str:
+    """``(position, rows)`` runs, sorted, as :class:`SkipRecord` packs them."""
+    flat: list[int] = []
+    end = 0
+    for at, rows in runs:
+        flat.extend((at - end, rows))
+        end = at + rows
+    return base64.b64encode(zlib.compress(_varints(flat), 9)).decode()
+
+
+def unpack_runs(text: str, where: str = "runs") -> tuple[tuple[int, int], ...]:
+    """The runs :func:`pack_runs` packed.
+
+    Raises:
+        LedgerError: not such a value.
+    """
+    try:
+        data = zlib.decompress(base64.b64decode(text, validate=True))
+    except (ValueError, zlib.error):
+        _fail(where, "must be runs packed by pack_runs", text)
+    flat: list[int] = []
+    value = shift = 0
+    for byte in data:
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            flat.append(value)
+            value = shift = 0
+    if shift or len(flat) % 2:
+        _fail(where, "must be runs packed by pack_runs", text)
+    runs, end = [], 0
+    for gap, rows in zip(flat[::2], flat[1::2], strict=True):
+        runs.append((end + gap, rows))
+        end += gap + rows
+    return tuple(runs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,10 +282,14 @@ _KINDS: dict[str, type[PassRecord] | type[SkipRecord] | type[EndRecord]] = {
 
 def to_line(record: Record) -> str:
     """The record as one JSON line (with its newline)."""
-    value = {"ledger": LEDGER_VERSION, "kind": record.KIND, **asdict(record)}
-    for f in fields(record):
-        if isinstance(value[f.name], tuple):
-            value[f.name] = list(value[f.name])
+    if isinstance(record, SkipRecord):
+        fields_ = record.to_json()
+    else:
+        fields_ = asdict(record)
+        for f in fields(record):
+            if isinstance(fields_[f.name], tuple):
+                fields_[f.name] = list(fields_[f.name])
+    value = {"ledger": LEDGER_VERSION, "kind": record.KIND, **fields_}
     return json.dumps(value, separators=(",", ":"), allow_nan=False) + "\n"
 
 

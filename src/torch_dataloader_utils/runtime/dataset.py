@@ -335,6 +335,11 @@ class PlannedDataset(IterableDataset[Any]):
     handed = 0
     """Batches the loader handed to the loop in the current pass (set by the loader)."""
 
+    def ledger_skipped(self, worker: int, runs: Sequence[tuple[int, int]]) -> None:
+        """Main process: a worker left out these ``(planned position, rows)`` runs (skipped units)."""
+        if self._ledger is not None:
+            self._ledger.skipped(worker, runs)
+
     def ledger_end(self, batches: int, completed: bool) -> None:
         """Main process: the pass ended after ``batches`` batches."""
         if self._ledger is not None:
@@ -1233,6 +1238,9 @@ class PlannedDataset(IterableDataset[Any]):
             work.read_sec += got - asked
             work.count_padding(batch)
             tag = positions.tag(batch.num_rows, measure(batch))
+            removed = positions.take_removed()
+            if removed:  # this process reads: recorded before the loop receives the batch
+                self.ledger_skipped(positions.worker, removed)
             out = self._converter(batch)
             if collate is not None:
                 out = collate(out)

@@ -90,6 +90,7 @@ class Positions:
         self._good = 0  # rows read that are not removed stand-ins
         self._skip_at: list[int] = []  # good rows read before each run of removed stand-ins
         self._skipped: list[int] = []  # removed stand-ins up to and including each run
+        self._removed: list[tuple[int, int]] = []  # (planned position, rows) removed, not yet taken
 
     def read(
         self,
@@ -186,6 +187,10 @@ class Positions:
         # once the loop has received a good row after it (positions stay the plan's).
         mask = flag.to_numpy(zero_copy_only=False)
         edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
+        first = self._read - batch.num_rows  # the batch's planned position
+        self._removed.extend(
+            (first + int(a), int(b - a)) for a, b in zip(edges[::2], edges[1::2], strict=True)
+        )
         for start, stop in zip(edges[::2], edges[1::2], strict=True):
             good_before = self._good + int(start) - int(mask[:start].sum())
             total = (self._skipped[-1] if self._skipped else 0) + int(stop - start)
@@ -196,6 +201,13 @@ class Positions:
                 self._skipped.append(total)
         self._good += batch.num_rows - removed
         return kept.filter(pc.invert(flag))
+
+    def take_removed(self) -> tuple[tuple[int, int], ...]:
+        """The ``(planned position, rows)`` runs removed since the last call (the ledger's skip records)."""
+        if not self._removed:
+            return ()
+        out, self._removed = tuple(self._removed), []
+        return out
 
     def tag(self, rows: int, nbytes: int = 0) -> Tag:
         """The position after a yielded batch of ``rows`` rows (and ``nbytes`` Arrow bytes)."""
@@ -284,7 +296,8 @@ def grouped(
         began = clock()
         packed = pack_group(pending, pool)
         work.transfer_sec += clock() - began
-        return Tagged(packed, tuple(tags), (worker, work.delta(), work.files_delta()))  # type: ignore[arg-type]
+        work_delta = (worker, work.delta(), work.files_delta())
+        return Tagged(packed, tuple(tags), work_delta, positions.take_removed())  # type: ignore[arg-type]
 
     try:
         asked = clock()
@@ -311,5 +324,6 @@ def grouped(
         yield send()
     rest = work.delta()
     files = work.files_delta()
-    if any(rest) or files:
-        yield Tagged(BatchGroup(), (), (worker, rest, files))
+    removed = positions.take_removed()
+    if any(rest) or files or removed:
+        yield Tagged(BatchGroup(), (), (worker, rest, files), removed)

@@ -57,6 +57,7 @@ __all__ = [
     "encode",
     "ledger_paths",
     "library_version",
+    "merge_runs",
     "read_json",
     "read_manifest",
     "recorded_keywords",
@@ -228,6 +229,18 @@ def ledger_paths(ledger: str, rank: int) -> tuple[Path, Path, bool]:
     return root / rank_file(rank), root, rank == 0
 
 
+def merge_runs(runs: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """``(position, rows)`` runs sorted, the touching ones joined."""
+    out: list[tuple[int, int]] = []
+    for at, rows in sorted(runs):
+        if out and at <= out[-1][0] + out[-1][1]:
+            start = out[-1][0]
+            out[-1] = (start, max(out[-1][0] + out[-1][1], at + rows) - start)
+        elif rows > 0:
+            out.append((at, rows))
+    return tuple(out)
+
+
 def _canonical(value: Mapping[str, Any]) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
@@ -366,9 +379,11 @@ class LedgerWriter:
         self._append(record)
         return record
 
-    def skipped(self, step: int, worker: int, at: int, rows: int) -> None:
-        """Rows ``[at, at + rows)`` of worker ``worker``'s planned stream were removed (pass at ``step``)."""
-        self._append(SkipRecord(rank=self.rank, step=step, worker=worker, at=at, rows=rows))
+    def skipped(self, step: int, worker: int, runs: Sequence[tuple[int, int]]) -> None:
+        """Worker ``worker``'s planned stream lost the ``(position, rows)`` runs (pass at ``step``)."""
+        merged = merge_runs(runs)
+        if merged:
+            self._append(SkipRecord(rank=self.rank, step=step, worker=worker, runs=merged))
 
     def end(self, step: int, batches: int, completed: bool) -> None:
         """The pass that started at ``step`` ended after ``batches`` batches."""
@@ -465,10 +480,10 @@ class PassLedger:
         same = isinstance(saved, Mapping) and saved.get("num_ranks") == world.num_ranks
         self.steps = steps[world.rank] if same and world.rank in steps else max(steps.values())
 
-    def skipped(self, worker: int, at: int, rows: int) -> None:
-        """Rows of a worker's planned stream were removed in the open pass."""
+    def skipped(self, worker: int, runs: Sequence[tuple[int, int]]) -> None:
+        """``(position, rows)`` runs of a worker's planned stream were removed in the open pass."""
         if self._open is not None:
-            self.writer.skipped(self._open.step, worker, at, rows)
+            self.writer.skipped(self._open.step, worker, runs)
 
     def end(self, batches: int, completed: bool) -> None:
         """The open pass ended after ``batches`` batches; the next one starts after them."""

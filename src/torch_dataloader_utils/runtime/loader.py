@@ -446,6 +446,8 @@ class ResumableDataLoader(DataLoader[Any]):
                 # worker's timers and counters since its previous group.
                 if item.work is not None:
                     metrics.add_work(*item.work)
+                    if item.removed:  # before the loop receives a batch after those rows
+                        dataset.ledger_skipped(item.work[0], item.removed)
                 # Without a joiner (elastic order) a batch goes to the loop as it came:
                 # no call per batch beyond the metrics' count.
                 joined = dataset.joins

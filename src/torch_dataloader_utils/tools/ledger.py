@@ -25,7 +25,7 @@ import pyarrow as pa
 from torch_dataloader_utils.errors import LedgerError
 from torch_dataloader_utils.plan.ledger import EndRecord, PassRecord, SkipRecord, parse_record
 from torch_dataloader_utils.plan.table import FileTable
-from torch_dataloader_utils.runtime.ledger import read_json, read_manifest
+from torch_dataloader_utils.runtime.ledger import merge_runs, read_json, read_manifest
 from torch_dataloader_utils.tools import ledger_query
 from torch_dataloader_utils.tools.ledger_query import Sighting
 from torch_dataloader_utils.tools.replay import BatchLineage, LedgerPass, PassReplay
@@ -50,10 +50,10 @@ def _passes(records: Sequence[Any]) -> list[LedgerPass]:
         end = None
         for r in mine:
             if isinstance(r, SkipRecord):
-                skips.setdefault(r.worker, []).append((r.at, r.rows))
+                skips.setdefault(r.worker, []).extend(r.runs)
             else:
                 end = r
-        frozen = {w: tuple(sorted(v)) for w, v in skips.items()}
+        frozen = {w: merge_runs(v) for w, v in skips.items()}
         out.append(LedgerPass(record, frozen, end, None if nxt is None else nxt.step))
     return out
 

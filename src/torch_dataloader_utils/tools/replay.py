@@ -20,9 +20,11 @@ from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches, FileFormat
 from torch_dataloader_utils.errors import ConfigError, FileChangedError, LedgerError
+from torch_dataloader_utils.io.bad import is_standin
 from torch_dataloader_utils.io.batching import concat_batches
 from torch_dataloader_utils.io.pieces import gathered, read_piece
 from torch_dataloader_utils.plan.elastic import Canonical
@@ -34,6 +36,7 @@ from torch_dataloader_utils.plan.resume import Resumer, group
 from torch_dataloader_utils.plan.state import Segment, segments_of
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import ChunkUnit
+from torch_dataloader_utils.runtime.dataset import STANDIN_COLUMN
 from torch_dataloader_utils.runtime.elastic import ElasticPlans
 from torch_dataloader_utils.runtime.ledger import Unrecorded, decode, read_json
 from torch_dataloader_utils.runtime.options import (
@@ -460,18 +463,23 @@ class PassReplay:
             dataset.file_table,
             (c.path for s, sp in spans for c in self.streams[s].pieces[sp.piece].chunks),
         )
+        # Stand-ins of skipped units are flagged as the loader flags them: as padding, or in
+        # a column of their own (their rows are not in the spans: a flagged row means the
+        # unit did not decode now but did when the job read it).
+        skipping = self.options.bad_data.skipping and not padded
+        flag = PADDING_COLUMN if padded else STANDIN_COLUMN if skipping else None
         parts: list[pa.RecordBatch] = []
         for stream, span in spans:
             piece = dataclasses.replace(self.streams[stream].pieces[span.piece], lo=span.lo, hi=span.hi)
             items = read_piece(
                 dataset.reader,
                 piece,
-                flag_column=PADDING_COLUMN if padded else None,
+                flag_column=flag,
                 batch_size=self.options.batching.batch_size,
                 files=self.table if self.exact else None,
             )
             parts.extend(b for b in gathered(items) if b.num_rows)
-        return _checked_batch(parts, dataset)
+        return _checked_batch(parts, dataset, STANDIN_COLUMN if skipping else None)
 
     def convert(self, batch: pa.RecordBatch) -> Any:
         """``batch`` converted as the loader converted it (``collate_fn`` too)."""
@@ -480,14 +488,18 @@ class PassReplay:
         return out if collate is None else collate(out)
 
 
-def _checked_batch(parts: list[pa.RecordBatch], dataset: Any) -> pa.RecordBatch:
-    from torch_dataloader_utils.io.bad import is_standin
-
-    if any(is_standin(b) for b in parts):
-        raise LedgerError(
-            "a unit of this batch did not decode now but did when the job read it: the data changed "
-            "since the ledger recorded it"
-        )
+def _checked_batch(parts: list[pa.RecordBatch], dataset: Any, standins: str | None) -> pa.RecordBatch:
+    """The batch of ``parts``; refused when a row of it did not decode now (``standins``: their flag)."""
+    changed = LedgerError(
+        "a unit of this batch did not decode now but did when the job read it: the data changed since "
+        "the ledger recorded it"
+    )
+    if standins is not None:
+        if any(pc.any(b.column(standins)).as_py() for b in parts):
+            raise changed
+        parts = [b.drop_columns([standins]) for b in parts]
+    elif any(is_standin(b) for b in parts):
+        raise changed
     if not parts:
         schema = dataset.schema
         return pa.RecordBatch.from_pylist([], schema=schema)
