@@ -314,3 +314,34 @@ def test_skipped_units_shift_later_batches_and_replay_knows(tmp_path: Path, opti
     for rank, batches in received.items():
         for step, batch in enumerate(batches):
             assert_same(book.rows(step, rank), batch)
+
+
+def test_the_loops_order_does_not_depend_on_the_bytes_of_batches(tmp_path: Path, monkeypatch: Any) -> None:
+    """Workers hand over groups of batches: which worker's batch is step N follows from the plan.
+
+    One worker's batches are 250 times larger than the other's (long strings), and a group
+    is at most 256 KiB: a group cut by bytes would hold fewer of the large batches, and the
+    loop would meet the workers' batches in another order than the plan's counts give.
+    """
+    import pyarrow as pa
+
+    from torch_dataloader_utils.runtime import emit
+
+    root = tmp_path / "data"
+    root.mkdir()
+    rows = 2000
+    for i, width in enumerate((8, 2000)):
+        ids = np.arange(i * rows, (i + 1) * rows, dtype=np.int64)
+        pq.write_table(pa.table({"id": ids, "s": pa.array(["x" * width] * rows)}), root / f"part-{i}.parquet")
+    monkeypatch.setattr(emit, "GROUP_BYTES", 256 << 10)
+    ledger = tmp_path / "ledger"
+    loader, _ = create_dataloader(str(root), batch_size=16, num_workers=2, ledger=str(ledger))
+    received = [batch["id"].tolist() for batch in loader]
+    book = Ledger(ledger)
+    assert {book.batch(s).worker for s in range(len(received))} == {0, 1}
+    for step, ids in enumerate(received):
+        lineage = book.batch(step).rows
+        files = [int(Path(f).stem.split("-")[1]) for f in lineage.column("file").to_pylist()]
+        rebuilt = [f * rows + r for f, r in zip(files, lineage.column("file_row").to_pylist(), strict=True)]
+        assert rebuilt == ids, step
+    assert book.read(len(received) - 1).column("id").to_pylist() == received[-1]

@@ -50,7 +50,7 @@ from torch_dataloader_utils.runtime.elastic import (
     joinable,
     part_batches,
 )
-from torch_dataloader_utils.runtime.emit import ArrowBytes, Positions, grouped
+from torch_dataloader_utils.runtime.emit import GROUP_MAX_BATCHES, ArrowBytes, Positions, group_cap, grouped
 from torch_dataloader_utils.runtime.ledger import PassLedger, source_config
 from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics, WorkerMetrics, stall_clock
 from torch_dataloader_utils.runtime.options import Options
@@ -263,6 +263,9 @@ class PlannedDataset(IterableDataset[Any]):
         self._row_count_issue = row_count_issue
         # Shared memory: set_epoch in the main process reaches persistent workers.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        # The pass's group size (batches of a full hand-off group), set by the main process
+        # before every pass: persistent workers see it too (0: the largest).
+        self._group_cap = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         # ``table``: the same files as columns when discovery has them (no pass over objects).
         if table is not None and len(table) != len(self._files):
             raise ValueError(f"a file table of {len(table)} files for {len(self._files)} files")
@@ -315,6 +318,20 @@ class PlannedDataset(IterableDataset[Any]):
 
     def _ledger_files(self) -> tuple[dict[str, Any], list[tuple[FileTable, str]]]:
         return source_config(self), [(self._table, self.fingerprint()["files_digest"])]
+
+    def set_group_cap(self, bytes_per_row: float | None) -> int:
+        """Main process, before a pass: the batches of a full hand-off group (the same for every worker).
+
+        From ``bytes_per_row`` (what the loader received so far), or before any batch, the
+        files' bytes per row on disk, twice (decoded rows are larger than compressed ones).
+        """
+        if bytes_per_row is None:
+            table = self._table
+            rows = int(table.live[table.live > 0].sum())
+            bytes_per_row = 2.0 * int(table.size.sum()) / max(1, rows)
+        cap = group_cap(bytes_per_row, self._options.batching.batch_size)
+        self._group_cap.fill_(cap)
+        return cap
 
     def ledger_begin(self, num_workers: int, groups: int | None) -> None:
         """Main process: a pass starts; the ledger (``ledger=``) records it."""
@@ -1089,7 +1106,9 @@ class PlannedDataset(IterableDataset[Any]):
             # cost; the worker's timers and counters travel with them.
             pool = self.transport.writer(slot.id) if self.transport is not None else None
             convert = _as_is if joined and not self._join_converted else self._for_transfer
-            yield from grouped(batches, convert, positions, work, pool)
+            yield from grouped(
+                batches, convert, positions, work, pool, int(self._group_cap) or GROUP_MAX_BATCHES
+            )
             return
         if joined:
             raise IncompatibleOptionsError(

@@ -35,16 +35,31 @@ from torch_dataloader_utils.io.ahead import read_ahead
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.helpers import Helpers
 from torch_dataloader_utils.io.pieces import Gather, gathered, read_piece
+from torch_dataloader_utils.plan import lineage
 from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.runtime.workstats import WorkStats
 from torch_dataloader_utils.transfer import BatchGroup, SegmentWriter, pack_group
 
-__all__ = ["FIRST_GROUP_BATCHES", "GROUP_BYTES", "GROUP_MAX_BATCHES", "ArrowBytes", "Positions", "grouped"]
+__all__ = [
+    "FIRST_GROUP_BATCHES",
+    "GROUP_BYTES",
+    "GROUP_MAX_BATCHES",
+    "ArrowBytes",
+    "Positions",
+    "group_cap",
+    "grouped",
+]
 
 GROUP_BYTES = 32 << 20
 """A worker under ``create_dataloader``'s loader sends batches in groups of about this size.
+
+A group's size is counted in batches, never in bytes (the loop's order of batches would
+then depend on the data, and a training ledger could not replay a step without reading
+every batch before it): the main process sets the batches of a full group at the start
+of each pass (:func:`group_cap`) from the bytes per row it has received so far, or the
+files' bytes per row before the first batch, and every worker follows it.
 
 Every hand-off between a worker and the main process has a fixed cost (queue, pickle,
 waking a process and two threads, a shared-memory segment): about 0.5-0.7 ms of the
@@ -58,10 +73,17 @@ groups, each in a worker's shared-memory segment (see ``runtime.loader.SPARE_SEG
 GROUP_MAX_BATCHES = 1024
 """At most this many batches per group."""
 
-FIRST_GROUP_BATCHES = 1
-"""A worker's first group holds this many batches; each next one twice as many, until
-groups reach ``GROUP_BYTES``. So the first batch of an epoch leaves a worker as soon as
+FIRST_GROUP_BATCHES = lineage.FIRST_GROUP_BATCHES
+"""A worker's first group holds this many batches; each next one twice as many, up to
+the pass's :func:`group_cap`. So the first batch of an epoch leaves a worker as soon as
 it is read (the loop can start), and later groups are large (few hand-offs)."""
+
+
+def group_cap(bytes_per_row: float, batch_size: int) -> int:
+    """Batches in a full group: about ``GROUP_BYTES`` of them (1 to ``GROUP_MAX_BATCHES``)."""
+    per_batch = max(1.0, bytes_per_row * batch_size)
+    return int(max(1, min(GROUP_MAX_BATCHES, GROUP_BYTES // per_batch)))
+
 
 Tag = tuple[int, int, int, int, int, int, int]
 
@@ -272,24 +294,27 @@ def grouped(
     positions: Positions,
     work: WorkStats,
     pool: SegmentWriter | None = None,
+    cap: int = GROUP_MAX_BATCHES,
 ) -> Iterator[Tagged]:
-    """Worker side: tagged batches sent in groups of about ``GROUP_BYTES``.
+    """Worker side: tagged batches sent in groups of 1, 2, 4, ... batches, at most ``cap``.
 
     A group is one :class:`Tagged` whose batch is a packed ``BatchGroup``, whose tag
     is the tuple of the batches' tags and whose ``work`` is what ``work`` counted since
     the previous group; the loader yields the batches one by one. The first groups are
     small (``FIRST_GROUP_BATCHES``, doubling), so the loop gets its first batch without
-    waiting for a full group. After the last group an item with an empty group carries
-    the rest of ``work``. Batches made before an error still arrive before the error.
-    ``pool``: this worker's segments of the loader's
+    waiting for a full group; ``cap`` (:func:`group_cap`) keeps a full group near
+    ``GROUP_BYTES``. Group sizes depend on counts only, so the order in which the loop
+    meets the workers' batches is a pure function of their batch counts and ``cap``
+    (:class:`~torch_dataloader_utils.plan.lineage.Delivery`). After the last group an
+    item with an empty group carries the rest of ``work``. Batches made before an error
+    still arrive before the error. ``pool``: this worker's segments of the loader's
     :class:`~torch_dataloader_utils.transfer.SegmentPool`.
     """
     pending: list[Any] = []
     tags: list[Tag] = []
-    size = 0
     clock = time.perf_counter
     worker = positions.worker
-    most = FIRST_GROUP_BATCHES
+    most = min(FIRST_GROUP_BATCHES, cap)
     measure = ArrowBytes()
 
     def send() -> Tagged:
@@ -306,15 +331,13 @@ def grouped(
             work.read_sec += got - asked
             work.count_padding(batch)
             pending.append(convert(batch))
-            nbytes = measure(batch)
-            tags.append(positions.tag(batch.num_rows, nbytes))
-            size += nbytes
+            tags.append(positions.tag(batch.num_rows, measure(batch)))
             asked = clock()
             work.convert_sec += asked - got
-            if size >= GROUP_BYTES or len(pending) >= most:
+            if len(pending) >= most:
                 yield send()
-                pending, tags, size = [], [], 0
-                most = min(2 * most, GROUP_MAX_BATCHES)
+                pending, tags = [], []
+                most = min(2 * most, cap)
                 asked = clock()
     except Exception:
         if pending:

@@ -31,7 +31,7 @@ from torch_dataloader_utils.errors import IncompatibleOptionsError
 from torch_dataloader_utils.plan.state import keyed_state
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.device import DeviceStage, OnDevice, copied_ahead
-from torch_dataloader_utils.runtime.emit import GROUP_BYTES, GROUP_MAX_BATCHES
+from torch_dataloader_utils.runtime.emit import GROUP_BYTES
 from torch_dataloader_utils.runtime.metrics import LoaderMetrics, gather_metrics, stall_clock
 from torch_dataloader_utils.runtime.state import EpochProgress, Tagged
 from torch_dataloader_utils.storage.threads import join_at_exit
@@ -79,6 +79,9 @@ PINNED_SEGMENT_BYTES = GROUP_BYTES + GROUP_BYTES // 4
 """A page-locked pool's segments hold at least this much: a full group (``GROUP_BYTES``,
 32 MiB) and a quarter more, so a worker's first, growing groups do not replace (and
 register again) its segments."""
+
+MEASURED_ROWS = 65536
+"""Rows of the first groups received whose Arrow bytes set later passes' group size."""
 
 _POLL = 0.05
 
@@ -235,6 +238,8 @@ class ResumableDataLoader(DataLoader[Any]):
     _progress: EpochProgress | None = None
     _epoch_sampler: EpochSampler | None = None
     _handed = 0
+    _bytes_per_row: float | None = None
+    """Arrow bytes per row of the batches received so far (sets the next pass's group size)."""
 
     @property
     def sampler(self) -> EpochSampler:
@@ -371,7 +376,8 @@ class ResumableDataLoader(DataLoader[Any]):
         state = self.dataset._state
         progress = self._progress = self.dataset.begin_pass(self.num_workers)
         passes.append(progress)
-        self.dataset.ledger_begin(self.num_workers, GROUP_MAX_BATCHES)
+        cap = self.dataset.set_group_cap(self._bytes_per_row)
+        self.dataset.ledger_begin(self.num_workers, cap)
         self._handed = self.dataset.handed = 0
         self.dataset.begin_metrics(self.num_workers)
         state.tagging = True  # set before workers start: they pickle the dataset
@@ -451,6 +457,7 @@ class ResumableDataLoader(DataLoader[Any]):
                 # Without a joiner (elastic order) a batch goes to the loop as it came:
                 # no call per batch beyond the metrics' count.
                 joined = dataset.joins
+                self._measure(item.tag)
                 for batch, tag in zip(item.batch, item.tag, strict=True):
                     if receiver is not None and receiver.superseded:
                         raise superseded()
@@ -463,6 +470,19 @@ class ResumableDataLoader(DataLoader[Any]):
                 if isinstance(item, Tagged):
                     record(item.tag)
                 yield from dataset.deliver(item, progress)
+
+    _measured = (0, 0)
+
+    def _measure(self, tags: Any) -> None:
+        """Rows and Arrow bytes of the first groups received (a few thousand rows), for later passes."""
+        rows, nbytes = self._measured
+        if rows >= MEASURED_ROWS or not tags:
+            return
+        rows += sum(t[5] for t in tags)
+        nbytes += sum(t[6] for t in tags)
+        self._measured = (rows, nbytes)
+        if rows:
+            self._bytes_per_row = nbytes / rows
 
     def metrics(self, gather: bool = False, group: Any = None) -> LoaderMetrics:
         """What the loader did since the last ``set_epoch``, ``reset_metrics`` or ``get_metrics``.
