@@ -34,6 +34,7 @@ manifest is stale (build the dataset again would read the same manifest).
 from __future__ import annotations
 
 import datetime as _dt
+import multiprocessing
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -43,7 +44,13 @@ from typing import Any, Protocol
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from torch_dataloader_utils.errors import FileChangedError, ReadError, SchemaMismatchError
+from torch_dataloader_utils.errors import (
+    FileChangedError,
+    IncompatibleOptionsError,
+    ReadError,
+    SchemaMismatchError,
+)
+from torch_dataloader_utils.storage.fetch import describe_failure
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 
 __all__ = [
@@ -54,6 +61,7 @@ __all__ = [
     "check_size",
     "current_state",
     "mtime_of",
+    "process_local",
     "stale_advice",
 ]
 
@@ -96,6 +104,17 @@ def current_state(fs: FileSystemSpec, path: str) -> tuple[int, float | None]:
     fs.fsspec().invalidate_cache(path)
     details = fs.call("info", path)
     return int(details.get("size") or 0), mtime_of(details)
+
+
+def process_local(fs: FileSystemSpec) -> bool:
+    """Whether ``fs`` keeps its files in this process's memory (fsspec's ``memory://``)."""
+    if fs.user is not None:
+        return bool(getattr(fs.user, "process_local", False))
+    return fs.protocol == "memory"
+
+
+def _local_kind(fs: FileSystemSpec) -> str:
+    return f"filesystem={fs.user.name}" if fs.user is not None else "memory:// filesystem"
 
 
 def _same_time(planned: float, now: float, remote: bool) -> bool:
@@ -346,6 +365,14 @@ def _check_now(
         if remote and on_request is not None:
             on_request()
     except FileNotFoundError as exc:
+        if process_local(fs) and multiprocessing.parent_process() is not None:
+            raise IncompatibleOptionsError(
+                f"{fs.display(path)!r} is not in this process's {_local_kind(fs)}: such a filesystem "
+                "holds its files in the memory of one process and does not cross processes, so a "
+                "DataLoader worker started with multiprocessing_context='spawn' or 'forkserver' sees "
+                "it empty. Pass multiprocessing_context='fork' (the worker starts as a copy of this "
+                "process), num_workers=0, or put the files on disk or object storage"
+            ) from exc
         advice = (
             stale_advice(manifest)
             if manifest is not None
@@ -355,9 +382,10 @@ def _check_now(
             f"{fs.display(path)!r} was deleted after the dataset was built (it was {size} bytes); {advice}"
         ) from exc
     except OSError as exc:
+        where = f" on {fs.endpoint}" if fs.endpoint else ""
         raise ReadError(
-            f"cannot check {fs.display(path)!r} against the plan (its size and modification "
-            f"time): {type(exc).__name__}: {exc}"
+            f"cannot check {fs.display(path)!r}{where} against the plan (its size and modification "
+            f"time): {describe_failure(exc, fs.deadline)}"
         ) from exc
     changed = now_size != size or (
         mtime is not None and now_mtime is not None and not _same_time(mtime, now_mtime, remote)
