@@ -57,21 +57,22 @@ def assert_same(got: Any, expected: Any) -> None:
         assert got == expected
 
 
-CASES = {
-    "plain": {},
-    "workers": {"num_workers": 2},
-    "shuffle": {"shuffle": True, "num_workers": 2},
-    "row mixing": {"shuffle": True, "row_mixing": 100, "num_workers": 2},
-    "window": {"shuffle": True, "row_shuffle_window": 300, "num_workers": 1},
-    "split rows": {"shuffle": True, "split_rows": 100, "drop_last": True},
-}
+SLOW = pytest.mark.slow  # over 1.5 CPU seconds (DataLoader workers started)
+CASES = [
+    pytest.param({}, id="plain"),
+    pytest.param({"num_workers": 2}, id="workers", marks=SLOW),
+    pytest.param({"shuffle": True, "num_workers": 2}, id="shuffle", marks=SLOW),
+    pytest.param({"shuffle": True, "row_interleave": 100, "num_workers": 2}, id="row mixing", marks=SLOW),
+    pytest.param({"shuffle": True, "row_shuffle_window": 300, "num_workers": 1}, id="window"),
+    pytest.param({"shuffle": True, "split_rows": 100, "drop_last": True}, id="split rows"),
+]
 
 
-@pytest.mark.parametrize("options", CASES.values(), ids=CASES.keys())
+@pytest.mark.parametrize("options", CASES)
 def test_replay_gives_back_every_batch_the_loop_received(data: Path, tmp_path: Path, options: Any) -> None:
     ledger = tmp_path / "ledger"
     loader, dataset = create_dataloader(str(data), batch_size=50, ledger=str(ledger), **options)
-    batches = list(delivered(loader, dataset, 2))
+    batches = list(delivered(loader, dataset, 1))
     book = Ledger(ledger)
     assert book.steps(0) == len(batches)
     for step, batch in enumerate(batches):
@@ -110,7 +111,7 @@ def test_every_rank_replays_its_own_batches(data: Path, tmp_path: Path, num_rank
     received = {}
     for rank in range(num_ranks):
         loader, dataset = create_dataloader(
-            str(data), batch_size=32, num_ranks=num_ranks, rank=rank, shuffle=True, row_mixing=64,
+            str(data), batch_size=32, num_ranks=num_ranks, rank=rank, shuffle=True, row_interleave=64,
             num_workers=1, ledger=str(ledger),
         )  # fmt: skip
         received[rank] = list(delivered(loader, dataset, 2))
@@ -147,7 +148,7 @@ def test_where_finds_every_step_that_saw_a_row_and_no_other(data: Path, tmp_path
     seen: dict[int, list[tuple[int, int, int]]] = {}
     for rank in range(2):
         loader, dataset = create_dataloader(
-            str(data), batch_size=40, num_ranks=2, rank=rank, shuffle=True, row_mixing=50, num_workers=2,
+            str(data), batch_size=40, num_ranks=2, rank=rank, shuffle=True, row_interleave=50, num_workers=2,
             ledger=str(ledger),
         )  # fmt: skip
         for step, batch in enumerate(delivered(loader, dataset, 3)):
@@ -290,12 +291,11 @@ def test_torch_dataloader_delivers_groups_in_the_order_delivery_computes(
 @pytest.mark.parametrize(
     "options",
     [
-        {"num_workers": 0},
-        {"num_workers": 2, "shuffle": True},
-        {"num_workers": 2, "shuffle": True, "row_mixing": 40},
-        {"num_workers": 1, "equal_batches": "pad", "num_ranks": 2},
+        pytest.param({"num_workers": 0}, id="main process"),
+        pytest.param({"num_workers": 2, "shuffle": True}, id="workers", marks=SLOW),
+        pytest.param({"num_workers": 2, "shuffle": True, "row_interleave": 40}, id="row mixing", marks=SLOW),
+        pytest.param({"num_workers": 1, "equal_batches": "pad", "num_ranks": 2}, id="pad"),
     ],
-    ids=["main process", "workers", "row mixing", "pad"],
 )
 def test_skipped_units_shift_later_batches_and_replay_knows(tmp_path: Path, options: dict[str, Any]) -> None:
     from tests.hostile.test_bad_data import plant_parquet

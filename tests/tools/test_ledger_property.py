@@ -42,7 +42,7 @@ def runs(draw: st.DrawFn) -> dict[str, Any]:
         "shuffle_seed": draw(st.integers(0, 5)),
     }
     if order == "mixing":
-        options["row_mixing"] = draw(st.sampled_from([16, 64, 200]))
+        options["row_interleave"] = draw(st.sampled_from([16, 64, 200]))
     if order == "window":
         options["row_shuffle_window"] = draw(st.sampled_from([50, 300]))
     if elastic:

@@ -54,10 +54,13 @@ __all__ = [
     "PassLedger",
     "Unrecorded",
     "decode",
+    "describe",
     "encode",
     "ledger_paths",
     "library_version",
     "merge_runs",
+    "order_name",
+    "pass_start",
     "read_json",
     "read_manifest",
     "recorded_keywords",
@@ -79,6 +82,7 @@ DROPPED_OPTIONS = frozenset(
         "as_of",  # the snapshot read is recorded instead
         "decode_ahead",
         "verify_plan",
+        "row_mixing",  # row_interleave by its former name (the same value)
     }
 )
 """Options a config file does not record: they change neither the rows nor their order."""
@@ -407,8 +411,51 @@ def source_config(dataset: Any) -> dict[str, Any]:
         "options": recorded_keywords(dataset.options),
         "fingerprint": dataset.fingerprint(),
         "schema": encode(dataset.schema),
-        "row_count_issue": dataset.row_count_issue,
+        "row_count_issue": dataset.source.row_count_issue,
     }
+
+
+def describe(dataset: Any) -> tuple[dict[str, Any], list[tuple[FileTable, str]]]:
+    """A dataset as a config file records it, and every source's files with their digest.
+
+    One source (a ``PlannedDataset``), or a mix (a ``MixedDataset``): its sources', the
+    mix's weights and options.
+    """
+    members = getattr(dataset, "source_names", None)
+    if members is None:
+        return source_config(dataset), [(dataset.file_table, dataset.fingerprint()["files_digest"])]
+    sources = dataset.sources
+    mix = dataset.mix
+    config = {
+        "sources": [source_config(m) for m in sources],
+        "names": list(dataset.source_names),
+        "mix": {
+            "weights": list(mix.weights),
+            "on_exhausted": mix.on_exhausted.value,
+            "source_column": mix.source_column,
+        },
+        "options": recorded_keywords(dataset.options),
+        "schema": encode(dataset.schema),
+    }
+    return config, [(m.file_table, m.fingerprint()["files_digest"]) for m in sources]
+
+
+def order_name(order: Any) -> str:
+    """``"planned"``, ``"elastic"`` or ``"mixed"``: the order a dataset reads in."""
+    name = type(order).__name__
+    return {"PlannedOrder": "planned", "ElasticOrder": "elastic", "MixedOrder": "mixed"}.get(name, "planned")
+
+
+def pass_start(order: Any, epoch: int, loaded: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What a pass over ``epoch`` starts from besides the plan: ``None`` for a fresh start.
+
+    A planned or elastic order: the loaded state's segments of this epoch. A mix: the
+    state it was loaded from (its epochs are counted from there).
+    """
+    if order_name(order) == "mixed":
+        return None if loaded is None or not order.token else dict(loaded)
+    segments = order.live(epoch)
+    return {"epoch": epoch, "segments": [s.to_json() for s in segments]} if segments else None
 
 
 class PassLedger:
@@ -417,15 +464,12 @@ class PassLedger:
     Args:
         ledger: The ``ledger`` option.
         rank: This rank.
-        describe: The config file's content and every source's files with their digest,
-            computed at the first pass.
     """
 
-    def __init__(self, ledger: str, rank: int, describe: Any) -> None:
+    def __init__(self, ledger: str, rank: int) -> None:
         self.writer = LedgerWriter(ledger, rank)
         self.steps = 0
         """Batches handed out before the current pass (the next pass's first step)."""
-        self._describe = describe
         self._described: tuple[dict[str, Any], list[tuple[FileTable, str]]] | None = None
         self._open: PassRecord | None = None
 
@@ -435,29 +479,26 @@ class PassLedger:
         return state
 
     def begin(
-        self,
-        *,
-        num_ranks: int,
-        num_workers: int,
-        epoch: int,
-        order: str,
-        groups: int | None,
-        start: Mapping[str, Any] | None,
+        self, dataset: Any, epoch: int, num_workers: int, groups: int | None, loaded: Mapping[str, Any] | None
     ) -> PassRecord:
-        """A pass starts: its record appended (the shared files written once)."""
+        """A pass of ``dataset`` over ``epoch`` starts: its record appended (the shared files written once).
+
+        ``loaded``: the resume state the dataset last loaded, or ``None``.
+        """
         if self._described is None:
-            self._described = self._describe()
+            self._described = describe(dataset)
         config, tables = self._described
+        order = order_name(dataset.order)
         self._open = self.writer.begin(
             config={"ledger": 1, "kind": "config", "order": order, **config},
             tables=tables,
-            num_ranks=num_ranks,
+            num_ranks=dataset.world.num_ranks,
             num_workers=num_workers,
             epoch=epoch,
             step=self.steps,
             order=order,
-            groups=groups,
-            start=start,
+            groups=groups if num_workers > 0 else None,
+            start=pass_start(dataset.order, epoch, loaded),
             library=library_version(),
         )
         return self._open
@@ -477,6 +518,8 @@ class PassLedger:
             return
         segments = state.get("segments")
         saved = segments[-1] if isinstance(segments, list) and segments else state.get("world")
+        if "num_ranks" in state:  # a mix's state
+            saved = state
         same = isinstance(saved, Mapping) and saved.get("num_ranks") == world.num_ranks
         self.steps = steps[world.rank] if same and world.rank in steps else max(steps.values())
 

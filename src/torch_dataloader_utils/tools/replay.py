@@ -36,7 +36,6 @@ from torch_dataloader_utils.plan.resume import Resumer, group
 from torch_dataloader_utils.plan.state import Segment, segments_of
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import ChunkUnit
-from torch_dataloader_utils.runtime.dataset import STANDIN_COLUMN
 from torch_dataloader_utils.runtime.elastic import ElasticPlans
 from torch_dataloader_utils.runtime.ledger import Unrecorded, decode, read_json
 from torch_dataloader_utils.runtime.options import (
@@ -47,6 +46,7 @@ from torch_dataloader_utils.runtime.options import (
     file_source,
     iceberg_source,
 )
+from torch_dataloader_utils.runtime.orders.planned import STANDIN_COLUMN
 from torch_dataloader_utils.runtime.split_choice import strategy_for
 from torch_dataloader_utils.storage.redact import HIDDEN
 

@@ -27,7 +27,7 @@ sys.path.insert(
 from resume_loop import last_complete_step, save  # the resume test's checkpoint helpers
 
 EVERY = 4
-OPTIONS = {"batch_size": 24, "split_rows": 150, "shuffle": True, "shuffle_seed": 5, "row_mixing": 64}
+OPTIONS = {"batch_size": 24, "split_rows": 150, "shuffle": True, "shuffle_seed": 5, "row_interleave": 64}
 
 
 def main() -> None:
