@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, NoReturn
 
-from torch_dataloader_utils.errors import LedgerError
+from torch_dataloader_utils.errors import LedgerError, ResumeStateError
 
 __all__ = [
     "LEDGER_VERSION",
@@ -38,7 +38,9 @@ __all__ = [
     "PassRecord",
     "Record",
     "SkipRecord",
+    "merged_steps",
     "pack_runs",
+    "parse_steps",
     "parse_record",
     "rank_file",
     "to_line",
@@ -315,3 +317,35 @@ def parse_record(line: str, where: str) -> Record:
     if kind is None:
         _fail(f"{where} kind", f"must be one of {', '.join(sorted(_KINDS))}", value.get("kind"))
     return kind.parse(value, where)
+
+
+def parse_steps(value: object, where: str) -> dict[int, int] | None:
+    """A resume state's ``steps``: ``{"<rank>": batches handed out}`` (``None`` when absent).
+
+    The training ledger's step count of every saving rank (a resumed job counts on).
+
+    Raises:
+        ResumeStateError: not such a mapping.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ResumeStateError(f"resume state field {where} must map ranks to steps, got {value!r:.60}")
+    out: dict[int, int] = {}
+    for key, n in value.items():
+        if not isinstance(key, str) or not key.isdigit() or type(n) is not int or n < 0:
+            raise ResumeStateError(
+                f"resume state field {where} must map ranks to steps >= 0, got {key!r}: {n!r:.30}"
+            )
+        out[int(key)] = n
+    return out
+
+
+def merged_steps(parts: Sequence[Mapping[int, int] | None]) -> dict[int, int] | None:
+    """Every saving rank's ``steps``, united (``None`` when no state had them)."""
+    if all(p is None for p in parts):
+        return None
+    out: dict[int, int] = {}
+    for part in parts:
+        out.update(part or {})
+    return out

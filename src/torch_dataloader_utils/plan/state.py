@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 from torch_dataloader_utils.errors import CheckpointMismatchError, ResumeStateError, StateMismatchError
+from torch_dataloader_utils.plan.ledger import merged_steps, parse_steps
 from torch_dataloader_utils.plan.mixstate import is_mix_state, merge_mixed_states
 from torch_dataloader_utils.plan.state_kind import PLAIN_FORMAT, RANK_KEY, not_a_state
 from torch_dataloader_utils.plan.table import FileTable
@@ -38,8 +39,6 @@ __all__ = [
     "fingerprint",
     "keyed_state",
     "merge_states",
-    "merged_steps",
-    "parse_steps",
     "plain_state",
     "rank_states",
     "saved_options",
@@ -554,34 +553,6 @@ def _header(value: object) -> dict[str, Any]:
     return _object(
         value, "state", ("format", "version", "fingerprint", "epoch", "segments"), ("seed", "world", "steps")
     )
-
-
-def parse_steps(value: object, where: str) -> dict[int, int] | None:
-    """A state's ``steps``: ``{"<rank>": batches handed out}`` (``None`` when absent).
-
-    Raises:
-        ResumeStateError: not such a mapping.
-    """
-    if value is None:
-        return None
-    if not isinstance(value, dict) or len(value) > MAX_RANKS:
-        _fail(value, where, f"an object of at most {MAX_RANKS} ranks")
-    out: dict[int, int] = {}
-    for key, n in value.items():
-        if not isinstance(key, str) or not key.isdigit() or int(key) >= MAX_RANKS:
-            _fail(key, f"{where} key", "a rank")
-        out[int(key)] = _int(n, f"{where}[{key}]")
-    return out
-
-
-def merged_steps(parts: Sequence[Mapping[int, int] | None]) -> dict[int, int] | None:
-    """Every saving rank's ``steps``, united (``None`` when no state had them)."""
-    if all(p is None for p in parts):
-        return None
-    out: dict[int, int] = {}
-    for part in parts:
-        out.update(part or {})
-    return out
 
 
 def fingerprint(files: Sequence[FileInfo] | FileTable, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -41,8 +41,14 @@ import pyarrow as pa
 
 from torch_dataloader_utils.config import FeaturePack, SequencePack
 from torch_dataloader_utils.errors import ConfigError, LedgerError
-from torch_dataloader_utils.plan.ledger import EndRecord, PassRecord, SkipRecord, rank_file, to_line
-from torch_dataloader_utils.plan.state import parse_steps
+from torch_dataloader_utils.plan.ledger import (
+    EndRecord,
+    PassRecord,
+    SkipRecord,
+    parse_steps,
+    rank_file,
+    to_line,
+)
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.storage.atomic import write_atomically
 from torch_dataloader_utils.storage.redact import HIDDEN, is_secret, redact

@@ -91,7 +91,8 @@ class Pass:
 
     def consume(self, item: Any) -> Any:
         """Record ``item`` as consumed by the loop (a tagged batch); return the batch."""
-        if not isinstance(item, Tagged):
+        self.handed += 1
+        if not isinstance(item, Tagged):  # a batch joined of parts, recorded as they were joined
             return item
         tag = item.tag
         if len(tag) > 7:  # rows of every source (a mix)
@@ -99,7 +100,6 @@ class Pass:
         # Plain stores last, no call after them: an exception raised asynchronously in the
         # main thread (a signal handler) cannot land between the record and the hand-over.
         self.progress.record(tag)
-        self.handed += 1
         return item.batch
 
     def received(self, item: Tagged) -> None:

@@ -29,6 +29,7 @@ from torch_dataloader_utils.runtime.ledger import merge_runs, read_json, read_ma
 from torch_dataloader_utils.tools import ledger_query
 from torch_dataloader_utils.tools.ledger_query import Sighting
 from torch_dataloader_utils.tools.replay import BatchLineage, LedgerPass, PassReplay
+from torch_dataloader_utils.tools.replay_mixed import MixedReplay
 
 __all__ = ["Ledger", "iter_steps"]
 
@@ -99,7 +100,7 @@ class Ledger:
                 self._passes.setdefault(record.rank, [])
             for rank in {r.rank for r in records}:
                 self._passes[rank] = _passes([r for r in records if r.rank == rank])
-        self._replays: dict[tuple[int, int], PassReplay] = {}
+        self._replays: dict[tuple[int, int], PassReplay | MixedReplay] = {}
         self._configs: dict[str, dict[str, Any]] = {}
         self._tables: dict[str, FileTable] = {}
 
@@ -147,12 +148,13 @@ class Ledger:
             self._tables[name] = read_manifest(self.root / name)
         return self._tables[name]
 
-    def replay(self, ledger_pass: LedgerPass) -> PassReplay:
-        """The pass planned again."""
+    def replay(self, ledger_pass: LedgerPass) -> PassReplay | MixedReplay:
+        """The pass planned again (a mix's passes by :class:`~.replay_mixed.MixedReplay`)."""
         key = (ledger_pass.record.rank, ledger_pass.step)
         found = self._replays.get(key)
         if found is None or found.ledger_pass is not ledger_pass:
-            found = self._replays[key] = PassReplay(self, ledger_pass)
+            kind = MixedReplay if ledger_pass.record.order == "mixed" else PassReplay
+            found = self._replays[key] = kind(self, ledger_pass)
         return found
 
     def batch(self, step: int, rank: int = 0) -> BatchLineage:
@@ -177,10 +179,20 @@ class Ledger:
         return self.replay(self.pass_of(step, rank)).read(step)
 
     def replays(self, ranks: Iterable[int] | None = None) -> Iterator[tuple[LedgerPass, PassReplay]]:
-        """Every pass of ``ranks`` (default: all), with its replay, in order."""
+        """Every pass of ``ranks`` (default: all), with its replay, in order (one source only).
+
+        Raises:
+            LedgerError: a pass read a mix of sources (the reverse questions cover one source).
+        """
         for rank in self.ranks if ranks is None else ranks:
             for ledger_pass in self.passes(rank):
-                yield ledger_pass, self.replay(ledger_pass)
+                replay = self.replay(ledger_pass)
+                if isinstance(replay, MixedReplay):
+                    raise LedgerError(
+                        f"rank {rank}'s pass from step {ledger_pass.step} read a mix of sources: --where and "
+                        "--deleted answer for a source read on its own; replay the mix's steps instead"
+                    )
+                yield ledger_pass, replay
 
     def where(
         self, condition: Any, *, ranks: Iterable[int] | None = None, prune: bool = True

@@ -175,7 +175,7 @@ class _Matcher:
             return np.empty(0, dtype=np.int64)
         self.chunks_read += 1
         dataset = replay.query_dataset
-        check_files(replay, dataset.file_table, [chunk.path])
+        check_files(replay.table, replay.record, dataset.file_table, [chunk.path])
         parts = [b for b in dataset.read_chunk(chunk) if b.num_rows]
         if not parts:
             return _none()

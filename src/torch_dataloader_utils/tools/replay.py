@@ -35,7 +35,7 @@ from torch_dataloader_utils.plan.planner import Planner, PlanSpec
 from torch_dataloader_utils.plan.resume import Resumer, group
 from torch_dataloader_utils.plan.state import Segment, segments_of
 from torch_dataloader_utils.plan.table import FileTable
-from torch_dataloader_utils.plan.types import ChunkUnit
+from torch_dataloader_utils.plan.types import ChunkUnit, FileInfo
 from torch_dataloader_utils.runtime.elastic import ElasticPlans
 from torch_dataloader_utils.runtime.ledger import Unrecorded, decode, read_json
 from torch_dataloader_utils.runtime.options import (
@@ -50,7 +50,7 @@ from torch_dataloader_utils.runtime.orders.planned import STANDIN_COLUMN
 from torch_dataloader_utils.runtime.split_choice import strategy_for
 from torch_dataloader_utils.storage.redact import HIDDEN
 
-__all__ = ["LINEAGE_SCHEMA", "BatchLineage", "LedgerPass", "PassReplay", "Store", "check_files"]
+__all__ = ["LINEAGE_SCHEMA", "BatchLineage", "LedgerPass", "PassReplay", "Store", "check_files", "span_rows"]
 
 _LINEAGE_FIELDS: list[pa.Field[Any]] = [
     pa.field("position", pa.int64()),
@@ -380,31 +380,7 @@ class PassReplay:
 
     def _span_rows(self, stream: int, span: Span) -> pa.Table:
         piece = self.streams[stream].pieces[span.piece]
-        chunk_index, offsets = emission(piece, span.lo, span.hi)
-        file_rows = stream_rows(chunk_index, offsets, piece, self.table) if self.exact_rows else None
-        chunks = piece.chunks
-        n = len(offsets)
-        take = chunk_index
-        return pa.table(
-            {
-                "position": pa.array(np.zeros(n, dtype=np.int64)),
-                "file": pa.array([chunks[i].path for i in take.tolist()], pa.string()),
-                "unit": pa.array(
-                    ["bytes" if chunks[i].unit is ChunkUnit.BYTES else "rows" for i in take.tolist()]
-                ),
-                "chunk_start": pa.array(np.asarray([chunks[i].start for i in take.tolist()], dtype=np.int64)),
-                "chunk_stop": pa.array(np.asarray([chunks[i].stop for i in take.tolist()], dtype=np.int64)),
-                "offset": pa.array(
-                    offsets + np.asarray([chunks[i].skip for i in take.tolist()], dtype=np.int64)
-                ),
-                "file_row": pa.array(file_rows, mask=file_rows < 0)
-                if file_rows is not None
-                else pa.nulls(n, pa.int64()),
-                "padding": pa.array([chunks[i].padding for i in take.tolist()], pa.bool_()),
-                "source": pa.array(np.zeros(n, dtype=np.int32)),
-            },
-            schema=LINEAGE_SCHEMA,
-        )
+        return span_rows(piece, span, self.table if self.exact_rows else None)
 
     @property
     def exact_rows(self) -> bool:
@@ -459,7 +435,8 @@ class PassReplay:
         padded = self.options.batching.equal_batches is EqualBatches.PAD
         spans = self.spans(step)
         check_files(
-            self,
+            self.table,
+            self.record,
             dataset.file_table,
             (c.path for s, sp in spans for c in self.streams[s].pieces[sp.piece].chunks),
         )
@@ -486,6 +463,35 @@ class PassReplay:
         out = self.dataset.convert_batch(batch)
         collate = self.options.output.collate_fn
         return out if collate is None else collate(out)
+
+
+def span_rows(piece: Piece, span: Span, files: Mapping[str, FileInfo] | None, source: int = 0) -> pa.Table:
+    """The rows of a run of ``piece``'s emission order (:data:`LINEAGE_SCHEMA`; positions 0).
+
+    ``files``: the files by path, to give every row its file row (``None``: unknown,
+    under a row filter).
+    """
+    chunk_index, offsets = emission(piece, span.lo, span.hi)
+    chunks = piece.chunks
+    picked = chunk_index.tolist()
+    n = len(offsets)
+    file_rows = None if files is None else stream_rows(chunk_index, offsets, piece, files)
+    return pa.table(
+        {
+            "position": pa.array(np.zeros(n, dtype=np.int64)),
+            "file": pa.array([chunks[i].path for i in picked], pa.string()),
+            "unit": pa.array(["bytes" if chunks[i].unit is ChunkUnit.BYTES else "rows" for i in picked]),
+            "chunk_start": pa.array(np.asarray([chunks[i].start for i in picked], dtype=np.int64)),
+            "chunk_stop": pa.array(np.asarray([chunks[i].stop for i in picked], dtype=np.int64)),
+            "offset": pa.array(offsets + np.asarray([chunks[i].skip for i in picked], dtype=np.int64)),
+            "file_row": pa.nulls(n, pa.int64())
+            if file_rows is None
+            else pa.array(file_rows, mask=file_rows < 0),
+            "padding": pa.array([chunks[i].padding for i in picked], pa.bool_()),
+            "source": pa.array(np.full(n, source, dtype=np.int32)),
+        },
+        schema=LINEAGE_SCHEMA,
+    )
 
 
 def _checked_batch(parts: list[pa.RecordBatch], dataset: Any, standins: str | None) -> pa.RecordBatch:
@@ -543,21 +549,21 @@ def _build(replay: PassReplay, given: dict[str, Any]) -> Any:
     return dataset
 
 
-def check_files(replay: PassReplay, now: FileTable, paths: Iterable[str]) -> None:
+def check_files(recorded: FileTable, record: PassRecord, now: FileTable, paths: Iterable[str]) -> None:
     """Refuse, naming the file, when one of ``paths`` changed since the ledger recorded it.
 
-    Its size, modification time or rows differ from the manifest's, or it is gone.
+    Its size, modification time or rows differ from the manifest's (``recorded``, of the
+    pass ``record``), or it is gone.
 
     Raises:
         FileChangedError: naming the file, what it was and what it is.
     """
-    recorded = replay.table
     for path in sorted(set(paths)):
         i = recorded.index(path)
         if path not in now:
             raise FileChangedError(
-                f"{path!r} is gone since the ledger recorded it (pass of rank {replay.record.rank} from step "
-                f"{replay.record.step}): its rows cannot be read again"
+                f"{path!r} is gone since the ledger recorded it (pass of rank {record.rank} from step "
+                f"{record.step}): its rows cannot be read again"
             )
         j = now.index(path)
         was = (int(recorded.size[i]), float(recorded.mtime[i]), int(recorded.live[i]))
