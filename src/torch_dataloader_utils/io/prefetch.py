@@ -44,10 +44,11 @@ from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
 from torch_dataloader_utils.storage.cached import ReadOnlyFile, RemoteReads
+from torch_dataloader_utils.storage.fetch import fetch_range
 from torch_dataloader_utils.storage.footers import FOOTER_READ_BYTES, NotParquetError, read_footer
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.handles import Handles
-from torch_dataloader_utils.storage.identity import FileChecks, check_footer, stale_advice
+from torch_dataloader_utils.storage.identity import FileChecks, Verify, check_footer, stale_advice
 
 __all__ = ["ChunkSource", "FetchStats", "PlanOrderPool", "coalesce", "column_ranges"]
 
@@ -377,6 +378,7 @@ class ChunkSource:
         self._cursor = 0
         self._pending: dict[int, _Fetch] = {}
         self._handles = Handles()  # this reader's open native files (per process)
+        self._observing: bool | None = None
         self.stats = FetchStats()
 
     def __getstate__(self) -> dict[str, object]:
@@ -508,20 +510,53 @@ class ChunkSource:
     def _read(
         self, path: str, start: int, stop: int, *, on_request: Callable[[int], None], metadata: bool = False
     ) -> bytes:
-        """Bytes of ``path``, with retries; through the cache, the file checked before its first fetch."""
+        """Bytes of ``path``, with retries, from a file checked against the plan once per pass.
+
+        Through the cache, the file is checked before its first fetch from storage. Where
+        a read's response tells the file's state (S3), the first read of the file in the
+        pass checks it (:meth:`FileChecks.read_checked`: no request of its own); elsewhere
+        a metadata request checks it (sent ahead when the pass was scheduled).
+        """
         info = self._files[path]
-        return self._reads.fetch(
-            path,
-            start,
-            stop,
-            size=info.size,
-            version=info.mtime,
-            on_request=on_request,
-            on_retry=self.stats.retry,
-            metadata=metadata,
-            before_fetch=functools.partial(self._check, path) if self.cached else None,
-            handles=self._handles,
-        )
+        if self.cached:
+            return self._reads.fetch(
+                path,
+                start,
+                stop,
+                size=info.size,
+                version=info.mtime,
+                on_request=on_request,
+                on_retry=self.stats.retry,
+                metadata=metadata,
+                before_fetch=functools.partial(self._check, path),
+                handles=self._handles,
+            )
+
+        def read(verify: Verify | None) -> bytes:
+            return fetch_range(
+                self.fs,
+                path,
+                start,
+                stop,
+                size=info.size,
+                config=self.config,
+                on_request=on_request,
+                on_retry=self.stats.retry,
+                metadata=metadata,
+                handles=self._handles,
+                verify=verify,
+            )
+
+        if self._observes():
+            return self._checks.read_checked(path, info.size, info.mtime, read)
+        self._check(path)
+        return read(None)
+
+    def _observes(self) -> bool:
+        """Whether reads check their file themselves (:attr:`FileSystemSpec.observes`), in this process."""
+        if self._observing is None:
+            self._observing = self.fs.observes
+        return self._observing
 
     def _check(self, path: str) -> None:
         info = self._files[path]
@@ -619,8 +654,11 @@ class ChunkSource:
         # In a forked worker, reset before keeping the plan: a reset at the first read
         # would drop it, and every chunk would then be fetched only when read.
         self._check_process()
-        if self.cached:
-            self._checks.schedule(())  # a new pass: each file checked again, at its first fetch
+        # A new pass: each file is checked again, at its first fetch (through the cache, or
+        # by its first read where reads tell the file's state), else by a metadata request
+        # sent ahead in the order of the chunks.
+        ahead = self.cached or self.fs.is_local or self._observes()
+        self._checks.schedule(() if ahead else [c.path for c in chunks], self._check_request)
         for fetch in self._pending.values():
             fetch.cancel()
         self._plan = list(chunks)

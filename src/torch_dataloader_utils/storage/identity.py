@@ -34,11 +34,12 @@ manifest is stale (build the dataset again would read the same manifest).
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -52,6 +53,7 @@ __all__ = [
     "FileChecks",
     "check_footer",
     "check_size",
+    "compare_state",
     "current_state",
     "mtime_of",
     "stale_advice",
@@ -63,6 +65,10 @@ CHECK_THREADS = 8
 CHECKS_AHEAD = 4 * CHECK_THREADS
 """Remote files of a pass checked ahead of the reads, at most, per reader: enough to keep
 the threads busy while the reads catch up, few enough that a pass starts at once."""
+
+T = TypeVar("T")
+Verify = Callable[[tuple[int | None, float | None] | None], None]
+"""Checks the state a read's response reported: ``(size, mtime)``, or ``None`` (no such file)."""
 
 _POOL_LOCK = threading.Lock()
 _POOL: list[tuple[int, ThreadPoolExecutor]] = []
@@ -306,6 +312,57 @@ class FileChecks:
             if self._done.get(path) is found:
                 self._done[path] = _OK
 
+    def read_checked(
+        self, path: str, size: int, mtime: float | None, read: Callable[[Verify | None], T]
+    ) -> T:
+        """A read of ``path`` that also checks it against the plan, with no request of its own.
+
+        For storages whose reads tell the file's state (:attr:`FileSystemSpec.observes`):
+        the first read of ``path`` in the pass is called with a ``verify`` callable, which
+        the read calls with the state its response reported (raising
+        :class:`FileChangedError` when it differs from ``size`` and ``mtime``); the other
+        reads are called with ``None``, may run at the same time, and return only once
+        that first read found the file unchanged.
+
+        Args:
+            path: The file.
+            size: Its planned size.
+            mtime: Its planned modification time, or ``None``.
+            read: Reads the bytes; calls its argument, when given, with ``(size, mtime)``
+                reported by the storage, or ``None`` when the file does not exist.
+
+        Raises:
+            FileChangedError: the file is not the planned one (on every read of it in the pass).
+        """
+        self._check_process()
+        owner = False
+        with self._lock:
+            found = self._done.get(path)
+            if found is None:
+                found = self._done[path] = Future()
+                owner = True
+        if found is _OK:
+            return read(None)
+        if not owner:
+            try:
+                data = read(None)
+            except BaseException:
+                found.result()  # the file's own check failed: its error says more
+                raise
+            found.result()
+            return data
+        verify = functools.partial(compare_state, self.fs, path, size, mtime, manifest=self.manifest)
+        try:
+            data = read(lambda now: verify(now))
+        except BaseException as exc:
+            found.set_exception(exc)
+            raise
+        found.set_result(None)
+        with self._lock:
+            if self._done.get(path) is found:
+                self._done[path] = _OK
+        return data
+
 
 _CACHE_HINT = (
     " (a dataset built with metadata_cache_check='on_open' trusts its metadata cache: build it "
@@ -342,10 +399,44 @@ def _check_now(
 ) -> None:
     remote = not fs.is_local
     try:
-        now_size, now_mtime = current_state(fs, path)
+        now = current_state(fs, path)
         if remote and on_request is not None:
             on_request()
     except FileNotFoundError as exc:
+        compare_state(fs, path, size, mtime, None, manifest, cause=exc)
+        return
+    except OSError as exc:
+        raise ReadError(
+            f"cannot check {fs.display(path)!r} against the plan (its size and modification "
+            f"time): {type(exc).__name__}: {exc}"
+        ) from exc
+    compare_state(fs, path, size, mtime, now, manifest)
+
+
+def compare_state(
+    fs: FileSystemSpec,
+    path: str,
+    size: int,
+    mtime: float | None,
+    now: tuple[int | None, float | None] | None,
+    manifest: str | None = None,
+    *,
+    cause: BaseException | None = None,
+) -> None:
+    """Raise :class:`FileChangedError` when ``path`` as it is ``now`` is not the planned file.
+
+    Args:
+        fs: The file's filesystem.
+        path: The file.
+        size: Its planned size.
+        mtime: Its planned modification time (``None``: not compared).
+        now: ``(size, mtime)`` the storage reports now (either ``None``: not reported),
+            or ``None`` when the file does not exist.
+        manifest: The reshard manifest it was planned from, if any.
+        cause: The error that said the file does not exist.
+    """
+    remote = not fs.is_local
+    if now is None:
         advice = (
             stale_advice(manifest)
             if manifest is not None
@@ -353,12 +444,9 @@ def _check_now(
         )
         raise FileChangedError(
             f"{fs.display(path)!r} was deleted after the dataset was built (it was {size} bytes); {advice}"
-        ) from exc
-    except OSError as exc:
-        raise ReadError(
-            f"cannot check {fs.display(path)!r} against the plan (its size and modification "
-            f"time): {type(exc).__name__}: {exc}"
-        ) from exc
+        ) from cause
+    now_size = size if now[0] is None else now[0]
+    now_mtime = now[1]
     changed = now_size != size or (
         mtime is not None and now_mtime is not None and not _same_time(mtime, now_mtime, remote)
     )
