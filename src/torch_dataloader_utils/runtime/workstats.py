@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from torch_dataloader_utils.io.bad import bad_data_files, bad_data_totals
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.storage.cache import process_stats
+from torch_dataloader_utils.storage.requests import KINDS, process_requests
 
 __all__ = ["WORK_FIELDS", "WorkStats"]
 
@@ -42,8 +43,14 @@ WORK_FIELDS = (
     "cache_evictions",
     "bad_units",
     "bad_rows",
+    *(f"{kind[:-1]}_requests" for kind in KINDS),
+    "bytes_received",
+    "bytes_sent",
 )
-"""The order of the numbers in a work delta (what :meth:`WorkStats.delta` returns)."""
+"""The order of the numbers in a work delta (what :meth:`WorkStats.delta` returns).
+
+The last seven are the requests this process sent to storage, by kind, and their bytes
+(:class:`~torch_dataloader_utils.storage.requests.RequestCounts`); ``requests`` is their total."""
 
 FileCounts = tuple[tuple[str, int], ...]
 """Rows skipped per file (``on_bad_data``), as ``(file, rows)`` pairs."""
@@ -62,7 +69,8 @@ class WorkStats:
 
     Args:
         reader: The chunk reader; its ``io_totals()`` (when it has one) gives the I/O
-            counters ``(bytes_fetched, bytes_needed, requests, retries, wait_sec)``.
+            counters ``(bytes_fetched, bytes_needed, requests, retries, wait_sec)``; the
+            requests counted are this process's (:func:`~.storage.requests.process_requests`).
         pieces: Pieces (chunks, or windows of the row shuffle) this pass reads.
         flag_column: The padding flag column (``equal_batches='pad'``), or ``None``.
 
@@ -80,6 +88,7 @@ class WorkStats:
         "_io",
         "_pieces",
         "_process_base",
+        "_requests_base",
         "_sent",
         "convert_sec",
         "flag_column",
@@ -92,6 +101,7 @@ class WorkStats:
         self._io = reader.io_totals
         self._base = self._io() or _NO_IO
         self._process_base = _process_counts()
+        self._requests_base = process_requests()
         self._files_sent = bad_data_files()
         self._pieces = pieces
         self._sent: tuple[float, ...] = (0.0,) * len(WORK_FIELDS)
@@ -108,15 +118,18 @@ class WorkStats:
 
     def totals(self) -> tuple[float, ...]:
         """Everything so far in this pass, in :data:`WORK_FIELDS` order."""
-        io = self._io() or _NO_IO
+        io = [now - base for now, base in zip(self._io() or _NO_IO, self._base, strict=True)]
+        sent = process_requests() - self._requests_base
+        io[2] = sent.total  # every request this process sent, whichever reader sent it
         return (
             self.read_sec,
             self.convert_sec,
             self.transfer_sec,
             self.rows_padded,
             self._pieces,
-            *(now - base for now, base in zip(io, self._base, strict=True)),
+            *io,
             *(now - base for now, base in zip(_process_counts(), self._process_base, strict=True)),
+            *sent.as_tuple(),
         )
 
     def delta(self) -> tuple[float, ...]:

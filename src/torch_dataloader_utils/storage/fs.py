@@ -18,11 +18,11 @@ Every call made through the fsspec client (:meth:`FileSystemSpec.call`, the fssp
 reads of :meth:`FileSystemSpec.read_range`) is bounded by the request's ``deadline``
 (:func:`~torch_dataloader_utils.storage.calls.bounded_call`).
 
-No request is sent that a read does not need: a native file is opened with the size
-the listing gave (pyarrow then sends no HEAD before its ranged GETs), and on S3 a read
-can tell the file's size and modification time from its own response
-(:meth:`FileSystemSpec.read_observed`), so checking a file against the plan costs no
-request of its own. Every request is counted by kind
+No request is sent that a read does not need. On S3 a ranged read is one GET through
+the s3fs client's botocore client (:meth:`FileSystemSpec.read_observed`): pyarrow's S3
+files send a HEAD when opened (its Python API opens by path, never with the listed
+size). The GET's own response tells the file's size and modification time, so checking
+a file against the plan costs no request of its own. Every request is counted by kind
 (:mod:`~torch_dataloader_utils.storage.requests`).
 """
 
@@ -36,7 +36,6 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import fsspec
-import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
 from torch_dataloader_utils.errors import ConfigError
@@ -280,12 +279,13 @@ class FileSystemSpec(RedactedRepr):
     @property
     def data_path_description(self) -> str:
         """How data bytes are read here, and why (logged at INFO, shown by ``inspect``)."""
+        ranged = "; Parquet ranges by direct GETs through s3fs's client (one request each, no HEAD)"
         if self.user is not None:
-            return f"filesystem= {self.user.data_path}"
+            return f"filesystem= {self.user.data_path}" + (ranged if self.observes else "")
         if self.is_local:
             return "local files (pyarrow)"
         if self.protocol in _S3:
-            return self._native_decision[1]
+            return self._native_decision[1] + ranged
         return f"fsspec ({self.protocol}; no native client is used for it)"
 
     def _client_options(self) -> dict[str, Any]:
@@ -427,10 +427,17 @@ class FileSystemSpec(RedactedRepr):
         from fsspec.asyn import sync
 
         timeout = self.deadline if self.deadline is not None and self.deadline > 0 else None
-        data, content_range, modified = sync(client.loop, get, timeout=timeout)
-        if not getattr(client, _WATCHED, False):
-            count_request("gets")
-        count_bytes(len(data))
+        watched = getattr(client, _WATCHED, False)
+        try:
+            data, content_range, modified = sync(client.loop, get, timeout=timeout)
+        except BaseException:
+            if not watched:
+                count_request("gets")
+            raise
+        if watched:
+            count_bytes(len(data))
+        else:
+            count_request("gets", len(data))
         size = None
         if isinstance(content_range, str) and "/" in content_range:
             total = content_range.rsplit("/", 1)[1]
@@ -483,33 +490,38 @@ class FileSystemSpec(RedactedRepr):
         if stop <= start:
             return b""
         one_get = metadata and not self.is_local and (self.user is None or self.user.kind == "fsspec")
+        if self.observes:  # S3: one GET, no HEAD (pyarrow's S3 files send a HEAD when opened)
+            return self.read_observed(path, start, stop)[0]
         if self.native and not one_get:
             shown = self.display(path)
             opener = functools.partial(self.open_native, size=size)
-            if handles is not None:
-                handle = handles.get(path, size, opener, shown)
-                data = bytes(handle.read_at(stop - start, start))
-            else:
-                with opener(path) as handle:
+            received = 0
+            try:
+                if handles is not None:
+                    handle = handles.get(path, size, opener, shown)
                     data = bytes(handle.read_at(stop - start, start))
-            if not self.is_local:
-                count_request("gets", len(data))
+                else:
+                    with opener(path) as handle:
+                        data = bytes(handle.read_at(stop - start, start))
+                received = len(data)
+            finally:  # a failed request was sent too (and is retried: another request)
+                if not self.is_local:
+                    count_request("gets", received)
             return data
         data = self.call("cat_file", path, start=start, end=stop)
         return bytes(data)
 
     def open_native(self, path: str, size: int | None = None) -> Any:
-        """``path`` opened through :meth:`arrow` for random access.
+        """``path`` opened through :meth:`arrow` for random access (``size``: as planned).
 
-        With its ``size`` known (from the listing), pyarrow sends no request to open it:
-        on S3 its reads are ranged GETs with no HEAD before them. Without it, opening a
-        remote file costs a HEAD (counted).
+        Opening a remote file costs a request (a HEAD on S3), counted here: pyarrow's
+        Python API opens files by path only (``FileFragment.open`` too, whatever size it
+        was given), which is why ranged reads on S3 are direct GETs instead.
         """
-        if size is None or self.is_local:
-            if not self.is_local:
-                count_request("heads")
-            return self.arrow().open_input_file(path)
-        return _FORMAT.make_fragment(path, self.arrow(), file_size=size).open()  # type: ignore[attr-defined]
+        del size
+        if not self.is_local:
+            count_request("heads")
+        return self.arrow().open_input_file(path)
 
     def display(self, path: str) -> str:
         """``path`` as a URL a user recognizes (with its scheme when not local)."""
@@ -518,8 +530,6 @@ class FileSystemSpec(RedactedRepr):
         return f"{self.protocol}://{path.lstrip('/')}"
 
 
-_FORMAT = pads.ParquetFileFormat()
-"""Opens any file with a known size (``make_fragment(..., file_size=)``): no HEAD request."""
 _WATCHED = "_tdu_requests_watched"
 """Set on an s3fs client whose requests the botocore hook counts."""
 

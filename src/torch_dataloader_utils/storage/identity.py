@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 
 from torch_dataloader_utils.errors import FileChangedError, ReadError, SchemaMismatchError
 from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.requests import count_request
 
 __all__ = [
     "CHECKS_AHEAD",
@@ -94,6 +95,7 @@ def current_state(fs: FileSystemSpec, path: str) -> tuple[int, float | None]:
         st = os.stat(path)  # follows symlinks, as listing does
         return st.st_size, st.st_mtime
     if fs.native:
+        count_request("heads")
         info = fs.arrow().get_file_info(path)
         if info.type == pafs.FileType.NotFound:
             raise FileNotFoundError(path)
