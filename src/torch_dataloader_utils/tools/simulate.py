@@ -62,6 +62,7 @@ from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.emit import FIRST_GROUP_BATCHES, GROUP_BYTES
 from torch_dataloader_utils.runtime.report import size
 from torch_dataloader_utils.storage.identity import CHECK_THREADS, CHECKS_AHEAD
+from torch_dataloader_utils.tools.cost import predict_requests, render_requests
 from torch_dataloader_utils.tools.plan import PlanView, plan_of
 from torch_dataloader_utils.tools.source import Source, open_dataset
 from torch_dataloader_utils.transfer import pack_group
@@ -595,6 +596,9 @@ class SimulateRequest:
         picture: Draw the predicted epoch to this ``.png`` / ``.svg`` / ``.pdf`` file
             (a timeline per rank and worker, :func:`~.picture.draw_timeline`).
         picture_ranks: Ranks drawn at most.
+        price_per_1000: What 1,000 GET / HEAD requests cost (the predicted requests are
+            priced at it), or ``None``.
+        list_price_per_1000: What 1,000 LIST / PUT requests cost (``None``: ``price_per_1000``).
     """
 
     source: Source
@@ -610,6 +614,8 @@ class SimulateRequest:
     as_json: bool = False
     picture: Path | None = None
     picture_ranks: int = 16
+    price_per_1000: float | None = None
+    list_price_per_1000: float | None = None
 
     def __post_init__(self) -> None:
         if self.decode_rate is not None:
@@ -710,8 +716,17 @@ def render_text(request: SimulateRequest, sim: Simulation) -> str:
 
 
 def run_simulate(request: SimulateRequest) -> str:
-    """Simulate and return the report (text or JSON)."""
-    _, sim = run_simulation(request)
+    """Simulate and return the report (text or JSON), with the requests it sends and their cost."""
+    dataset, sim = run_simulation(request)
+    view = plan_of(dataset, request.epoch, max(1, request.num_workers))
+    requests = predict_requests(
+        dataset,
+        view.chunks_for,
+        view.num_ranks,
+        request.num_workers,
+        startup=dataset.metrics.discovery_requests,
+    )
+    prices = (request.price_per_1000, request.list_price_per_1000)
     note = ""
     if request.picture is not None:
         from torch_dataloader_utils.tools.picture import draw_timeline
@@ -726,5 +741,5 @@ def run_simulate(request: SimulateRequest) -> str:
         lanes = len({(b.rank, b.worker) for b in drawn})
         note = f"\npicture: {request.picture} ({lanes:,} workers drawn)"
     if request.as_json:
-        return json.dumps(sim.as_dict(), indent=1)
-    return render_text(request, sim) + note
+        return json.dumps({**sim.as_dict(), "requests": requests.as_dict(*prices)}, indent=1)
+    return render_text(request, sim) + "\n\n" + render_requests(requests, *prices) + note
