@@ -549,8 +549,9 @@ class ChunkSource:
 
         if self._observes():
             return self._checks.read_checked(path, info.size, info.mtime, read)
-        self._check(path)
-        return read(None)
+        data = read(None)  # at the same time as the file's check (sent ahead when scheduled)
+        self._check(path)  # ... whose answer the bytes wait for
+        return data
 
     def _observes(self) -> bool:
         """Whether reads check their file themselves (:attr:`FileSystemSpec.observes`), in this process."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -79,6 +80,17 @@ _S3FS_ONLY_TUNING = frozenset(
     }
 )
 # Keywords fsspec itself takes from storage_options before the s3fs constructor sees them.
+_CLIENTS_LOCK: list[tuple[int, threading.Lock]] = []
+
+
+def _client_lock() -> threading.Lock:
+    """This process's lock on building clients (a forked child makes its own)."""
+    pid = os.getpid()
+    if not _CLIENTS_LOCK or _CLIENTS_LOCK[0][0] != pid:
+        _CLIENTS_LOCK[:] = [(pid, threading.Lock())]
+    return _CLIENTS_LOCK[0][1]
+
+
 _FSSPEC_KEYWORDS = frozenset(
     {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"}
 )
@@ -343,19 +355,27 @@ class FileSystemSpec(RedactedRepr):
         key = self._key("fsspec")
         client = _CLIENTS.get(key)
         if client is None:
-            # skip_instance_cache: never reuse an instance that came over a fork (a user's
-            # own skip_instance_cache is overridden, not passed twice).
-            options = {**self._client_options(), "skip_instance_cache": True}
-            if self.protocol in _S3:
-                options = _with_pool(options, METADATA_CONCURRENCY)
-            client = (_gcs_client(options) if self.protocol == "gs" else None) or fsspec.filesystem(
-                self.protocol, **options
-            )
-            if self.protocol in _S3 and self.timeout is not None:
-                client.retries = 1  # s3fs's own retry loop: the library's retries replace it
-            if self.protocol in _S3:
-                _watch_s3fs(client)
-            _CLIENTS[key] = client
+            with _client_lock():  # threads asking at once share one client (each costs ~0.1 s)
+                client = _CLIENTS.get(key)
+                if client is None:
+                    client = self._new_fsspec(key)
+        return client
+
+    def _new_fsspec(self, key: tuple[int, str, str]) -> Any:
+        """A new fsspec client of this spec, kept for this process (under the clients' lock)."""
+        # skip_instance_cache: never reuse an instance that came over a fork (a user's
+        # own skip_instance_cache is overridden, not passed twice).
+        options = {**self._client_options(), "skip_instance_cache": True}
+        if self.protocol in _S3:
+            options = _with_pool(options, METADATA_CONCURRENCY)
+        client = (_gcs_client(options) if self.protocol == "gs" else None) or fsspec.filesystem(
+            self.protocol, **options
+        )
+        if self.protocol in _S3 and self.timeout is not None:
+            client.retries = 1  # s3fs's own retry loop: the library's retries replace it
+        if self.protocol in _S3:
+            _watch_s3fs(client)
+        _CLIENTS[key] = client
         return client
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
