@@ -5,6 +5,7 @@ Run one section per command (each is one command, for reruns on a quiet machine)
     PYTHONPATH=src:. python benchmarks/bench_s3.py --section latency --repeats 5
     PYTHONPATH=src:. python benchmarks/bench_s3.py --section requests --baseline-src /path/to/old/src
     PYTHONPATH=src:. python benchmarks/bench_s3.py --section startup --repeats 5
+    PYTHONPATH=src:. python benchmarks/bench_s3.py --section coalesce
     PYTHONPATH=src:. python benchmarks/bench_s3.py --section data-path --repeats 3
 
 Every section reads from a real S3 server (SeaweedFS on 127.0.0.1) through
@@ -20,10 +21,12 @@ amount for every client and counts the requests it forwards, by kind.
    building its dataset alone): the requests the proxy saw by kind, and what
    ``loader.metrics().request_counts`` said; with ``--baseline-src``, the same run
    with another copy of the library (e.g. the previous release) in the same command.
-3. **startup**: 1,000 small files at 10 ms per request: seconds from
+3. **coalesce**: GETs per epoch and bytes over-read for several coalescing holes,
+   computed from the footers of a wide dataset (no timing).
+4. **startup**: 1,000 small files at 10 ms per request: seconds from
    ``create_dataloader`` to the first batch (listing, every footer, the first chunk),
    median of ``--repeats``; the raw pyarrow dataset (lists, reads the first file) beside it.
-4. **data-path**: no added latency: the library with ``storage_options`` and with
+5. **data-path**: no added latency: the library with ``storage_options`` and with
    ``filesystem=`` objects, and the raw pyarrow loop over each client.
 """
 
@@ -321,6 +324,51 @@ def bench_startup(store: Store, tmp: Path, repeats: int, files: int, delay: floa
     return lines
 
 
+def bench_coalesce(tmp: Path) -> list[str]:
+    """GETs per epoch and bytes over-read for several coalescing holes (from the footers: no timing)."""
+    from torch_dataloader_utils.io.prefetch import COALESCE_HOLE, coalesce, column_ranges
+
+    rng = np.random.default_rng(0)
+    root = tmp / "wide"
+    root.mkdir()
+    rows, groups, files = 200_000, 4, 4
+    table = pa.table(
+        {
+            **{f"x{i}": rng.random(rows) for i in range(12)},  # 400 KB per row group each
+            **{f"flag{i}": rng.integers(0, 2, rows).astype(np.int8) for i in range(12)},  # ~13 KB
+        }
+    )
+    names = table.column_names
+    for f in range(files):
+        pq.write_table(table, root / f"part-{f}.parquet", row_group_size=rows // groups)
+    metas = [pq.read_metadata(p) for p in sorted(root.glob("*.parquet"))]
+    projections = {
+        "every other wide column": names[0:12:2],
+        "every other narrow column": names[12:24:2],
+        "every column": None,
+    }
+    lines = [
+        f"{files} files x {groups} row groups; 12 float64 columns (~400 KB per row group) and 12 "
+        "int8 columns (~13 KB); one chunk per row group",
+        "",
+        "| columns read | hole | GETs per epoch | bytes fetched / needed |",
+        "|---|---|---|---|",
+    ]
+    for what, columns in projections.items():
+        for hole in (0, COALESCE_HOLE, 64 * 1024, 1024**2):
+            gets = fetched = needed = 0
+            for meta in metas:
+                for g in range(meta.num_row_groups):
+                    ranges = column_ranges(meta, [g], columns)
+                    merged = coalesce(ranges, hole=hole)
+                    gets += len(merged)
+                    fetched += sum(hi - lo for lo, hi in merged)
+                    needed += sum(hi - lo for lo, hi in ranges)
+            mark = " (the library's)" if hole == COALESCE_HOLE else ""
+            lines.append(f"| {what} | {hole:,} B{mark} | {gets} | {fetched / needed:.3f} |")
+    return lines
+
+
 def bench_data_path(store: Store, root: Path, repeats: int) -> list[str]:
     import s3fs
 
@@ -366,9 +414,8 @@ def bench_data_path(store: Store, root: Path, repeats: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument(
-        "--section", choices=["latency", "requests", "startup", "data-path", "all"], default="all"
-    )
+    sections = ["latency", "requests", "startup", "coalesce", "data-path"]
+    parser.add_argument("--section", choices=[*sections, "all"], default="all")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--files", type=int, default=8, help="files of the throughput dataset")
     parser.add_argument("--latency-ms", type=float, default=20.0, help="added latency of the latency section")
@@ -376,30 +423,29 @@ def main() -> None:
     parser.add_argument("--startup-ms", type=float, default=10.0)
     parser.add_argument("--baseline-src", help="another copy of the library's src/ for the requests section")
     args = parser.parse_args()
+    wanted = set(sections) if args.section == "all" else {args.section}
     tmp = Path(tempfile.mkdtemp(prefix="tdu-bench-s3-"))
-    store = Store(tmp)
+    store = Store(tmp) if wanted - {"coalesce"} else None
     try:
         big = tmp / "big"
         write_dataset(big, files=args.files, rows=400_000, rg_rows=100_000)
         out: list[str] = []
-        wanted = {"latency", "requests", "startup", "data-path"} if args.section == "all" else {args.section}
-        if "latency" in wanted:
-            out += [
-                "## Latency hidden",
-                "",
-                *bench_latency(store, big, args.repeats, args.latency_ms / 1000),
-                "",
-            ]
-        if "requests" in wanted:
+        if store is not None and "latency" in wanted:
+            lines = bench_latency(store, big, args.repeats, args.latency_ms / 1000)
+            out += ["## Latency hidden", "", *lines, ""]
+        if store is not None and "requests" in wanted:
             out += ["## Requests per epoch", "", *bench_requests(store, big, args.baseline_src), ""]
-        if "startup" in wanted:
+        if store is not None and "startup" in wanted:
             lines = bench_startup(store, tmp, args.repeats, args.startup_files, args.startup_ms / 1000)
             out += ["## Startup", "", *lines, ""]
-        if "data-path" in wanted:
+        if "coalesce" in wanted:
+            out += ["## Coalescing", "", *bench_coalesce(tmp), ""]
+        if store is not None and "data-path" in wanted:
             out += ["## Data path", "", *bench_data_path(store, big, args.repeats), ""]
         print("\n".join(out))
     finally:
-        store.stop()
+        if store is not None:
+            store.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

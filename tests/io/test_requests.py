@@ -4,7 +4,7 @@ The counts come from the servers themselves: moto's own request log (werkzeug's 
 request) and, for SeaweedFS, a proxy in front of it that sees every request. Each test
 states the planned requests independently of the library's code, from the data's
 layout: a row group's column chunks of adjacent columns are one GET, a gap of an
-unread column (larger than the coalescing hole) makes two; every rank without a process
+unread column wider than the coalescing hole (64 KiB) makes two; every rank without a process
 group lists the directory (one page) and reads every footer (one GET each, the footers
 being under 64 KiB), after one GET for a reshard manifest that is not there.
 """
@@ -35,14 +35,15 @@ WORKERS = 2
 
 
 def _write(fs: Any, prefix: str) -> None:
-    """``FILES`` files of ``GROUPS`` row groups; each file ~170 KB, its footer ~2 KB."""
+    """``FILES`` files of ``GROUPS`` row groups; each file ~450 KB, its footer a few KB."""
     rng = np.random.default_rng(0)
     for i in range(FILES):
         n = GROUPS * GROUP_ROWS
         table = pa.table(
             {
                 "id": np.arange(i * n, (i + 1) * n),
-                "a": rng.random(n),  # 8 KB per row group: more than the 4 KiB coalescing hole
+                # 80 KB per row group: wider than the 64 KiB coalescing hole.
+                "a": pa.array([rng.bytes(80) for _ in range(n)], pa.binary(80)),
                 "b": rng.random(n),
                 "c": rng.random(n),
             }

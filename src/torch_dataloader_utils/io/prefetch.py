@@ -52,8 +52,15 @@ from torch_dataloader_utils.storage.identity import FileChecks, Verify, check_fo
 
 __all__ = ["ChunkSource", "FetchStats", "PlanOrderPool", "coalesce", "column_ranges"]
 
-COALESCE_HOLE = 4096
-"""Two ranges closer than this are fetched as one (the gap is read and thrown away)."""
+COALESCE_HOLE = 64 * 1024
+"""Two ranges closer than this are fetched as one (the gap is read and thrown away).
+
+A request costs a round trip (10-50 ms on object storage) and a fee; 64 KiB more of a
+response costs well under a millisecond at any bandwidth a store serves one request
+with. So the column chunks of a row group that lie 64 KiB apart or closer (narrow
+unread columns between read ones) are one GET; a wider gap (an unread wide column) is
+not read. ``benchmarks/bench_s3.py --section coalesce`` measures the requests saved
+against the bytes over-read."""
 MAX_PART_BYTES = 8 * 1024**2
 """Larger ranges are split into parts of this size, fetched in parallel."""
 FETCH_THREADS = 8
