@@ -389,4 +389,5 @@ def _chunk_rows(chunk: Chunk, files: Mapping[str, FileInfo]) -> list[tuple[str, 
         for g in info.groups_in(chunk.start, chunk.stop):
             lo, hi = max(chunk.start, g.first_row), min(chunk.stop, g.stop_row)
             rows.extend((chunk.path, i, chunk.padding) for i in range(lo, hi))
-    return rows
+    deleted = set(getattr(info, "deleted", None) if getattr(info, "deleted", None) is not None else ())
+    return [r for r in rows if r[1] not in deleted]

@@ -46,3 +46,40 @@ def text_files(draw: st.DrawFn, fmt: str) -> TextCase:
         if not last or draw(st.booleans()):
             out_bytes += b"\r\n" if draw(st.booleans()) else b"\n"
     return TextCase(bytes(out_bytes), dict(enumerate(strs)))
+
+
+@dataclass(frozen=True)
+class TypedCase:
+    """A CSV (header ``id,x``) or JSONL file whose ``x`` holds integers, decimals and bad lines.
+
+    ``good`` are the ids of the lines that are data under some numeric type of ``x``
+    (integers and decimals); the other lines do not parse whatever the types (a CSV
+    field too many, a JSON object cut short). The first line is always good.
+    """
+
+    data: bytes
+    good: frozenset[int]
+    decimals: frozenset[int]
+
+
+LINE_KINDS = ("int", "int", "int", "decimal", "bad")
+
+
+@st.composite
+def typed_text_files(draw: st.DrawFn, fmt: str) -> TypedCase:
+    """A file for type inference: ``x`` integer or decimal per line, bad lines anywhere."""
+    kinds = ["int", *draw(st.lists(st.sampled_from(LINE_KINDS), min_size=0, max_size=60))]
+    lines = ["id,x"] if fmt == "csv" else []
+    good: set[int] = set()
+    decimals: set[int] = set()
+    for i, kind in enumerate(kinds):
+        whole = draw(st.integers(-(10**6), 10**6))
+        if kind == "bad":
+            lines.append(f"{i},{whole},{whole}" if fmt == "csv" else f'{{"id": {i}, "x": ')
+            continue
+        x = f"{whole}.5" if kind == "decimal" else str(whole)
+        lines.append(f"{i},{x}" if fmt == "csv" else f'{{"id": {i}, "x": {x}}}')
+        good.add(i)
+        if kind == "decimal":
+            decimals.add(i)
+    return TypedCase(("\n".join(lines) + "\n").encode(), frozenset(good), frozenset(decimals))

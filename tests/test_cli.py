@@ -141,3 +141,17 @@ def test_filter_and_storage_option_parsing() -> None:
         "client_kwargs",
         {"region_name": "x"},
     )
+
+
+def test_a_malformed_filter_says_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 33, item 23: ``>>=`` was read as ``> ">= 3"``, then refused for a kernel it lacks."""
+    with pytest.raises(ValueError, match=r"'>' is followed by '>= 3', which starts with an operator"):
+        parse_filter("label >>= 3")
+    with pytest.raises(ValueError, match=r"'==' is followed by '= 1'"):
+        parse_filter("label === 1")
+    data = write_parquet_files(tmp_path, [20])[0].parent
+    assert main(["plan", str(data), "--filter", "id >= three"]) == 2
+    err = capsys.readouterr().err
+    assert 'filters=(id >= "three") cannot be applied to this data' in err
+    assert "compare each column with a value of its type" in err
+    assert "the columns: id: int64" in err

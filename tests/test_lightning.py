@@ -93,6 +93,9 @@ def test_fit_killed_mid_epoch_resumes_exactly(
     for r in epoch0 + epoch1:
         batches[(r["epoch"], r["rank"])] += 1
     assert set(batches.values()) == {per_rank}, dict(batches)
+    # Lightning counted the loader as resumable (issue 33, item 20): no "not resumable" warning.
+    shown = json.loads((out / "warnings-resumed-rank0.json").read_text())
+    assert not [w for w in shown if "not resumable" in w], shown
     # set_epoch reached the dataset: each epoch has its own order.
     for rank in range(devices):
         first = [i for r in epoch0 if r["rank"] == rank for i in r["ids"]]  # type: ignore[attr-defined]

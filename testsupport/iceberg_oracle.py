@@ -133,10 +133,14 @@ _ORACLE = IcebergOracle()
 atexit.register(_ORACLE.close)
 
 
-def query(table: Any, sql: str) -> pa.Table:
-    """``sql`` over the pyiceberg ``table`` (as ``t``), answered by the shared child process."""
+def query(table: Any, sql: str, metadata_location: str | None = None) -> pa.Table:
+    """``sql`` over the pyiceberg ``table`` (as ``t``), answered by the shared child process.
+
+    ``metadata_location``: read the table as that metadata file describes it (the one
+    written by an earlier commit: its snapshot), instead of its current metadata.
+    """
     properties = {str(k): str(v) for k, v in table.io.properties.items()}
-    return _ORACLE.query(table.metadata_location, properties, sql)
+    return _ORACLE.query(metadata_location or table.metadata_location, properties, sql)
 
 
 def _serve() -> None:

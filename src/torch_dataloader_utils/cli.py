@@ -267,6 +267,12 @@ def _plan(args: argparse.Namespace) -> int:
     if args.mix is not None:
         from torch_dataloader_utils.tools.mix import plan_mix
 
+        for flag, given in (("--picture", args.picture), ("--verify", args.verify)):
+            if given:
+                raise argparse.ArgumentTypeError(
+                    f"{flag} applies to the plan of one source, and --mix plans a mix of sources by weight: "
+                    f"run plan SOURCE {flag} for each source of the recipe, or drop {flag}"
+                )
         print(
             plan_mix(
                 _source(args),

@@ -1145,6 +1145,10 @@ class IcebergSourceConfig(RedactedRepr):
         scan_filter: A pyiceberg ``BooleanExpression`` used for pruning only.
         storage_options: As given; already merged into ``catalog_config`` as FileIO
             properties by the public edge.
+        since_snapshot_id: Read only the rows the snapshot read has and this older
+            snapshot (an ancestor) did not: an incremental epoch (docs/iceberg.md).
+        continue_from: A resume state saved on an older snapshot: read the rest of its
+            interrupted epoch, less the rows deleted since, and the rows added since.
     """
 
     table: str
@@ -1155,6 +1159,8 @@ class IcebergSourceConfig(RedactedRepr):
     columns: Sequence[str] | None = None
     filters: Any = None
     scan_filter: Any = None
+    since_snapshot_id: int | None = None
+    continue_from: Mapping[str, Any] | None = None
 
 
 # -- reshard -------------------------------------------------------------------------------

@@ -21,7 +21,9 @@ that builtin too::
     │   └── CorruptFileError                  a file's footer/metadata cannot be read
     ├── SchemaError (ValueError)
     │   ├── UnknownColumnError                a requested column does not exist
-    │   └── SchemaMismatchError               two files disagree on a field
+    │   ├── SchemaMismatchError               two files disagree on a field
+    │   └── InferredSchemaError               a CSV / JSONL value needs a wider type than
+    │                                         the one inferred from the files' heads
     ├── PlanError                             a split strategy produced an invalid plan
     │   └── OverlappingChunksError            two chunks (or two ranks) share rows
     ├── DistributedConfigError (ConfigError)  rank / world size disagree with the runtime
@@ -60,6 +62,7 @@ __all__ = [
     "DistributedConfigError",
     "FileChangedError",
     "IncompatibleOptionsError",
+    "InferredSchemaError",
     "MissingDependencyError",
     "NoFilesFoundError",
     "NullValueError",
@@ -170,6 +173,16 @@ class UnknownColumnError(SchemaError):
 
 class SchemaMismatchError(SchemaError):
     """Two files of the same dataset disagree about a field."""
+
+
+class InferredSchemaError(SchemaError):
+    """A CSV / JSONL value fits only a wider type than the one inferred for its column.
+
+    Column types are inferred from the head of each file (no ``schema=``); a later line
+    whose value is valid under a wider type (``200000.5`` in a column inferred as int64)
+    is not bad data, so it is raised under every ``on_bad_data``, naming the column, both
+    types, the line and the ``schema=`` to pass.
+    """
 
 
 class PlanError(DataLoaderUtilsError):

@@ -11,12 +11,15 @@ rank, once Lightning has started the process group (so ranks come from
 * **The state goes in the checkpoint, whole.** Lightning checkpoints a stateful train
   loader by itself, but from rank 0 only: restored on several devices, every rank got
   rank 0's cursors (``ResumeStateError``). The train loader is handed to Lightning in a
-  wrapper without ``state_dict``, so Lightning leaves its state alone; the data module's
+  wrapper (:class:`TrainLoader`) whose own ``state_dict`` holds no cursors, only a note
+  that the data module keeps them; the data module's
   :meth:`~StructuredDataModule.state_dict` gathers every rank's state (a collective,
   which Lightning calls on every rank when it saves) and
   :meth:`~StructuredDataModule.load_state_dict` gives the merged state to the new
   loader, so the resumed epoch reads exactly the rows not yet trained on, on the same
-  or another number of devices.
+  or another number of devices. As the wrapper has ``state_dict`` and
+  ``load_state_dict``, Lightning counts the loader as resumable (its ``_Stateful``
+  check) and does not warn "your dataloader is not resumable" on a mid-epoch resume.
 * **Every epoch has its own order.** Lightning calls ``loader.sampler.set_epoch`` at
   every epoch; the wrapper also selects ``trainer.current_epoch`` when an epoch's pass
   starts, whatever calls Lightning makes.
@@ -50,20 +53,25 @@ from torch_dataloader_utils.runtime.loader import ResumableDataLoader
 from torch_dataloader_utils.runtime.options import FileLoaderOptions, check_keywords
 from torch_dataloader_utils.runtime.state import gather_state
 
-__all__ = ["STATE_VERSION", "StructuredDataModule", "TrainLoader"]
+__all__ = ["KEPT_BY", "STATE_VERSION", "StructuredDataModule", "TrainLoader"]
 
 STATE_VERSION = 1
 """Version of the data module's entry in a Lightning checkpoint."""
+KEPT_BY = {"kept_by": "StructuredDataModule"}
+"""The train loader's own state in a Lightning checkpoint: a note of where the cursors are."""
 
 _STAGES = ("train", "val", "test", "predict")
 
 
 class TrainLoader:
-    """The train loader as Lightning sees it: the loader without its ``state_dict``.
+    """The train loader as Lightning sees it: resumable, its cursors kept by the data module.
 
     Iterating it iterates the loader (after selecting the trainer's current epoch);
     ``len()`` is the loader's full epoch; ``sampler`` is the loader's, whose
     ``set_epoch`` Lightning calls. The loader itself is :attr:`loader`.
+    :meth:`state_dict` and :meth:`load_state_dict` make Lightning count it as resumable;
+    the state they carry is only :data:`KEPT_BY` (every rank's cursors, merged, are the
+    data module's entry of the checkpoint).
     """
 
     def __init__(self, loader: ResumableDataLoader, module: StructuredDataModule) -> None:
@@ -79,6 +87,24 @@ class TrainLoader:
 
     def __len__(self) -> int:
         return len(self.loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        """:data:`KEPT_BY`: the cursors are in the data module's entry of the checkpoint."""
+        return dict(KEPT_BY)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Nothing to load here: :meth:`StructuredDataModule.load_state_dict` resumes the loader.
+
+        Raises:
+            ResumeStateError: ``state_dict`` is not what :meth:`state_dict` returns (a
+                checkpoint of another train loader).
+        """
+        if dict(state_dict) != KEPT_BY:
+            raise ResumeStateError(
+                f"the checkpoint's train loader state has keys {sorted(state_dict)}, not {KEPT_BY!r}: it "
+                "was written for another train loader than StructuredDataModule's; resume with the "
+                "data module that saved it"
+            )
 
     @property
     def sampler(self) -> Any:

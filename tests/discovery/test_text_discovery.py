@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -205,3 +206,33 @@ def test_text_that_starts_like_a_magic_is_text(tmp_path: Path) -> None:
     path.write_text("ORCID,PAR1\n" + "".join(f"{i},{i}\n" for i in range(5)))
     loader, _ = create_dataloader(str(path), format="csv", num_workers=0)
     assert [int(i) for b in loader for i in b["ORCID"]] == list(range(5))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_types_are_inferred_past_bad_lines_in_the_head(tmp_path: Path, fmt: str) -> None:
+    """Issue 33, item 9: a line that does not parse is the reader's to skip or raise, not discovery's."""
+    bad = "3,0.5,extra" if fmt == "csv" else '{"id": 3, "x": '
+    lines = [f"{i},{i}.5" if fmt == "csv" else json.dumps({"id": i, "x": i + 0.5}) for i in range(6)]
+    lines[3] = bad
+    path = tmp_path / f"a.{fmt}"
+    path.write_text(("id,x\n" if fmt == "csv" else "") + "\n".join(lines) + "\n")
+    found = StructuredDataset(str(path), format=fmt).discovered
+    assert found.schema == pa.schema([("id", pa.int64()), ("x", pa.float64())])
+
+
+def test_head_lines_that_disagree_on_a_type_name_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"id": 1, "x": 1}\n{"id": 2, "x": "two"}\n')
+    match = r"its lines disagree on a column's type \(.*\); pass schema="
+    with pytest.raises(SchemaMismatchError, match=match):
+        StructuredDataset(str(path), format="jsonl")
+
+
+def test_the_search_for_lines_that_parse_is_bounded(tmp_path: Path) -> None:
+    """A file of another format is not parsed line by line through its whole head (tens of seconds)."""
+    path = tmp_path / "really-csv.jsonl"
+    path.write_text("id,x\n" + "".join(f"{i},{i}\n" for i in range(200_000)))
+    with pytest.raises(CorruptFileError, match=r"none of its ([\d,]+) first lines parses") as exc:
+        StructuredDataset(str(path), format="jsonl")
+    searched = int(re.search(r"none of its ([\d,]+) first", str(exc.value))[1].replace(",", ""))  # type: ignore[index]
+    assert 0 < searched <= text_discovery._SEARCH_PARSES < 100_000  # the head holds ~100,000 lines

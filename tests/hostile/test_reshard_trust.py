@@ -183,6 +183,33 @@ def test_case_11_two_jobs_started_on_one_destination(tmp_path: Path, trial: int)
     assert _ids(dst) == list(range(ROWS))
 
 
+def test_case_11_a_job_that_finishes_while_the_other_writes_its_claim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interleaving a loaded machine gave (2026-11-27): job A ran to its end, removing its
+    ``_reshard/`` directory, between job B creating ``_reshard/tmp`` and writing its claim there.
+    B must judge A's finished output (a conflict naming the options), not fail to write."""
+    from torch_dataloader_utils.tools.reshard_io import Destination
+
+    src = _source(tmp_path / "src", files=20)
+    dst = tmp_path / "dst"
+    mkdirs = Destination._mkdirs
+    raced: list[bool] = []
+
+    def mkdirs_then_other_job(self: Destination, rel: str) -> None:
+        mkdirs(self, rel)
+        if rel.startswith("_reshard/tmp/") and rel.endswith("job.json") and not raced:
+            raced.append(True)
+            monkeypatch.setattr(Destination, "_mkdirs", mkdirs)
+            reshard(str(src), str(dst), target_file_size="8KiB", row_group_rows=100, compression="none")
+
+    monkeypatch.setattr(Destination, "_mkdirs", mkdirs_then_other_job)
+    with pytest.raises(DestinationConflictError, match=r"a finished reshard job with other options"):
+        reshard(str(src), str(dst), target_file_size="20KiB", row_group_rows=100, compression="none")
+    assert raced == [True]
+    assert _ids(dst) == list(range(ROWS))
+
+
 def test_case_11_the_claim_is_exclusive_and_carried_by_the_markers(tmp_path: Path) -> None:
     from torch_dataloader_utils.storage.fs import resolve
     from torch_dataloader_utils.tools.reshard_io import Destination

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import io
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,8 +15,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.strategies_text import TextCase, text_files
-from torch_dataloader_utils import ReadError, RecordBoundaryError, StructuredDataset
+from tests.strategies_text import TextCase, TypedCase, text_files, typed_text_files
+from torch_dataloader_utils import (
+    InferredSchemaError,
+    ReadError,
+    RecordBoundaryError,
+    StructuredDataset,
+    create_dataloader,
+)
+from torch_dataloader_utils.config import PADDING_COLUMN
+from torch_dataloader_utils.discovery import text as discovery_text
 from torch_dataloader_utils.plan.types import ChunkUnit
 
 
@@ -93,14 +102,21 @@ def write_csv_with_quoted_newline(path: Path, rows: int = 400) -> None:
 
 
 @pytest.mark.parametrize("count_rows", [False, True])
-def test_quoted_newlines_undeclared_is_refused(tmp_path: Path, count_rows: bool) -> None:
+@pytest.mark.parametrize("on_bad_data", ["raise", "skip"])
+def test_quoted_newlines_undeclared_is_refused(tmp_path: Path, count_rows: bool, on_bad_data: str) -> None:
+    """Never skipped as bad lines (issue 33, item 10): the other lines of the record would be made-up rows."""
     path = tmp_path / "q.csv"
     write_csv_with_quoted_newline(path)
     ds = StructuredDataset(
-        str(path), format="csv", split_bytes=500, count_rows=count_rows, output_format="arrow"
+        str(path),
+        format="csv",
+        split_bytes=500,
+        count_rows=count_rows,
+        output_format="arrow",
+        on_bad_data=on_bad_data,
     )
     chunks = ds.plan(0).all_chunks()
-    with pytest.raises(ReadError, match="quoted_newlines=True") as info:
+    with pytest.raises(RecordBoundaryError, match="quoted_newlines=True") as info:
         [b for chunk in chunks for b in ds._reader.read(chunk)]
     assert str(path) in str(info.value)
 
@@ -244,3 +260,45 @@ def test_equal_batches_over_byte_ranges(tmp_path: Path, fmt: str, policy: str, d
         assert total - len(real) == total % num_ranks
     else:
         assert sorted(real) == sorted(case.records)
+
+
+def _data_ids(path: Path, fmt: str, **options: object) -> list[int]:
+    """Every id the loader delivers as data (rows flagged as padding left out)."""
+    loader, _ = create_dataloader(
+        str(path), format=fmt, num_workers=0, output_format="arrow", equal_batches="off", **options
+    )
+    ids: list[int] = []
+    for batch in loader:
+        pad = batch.column(PADDING_COLUMN).to_pylist() if PADDING_COLUMN in batch.schema.names else None
+        ids += [i for k, i in enumerate(batch.column("id").to_pylist()) if pad is None or not pad[k]]
+    return ids
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+@settings(max_examples=40)
+@given(data=st.data())
+def test_inferred_types_never_drop_valid_rows(tmp_path: Path, fmt: str, data: st.DataObject) -> None:
+    """Issue 33, items 8 and 9: with ``on_bad_data='skip'`` and types inferred from each file's head,
+    every line that is data under some type arrives exactly once, or the job raises
+    :class:`InferredSchemaError` (a decimal after a head of integers); bad lines in the head do
+    not stop inference. Never fewer rows with no error.
+    """
+    case: TypedCase = data.draw(typed_text_files(fmt))
+    path = Path(tempfile.mkdtemp(dir=tmp_path)) / f"f.{fmt}"
+    path.write_bytes(case.data)
+    options = {"split_bytes": data.draw(st.integers(8, 600)), "on_bad_data": "skip"}
+    error: InferredSchemaError | None = None
+    with pytest.MonkeyPatch.context() as patch:  # a small head, so that later lines exist
+        patch.setattr(discovery_text, "SAMPLE_BYTES", data.draw(st.integers(16, 400)))
+        try:
+            ids = _data_ids(path, fmt, **options)
+        except InferredSchemaError as exc:
+            error = exc
+    if error is None:
+        assert sorted(ids) == sorted(case.good)
+    else:
+        assert case.decimals, error
+        assert "column 'x' from int64 to double" in str(error)
+        assert "schema=pyarrow.schema([('id', 'int64'), ('x', 'double')])" in str(error)
+    schema = pa.schema([("id", pa.int64()), ("x", pa.float64())])
+    assert sorted(_data_ids(path, fmt, schema=schema, **options)) == sorted(case.good)

@@ -2,7 +2,8 @@
 
 Run as ``python fit.py DATA OUT DEVICES [--kill-at STEP | --resume CKPT]``. With 2 devices
 Lightning's DDP launcher starts rank 1 by running this script again. Each rank appends
-``{"phase", "epoch", "step", "ids"}`` lines to ``OUT/rank{R}.jsonl`` for every batch.
+``{"phase", "epoch", "step", "ids"}`` lines to ``OUT/rank{R}.jsonl`` for every batch; a fit
+that ends writes the warnings it raised to ``OUT/warnings-{phase}-rank{R}.json``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -82,7 +84,11 @@ def main() -> None:
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    trainer.fit(Model(args.out, phase), datamodule=data, ckpt_path=args.resume)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Model(args.out, phase), datamodule=data, ckpt_path=args.resume)
+    shown = [f"{w.category.__name__}: {w.message}" for w in caught]
+    (args.out / f"warnings-{phase}-rank{trainer.global_rank}.json").write_text(json.dumps(shown))
 
 
 if __name__ == "__main__":

@@ -135,3 +135,31 @@ def test_accelerate_save_state_kill_and_resume_on_two_processes(data: Path, tmp_
     assert_exactly_once([i for line in epoch0 for i in line["ids"]], range(TOTAL))
     epoch1 = [line for line in lines if line["epoch"] == 1]
     assert_exactly_once([i for line in epoch1 for i in line["ids"]], range(TOTAL))
+
+
+@pytest.mark.slow
+def test_dcp_from_two_ranks_to_three_needs_gathered_state(data: Path, tmp_path: Path) -> None:
+    """Issue 33, item 19: with the loader itself as the entry, DCP raises before the library runs
+    ("Missing key in checkpoint state_dict: data.rank2"): documented, with GatheredState as the fix,
+    which resumes a 2-rank checkpoint on 3 ranks, every row exactly once.
+    """
+    out = tmp_path / "out"
+    out.mkdir()
+    for phase, ranks in (("save", 2), ("load", 3)):
+        cmd = [
+            _bin("torchrun"),
+            f"--nproc_per_node={ranks}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_ports(1)[0]}",
+            str(SCRIPTS / "resize.py"),
+            str(data),
+            str(tmp_path / "ckpt"),
+            str(out),
+            phase,
+        ]
+        _run(cmd, tmp_path, timeout=240)
+    saved = [json.loads((out / f"save{r}.json").read_text()) for r in range(2)]
+    loaded = [json.loads((out / f"load{r}.json").read_text()) for r in range(3)]
+    assert all("Missing key in checkpoint state_dict: data.rank2" in r["error"] for r in loaded)
+    seen = [i for r in saved for i in r["seen"]] + [i for r in loaded for i in r["resumed"]]
+    assert_exactly_once(seen, range(TOTAL))

@@ -97,14 +97,16 @@ def test_a_gpu_device_without_cuda_is_a_clear_error(data: Path, value: Any) -> N
     assert resolve_device("auto") == torch.device("cpu")
 
 
-def test_a_gpu_device_needs_torch_output() -> None:
-    loader = LoaderConfig(device=torch.device("cuda", 0))
-    with pytest.raises(IncompatibleOptionsError, match=r"output_format='numpy' gives no tensors"):
-        _check_device(loader, OutputConfig(output_format=OutputFormat.NUMPY), {"device": "cuda"})
-    _check_device(
-        LoaderConfig(device=torch.device("cpu")), OutputConfig(output_format=OutputFormat.NUMPY), {}
-    )
+@pytest.mark.parametrize("device", [torch.device("cuda", 0), torch.device("cpu")])
+@pytest.mark.parametrize("output_format", [OutputFormat.NUMPY, OutputFormat.ARROW, OutputFormat.DICT])
+def test_any_device_needs_torch_output(device: torch.device, output_format: OutputFormat) -> None:
+    """The CPU too: the same options behave the same with and without a GPU (issue 33, item 22)."""
+    loader = LoaderConfig(device=device)
+    match = rf"output_format='{output_format.value}' gives no tensors"
+    with pytest.raises(IncompatibleOptionsError, match=match):
+        _check_device(loader, OutputConfig(output_format=output_format), {"device": str(device)})
     _check_device(loader, OutputConfig(), {})
+    _check_device(LoaderConfig(), OutputConfig(output_format=output_format), {})
 
 
 def test_copies_are_queued_ahead_in_order() -> None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,13 +62,20 @@ from torch_dataloader_utils.plan.types import RowGroup
 from torch_dataloader_utils.storage.iceberg_fs import IcebergFileSystem
 from torch_dataloader_utils.storage.iceberg_meta import IcebergFileInfo, IcebergScan
 from torch_dataloader_utils.storage.redact import redact
-from torch_dataloader_utils.upstream.pyiceberg import manifest_entries
+from torch_dataloader_utils.upstream.pyiceberg import entry_filter, manifest_entries
 
 __all__ = [
     "IcebergFileInfo",
     "IcebergScan",
+    "ScanEntries",
+    "ScanRequest",
+    "deleted_positions",
     "discover_iceberg",
     "load_table",
+    "planned_scan",
+    "resolve_snapshot",
+    "scan_entries",
+    "scan_filter_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -273,41 +280,99 @@ def discover_iceberg(tbl: Any, source: IcebergSourceConfig, *, count_filtered: b
         DiscoveryError: a data or delete file has a format that cannot be read.
         CorruptFileError: a footer or delete file cannot be read.
     """
+    snap = resolve_snapshot(tbl, source.snapshot_id, source.as_of)
+    request = ScanRequest.build(tbl, snap, source, count_filtered=count_filtered)
+    if snap is None:
+        return request.empty()
+    return planned_scan(request, scan_entries(tbl, snap, request), snap.snapshot_id)
+
+
+def scan_entries(
+    tbl: Any,
+    snap: Any,
+    request: ScanRequest,
+    manifests: Sequence[Any] | None = None,
+    *,
+    pruned: bool = True,
+) -> ScanEntries:
+    """The live manifest entries of snapshot ``snap`` that the request's filter may keep.
+
+    Args:
+        tbl: The pyiceberg table.
+        snap: The snapshot.
+        request: The scan asked for (its pyiceberg filter prunes manifests and files).
+        manifests: Plan from these manifest files of ``snap`` only (default: all of them).
+        pruned: Prune by the request's filter (``False``: every live entry).
+
+    Raises:
+        ConfigError: the filters cannot be bound to the table's schema.
+        DiscoveryError: a data or delete file has a format that cannot be read.
+    """
     from pyiceberg.table import ALWAYS_TRUE
 
-    snap = resolve_snapshot(tbl, source.snapshot_id, source.as_of)
-    request = _ScanRequest.build(tbl, snap, source)
-    row_filter = request.row_filter if count_filtered else None
-    base = request.scan_fields(IcebergFileSystem(dict(tbl.io.properties)), counted=row_filter is not None)
-    if snap is None:
-        return IcebergScan(files=(), formats={}, constants={}, snapshot_id=None, **base)
-    scan = tbl.scan(
-        row_filter=request.iceberg_filter if request.iceberg_filter is not None else ALWAYS_TRUE,
-        snapshot_id=snap.snapshot_id,
-    )
+    expression = request.iceberg_filter if pruned and request.iceberg_filter is not None else ALWAYS_TRUE
+    scan = tbl.scan(row_filter=expression, snapshot_id=snap.snapshot_id)
     try:
-        entries = _Entries.of(manifest_entries(scan), tbl.metadata.specs())
+        found = manifest_entries(scan, manifests)
     except ValueError as exc:
         raise ConfigError(f"scan_filter / filters cannot be bound to the table's schema: {exc}") from exc
-    fs: IcebergFileSystem = base["fs"]
+    return ScanEntries.of(found, tbl.metadata.specs())
+
+
+def scan_filter_of(tbl: Any, snap: Any, request: ScanRequest) -> Callable[[Any], bool]:
+    """Whether a data file may hold rows the request's filter keeps (partition values, column metrics).
+
+    The test a scan of ``snap`` applies to each manifest entry, for entries read without it.
+
+    Raises:
+        ConfigError: the filters cannot be bound to the table's schema.
+    """
+    from pyiceberg.table import ALWAYS_TRUE
+
+    expression = request.iceberg_filter if request.iceberg_filter is not None else ALWAYS_TRUE
+    try:
+        return entry_filter(tbl.scan(row_filter=expression, snapshot_id=snap.snapshot_id))
+    except ValueError as exc:
+        raise ConfigError(f"scan_filter / filters cannot be bound to the table's schema: {exc}") from exc
+
+
+def planned_scan(request: ScanRequest, entries: ScanEntries, snapshot_id: int, **extra: Any) -> IcebergScan:
+    """The scan of ``entries``' data files, with their deletes (and a counted filter) resolved.
+
+    ``extra``: further :class:`IcebergScan` fields (an incremental scan's).
+
+    Raises:
+        CorruptFileError: a footer or delete file cannot be read.
+    """
+    fs = request.fs
     positions, delete_files_read = _position_deletes(fs, entries)
     equality_files, filter_files = _equality_and_filter_deletes(
-        fs, tbl.metadata, entries, request, row_filter, positions
+        fs, request.metadata, entries, request, request.counted_filter, positions
     )
     return IcebergScan(
-        files=_data_files(fs, entries, positions, snap.snapshot_id),
+        files=_data_files(fs, entries, positions, snapshot_id),
         formats=entries.formats,
         constants=entries.constants,
-        snapshot_id=snap.snapshot_id,
+        snapshot_id=snapshot_id,
         delete_files_read=delete_files_read + len(entries.eq_work),
         equality_files_read=equality_files,
         filter_files_read=filter_files,
-        **base,
+        **request.scan_fields(),
+        **extra,
     )
 
 
+def deleted_positions(request: ScanRequest, entries: ScanEntries) -> dict[str, np.ndarray[Any, Any]]:
+    """The deleted positions (position and equality deletes only) of every data file of ``entries``."""
+    positions, _ = _position_deletes(request.fs, entries)
+    _equality_and_filter_deletes(request.fs, request.metadata, entries, request, None, positions)
+    return {
+        df.file_path: _unique(positions.get(df.file_path), int(df.record_count)) for df, _ in entries.data
+    }
+
+
 @dataclass(frozen=True)
-class _ScanRequest:
+class ScanRequest:
     """What the user asked of the table, checked against its schema at the snapshot."""
 
     fields: tuple[tuple[int, str, pa.DataType], ...]
@@ -317,9 +382,20 @@ class _ScanRequest:
     filter_names: frozenset[str]
     iceberg_filter: Any
     name_mapping: dict[str, int]
+    fs: IcebergFileSystem
+    metadata: Any
+    count_filtered: bool
 
     @classmethod
-    def build(cls, tbl: Any, snap: Any, source: IcebergSourceConfig) -> _ScanRequest:
+    def build(
+        cls, tbl: Any, snap: Any, source: IcebergSourceConfig, *, count_filtered: bool = False
+    ) -> ScanRequest:
+        """The request of ``source`` against ``tbl`` at snapshot ``snap`` (its schema when time travelling).
+
+        Raises:
+            ConfigError: bad ``filters`` / ``scan_filter``.
+            UnknownColumnError: ``columns`` or ``filters`` name a missing column.
+        """
         from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression
 
         metadata = tbl.metadata
@@ -353,6 +429,9 @@ class _ScanRequest:
             filter_names=filter_names,
             iceberg_filter=iceberg_filter,
             name_mapping=_name_mapping(metadata, fields),
+            fs=IcebergFileSystem(dict(tbl.io.properties)),
+            metadata=metadata,
+            count_filtered=count_filtered and expr is not None,
         )
 
     @property
@@ -362,22 +441,33 @@ class _ScanRequest:
             return None
         return RowFilter(self.filters, tuple(f for f in self.fields if f[1] in self.filter_names))
 
-    def scan_fields(self, fs: IcebergFileSystem, *, counted: bool) -> dict[str, Any]:
+    @property
+    def counted_filter(self) -> RowFilter | None:
+        """The row filter when discovery counts it (``count_filtered``), else ``None``."""
+        return self.row_filter if self.count_filtered else None
+
+    def scan_fields(self) -> dict[str, Any]:
         """The :class:`IcebergScan` fields that do not depend on the manifests."""
         return {
-            "fs": fs,
+            "fs": self.fs,
             "fields": self.fields,
             "output_columns": self.output,
             "read_columns": self.read_columns,
             "filters": self.filters,
             "name_mapping": self.name_mapping,
             "iceberg_filter": self.iceberg_filter,
-            "filter_counted": counted,
+            "filter_counted": self.count_filtered,
         }
+
+    def empty(self, **extra: Any) -> IcebergScan:
+        """The scan of a table without a snapshot: no files."""
+        return IcebergScan(
+            files=(), formats={}, constants={}, snapshot_id=None, **self.scan_fields(), **extra
+        )
 
 
 @dataclass
-class _Entries:
+class ScanEntries:
     """The scan's live manifest entries by kind, with which deletes apply to which data."""
 
     data: list[tuple[Any, int]]
@@ -391,9 +481,11 @@ class _Entries:
     """Equality delete files to read: ``(path, equality field ids)``."""
     eq_targets: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     """Data file -> indices into :attr:`eq_work` of the equality deletes that apply to it."""
+    entries: list[Any] = field(default_factory=list)
+    """The manifest entries, as given."""
 
     @classmethod
-    def of(cls, entries: Sequence[Any], specs: Mapping[int, Any]) -> _Entries:
+    def of(cls, entries: Sequence[Any], specs: Mapping[int, Any]) -> ScanEntries:
         """Sort ``entries`` by content, check their formats, index data files by partition.
 
         Raises:
@@ -402,7 +494,7 @@ class _Entries:
         """
         from pyiceberg.manifest import DataFileContent
 
-        out = cls([], [], [], specs)
+        out = cls([], [], [], specs, entries=list(entries))
         kinds = {
             DataFileContent.DATA: out.data,
             DataFileContent.POSITION_DELETES: out.pos_deletes,
@@ -454,7 +546,7 @@ class _Entries:
 
 
 def _position_deletes(
-    fs: IcebergFileSystem, entries: _Entries
+    fs: IcebergFileSystem, entries: ScanEntries
 ) -> tuple[dict[str, list[np.ndarray[Any, Any]]], int]:
     """Deleted positions per data file from every position delete file (each read once).
 
@@ -482,8 +574,8 @@ def _position_deletes(
 def _equality_and_filter_deletes(
     fs: IcebergFileSystem,
     metadata: Any,
-    entries: _Entries,
-    request: _ScanRequest,
+    entries: ScanEntries,
+    request: ScanRequest,
     row_filter: RowFilter | None,
     positions: dict[str, list[np.ndarray[Any, Any]]],
 ) -> tuple[int, int]:
@@ -525,7 +617,7 @@ def _equality_and_filter_deletes(
 
 def _data_files(
     fs: IcebergFileSystem,
-    entries: _Entries,
+    entries: ScanEntries,
     positions: Mapping[str, list[np.ndarray[Any, Any]]],
     snapshot_id: int,
 ) -> tuple[IcebergFileInfo, ...]:
@@ -541,10 +633,7 @@ def _data_files(
     files = []
     for df, _ in sorted(entries.data, key=lambda x: x[0].file_path):
         path = df.file_path
-        deleted = None
-        if positions.get(path):
-            deleted = np.unique(np.concatenate(positions[path]).astype(np.int64))
-            deleted = deleted[(deleted >= 0) & (deleted < df.record_count)]
+        deleted = _unique(positions.get(path), int(df.record_count)) if positions.get(path) else None
         if entries.formats[path] == "ORC" and deleted is not None:
             log.info("Iceberg ORC data file %s has deletes: it is read whole", path)
         files.append(
@@ -560,6 +649,14 @@ def _data_files(
             )
         )
     return tuple(files)
+
+
+def _unique(parts: Sequence[np.ndarray[Any, Any]] | None, num_rows: int) -> np.ndarray[Any, Any]:
+    """The sorted, unique positions of ``parts`` inside ``[0, num_rows)``."""
+    if not parts:
+        return np.empty(0, dtype=np.int64)
+    deleted = np.unique(np.concatenate(parts).astype(np.int64))
+    return deleted[(deleted >= 0) & (deleted < num_rows)]
 
 
 def _field_types(

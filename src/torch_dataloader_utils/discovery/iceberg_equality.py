@@ -15,7 +15,7 @@ data file as its equality columns.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -28,7 +28,7 @@ from torch_dataloader_utils.errors import CorruptFileError, DiscoveryError
 from torch_dataloader_utils.storage.iceberg_columns import column_by_id, orc_field_ids, parquet_field_ids
 from torch_dataloader_utils.storage.iceberg_fs import IcebergFileSystem
 
-__all__ = ["EqualityMatcher", "RowFilter", "equality_positions", "read_equality_delete"]
+__all__ = ["EqualityMatcher", "RowFilter", "data_file_parts", "equality_positions", "read_equality_delete"]
 
 Column: TypeAlias = "pa.Array[Any] | pa.ChunkedArray[Any]"
 
@@ -154,6 +154,47 @@ def _failing(
     return fail
 
 
+def data_file_parts(
+    fs: IcebergFileSystem,
+    location: str,
+    file_format: str,
+    wanted: Sequence[int],
+    name_mapping: Mapping[str, int],
+    skip: Callable[[int, int], bool] | None = None,
+) -> Iterator[tuple[int, int, pa.Table, Mapping[int, str]]]:
+    """The columns ``wanted`` (field ids) of a data file, a row group at a time (ORC: whole).
+
+    Yields ``(first row position, rows, table, ids)``: the table holds the wanted columns
+    the file has (by file column name), ``ids`` maps field ids to those names. With
+    ``skip``, a row group for which ``skip(first, rows)`` is true is not read.
+
+    Raises:
+        CorruptFileError: the data file cannot be read.
+    """
+    filesystem, path = fs.resolve(location)
+    try:
+        if file_format == "ORC":
+            import pyarrow.orc as po
+
+            with filesystem.open_input_file(path) as handle:
+                orc = po.ORCFile(handle)
+                ids = orc_field_ids(orc.schema, name_mapping)
+                table = orc.read(columns=[ids[fid] for fid in wanted if fid in ids])
+            yield 0, orc.nrows, table, ids
+            return
+        pf = pq.ParquetFile(path, filesystem=filesystem)
+        ids = parquet_field_ids(pf.schema_arrow, name_mapping, location)
+        names = [ids[fid] for fid in wanted if fid in ids]
+        first = 0
+        for i in range(pf.num_row_groups):
+            rows = pf.metadata.row_group(i).num_rows
+            if skip is None or not skip(first, rows):
+                yield first, rows, pf.read_row_group(i, columns=names, use_threads=False), ids
+            first += rows
+    except (OSError, pa.ArrowException) as exc:
+        raise CorruptFileError(f"cannot read the columns of Iceberg data file {location!r}: {exc}") from exc
+
+
 def equality_positions(
     fs: IcebergFileSystem,
     location: str,
@@ -178,13 +219,12 @@ def equality_positions(
     filter_fields = row_filter.fields if row_filter is not None else ()
     wanted = sorted({fid for m in matchers for fid in m.field_ids} | {fid for fid, _, _ in filter_fields})
     filter_types = {fid: t for fid, _, t in filter_fields}
-    filesystem, path = fs.resolve(location)
     found: list[np.ndarray[Any, Any]] = []
 
     def column(table: pa.Table, num_rows: int, fid: int, ids: Mapping[int, str]) -> Column:
         return column_by_id(table, num_rows, fid, filter_types.get(fid) or types[fid], ids, constants)
 
-    def match(table: pa.Table, num_rows: int, ids: Mapping[int, str], first: int) -> None:
+    for first, num_rows, table, ids in data_file_parts(fs, location, file_format, wanted, name_mapping):
         hit = np.zeros(num_rows, dtype=bool)
         for m in matchers:
             hit |= m.mask([column(table, num_rows, fid, ids) for fid in m.field_ids], num_rows)
@@ -192,26 +232,4 @@ def equality_positions(
             columns = [(name, column(table, num_rows, fid, ids)) for fid, name, _ in filter_fields]
             hit |= _failing(row_filter.expression, columns, num_rows)
         found.append(np.flatnonzero(hit).astype(np.int64) + first)
-
-    try:
-        if file_format == "ORC":
-            import pyarrow.orc as po
-
-            with filesystem.open_input_file(path) as handle:
-                orc = po.ORCFile(handle)
-                ids = orc_field_ids(orc.schema, name_mapping)
-                table = orc.read(columns=[ids[fid] for fid in wanted if fid in ids])
-            match(table, orc.nrows, ids, 0)
-        else:
-            pf = pq.ParquetFile(path, filesystem=filesystem)
-            ids = parquet_field_ids(pf.schema_arrow, name_mapping, location)
-            names = [ids[fid] for fid in wanted if fid in ids]
-            first = 0
-            for i in range(pf.num_row_groups):
-                rows = pf.metadata.row_group(i).num_rows
-                match(pf.read_row_group(i, columns=names, use_threads=False), rows, ids, first)
-                first += rows
-    except (OSError, pa.ArrowException) as exc:
-        what = "equality columns" if row_filter is None else "equality and filter columns"
-        raise CorruptFileError(f"cannot read the {what} of Iceberg data file {location!r}: {exc}") from exc
     return np.concatenate(found) if found else np.empty(0, dtype=np.int64)

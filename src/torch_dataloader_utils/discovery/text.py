@@ -3,9 +3,12 @@
 Per file, discovery reads only the head (the CSV header and a sample for type
 inference). The schema is inferred once per file from that sample and unified across
 the dataset, so every chunk of every file parses to the same types; a user ``schema``
-replaces inference. On request (``count_rows=True``) a newline-count pass (numpy, no
-parsing) finds how many records start in each fixed block of the file, which gives
-byte-range chunks exact record counts. Counts are cached per (path, size, mtime) in
+replaces inference. Lines of the sample that do not parse are left out of inference
+(they are bad data, for the reader to skip or raise under ``on_bad_data``).
+
+On request (``count_rows=True``) a newline-count pass (numpy, no parsing) finds how
+many records start in each fixed block of the file, which gives byte-range chunks
+exact record counts. Counts are cached per (path, size, mtime) in
 the process, and on disk when a cache directory is given.
 """
 
@@ -34,6 +37,7 @@ from torch_dataloader_utils.storage.records import (
     CR,
     LF,
     PIECE_BYTES,
+    SAMPLE_BYTES,
     TextFileMeta,
     buffer_source,
     compression_of,
@@ -52,8 +56,6 @@ __all__ = [
     "discover_text",
 ]
 
-SAMPLE_BYTES = 1024**2
-"""Bytes at the head of each file from which column types are inferred."""
 COUNT_BLOCK_BYTES = 1024**2
 """Largest block of the record-count index (smaller when ``split_bytes`` is smaller)."""
 _MAX_HEADER_BYTES = 64 * 1024**2
@@ -108,22 +110,97 @@ def _head(fs: FileSystemSpec, path: str, compression: str | None) -> tuple[bytes
         return head, not rest
 
 
-def _sample_schema(sample: bytes, is_csv: bool, display: str) -> pa.Schema | None:
-    if not sample.strip():
+def _parse_sample(data: bytes, is_csv: bool, names: Sequence[str]) -> pa.Table:
+    """``data`` (whole lines) parsed with type inference, as one block."""
+    block = max(len(data) + 1, 1 << 16)
+    if is_csv:
+        return pcsv.read_csv(
+            buffer_source(data),
+            read_options=pcsv.ReadOptions(column_names=list(names), use_threads=False, block_size=block),
+        )
+    return pjson.read_json(
+        buffer_source(data), read_options=pjson.ReadOptions(use_threads=False, block_size=block)
+    )
+
+
+_SEARCH_PARSES = 2048
+"""Most parses spent looking for the lines of a head that parse (about 0.3 s): a head
+with lines that do not parse is searched from its start until then."""
+
+
+def _lines_that_parse(
+    data: bytes, is_csv: bool, names: Sequence[str], newline: bytes
+) -> tuple[bytes, list[tuple[int, pa.ArrowException]]]:
+    """The lines of ``data`` that parse, joined, and the offset and error of each that does not.
+
+    Runs of lines are split in halves until each run parses or is one line, as the
+    reader isolates bad lines; a line that does not parse on its own is left out. The
+    search goes from the first line on, for at most :data:`_SEARCH_PARSES` parses (a
+    file of another format, or one bad line in two, would take a parse per line).
+    """
+    starts = [int(s) for s in record_starts(data, 0, is_csv, newline)]
+    ends = [*starts[1:], len(data)]
+    good: list[bytes] = []
+    bad: list[tuple[int, pa.ArrowException]] = []
+    parses = [0]
+
+    def visit(i: int, j: int) -> None:
+        if parses[0] >= _SEARCH_PARSES:
+            return
+        parses[0] += 1
+        run = data[starts[i] : ends[j - 1]]
+        try:
+            _parse_sample(run, is_csv, names)
+        except pa.ArrowException as exc:
+            if j - i == 1:
+                bad.append((starts[i], exc))
+                return
+            visit(i, (i + j) // 2)
+            visit((i + j) // 2, j)
+            return
+        good.append(run)
+
+    if starts:
+        visit(0, len(starts))
+    return b"".join(good), bad
+
+
+def _sample_schema(sample: bytes, is_csv: bool, display: str, meta: TextFileMeta) -> pa.Schema | None:
+    """Column types inferred from ``sample`` (the head of a file, whole lines).
+
+    Lines that do not parse on their own are bad data, left to the reader and its
+    ``on_bad_data``: types are inferred from the other lines. Only a head in which no
+    line parses, or whose lines parse alone but disagree on a column's type, is an error.
+
+    Raises:
+        CorruptFileError: no line parses (naming the file, the first line's number and
+            byte offset, and ``format=`` / ``schema=``).
+        SchemaMismatchError: the lines disagree on a column's type (pass ``schema=``).
+    """
+    data = sample[meta.data_start :]
+    if not data.strip():
         return None
+    names = meta.column_names
     try:
-        if is_csv:
-            table = pcsv.read_csv(buffer_source(sample), read_options=pcsv.ReadOptions(use_threads=False))
-        else:
-            table = pjson.read_json(
-                buffer_source(sample),
-                read_options=pjson.ReadOptions(use_threads=False, block_size=max(len(sample) + 1, 1 << 16)),
-            )
+        table = _parse_sample(data, is_csv, names)
     except pa.ArrowException as exc:
-        raise CorruptFileError(
-            f"cannot infer column types from the first {len(sample)} bytes of {display!r} ({exc}); "
-            "is the format right? Pass format= for its real format, or schema= to give the types"
-        ) from exc
+        good, bad = _lines_that_parse(data, is_csv, names, meta.newline)
+        if not good.strip():
+            offset, first = bad[0] if bad else (0, exc)
+            where = meta.data_start + offset
+            line = sample.count(meta.newline, 0, where) + 1
+            raise CorruptFileError(
+                f"cannot infer column types from the first {len(sample)} bytes of {display!r}: none of "
+                f"its {len(bad) or 1:,} first lines parses (line {line} at byte {where}: {first}); is the "
+                "format right? Pass format= for its real format, or schema= to give the types"
+            ) from exc
+        try:
+            table = _parse_sample(good, is_csv, names)
+        except pa.ArrowException as conflict:
+            raise SchemaMismatchError(
+                f"cannot infer column types from the first {len(sample)} bytes of {display!r}: its "
+                f"lines disagree on a column's type ({conflict}); pass schema= to give the types"
+            ) from conflict
     # A column with only nulls in the sample says nothing about its type.
     return pa.schema([f.with_type(pa.string()) if pa.types.is_null(f.type) else f for f in table.schema])
 
@@ -277,7 +354,7 @@ def _inspect(
     sample = head if complete else head[: head.rfind(newline) + 1]
     if is_csv and not sample[data_start:].strip():
         return meta, None  # header only: the names, but no types
-    return meta, _sample_schema(sample, is_csv, display)
+    return meta, _sample_schema(sample, is_csv, display, meta)
 
 
 _COLUMNAR_MAGIC = (

@@ -30,6 +30,16 @@ byte range) in :class:`BadDataError`; with ``'skip'`` / ``'quarantine'`` each su
 is dropped and replaced by a one-record stand-in (:mod:`~torch_dataloader_utils.io.bad`),
 so record counts and positions stay exact. A quoted-newline CSV cannot be resumed after
 an error inside pyarrow's stream: there the rest of the file is the unit skipped.
+
+Two kinds of line are never bad data, under any ``on_bad_data``:
+
+* a record that spans lines (pieces whose records and lines disagree, a CSV line that
+  ends inside a quoted field) raises :class:`RecordBoundaryError`: skipping its lines
+  would deliver the record's other lines as made-up records;
+* with types inferred from the files' heads, a line that parses once some columns get
+  a wider type (``200000.5`` in a column inferred as int64) raises
+  :class:`InferredSchemaError`, naming the columns and the ``schema=`` to pass: every
+  reader keeps the one schema decided at discovery.
 """
 
 from __future__ import annotations
@@ -42,7 +52,12 @@ import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 
 from torch_dataloader_utils.config import FileFormat
-from torch_dataloader_utils.errors import FileChangedError, ReadError, RecordBoundaryError
+from torch_dataloader_utils.errors import (
+    FileChangedError,
+    InferredSchemaError,
+    ReadError,
+    RecordBoundaryError,
+)
 from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, describe, is_standin, standin_batch
 from torch_dataloader_utils.io.base import ReaderBase, ReadRequest
 from torch_dataloader_utils.io.prefetch import FetchStats
@@ -50,9 +65,11 @@ from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
 from torch_dataloader_utils.storage.identity import FileChecks
 from torch_dataloader_utils.storage.records import (
     PIECE_BYTES,
+    SAMPLE_BYTES,
     TextFileMeta,
     buffer_source,
     count_records,
+    ends_inside_quotes,
     iter_pieces,
     next_line_start,
     record_starts,
@@ -76,6 +93,8 @@ class TextReader(ReaderBase):
         schema: The dataset's data schema: every chunk is parsed to these types.
         quoted_newlines: CSV quoted fields may hold newlines (files are read whole).
         strict_fields: JSONL: a key missing from ``schema`` is an error (else ignored).
+        inferred: ``schema`` was inferred from the files' heads: a line whose value fits
+            only a wider type raises :class:`InferredSchemaError` (it is not bad data).
         piece_bytes: Bytes parsed at once.
     """
 
@@ -88,6 +107,7 @@ class TextReader(ReaderBase):
         schema: pa.Schema,
         quoted_newlines: bool = False,
         strict_fields: bool = True,
+        inferred: bool = False,
         piece_bytes: int = PIECE_BYTES,
     ) -> None:
         if format not in (FileFormat.CSV, FileFormat.JSONL):
@@ -102,6 +122,7 @@ class TextReader(ReaderBase):
         self._batch_size = request.batch_size
         self._quoted = quoted_newlines and self._csv
         self._strict = strict_fields
+        self._inferred = inferred
         self._piece = piece_bytes
         self._stats = FetchStats()
         self._checks = FileChecks(request.fs, request.files)  # never read a rewritten file
@@ -236,11 +257,11 @@ class TextReader(ReaderBase):
         for offset, piece in self._pieces(chunk, meta):
             try:
                 yield self._parse(piece, chunk.path, offset, meta)
-            except FileChangedError:
-                raise
+            except (FileChangedError, RecordBoundaryError):
+                raise  # never bad data: skipping a record's lines would make rows up
             except (pa.ArrowException, ReadError) as exc:
                 if not self._bad.skipping and isinstance(exc, ReadError):
-                    raise  # record boundaries, UTF-8: their own errors name the fix
+                    raise  # UTF-8: its own error names the fix
                 yield from self._isolate(piece, chunk, offset, meta, checked)
 
     def _isolate(
@@ -259,7 +280,7 @@ class TextReader(ReaderBase):
             data = piece[int(starts[i]) : ends[j - 1]]
             try:
                 table = self._parse(data, chunk.path, offset + int(starts[i]), meta)
-            except FileChangedError:
+            except (FileChangedError, RecordBoundaryError):
                 raise
             except (pa.ArrowException, ReadError) as exc:
                 if j - i == 1:
@@ -288,6 +309,9 @@ class TextReader(ReaderBase):
 
         Raises:
             FileChangedError: the file is no longer the planned one (never bad data).
+            RecordBoundaryError: a CSV line ends inside a quoted field (never bad data).
+            InferredSchemaError: the line fits a wider type than the inferred one (never
+                bad data).
             BadDataError: with ``on_bad_data='raise'``.
         """
         if not checked:  # once per chunk
@@ -296,6 +320,7 @@ class TextReader(ReaderBase):
         nl = piece.find(meta.newline, start)
         stop = len(piece) if nl < 0 else nl + 1
         where = (offset + start, offset + stop)
+        self._not_bad_data(piece[start:stop], chunk.path, where, meta)
         unit = BadUnit(self._fs.display(chunk.path), "line", None, None, where, describe(exc), 1)
         fix = (
             "if quoted CSV fields hold newlines, pass quoted_newlines=True. "
@@ -315,10 +340,78 @@ class TextReader(ReaderBase):
         )
         return _line_standin(1)
 
-    def _parse(self, piece: bytes, path: str, offset: int, meta: TextFileMeta) -> pa.Table:
+    def _not_bad_data(self, line: bytes, path: str, where: tuple[int, int], meta: TextFileMeta) -> None:
+        """Raise for a line that does not parse for a reason other than its own bytes.
+
+        Raises:
+            RecordBoundaryError: a CSV line ends inside a quoted field: its record goes on
+                to the next line, and skipping the line would deliver the rest as made-up
+                records.
+            InferredSchemaError: the schema was inferred and the line parses once some
+                columns get a wider type (int64 -> double, a struct with one more field).
+        """
+        at = f"{self._fs.display(path)!r}: the line at bytes [{where[0]}, {where[1]})"
+        if self._csv and ends_inside_quotes(line.rstrip(b"\r\n")):
+            raise RecordBoundaryError(
+                f"{at} ends inside a quoted field, so its record goes on past the line end (a newline "
+                "inside a quoted CSV field, or a line cut short). Such a line is never skipped as bad "
+                "data: its record's other lines would be read as made-up records. Pass "
+                "quoted_newlines=True to read files whose quoted fields hold newlines"
+            )
+        wider = self._wider_types(line, meta) if self._inferred else None
+        if not wider:
+            return
+        changes = ", ".join(f"{n!r} from {self._schema.field(n).type} to {t}" for n, t in wider.items())
+        schema = _widened(self._schema, wider)
+        raise InferredSchemaError(
+            f"{at} holds a value that fits only a wider type than the one inferred from the first "
+            f"{SAMPLE_BYTES} bytes of each file: column {changes}. It is valid data, not bad data, so it "
+            f"is not skipped. Pass schema= with the wider types, e.g. schema={_schema_literal(schema)}"
+        )
+
+    def _wider_types(self, line: bytes, meta: TextFileMeta) -> dict[str, pa.DataType]:
+        """The columns whose type must widen for ``line`` to parse (empty if none would do)."""
+        try:
+            if self._csv:
+                alone = pcsv.read_csv(
+                    buffer_source(line),
+                    read_options=pcsv.ReadOptions(column_names=list(meta.column_names), use_threads=False),
+                )
+            else:
+                alone = pjson.read_json(
+                    buffer_source(line), read_options=pjson.ReadOptions(use_threads=False)
+                )
+        except pa.ArrowException:
+            return {}
+        wider: dict[str, pa.DataType] = {}
+        for field in alone.schema:
+            if field.name not in self._schema.names or pa.types.is_null(field.type):
+                continue
+            have = self._schema.field(field.name).type
+            try:
+                both = pa.unify_schemas(
+                    [pa.schema([(field.name, have)]), pa.schema([field])], promote_options="permissive"
+                )
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                return {}  # no wider type holds both: the value is bad for this column
+            if both.field(0).type != have:
+                wider[field.name] = both.field(0).type
+        if not wider:
+            return {}
+        try:
+            self._parse(line, "", 0, meta, _widened(self._schema, wider))
+        except (pa.ArrowException, ReadError):
+            return {}  # something else is wrong with the line too: bad data
+        return wider
+
+    def _parse(
+        self, piece: bytes, path: str, offset: int, meta: TextFileMeta, schema: pa.Schema | None = None
+    ) -> pa.Table:
+        """``piece`` (whole lines) parsed to ``schema`` (default: the dataset's), checked with its lines."""
+        schema = self._schema if schema is None else schema
         expected = count_records(piece, self._csv, meta.newline)
         if expected == 0:
-            return self._schema.empty_table().select(self._data_columns)
+            return schema.empty_table().select(self._data_columns)
         source = buffer_source(piece)
         block = max(len(piece) + 1, 1 << 16)
         if self._csv:
@@ -327,14 +420,14 @@ class TextReader(ReaderBase):
                 read_options=pcsv.ReadOptions(
                     column_names=list(meta.column_names), use_threads=False, block_size=block
                 ),
-                convert_options=self._csv_convert(meta),
+                convert_options=self._csv_convert(meta, schema),
             )
         else:
             table = pjson.read_json(
                 source,
                 read_options=pjson.ReadOptions(use_threads=False, block_size=block),
                 parse_options=pjson.ParseOptions(
-                    explicit_schema=self._schema,
+                    explicit_schema=schema,
                     unexpected_field_behavior="error" if self._strict else "ignore",
                 ),
             ).select(self._data_columns)
@@ -350,8 +443,8 @@ class TextReader(ReaderBase):
             raise RecordBoundaryError(
                 f"{where} parsed into {table.num_rows} records but hold {expected} non-empty lines, "
                 "so a record spans lines (a newline inside a quoted CSV field?). Splitting this "
-                "file by bytes would split or duplicate records: pass quoted_newlines=True to read "
-                "such files whole"
+                "file by bytes would split or duplicate records, and skipping its lines as bad data "
+                "would make records up: pass quoted_newlines=True to read such files whole"
             )
         if not self._csv:
             self._check_utf8(table, path, offset, piece)
@@ -376,8 +469,9 @@ class TextReader(ReaderBase):
                     at = f" at byte {offset + exc.start}"
                 raise ReadError(f"{self._fs.display(path)!r} column {name!r}{at} {_NOT_UTF8}") from None
 
-    def _csv_convert(self, meta: TextFileMeta) -> pcsv.ConvertOptions:
-        types = {n: self._schema.field(n).type for n in meta.column_names if n in self._schema.names}
+    def _csv_convert(self, meta: TextFileMeta, schema: pa.Schema | None = None) -> pcsv.ConvertOptions:
+        schema = self._schema if schema is None else schema
+        types = {n: schema.field(n).type for n in meta.column_names if n in schema.names}
         return pcsv.ConvertOptions(column_types=types, include_columns=self._data_columns)
 
     def _read_quoted(self, chunk: Chunk, meta: TextFileMeta) -> Iterator[pa.RecordBatch]:
@@ -418,6 +512,24 @@ class TextReader(ReaderBase):
         )
         if standin is not None:
             yield standin
+
+
+def _widened(schema: pa.Schema, wider: Mapping[str, pa.DataType]) -> pa.Schema:
+    return pa.schema([(f.name, wider.get(f.name, f.type)) for f in schema])
+
+
+def _schema_literal(schema: pa.Schema) -> str:
+    """``schema`` as Python to paste: ``pyarrow.schema([("id", "int64"), ...])`` where types have names."""
+    fields = []
+    for field in schema:
+        try:
+            named = cast(Any, pa.type_for_alias)(str(field.type)) == field.type
+        except ValueError:
+            named = False
+        if not named:
+            return "pyarrow.schema([...]) with " + ", ".join(f"{f.name}: {f.type}" for f in schema)
+        fields.append(f"({field.name!r}, {str(field.type)!r})")
+    return f"pyarrow.schema([{', '.join(fields)}])"
 
 
 def _line_standin(rows: int) -> pa.Table:

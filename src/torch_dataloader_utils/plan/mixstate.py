@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch_dataloader_utils.errors import ResumeStateError, StateMismatchError
+from torch_dataloader_utils.plan.state_kind import MIX_FORMAT, not_a_state
 
 __all__ = [
     "MIX_STATE_FORMAT",
@@ -36,7 +37,7 @@ __all__ = [
     "merge_mixed_states",
 ]
 
-MIX_STATE_FORMAT = "torch_dataloader_utils.mix"
+MIX_STATE_FORMAT = MIX_FORMAT
 """The ``format`` of a mixed dataset's resume state."""
 MIX_STATE_VERSION = 1
 """The version of that format this library reads and writes."""
@@ -76,11 +77,7 @@ def check_mix_state(state: object, expected: Mapping[str, Any]) -> dict[str, Any
             "pass what loader.state_dict() returned"
         ) from exc
     if not is_mix_state(plain):
-        got = plain.get("format") if isinstance(plain, dict) else type(plain).__name__
-        raise ResumeStateError(
-            f"not the resume state of a mixed dataset (expected format={MIX_STATE_FORMAT!r}, got {got!r}); "
-            "pass what the mixed loader's state_dict() returned"
-        )
+        raise not_a_state(plain, MIX_STATE_FORMAT)
     if plain.get("version") != MIX_STATE_VERSION or set(plain) != STATE_KEYS:
         raise ResumeStateError(
             f"resume state version {plain.get('version')!r} with fields {sorted(plain)} is not a version "

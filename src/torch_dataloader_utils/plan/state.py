@@ -13,7 +13,6 @@ nothing outside this module reads the JSON. What the segments mean for planning 
 from __future__ import annotations
 
 import json
-import re
 import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,6 +20,7 @@ from typing import Any, NoReturn
 
 from torch_dataloader_utils.errors import CheckpointMismatchError, ResumeStateError, StateMismatchError
 from torch_dataloader_utils.plan.mixstate import is_mix_state, merge_mixed_states
+from torch_dataloader_utils.plan.state_kind import PLAIN_FORMAT, RANK_KEY, not_a_state
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import FileInfo
 
@@ -43,7 +43,7 @@ __all__ = [
     "segments_of",
 ]
 
-STATE_FORMAT = "torch_dataloader_utils.resume"
+STATE_FORMAT = PLAIN_FORMAT
 """Value of ``state["format"]``."""
 STATE_VERSION = 2
 """Value of ``state["version"]``; loading another version is an error. Version 2 (0.6):
@@ -509,10 +509,7 @@ def _header(value: object) -> dict[str, Any]:
             "loader.state_dict(); see docs/migrating-from-0.2.md"
         )
     if not isinstance(value, dict) or value.get("format") != STATE_FORMAT:
-        raise ResumeStateError(
-            f"not a torch_dataloader_utils resume state (expected a dict with format={STATE_FORMAT!r}, "
-            f"got {type(value).__name__}); pass what loader.state_dict() returned"
-        )
+        raise not_a_state(value, STATE_FORMAT)
     floats = _integral_floats(value)
     if floats:
         raise ResumeStateError(
@@ -635,7 +632,6 @@ _MERGE_KEYS: dict[str, Callable[[ResumeState], object]] = {
 
 
 # -- a loader's state: each rank's under a key of its own ------------------------------------------
-_RANK_KEY = re.compile(r"rank(0|[1-9][0-9]{0,5})")
 
 
 def keyed_state(state: Mapping[str, Any], rank: int) -> dict[str, str]:
@@ -661,7 +657,7 @@ def rank_states(state: object) -> list[dict[str, Any]] | None:
     if not (
         isinstance(state, Mapping)
         and state
-        and all(type(k) is str and _RANK_KEY.fullmatch(k) and type(v) is str for k, v in state.items())
+        and all(type(k) is str and RANK_KEY.fullmatch(k) and type(v) is str for k, v in state.items())
     ):
         return None
     parts = []

@@ -25,11 +25,13 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from torch_dataloader_utils.errors import ResumeStateError
+from torch_dataloader_utils.plan.state_kind import GATHERED_FORMAT as GATHERED
+from torch_dataloader_utils.plan.state_kind import not_a_state
 from torch_dataloader_utils.runtime.state import gather_state
 
 __all__ = ["GATHERED_FORMAT", "GatheredState"]
 
-GATHERED_FORMAT = "torch_dataloader_utils.gathered"
+GATHERED_FORMAT = GATHERED
 """The ``format`` entry of a :class:`GatheredState` state dict."""
 
 
@@ -70,9 +72,11 @@ class GatheredState:
         Raises:
             ResumeStateError: ``state_dict`` was not written by a ``GatheredState``.
         """
-        if state_dict.get("format") != GATHERED_FORMAT or not isinstance(state_dict.get("state"), str):
+        if state_dict.get("format") != GATHERED_FORMAT:
+            raise not_a_state(state_dict, GATHERED_FORMAT)
+        if not isinstance(state_dict.get("state"), str):
             raise ResumeStateError(
-                f"the checkpoint's loader entry has keys {sorted(state_dict)}, not a GatheredState "
-                f"(format {GATHERED_FORMAT!r} and a 'state' string); save GatheredState(loader)"
+                f"not a GatheredState: its 'state' is a {type(state_dict.get('state')).__name__}, not the "
+                "JSON string GatheredState(loader).state_dict() returns; pass that, unchanged"
             )
         self.loader.load_state_dict(json.loads(state_dict["state"]))

@@ -10,12 +10,17 @@ each chunk is read with its own deleted positions and the row filter
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Unpack
 
 from torch_dataloader_utils.config import FileFormat, IcebergSourceConfig
 from torch_dataloader_utils.discovery.iceberg import IcebergScan, discover_iceberg, load_table
+from torch_dataloader_utils.discovery.iceberg_delta import discover_incremental
+from torch_dataloader_utils.errors import ConfigError, StateMismatchError
 from torch_dataloader_utils.io.iceberg import IcebergReader
+from torch_dataloader_utils.plan.state import plain_state
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
+from torch_dataloader_utils.runtime.iceberg_continue import Continued, continue_scan, state_snapshot
 from torch_dataloader_utils.runtime.loader import ResumableDataLoader, make_loader
 from torch_dataloader_utils.runtime.options import (
     IcebergLoaderOptions,
@@ -67,14 +72,22 @@ class IcebergDataset(PlannedDataset):
 
     def _setup(self, source: IcebergSourceConfig, options: Options) -> None:
         tbl = load_table(source.table, source.catalog_config)
-        scan = discover_iceberg(tbl, source, count_filtered=options.counts_rows)
+        self.continued: Continued | None = None
+        """With ``continue_from``: the epoch continued, the rows it had left, deleted since and new."""
+        if source.continue_from is not None:
+            scan, self.continued = continue_scan(type(self).from_config, tbl, source, options)
+        elif source.since_snapshot_id is not None:
+            scan = discover_incremental(tbl, source, count_filtered=options.counts_rows)
+        else:
+            scan = discover_iceberg(tbl, source, count_filtered=options.counts_rows)
         self.scan: IcebergScan = scan
-        """What discovery planned: data files, deletes, schema."""
+        """What discovery planned: data files, deletes, schema (and, incremental, ``scan.delta``)."""
         deletes = scan.delete_files_read
+        since = f" since snapshot {source.since_snapshot_id}" if source.since_snapshot_id is not None else ""
         log_files(
             scan.files,
-            f"Iceberg table {source.table!r} snapshot {scan.snapshot_id}: {len(scan.files):,} data files"
-            + (f" ({deletes:,} delete files applied)" if deletes else ""),
+            f"Iceberg table {source.table!r} snapshot {scan.snapshot_id}{since}: "
+            f"{len(scan.files):,} data files" + (f" ({deletes:,} delete files applied)" if deletes else ""),
             scan.output_schema,
             rank=options.world.rank,
         )
@@ -102,15 +115,68 @@ class IcebergDataset(PlannedDataset):
             identity={
                 "table": source.table,
                 "snapshot_id": scan.snapshot_id,
+                # Only when set: states of full scans saved before it existed stay valid.
+                **(
+                    {}
+                    if source.since_snapshot_id is None
+                    else {"since_snapshot_id": source.since_snapshot_id}
+                ),
+                **({} if self.continued is None else {"continued_from": self.continued.identity()}),
                 "columns": list(scan.output_schema.names),
                 **filter_identity(scan.filters),
             },
         )
 
+        if self.continued is not None:
+            PlannedDataset.set_epoch(self, self.continued.epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch to read next (see :meth:`PlannedDataset.set_epoch`).
+
+        Raises:
+            ConfigError: a dataset built with ``continue_from`` reads the rest of the
+                state's epoch only; another epoch is a dataset of the snapshot itself.
+        """
+        continued = self.continued
+        if continued is not None and epoch != continued.epoch:
+            raise ConfigError(
+                f"set_epoch({epoch}) on a dataset that continues epoch {continued.epoch} onto snapshot "
+                f"{continued.snapshot_id} (continue_from): it reads the rest of that epoch only. For epoch "
+                f"{epoch}, build a dataset of the snapshot without continue_from "
+                f"(snapshot_id={continued.snapshot_id})"
+            )
+        super().set_epoch(epoch)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from a state (see :meth:`PlannedDataset.load_state_dict`).
+
+        Raises:
+            StateMismatchError: saved for other files or options; for a state of another
+                snapshot of the table, the message names ``continue_from``, which continues it.
+        """
+        try:
+            super().load_state_dict(state)
+        except StateMismatchError as exc:
+            saved = plain_state(state) if isinstance(state, Mapping) else {}
+            table, snapshot, _ = state_snapshot(saved)
+            if table != self.table_name or snapshot in (None, self.snapshot_id):
+                raise
+            raise StateMismatchError(
+                f"{exc}. The state was saved on snapshot {snapshot} of {table!r} and this dataset reads "
+                f"snapshot {self.snapshot_id}: to go on with the epoch it interrupted over the newer "
+                "snapshot (its unread rows less those deleted since, and the rows added since), build "
+                "the dataset with continue_from=state"
+            ) from exc
+
     @property
     def snapshot_id(self) -> int | None:
         """The snapshot read (``None`` for a table without snapshots: zero rows)."""
         return self.scan.snapshot_id
+
+    @property
+    def since_snapshot_id(self) -> int | None:
+        """An incremental dataset's older snapshot (its rows are not read), else ``None``."""
+        return None if self.scan.delta is None else self.scan.delta.since_snapshot_id
 
     @property
     def exact_row_counts(self) -> bool:

@@ -61,6 +61,7 @@ from torch_dataloader_utils.config import (
     parse_read_ahead,
     parse_size,
 )
+from torch_dataloader_utils.discovery.columns import check_filter_type
 from torch_dataloader_utils.errors import (
     ConfigError,
     DestinationConflictError,
@@ -328,6 +329,17 @@ class IcebergReadOptions(ReadOptions, total=False):
     """Read the snapshot current at this time: an aware ``datetime`` or ms since the epoch."""
     scan_filter: Any
     """A pyiceberg ``BooleanExpression`` used for pruning only."""
+    since_snapshot_id: int | None
+    """An incremental epoch: read only the rows the snapshot read (``snapshot_id``, ``as_of``
+    or the current one) has and this older snapshot, one of its ancestors, did not. Rows
+    appended since are new; rows of files rewritten since (overwrite, compaction) are new
+    only when no row of the files those commits removed has the same content
+    (docs/iceberg.md, "Incremental epochs")."""
+    continue_from: Mapping[str, Any] | None
+    """A resume state saved on an older snapshot of the table (``loader.state_dict()``):
+    the epoch it interrupted goes on over the snapshot read, with its unread rows less those
+    deleted since, and the rows added since. The explicit opt-in for a state whose snapshot
+    differs; ``load_state_dict`` refuses such a state."""
     storage_options: Mapping[str, Any] | None
     """The file datasets' filesystem options, translated into the catalog's FileIO
     properties (``key`` -> ``s3.access-key-id``, ``secret``, ``token``, ``endpoint_url``
@@ -534,23 +546,30 @@ def build_options(
 
 
 def _check_device(loader: LoaderConfig, output: OutputConfig, given: Mapping[str, object]) -> None:
-    """A GPU ``device`` moves torch tensors: other output formats have none.
+    """``device`` hands over torch tensors: other output formats have none.
+
+    Any ``device`` (``"cpu"`` and ``"auto"`` too) with another output format is refused,
+    so the same options behave the same on a machine with a GPU and one without.
 
     Raises:
-        IncompatibleOptionsError: ``device`` is a GPU and ``output_format`` is not ``'torch'``.
+        IncompatibleOptionsError: ``device`` is set and ``output_format`` is not ``'torch'``.
     """
-    device = loader.device
-    if device is None or device.type == "cpu" or output.output_format is OutputFormat.TORCH:
+    if loader.device is None or output.output_format is OutputFormat.TORCH:
         return
     raise IncompatibleOptionsError(
-        f"device={given.get('device')!r} copies torch tensors to the GPU, but "
+        f"device={given.get('device')!r} hands over torch tensors on a device, but "
         f"output_format={output.output_format.value!r} gives no tensors; use output_format='torch' "
         "or leave device unset"
     )
 
 
 def file_source(format: object, given: Mapping[str, object]) -> FileSourceConfig:
-    """The source options of a file dataset, from the flat keywords."""
+    """The source options of a file dataset, from the flat keywords.
+
+    Raises:
+        OptionTypeError: ``filters`` is not an expression (before any file is listed).
+    """
+    check_filter_type(given.get("filters"))
     names = {f.name for f in dataclasses.fields(FileSourceConfig)}
     values = {k: _COERCE[k](v) if k in _COERCE and k in names else v for k, v in given.items()}
     return _pick(FileSourceConfig, values, format=coerce_format(format))
@@ -560,6 +579,7 @@ def iceberg_source(table: str, given: Mapping[str, object]) -> IcebergSourceConf
     """The source options of an Iceberg dataset, from the flat keywords."""
     if not isinstance(table, str) or not table.strip():
         raise ConfigError(f"table={table!r} must be a table name such as 'db.events'")
+    check_filter_type(given.get("filters"))
     props = catalog_properties(given.get("catalog_config"), given.get("storage_options"))  # type: ignore[arg-type]
     return _pick(IcebergSourceConfig, {**given, "catalog_config": props}, table=table)
 
@@ -744,6 +764,7 @@ def _reshard_source(src: object, given: Mapping[str, Any]) -> ReshardSourceConfi
     else:
         raise ConfigError(f"src={src!r} must be a path, a URL, a list of them, or an Iceberg table name")
     fmt = given.get("format", "parquet")
+    check_filter_type(given.get("filters"))
     return ReshardSourceConfig(
         src=value,
         format=fmt.strip().lower() if isinstance(fmt, str) else fmt,

@@ -76,5 +76,6 @@ def make_reader(
             schema=data_schema,
             quoted_newlines=options.quoted_newlines,
             strict_fields=options.schema is None,
+            inferred=options.schema is None,
         )
     raise ConfigError(f"format={found.format.value!r} has no reader yet")

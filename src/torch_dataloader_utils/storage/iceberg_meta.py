@@ -16,7 +16,7 @@ import pyarrow as pa
 from torch_dataloader_utils.plan.table import FileWithDeletes
 from torch_dataloader_utils.storage.iceberg_fs import IcebergFileSystem
 
-__all__ = ["IcebergFileInfo", "IcebergScan"]
+__all__ = ["IcebergDelta", "IcebergFileInfo", "IcebergScan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +49,49 @@ class IcebergFileInfo(FileWithDeletes):
 
 
 @dataclass(frozen=True)
+class IcebergDelta:
+    """What an incremental scan counted as new: the commits between two snapshots, the files they changed.
+
+    Kept with the scan (``IcebergScan.delta``) so that what a pass read can be told
+    file by file: which files were new in full, which were compared by content, which
+    left the table.
+
+    Attributes:
+        since_snapshot_id: The older snapshot (its rows are not new).
+        snapshot_id: The snapshot read.
+        snapshots: ``(snapshot id, operation)`` of every commit after ``since_snapshot_id``
+            up to ``snapshot_id``, oldest first.
+        appended: Data files added by ``append`` commits and live at ``snapshot_id``.
+        rewritten: Data files added by other commits (``overwrite``, ``replace``,
+            ``delete``) and live at ``snapshot_id``. When files were removed, the rows of
+            both kinds are compared by content with the rows of ``removed``: a row with
+            a removed twin is not new.
+        removed: Data files live at ``since_snapshot_id`` and no longer at ``snapshot_id``.
+        removed_rows: Live rows at ``since_snapshot_id`` of the removed files read to
+            compare (those whose column bounds may hold a twin of an added row).
+        moved: Per removed file, the positions of its rows whose content an added file
+            holds again (moved, not deleted), sorted.
+        files_read: Data files read to compare rows by content (added and removed; a
+            file whose column bounds rule out any twin is not read).
+    """
+
+    since_snapshot_id: int
+    snapshot_id: int
+    snapshots: tuple[tuple[int, str], ...]
+    appended: tuple[str, ...] = ()
+    rewritten: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    removed_rows: int = 0
+    moved: Mapping[str, np.ndarray[Any, Any]] = field(default_factory=dict, repr=False)
+    files_read: int = 0
+
+    @property
+    def moved_rows(self) -> int:
+        """Rows of added files that are not new: their content was in a removed file."""
+        return sum(len(v) for v in self.moved.values())
+
+
+@dataclass(frozen=True)
 class IcebergScan:
     """Everything planning and reading need to know about an Iceberg scan.
 
@@ -72,6 +115,8 @@ class IcebergScan:
             positions, so that row counts are exact under the filter.
         filter_files_read: Data files whose filter columns were read to count the
             filter, each once (in the same pass as their equality columns).
+        delta: An incremental scan's commits and changed files (``since_snapshot_id``),
+            else ``None``.
     """
 
     fs: IcebergFileSystem
@@ -89,6 +134,7 @@ class IcebergScan:
     equality_files_read: int = 0
     filter_counted: bool = False
     filter_files_read: int = 0
+    delta: IcebergDelta | None = None
 
     @property
     def schema(self) -> pa.Schema:

@@ -20,10 +20,12 @@ import pyarrow as pa
 __all__ = [
     "COMPRESSION_SUFFIXES",
     "PIECE_BYTES",
+    "SAMPLE_BYTES",
     "TextFileMeta",
     "buffer_source",
     "compression_of",
     "count_records",
+    "ends_inside_quotes",
     "iter_pieces",
     "line_end_of",
     "next_line_start",
@@ -34,6 +36,8 @@ COMPRESSION_SUFFIXES = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "
 """File name suffixes of compressed text, and their pyarrow codec names."""
 PIECE_BYTES = 4 * 1024**2
 """Bytes parsed at once (rounded to whole lines): bounds memory for large chunks."""
+SAMPLE_BYTES = 1024**2
+"""Bytes at the head of each file from which column types are inferred (discovery)."""
 _SCAN_BYTES = 64 * 1024
 _CR = 13
 LF = b"\n"
@@ -120,6 +124,29 @@ def record_starts(
         if not (line.strip(b"\r") if is_csv else line.strip(b" \t\r")):
             nonempty[i] = False
     return starts[nonempty] + offset
+
+
+def ends_inside_quotes(line: bytes) -> bool:
+    """Whether a CSV line ends inside a quoted field, so its record goes on past the line end.
+
+    Follows the quoting pyarrow's CSV parser uses: a ``"`` opens a quoted field only at
+    the start of a field (the line's start or after a ``,``); inside one, ``""`` is a
+    quote and a lone ``"`` closes it; elsewhere a ``"`` is an ordinary character.
+    """
+    inside = False
+    pos = 0
+    while True:
+        q = line.find(b'"', pos)
+        if q < 0:
+            return inside
+        if inside:
+            if line[q + 1 : q + 2] == b'"':
+                pos = q + 2
+                continue
+            inside = False
+        elif q == 0 or line[q - 1 : q] == b",":
+            inside = True
+        pos = q + 1
 
 
 def count_records(buf: bytes, is_csv: bool, newline: bytes = LF) -> int:

@@ -3,8 +3,10 @@
 A *recipe* is a JSON object: ``{"sources": [{"path": ...}, {"table": ..., "catalog_config":
 {...}}], "weights": [...]}`` plus any keyword of ``create_mixed_dataloader``
 (``on_exhausted``, ``source_column``, ``batch_size``, ...). A source may give
-``"filters": ["label >= 3", ...]`` as the command line's ``--filter`` texts. Options
-given on the command line apply to the whole mix (and are every source's defaults).
+``"filters": ["label >= 3", ...]`` as the command line's ``--filter`` texts (one text
+alone is a list of one). :func:`load_recipe` checks the shape and parses the filters,
+naming what is wrong by its place (``sources[1].filters[0]``). Options given on the
+command line apply to the whole mix (and are every source's defaults).
 
 ``plan --mix`` shows what every epoch of the mix takes of each source: its weight and
 share, its rows per lane and epoch, where it stands when the mix's epoch starts, and the
@@ -14,7 +16,8 @@ batches per lane and rank (:meth:`~torch_dataloader_utils.runtime.recipes.MixedD
 workers (:func:`~torch_dataloader_utils.tools.simulate.run_simulation`), then adds up,
 worker by worker, each source's time scaled by the share of its epoch the mix's epoch
 takes: a worker of the mix reads all its sources side by side, one after the other in
-time.
+time. ``--picture`` draws that epoch (:class:`MixWorker` lanes); ``plan --mix`` has no
+picture (a plan picture draws one source's chunks).
 """
 
 from __future__ import annotations
@@ -29,14 +32,21 @@ from typing import Any
 from torch_dataloader_utils.runtime.recipes import MixedDataset, create_mixed_dataloader
 from torch_dataloader_utils.tools.source import Source, parse_filter
 
-__all__ = ["load_recipe", "open_mix", "plan_mix", "simulate_mix"]
+__all__ = ["MixWorker", "load_recipe", "open_mix", "plan_mix", "simulate_mix"]
+
+
+_SOURCE_EXAMPLE = '{"path": "data/web/"} or {"table": "db.books", "catalog_config": {...}}'
 
 
 def load_recipe(text: str) -> dict[str, Any]:
-    """A recipe from a JSON object or a JSON file.
+    """A recipe from a JSON object or a JSON file, its shape checked and its filters parsed.
+
+    A source's ``"filters"`` is a list of ``--filter`` texts (a single text is taken as
+    one); each is parsed here, so a malformed one is named with its place in the recipe.
 
     Raises:
-        ValueError: not JSON, or not ``{"sources": [...], "weights": [...], ...}``.
+        ValueError: not JSON, or not ``{"sources": [...], "weights": [...], ...}``; the
+            message names the key, echoes the value and shows the fix.
     """
     body = text
     if not text.lstrip().startswith("{"):
@@ -53,7 +63,45 @@ def load_recipe(text: str) -> dict[str, Any]:
             '--mix must be a JSON object {"sources": [{"path": ...}, ...], "weights": [...], ...}; '
             f"got {str(recipe)[:80]}"
         )
+    sources = recipe["sources"]
+    if isinstance(sources, str):
+        raise ValueError(
+            f'--mix: "sources" is the string {sources!r}, not a list of sources; write '
+            f'"sources": [{{"path": {json.dumps(sources)}}}] (one object per source)'
+        )
+    if not isinstance(sources, list) or not sources:
+        raise ValueError(
+            f'--mix: "sources" is {json.dumps(sources)[:80]}; it must be a non-empty list of sources, '
+            f"each an object such as {_SOURCE_EXAMPLE}"
+        )
+    recipe["sources"] = [_checked_source(spec, i) for i, spec in enumerate(sources)]
     return recipe
+
+
+def _checked_source(spec: object, index: int) -> dict[str, Any]:
+    """Source ``index`` of a recipe, its ``"filters"`` a list of texts that parse."""
+    where = f"--mix: sources[{index}]"
+    if isinstance(spec, str):
+        example = json.dumps({"path": spec})
+        raise ValueError(f"{where} is the string {spec!r}; each source is an object, e.g. {example}")
+    if not isinstance(spec, dict):
+        shown = json.dumps(spec)[:80]
+        raise ValueError(f"{where} is {shown}; each source is an object such as {_SOURCE_EXAMPLE}")
+    filters = spec.get("filters")
+    if filters is None:
+        return spec
+    texts = [filters] if isinstance(filters, str) else filters
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise ValueError(
+            f'{where}.filters is {json.dumps(filters)[:80]}; give --filter texts, e.g. "filters": '
+            '["label >= 3", "lang == \\"en\\""] (all must hold)'
+        )
+    for j, text in enumerate(texts):
+        try:
+            parse_filter(text)
+        except ValueError as exc:
+            raise ValueError(f"{where}.filters[{j}]: {exc}") from None
+    return {**spec, "filters": texts}
 
 
 def _sources(recipe: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -163,6 +211,9 @@ def simulate_mix(request: Any) -> str:
         ranks[rank] = max(ranks.get(rank, 0.0), finish)
     epochs = {r: max(t, batches * request.step_sec) for r, t in ranks.items()}
     straggler = max(epochs, key=lambda r: epochs[r])
+    note = ""
+    if request.picture is not None:
+        note = _draw_mix(request, [sim for _, _, sim in parts], workers, epochs)
     if request.as_json:
         return json.dumps(
             {
@@ -185,4 +236,42 @@ def simulate_mix(request: Any) -> str:
     for name, share, sim in parts:
         lines.append(f"  {name}: {share:.2f} of its epoch; alone {sim.epoch_sec:.2f} s per epoch")
     lines.append(f"epoch of the mix: {epochs[straggler]:.2f} s (straggler: rank {straggler})")
-    return "\n".join(lines)
+    return "\n".join(lines) + note
+
+
+@dataclasses.dataclass(frozen=True)
+class MixWorker:
+    """One worker of a mix's predicted epoch, as :func:`~.picture.draw_timeline` draws it.
+
+    Attributes:
+        rank: The rank.
+        worker: The worker.
+        first_batch_sec: When its first batch can be mixed: every source has one.
+        finish_sec: When it has read its share of every source.
+    """
+
+    rank: int
+    worker: int
+    first_batch_sec: float
+    finish_sec: float
+
+
+def _draw_mix(
+    request: Any, sims: list[Any], finishes: Mapping[tuple[int, int], float], epochs: Mapping[int, float]
+) -> str:
+    """Draw the mix's predicted epoch to ``request.picture``; the report's line about it."""
+    from torch_dataloader_utils.tools.picture import draw_timeline
+
+    first: dict[tuple[int, int], float] = {}
+    for sim in sims:
+        for w in sim.workers:
+            first[(w.rank, w.worker)] = max(first.get((w.rank, w.worker), 0.0), w.first_batch_sec)
+    lanes = [MixWorker(r, w, min(first.get((r, w), 0.0), t), t) for (r, w), t in sorted(finishes.items())]
+    drawn = draw_timeline(
+        lanes,
+        sorted(epochs.items()),
+        request.picture,
+        max_ranks=request.picture_ranks,
+        title=request.source.describe(),
+    )
+    return f"\npicture: {request.picture} ({len({(b.rank, b.worker) for b in drawn}):,} workers drawn)"

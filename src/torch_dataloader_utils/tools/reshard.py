@@ -450,9 +450,7 @@ class _Job:
         identity, now = self.identity(), self.fingerprint()
         found = self.dest.read(MANIFEST_NAME)
         if found is not None:
-            manifest = Manifest.from_json(found, self.dest.display(MANIFEST_NAME))
-            self._check_same(dict(manifest.options), dict(manifest.source), identity, now, "a finished")
-            return _State(manifest=found)
+            return self._finished(found, identity, now)
         job = self.dest.read_json(JOB_FILE)
         if job is not None:
             return self._join(job, identity, now, "an interrupted")
@@ -462,16 +460,18 @@ class _Job:
         doc = {"job_id": job_id, "options": identity, "source": now, "plan": asdict(plan)}
         if not self._claim(doc):
             # Another job claimed the destination since it was found empty: one started
-            # at the same moment. Join it if it is this job, else stop without writing.
+            # at the same moment. Join it if it is this job, else stop without writing;
+            # if it already ran to its end, its output is judged.
+            found = self.dest.read(MANIFEST_NAME)
+            if found is not None:
+                return self._finished(found, identity, now)
             return self._join(self.dest.read_json(JOB_FILE), identity, now, "a running or interrupted")
         found = self.dest.read(MANIFEST_NAME)
         if found is not None:
             # A job started at the same moment ran to its end (and released its claim) while
             # this one was planning: this claim is dropped, and that job's output is judged.
             self.dest.remove_tree(STATE_DIR)
-            manifest = Manifest.from_json(found, self.dest.display(MANIFEST_NAME))
-            self._check_same(dict(manifest.options), dict(manifest.source), identity, now, "a finished")
-            return _State(manifest=found)
+            return self._finished(found, identity, now)
         log.info(
             "reshard %s -> %s: %s rows, %d rows per shard, %d rows per row group (job %s)",
             self.source.src,
@@ -483,12 +483,22 @@ class _Job:
         )
         return _State(plan=plan, job_id=job_id)
 
+    def _finished(self, found: bytes, identity: dict[str, Any], now: dict[str, Any]) -> _State:
+        """A finished job's manifest at the destination: this job's output if the options match."""
+        manifest = Manifest.from_json(found, self.dest.display(MANIFEST_NAME))
+        self._check_same(dict(manifest.options), dict(manifest.source), identity, now, "a finished")
+        return _State(manifest=found)
+
     def _claim(self, doc: dict[str, Any]) -> bool:
         """Create the job file exclusively; whether this job holds the destination now."""
         data = json.dumps(doc, indent=1).encode("utf-8")
         try:
             created = self.dest.create_exclusive(JOB_FILE, data)
         except OSError as exc:
+            if self._taken():
+                # Another job claimed, or finished and removed its own files (``_reshard/``)
+                # while this one wrote its claim there: the destination is that job's now.
+                return False
             raise ReshardError(
                 f"cannot write to the destination {self.dest.display()!r} ({exc}); check that it "
                 "is writable (permissions, credentials in dst_storage_options) or choose another"
@@ -497,6 +507,13 @@ class _Job:
             return False
         back = self.dest.read_json(JOB_FILE)  # a storage without exclusive creates: who won?
         return isinstance(back, dict) and back.get("job_id") == doc["job_id"]
+
+    def _taken(self) -> bool:
+        """Whether another job's claim or finished manifest is at the destination now."""
+        try:
+            return self.dest.read(MANIFEST_NAME) is not None or self.dest.read(JOB_FILE) is not None
+        except OSError:
+            return False
 
     def _join(self, job: Any, identity: dict[str, Any], now: dict[str, Any], what: str) -> _State:
         """Continue the job whose file is at the destination, if it is this one."""
@@ -512,6 +529,9 @@ class _Job:
         try:
             kind = self.dest.kind()
             entries = self.dest.entries() if kind == pafs.FileType.Directory else []
+            # Another job's claim being written (its job file not linked yet): not a conflict
+            # by itself; the claims decide which job holds the destination.
+            entries = [e for e in entries if e != STATE_DIR]
         except OSError as exc:
             raise ReshardError(
                 f"cannot read the destination {self.dest.display()!r} ({exc}); check the path and "

@@ -66,6 +66,11 @@ def parse_filter(text: str) -> pc.Expression:
             "'is null' or 'is not null', e.g. --filter 'label >= 3'"
         )
     column, op, raw = m["column"], m["op"].strip().lower(), m["value"]
+    if raw[:1] in ("=", "<", ">", "!"):
+        raise ValueError(
+            f"--filter {text!r}: {m['op'].strip()!r} is followed by {raw!r}, which starts with an operator; "
+            "write COLUMN OP VALUE with one OP of == != < <= > >= in, e.g. --filter 'label >= 3'"
+        )
     ref = pc.field(*column.split("."))
     if op in ("is null", "is not null"):
         if raw:
