@@ -556,9 +556,8 @@ class ChunkSource:
 
         if self._observes():
             return self._checks.read_checked(path, info.size, info.mtime, read)
-        data = read(None)  # at the same time as the file's check (sent ahead when scheduled)
-        self._check(path)  # ... whose answer the bytes wait for
-        return data
+        self._check(path)  # its answer first: a changed file is named, not read short and retried
+        return read(None)
 
     def _observes(self) -> bool:
         """Whether reads check their file themselves (:attr:`FileSystemSpec.observes`), in this process."""
