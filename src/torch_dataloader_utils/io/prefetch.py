@@ -33,6 +33,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -50,7 +51,7 @@ from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.handles import Handles
 from torch_dataloader_utils.storage.identity import FileChecks, Verify, check_footer, stale_advice
 
-__all__ = ["ChunkSource", "FetchStats", "PlanOrderPool", "coalesce", "column_ranges"]
+__all__ = ["ChunkSource", "FetchStats", "PlanOrderPool", "Warmer", "coalesce", "column_ranges"]
 
 COALESCE_HOLE = 64 * 1024
 """Two ranges closer than this are fetched as one (the gap is read and thrown away).
@@ -260,6 +261,58 @@ def _stop_threads(
         calls.put((float("inf"), next(seq), None))
 
 
+def _best_effort(call: Callable[[], object]) -> None:
+    try:
+        call()
+    except Exception as exc:  # the chunk is fetched when it is read
+        log.debug("warming the cache failed (the chunk is fetched when read): %s", exc)
+
+
+class Warmer:
+    """Warms the node-local cache on one thread of the reading process, when it is idle.
+
+    For readers without a fetch pool of their own (ORC, CSV / JSONL): each call runs at
+    :data:`WARM_PRIORITY`, best effort (a failure is logged at DEBUG). Pickles empty; a
+    forked process starts its own thread.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._pool: PlanOrderPool | None = None
+        self._futures: list[Future[None]] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._reset()
+
+    def submit(self, calls: Sequence[Callable[[], object]]) -> None:
+        """Run ``calls`` in order on the warming thread."""
+        if self._pid != os.getpid():
+            self._reset()
+        if self._pool is None:
+            self._pool = PlanOrderPool(1, name="tdu-warm")
+        self._futures = [f for f in self._futures if not f.done()]
+        for i, call in enumerate(calls):
+            self._futures.append(self._pool.submit(WARM_PRIORITY + i, _best_effort, call))
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the calls submitted so far; whether they all ended."""
+        done, pending = wait_futures(self._futures, timeout)
+        del done
+        return not pending
+
+    def close(self) -> None:
+        """Stop the thread (calls not started are dropped)."""
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.shutdown()
+        self._pool = None
+
+
 class _SparseFile(ReadOnlyFile):
     """A read-only file of ``size`` bytes whose reads are served from fetched ranges.
 
@@ -386,6 +439,7 @@ class ChunkSource:
         self._pending: dict[int, _Fetch] = {}
         self._handles = Handles()  # this reader's open native files (per process)
         self._observing: bool | None = None
+        self._warming: list[Future[None]] = []
         self.stats = FetchStats()
 
     def __getstate__(self) -> dict[str, object]:
@@ -525,7 +579,8 @@ class ChunkSource:
         a metadata request checks it (sent ahead when the pass was scheduled).
         """
         info = self._files[path]
-        if self.cached:
+        if self.cached:  # the file is checked at its first fetch from storage in the pass
+            checked = functools.partial(self._checks.read_checked, path, info.size, info.mtime)
             return self._reads.fetch(
                 path,
                 start,
@@ -537,6 +592,7 @@ class ChunkSource:
                 metadata=metadata,
                 before_fetch=functools.partial(self._check, path),
                 handles=self._handles,
+                through=checked if self._observes() else None,
             )
 
         def read(verify: Verify | None) -> bytes:
@@ -744,8 +800,14 @@ class ChunkSource:
         if not self.cached:
             return
         pool = self._executor()
+        self._warming = [f for f in self._warming if not f.done()]
         for i, chunk in enumerate(chunks):
-            pool.submit(WARM_PRIORITY + i, self._warm_one, chunk)
+            self._warming.append(pool.submit(WARM_PRIORITY + i, self._warm_one, chunk))
+
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Wait for the chunks given to :meth:`warm` so far; whether they were all fetched (or failed)."""
+        _, pending = wait_futures(self._warming, timeout)
+        return not pending
 
     def _warm_one(self, chunk: Chunk) -> None:
         try:

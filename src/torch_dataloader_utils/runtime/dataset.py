@@ -9,6 +9,7 @@ data and hand the core its files, a reader and the output schema.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 import warnings
@@ -1070,16 +1071,26 @@ class PlannedDataset(IterableDataset[Any]):
         yield from consumed_here(self._tagged(batches, positions, work), self._state, progress, self.metrics)
 
     def _warm_next(self, slot: env.WorkerSlot, epoch: int) -> None:
-        """Warm the node-local cache with this worker's first chunks of the next epoch (idle threads)."""
+        """Warm the node-local cache with this worker's first chunks of the next epoch (idle threads).
+
+        Elastic order: the first chunks of the worker's streams, taken in turn (its
+        batches draw from every stream at once).
+        """
         count = self._options.cache.data_cache_prefetch
         if not count:
             return
         try:
-            chunks = self.rank_plan(epoch + 1, slot.count).chunks_for(slot.id)
+            if self._elastic is None:
+                chunks = list(self.rank_plan(epoch + 1, slot.count).chunks_for(slot.id))
+            else:
+                streams = self._elastic.of_worker(epoch + 1, (), slot.id, slot.count)
+                files = None if self._row_count_issue else self._table
+                reads = [[c for piece in stream for c in piece_reads(piece, files)] for stream in streams]
+                chunks = [c for turn in itertools.zip_longest(*reads) for c in turn if c is not None]
         except Exception as exc:  # best effort: never stop the epoch being read
             log.debug("no cache warming for epoch %d: %s", epoch + 1, exc)
             return
-        self._reader.warm(list(chunks[:count]))
+        self._reader.warm(chunks[:count])
 
     def _helpers(self, slot: env.WorkerSlot) -> Helpers | None:
         """Threads for a shuffle's decoding and gathers, when this process has CPUs to spare.
@@ -1130,6 +1141,7 @@ class PlannedDataset(IterableDataset[Any]):
                 batches=part_batches(self._elastic.layout) if joined else 1,
                 ahead=ahead,
             )
+            self._warm_next(slot, epoch)
             return batches, StreamPositions(token, slot.id, slot.count, rank=self.world.rank), work
         pieces = self._worker_pieces(slot, epoch)
         work = WorkStats(self._reader, len(pieces), flag)  # before any request of this pass

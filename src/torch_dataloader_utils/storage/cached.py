@@ -33,6 +33,7 @@ from torch_dataloader_utils.storage.cache import FileKey, RangeCache, range_cach
 from torch_dataloader_utils.storage.fetch import fetch_range
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.handles import Handles
+from torch_dataloader_utils.storage.identity import Verify
 
 __all__ = ["BLOCK_BYTES", "BlockFile", "ReadOnlyFile", "RemoteReads", "file_key", "open_blocks"]
 
@@ -105,18 +106,20 @@ class RemoteReads:
         metadata: bool = False,
         before_fetch: Callable[[], None] | None = None,
         handles: Handles | None = None,
+        through: Callable[[Callable[[Verify | None], bytes]], bytes] | None = None,
     ) -> bytes:
         """Bytes ``[start, stop)`` of ``path`` (clipped to ``size``): cached, or fetched with retries.
 
         ``on_request`` and ``on_retry`` are called for requests to storage only (a hit
         makes none); ``before_fetch`` before the first of them. ``handles``: the reader's
         open native files (see :func:`~torch_dataloader_utils.storage.fetch.fetch_range`).
+        ``through``, instead of ``before_fetch``: runs a fetch from storage, giving it the
+        check of the file its response makes, or ``None``
+        (:meth:`~torch_dataloader_utils.storage.identity.FileChecks.read_checked`).
         """
         stop = min(stop, size)
 
-        def from_storage() -> bytes:
-            if before_fetch is not None:
-                before_fetch()
+        def read(verify: Verify | None) -> bytes:
             return fetch_range(
                 self.fs,
                 path,
@@ -128,7 +131,15 @@ class RemoteReads:
                 on_retry=on_retry,
                 metadata=metadata,
                 handles=handles,
+                verify=verify,
             )
+
+        def from_storage() -> bytes:
+            if through is not None:
+                return through(read)
+            if before_fetch is not None:
+                before_fetch()
+            return read(None)
 
         cache = self.cache()
         key = file_key(self.fs, path, size, version) if cache is not None else None
