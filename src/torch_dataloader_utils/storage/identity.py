@@ -12,7 +12,9 @@ A reader announces the files of its next pass, in reading order
 (:meth:`FileChecks.schedule`, when a worker starts an epoch). Each file is checked once
 per pass, before its first chunk of the pass is read, so files a reader keeps open
 across passes are checked again. Local files cost one ``stat`` at that first read.
-Remote files cost a metadata request (a HEAD on S3): they are checked concurrently,
+Where a read's own response tells the file's size and time (S3:
+:meth:`FileChecks.read_checked`), the first read of the file in the pass checks it, at
+no request of its own. Other remote files cost a metadata request: they are checked concurrently,
 :data:`CHECKS_AHEAD` files ahead of the reads in the announced order (more are sent as
 files are read, so a pass of 100,000 files starts as fast as one of 100), and a read
 waits for its file's answer; a file read before its check was sent (or that no pass
