@@ -351,11 +351,11 @@ def bench_coalesce(tmp: Path) -> list[str]:
         f"{files} files x {groups} row groups; 12 float64 columns (~400 KB per row group) and 12 "
         "int8 columns (~13 KB); one chunk per row group",
         "",
-        "| columns read | hole | GETs per epoch | bytes fetched / needed |",
-        "|---|---|---|---|",
+        "| columns read | hole | GETs per epoch | bytes fetched / needed | KiB fetched (needed) |",
+        "|---|---|---|---|---|",
     ]
     for what, columns in projections.items():
-        for hole in (0, COALESCE_HOLE, 64 * 1024, 1024**2):
+        for hole in (0, 4096, COALESCE_HOLE, 1024**2):
             gets = fetched = needed = 0
             for meta in metas:
                 for g in range(meta.num_row_groups):
@@ -364,8 +364,11 @@ def bench_coalesce(tmp: Path) -> list[str]:
                     gets += len(merged)
                     fetched += sum(hi - lo for lo, hi in merged)
                     needed += sum(hi - lo for lo, hi in ranges)
-            mark = " (the library's)" if hole == COALESCE_HOLE else ""
-            lines.append(f"| {what} | {hole:,} B{mark} | {gets} | {fetched / needed:.3f} |")
+            mark = {COALESCE_HOLE: " (the library's)", 4096: " (0.7.0's)"}.get(hole, "")
+            lines.append(
+                f"| {what} | {hole:,} B{mark} | {gets} | {fetched / needed:.3f} | "
+                f"{fetched / 1024:,.0f} ({needed / 1024:,.0f}) |"
+            )
     return lines
 
 
