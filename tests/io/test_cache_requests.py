@@ -24,7 +24,7 @@ import testsupport.latency_fs as latency
 from tests.fixtures.data import write_parquet_files
 from tests.fixtures.s3 import S3Server
 from tests.fixtures.stores import ServerLog
-from tests.io.test_requests import GROUP_ROWS, RANKS, ROWS, WORKERS, _write
+from tests.io.test_requests import ROWS, fresh_data, rank_loaders
 from torch_dataloader_utils import create_dataloader
 from torch_dataloader_utils.storage.requests import RequestCounts
 
@@ -37,27 +37,11 @@ def _kinds(counts: RequestCounts) -> Counter[str]:
 def test_a_cold_epoch_through_the_cache_sends_the_requests_of_one_without_it(
     moto_server: S3Server, moto_log: ServerLog, tmp_path: Path
 ) -> None:
-    fs = moto_server.fs()
-    prefix = moto_server.new_prefix()
-    _write(fs, prefix)
+    prefix = fresh_data(moto_server)
 
     def jobs(cache: Path | None) -> list[Any]:
-        return [
-            create_dataloader(
-                f"s3://{prefix}",
-                storage_options=moto_server.options(),
-                num_ranks=RANKS,
-                rank=rank,
-                num_workers=WORKERS,
-                multiprocessing_context="fork",
-                split_rows=GROUP_ROWS,
-                batch_size=500,
-                output_format="arrow",
-                shuffle=True,
-                **({"data_cache": str(cache)} if cache is not None else {}),
-            )
-            for rank in range(RANKS)
-        ]
+        extra = {"data_cache": str(cache)} if cache is not None else {}
+        return rank_loaders(f"s3://{prefix}", moto_server.options(), shuffle=True, **extra)
 
     def epoch(built: list[Any], number: int) -> tuple[Counter[str], RequestCounts]:
         moto_log.clear()

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.fixtures.s3 import FaultProxy, S3Server
+from tests.fixtures.s3 import BUCKET, FaultProxy, S3Server
 from tests.fixtures.stores import ServerLog
 from torch_dataloader_utils import create_dataloader
 from torch_dataloader_utils.storage.requests import RequestCounts
@@ -53,12 +53,24 @@ def _write(fs: Any, prefix: str) -> None:
         fs.pipe_file(f"{prefix}/part-{i}.parquet", sink.getvalue().to_pybytes())
 
 
-def _epoch(url: str, options: dict[str, Any], **kwargs: Any) -> tuple[list[int], RequestCounts]:
-    """One cold epoch of every rank (each building its dataset alone); ids and summed metrics."""
-    ids: list[int] = []
-    counted = RequestCounts()
-    for rank in range(RANKS):
-        loader, _ = create_dataloader(
+def fresh_data(server: S3Server, under: str = "") -> str:
+    """A new prefix holding the test's files under ``under`` (written before any request is counted).
+
+    The bucket is made again if it is gone: a test that enters moto's ``mock_aws`` resets
+    the state moto's threaded server shares with it.
+    """
+    fs = server.fs()
+    if not fs.exists(BUCKET):
+        fs.mkdir(BUCKET)
+    prefix = server.new_prefix()
+    _write(fs, f"{prefix}/{under}".rstrip("/"))
+    return prefix
+
+
+def rank_loaders(url: str, options: dict[str, Any], **kwargs: Any) -> list[tuple[Any, Any]]:
+    """``(loader, dataset)`` of every rank, each building its dataset alone (no process group)."""
+    return [
+        create_dataloader(
             url,
             storage_options=options,
             num_ranks=RANKS,
@@ -70,6 +82,15 @@ def _epoch(url: str, options: dict[str, Any], **kwargs: Any) -> tuple[list[int],
             output_format="arrow",
             **kwargs,
         )
+        for rank in range(RANKS)
+    ]
+
+
+def _epoch(url: str, options: dict[str, Any], **kwargs: Any) -> tuple[list[int], RequestCounts]:
+    """One cold epoch of every rank (each building its dataset alone); ids and summed metrics."""
+    ids: list[int] = []
+    counted = RequestCounts()
+    for loader, _ in rank_loaders(url, options, **kwargs):
         for batch in loader:
             ids.extend(batch.column("id").to_pylist())
         counted += loader.metrics().request_counts
@@ -98,9 +119,7 @@ def _planned(columns: list[str] | None) -> Counter[str]:
 def test_cold_epoch_on_moto_sends_the_planned_requests_and_metrics_count_them(
     moto_server: S3Server, moto_log: ServerLog, columns: list[str] | None
 ) -> None:
-    fs = moto_server.fs()
-    prefix = moto_server.new_prefix()
-    _write(fs, prefix)
+    prefix = fresh_data(moto_server)
     moto_log.clear()
     ids, counted = _epoch(f"s3://{prefix}", moto_server.options(), columns=columns)
     assert sorted(ids) == list(range(ROWS))
@@ -115,9 +134,7 @@ def test_cold_epoch_on_moto_sends_the_planned_requests_and_metrics_count_them(
 def test_cold_epoch_on_seaweedfs_sends_the_planned_requests_and_metrics_count_them(
     s3_server: S3Server, s3_proxy: FaultProxy
 ) -> None:
-    fs = s3_server.fs()
-    prefix = s3_server.new_prefix()
-    _write(fs, prefix)
+    prefix = fresh_data(s3_server)
     s3_proxy.reset()
     ids, counted = _epoch(f"s3://{prefix}", s3_server.options(s3_proxy.endpoint))
     assert sorted(ids) == list(range(ROWS))
@@ -130,9 +147,7 @@ def test_retried_requests_are_counted_as_the_server_saw_them(
     s3_server: S3Server, s3_proxy: FaultProxy
 ) -> None:
     """A request that failed and was retried is two requests to the server, and in metrics()."""
-    fs = s3_server.fs()
-    prefix = s3_server.new_prefix()
-    _write(fs, prefix)
+    prefix = fresh_data(s3_server)
     s3_proxy.reset()
     s3_proxy.fail_every = 7
     s3_proxy.fail_path = prefix.split("/", 1)[1]
@@ -148,9 +163,7 @@ def test_retried_requests_are_counted_as_the_server_saw_them(
 def test_a_warm_start_reads_the_footers_from_the_metadata_cache(
     moto_server: S3Server, moto_log: ServerLog, tmp_path: Path
 ) -> None:
-    fs = moto_server.fs()
-    prefix = moto_server.new_prefix()
-    _write(fs, f"{prefix}/data")
+    prefix = fresh_data(moto_server, under="data")
     url, cache = f"s3://{prefix}/data", f"s3://{prefix}/cache/meta.arrow"
 
     def epoch() -> tuple[list[int], RequestCounts]:

@@ -10,7 +10,7 @@ import pytest
 import torch_dataloader_utils.discovery.dataset as discovery_dataset
 from tests.fixtures.s3 import S3Server
 from tests.fixtures.stores import ServerLog
-from tests.io.test_requests import FILES, GROUP_ROWS, GROUPS, ROWS, _write
+from tests.io.test_requests import FILES, GROUP_ROWS, GROUPS, ROWS, fresh_data
 from torch_dataloader_utils import create_dataloader
 from torch_dataloader_utils.cli import main
 from torch_dataloader_utils.storage.requests import RequestCounts
@@ -26,9 +26,7 @@ def _predicted_and_measured(
     server: S3Server, log: ServerLog, ranks: int, workers: int, **options: Any
 ) -> tuple[RequestCounts, Counter[str]]:
     """Every rank builds its dataset alone and reads one epoch; the prediction of rank 0's dataset."""
-    fs = server.fs()
-    prefix = server.new_prefix()
-    _write(fs, prefix)
+    prefix = fresh_data(server)
     log.clear()
     predicted: RequestCounts | None = None
     ids: list[int] = []
@@ -88,9 +86,7 @@ def test_readers_fetching_footers_are_predicted_within_five_percent(
 def test_inspect_prices_the_requests(
     moto_server: S3Server, capsys: pytest.CaptureFixture[str], tmp_path: Any
 ) -> None:
-    fs = moto_server.fs()
-    prefix = moto_server.new_prefix()
-    _write(fs, prefix)
+    prefix = fresh_data(moto_server)
     endpoint = moto_server.options()
     args = [
         "inspect",

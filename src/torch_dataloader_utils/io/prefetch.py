@@ -45,11 +45,10 @@ from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.types import Chunk, FileInfo
 from torch_dataloader_utils.storage.cached import ReadOnlyFile, RemoteReads
-from torch_dataloader_utils.storage.fetch import fetch_range
 from torch_dataloader_utils.storage.footers import FOOTER_READ_BYTES, NotParquetError, read_footer
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.handles import Handles
-from torch_dataloader_utils.storage.identity import FileChecks, Verify, check_footer, stale_advice
+from torch_dataloader_utils.storage.identity import FileChecks, check_footer, stale_advice
 
 __all__ = ["ChunkSource", "FetchStats", "PlanOrderPool", "Warmer", "coalesce", "column_ranges"]
 
@@ -579,41 +578,21 @@ class ChunkSource:
         a metadata request checks it (sent ahead when the pass was scheduled).
         """
         info = self._files[path]
-        if self.cached:  # the file is checked at its first fetch from storage in the pass
-            checked = functools.partial(self._checks.read_checked, path, info.size, info.mtime)
-            return self._reads.fetch(
-                path,
-                start,
-                stop,
-                size=info.size,
-                version=info.mtime,
-                on_request=on_request,
-                on_retry=self.stats.retry,
-                metadata=metadata,
-                before_fetch=functools.partial(self._check, path),
-                handles=self._handles,
-                through=checked if self._observes() else None,
-            )
-
-        def read(verify: Verify | None) -> bytes:
-            return fetch_range(
-                self.fs,
-                path,
-                start,
-                stop,
-                size=info.size,
-                config=self.config,
-                on_request=on_request,
-                on_retry=self.stats.retry,
-                metadata=metadata,
-                handles=self._handles,
-                verify=verify,
-            )
-
-        if self._observes():
-            return self._checks.read_checked(path, info.size, info.mtime, read)
-        self._check(path)  # its answer first: a changed file is named, not read short and retried
-        return read(None)
+        observing = self._observes()
+        checked = functools.partial(self._checks.read_checked, path, info.size, info.mtime)
+        return self._reads.fetch(
+            path,
+            start,
+            stop,
+            size=info.size,
+            version=info.mtime,
+            on_request=on_request,
+            on_retry=self.stats.retry,
+            metadata=metadata,
+            before_fetch=None if observing else functools.partial(self._check, path),
+            handles=self._handles,
+            through=checked if observing else None,
+        )
 
     def _observes(self) -> bool:
         """Whether reads check their file themselves (:attr:`FileSystemSpec.observes`), in this process."""

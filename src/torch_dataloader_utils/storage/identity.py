@@ -294,14 +294,7 @@ class FileChecks:
             _check_now(self.fs, path, size, mtime, manifest=self.manifest)
             done[path] = _OK
             return
-        owner = False
-        with self._lock:
-            found = self._done.get(path)
-            if found is None:
-                found = self._done[path] = Future()
-                owner = True
-            self._sent.discard(path)
-            self._send()
+        found, owner = self._claim(path, sent=True)
         if found is _OK:
             return
         if owner:
@@ -312,6 +305,26 @@ class FileChecks:
                 raise
             found.set_result(None)
         found.result()  # raises the check's error, on every read of the file in this pass
+        self._settled(path, found)
+
+    def _claim(self, path: str, *, sent: bool = False) -> tuple[Any, bool]:
+        """The pass's entry of ``path`` (``_OK`` or its check's future), and whether the caller checks it.
+
+        ``sent``: the file is being read, so its check sent ahead is no longer ahead
+        (another is sent in its place).
+        """
+        with self._lock:
+            found = self._done.get(path)
+            owner = found is None
+            if owner:
+                found = self._done[path] = Future()
+            if sent:
+                self._sent.discard(path)
+                self._send()
+        return found, owner
+
+    def _settled(self, path: str, found: Any) -> None:
+        """``path``'s check ``found`` passed: later reads of the pass need not wait for it."""
         with self._lock:
             if self._done.get(path) is found:
                 self._done[path] = _OK
@@ -339,12 +352,7 @@ class FileChecks:
             FileChangedError: the file is not the planned one (on every read of it in the pass).
         """
         self._check_process()
-        owner = False
-        with self._lock:
-            found = self._done.get(path)
-            if found is None:
-                found = self._done[path] = Future()
-                owner = True
+        found, owner = self._claim(path)
         if found is _OK:
             return read(None)
         if not owner:
@@ -362,9 +370,7 @@ class FileChecks:
             found.set_exception(exc)
             raise
         found.set_result(None)
-        with self._lock:
-            if self._done.get(path) is found:
-                self._done[path] = _OK
+        self._settled(path, found)
         return data
 
 

@@ -39,7 +39,7 @@ from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.storage.footers import FOOTER_READ_BYTES
 from torch_dataloader_utils.storage.requests import RequestCounts
 
-__all__ = ["RequestPlan", "predict_requests", "render_requests"]
+__all__ = ["RequestPlan", "predict_plan", "predict_requests", "render_requests"]
 
 
 @dataclass(frozen=True)
@@ -218,6 +218,16 @@ def predict_requests(
         )
     epoch = RequestCounts(heads=heads, gets=gets, bytes_received=nbytes)
     return RequestPlan(start, epoch, exact, tuple(notes))
+
+
+def predict_plan(dataset: PlannedDataset, epoch: int, num_workers: int) -> RequestPlan:
+    """:func:`predict_requests` of ``epoch``'s plan, from what building ``dataset`` here sent."""
+    from torch_dataloader_utils.tools.plan import plan_of
+
+    view = plan_of(dataset, epoch, max(1, num_workers))
+    return predict_requests(
+        dataset, view.chunks_for, view.num_ranks, num_workers, startup=dataset.metrics.discovery_requests
+    )
 
 
 def render_requests(

@@ -36,7 +36,7 @@ from torch_dataloader_utils.plan.summary import (
 )
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.report import describe_files, size
-from torch_dataloader_utils.tools.cost import RequestPlan, predict_requests, render_requests
+from torch_dataloader_utils.tools.cost import RequestPlan, predict_plan, render_requests
 from torch_dataloader_utils.tools.plan import _strategy, plan_of
 from torch_dataloader_utils.tools.source import Source, open_dataset
 
@@ -292,13 +292,7 @@ def inspect_dataset(request: InspectRequest) -> Inspection:
         data_path=_data_path(dataset),
         split_used=_strategy(dataset.split_strategy),
         files_per_batch=spread,
-        requests=predict_requests(
-            dataset,
-            view.chunks_for,
-            view.num_ranks,
-            request.num_workers,
-            startup=dataset.metrics.discovery_requests,
-        ),
+        requests=predict_plan(dataset, 0, request.num_workers),
         prices=(request.price_per_1000, request.list_price_per_1000),
     )
 

@@ -62,7 +62,7 @@ from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.emit import FIRST_GROUP_BATCHES, GROUP_BYTES
 from torch_dataloader_utils.runtime.report import size
 from torch_dataloader_utils.storage.identity import CHECK_THREADS, CHECKS_AHEAD
-from torch_dataloader_utils.tools.cost import predict_requests, render_requests
+from torch_dataloader_utils.tools.cost import predict_plan, render_requests
 from torch_dataloader_utils.tools.plan import PlanView, plan_of
 from torch_dataloader_utils.tools.source import Source, open_dataset
 from torch_dataloader_utils.transfer import pack_group
@@ -718,14 +718,7 @@ def render_text(request: SimulateRequest, sim: Simulation) -> str:
 def run_simulate(request: SimulateRequest) -> str:
     """Simulate and return the report (text or JSON), with the requests it sends and their cost."""
     dataset, sim = run_simulation(request)
-    view = plan_of(dataset, request.epoch, max(1, request.num_workers))
-    requests = predict_requests(
-        dataset,
-        view.chunks_for,
-        view.num_ranks,
-        request.num_workers,
-        startup=dataset.metrics.discovery_requests,
-    )
+    requests = predict_plan(dataset, request.epoch, request.num_workers)
     prices = (request.price_per_1000, request.list_price_per_1000)
     note = ""
     if request.picture is not None:
