@@ -493,6 +493,8 @@ class FileSystemSpec(RedactedRepr):
     ) -> bytes:
         """Bytes ``[start, stop)`` of ``path`` in one request (no retries here).
 
+        On S3 through s3fs (:attr:`observes`): one GET (:meth:`read_observed`), no HEAD.
+
         Args:
             path: The file on this filesystem.
             start: First byte.
