@@ -14,7 +14,8 @@ The model, from the plan (the library's own) and a few numbers:
   (``receive_rate``) in the process that reads, beside its decoding (its fetch threads
   share its interpreter); parsing a file's footer when its first chunk is fetched
   (``footer_sec``); one metadata request per remote file and pass (is it the planned
-  file?), 8 at once, each open waiting for its file's answer.
+  file?), 8 at once, each open waiting for its file's answer, except on S3, where a
+  file's first GET checks it.
 * **The main process**: its own time per batch (the DataLoader's machinery, tags,
   metrics), and the start-up of the DataLoader workers, both measured on this machine
   (:mod:`torch_dataloader_utils.runtime.calibrate`).
@@ -417,6 +418,7 @@ def simulate_worker(
     first_rows: int,
     start: float = 0.0,
     footer_sec: float = 0.0,
+    checks: bool = True,
 ) -> tuple[float, float, float, float]:
     """One worker reading ``chunks`` in order: ``(first_batch, finish, storage_wait, decode)`` seconds.
 
@@ -426,14 +428,15 @@ def simulate_worker(
     chunk fetched of a file costs ``footer_sec`` when it is fetched. Remote files
     (``latency_sec > 0``) are checked once per pass, :data:`CHECK_THREADS` at once: the
     first :data:`CHECKS_AHEAD` files at the start, each next one when a file is first
-    opened; a chunk is opened once its file's check answered.
+    opened; a chunk is opened once its file's check answered. ``checks=False``: the
+    storage's reads check their files themselves (S3), no request of their own.
     """
     threads = [start] * max(1, storage.concurrency)
     heapq.heapify(threads)
     ready: dict[int, float] = {}
     fetched = [sum(r) for r in requests]
     receive = math.isfinite(storage.receive_rate) and storage.receive_rate > 0
-    remote = storage.latency_sec > 0
+    remote = storage.latency_sec > 0 and checks
     order = list(dict.fromkeys(c.path for c in chunks)) if remote else []
     checked: dict[str, float] = {}
     checkers = [start] * CHECK_THREADS
@@ -532,6 +535,8 @@ def simulate(
         # One process reads and hands out batches: its per-batch cost slows its rows.
         rate = 1.0 / (1.0 / rate + decode.batch_sec / batching.batch_size)
     cache: dict[str, pq.FileMetaData] = {}
+    fs = getattr(getattr(dataset, "discovered", None), "fs", None)
+    checks = not getattr(fs, "observes", False)  # S3: a file's first GET checks it
     workers: list[WorkerTime] = []
     ranks: list[RankTime] = []
     for r in range(view.num_ranks):
@@ -543,7 +548,7 @@ def simulate(
             rows = sum(c.num_rows or 0 for c in chunks)
             first_rows = min(rows, max(group_rows, min(read_rows, chunks[0].num_rows or 0) if chunks else 0))
             first, finish, wait, dec = simulate_worker(
-                chunks, requests, storage, rate, first_rows, start, decode.footer_sec
+                chunks, requests, storage, rate, first_rows, start, decode.footer_sec, checks=checks
             )
             mine.append(
                 WorkerTime(r, w, rows, len(chunks), sum(len(q) for q in requests), first, finish, wait, dec)
