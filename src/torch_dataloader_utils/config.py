@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -1020,10 +1021,10 @@ class CacheConfig:
 
     @property
     def directory(self) -> str | None:
-        """``data_cache`` as a plain path (a ``file://`` prefix removed)."""
+        """``data_cache`` as a plain path (a ``file://`` prefix removed, ``~`` expanded)."""
         if self.data_cache is None:
             return None
-        return self.data_cache.removeprefix("file://")
+        return os.path.expanduser(self.data_cache.removeprefix("file://"))
 
 
 METADATA_CACHE_CHECKS = ("listing", "on_open")

@@ -417,7 +417,7 @@ def test_pad_keeps_the_batch_count_and_flags_the_rows(tmp_path: Path) -> None:
     assert sum(b.num_rows for b in batches) == 300
     flagged = sum(sum(b.column(PADDING_COLUMN).to_pylist()) for b in batches)
     assert flagged == 50
-    assert loader.metrics().total.rows_padded == 50
+    assert loader.metrics().total.bad_rows == 50  # not rows_padded: test_counts_and_filesystems.py
 
 
 def test_a_file_changed_mid_epoch_is_not_bad_data(tmp_path: Path) -> None:

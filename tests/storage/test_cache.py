@@ -324,6 +324,7 @@ def test_cache_command_shows_and_clears(
     shown = capsys.readouterr().out
     assert f"{len(ROWS)} files" in shown
     assert "part-0000.parquet" in shown
+    assert "(latency " in shown  # the store each file came from
     assert "of 1.0 MiB (" in shown
     held = _disk(cache)
     assert main(["cache", "clear", str(cache)]) == 0
@@ -362,13 +363,13 @@ def test_entries_of_either_checksum_are_read_and_checked(
     cache = RangeCache(str(tmp_path), 10**8)
     assert cache.put(_key(1), 0, len(payload), payload)
     path = Path(cache.entry_path(_key(1), 0, len(payload)))
-    assert path.read_bytes()[-TRAILER_BYTES:][:4] == b"TDU1"
+    assert path.read_bytes()[-TRAILER_BYTES:][:4] == b"TDU2"
     assert cache.get(_key(1), 0, len(payload)) == payload
     monkeypatch.setattr(cache_module, "_FAST", True)  # CRC-32C where accelerated
     assert cache.get(_key(1), 0, len(payload)) == payload  # the older kind is still checked
     assert cache.put(_key(2), 0, len(payload), payload)
     crc32c_entry = Path(cache.entry_path(_key(2), 0, len(payload)))
-    assert crc32c_entry.read_bytes()[-TRAILER_BYTES:][:4] == b"TDUC"
+    assert crc32c_entry.read_bytes()[-TRAILER_BYTES:][:4] == b"TDV2"
     monkeypatch.setattr(cache_module, "_FAST", False)
     dropped = process_stats().dropped
     assert cache.get(_key(2), 0, len(payload)) is None  # not computable here: a miss ...

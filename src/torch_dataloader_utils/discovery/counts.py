@@ -40,7 +40,7 @@ def _count_file(
 ) -> FileInfo:
     groups = file.row_groups or ()
     if not groups:
-        return FileInfo(file.path, file.size, 0, (), file.mtime)
+        return FileInfo(file.path, file.size, 0, (), file.mtime, etag=file.etag)
     try:
         # The footer discovery already read: opening the file does not fetch it again.
         meta = pq.read_metadata(pa.BufferReader(footer)) if footer is not None else None
@@ -62,7 +62,7 @@ def _count_file(
         raise ReadError(
             f"counting the rows of {fs.display(file.path)!r} that pass filters={filters} failed: {exc}"
         ) from exc
-    return FileInfo(file.path, file.size, first, tuple(kept), file.mtime)
+    return FileInfo(file.path, file.size, first, tuple(kept), file.mtime, etag=file.etag)
 
 
 def count_filtered_rows(

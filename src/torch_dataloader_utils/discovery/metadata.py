@@ -188,14 +188,13 @@ def file_infos(table: pa.Table) -> tuple[FileInfo, ...]:
         flat.field(name).to_pylist() for name in ("index", "first_row", "num_rows", "num_bytes")
     )
     every = list(map(RowGroup, index, first, rows, nbytes))
+    etags: list[Any] = (
+        table.column("etag").to_pylist() if "etag" in table.column_names else [None] * table.num_rows
+    )
     return tuple(
-        map(
-            FileInfo,
-            paths,
-            sizes,
-            num_rows,
-            [tuple(every[lo:hi]) for lo, hi in itertools.pairwise(offsets)],
-            mtimes,
+        FileInfo(path, size, n, tuple(every[lo:hi]), mtime, etag=etag or None)
+        for path, size, n, (lo, hi), mtime, etag in zip(
+            paths, sizes, num_rows, itertools.pairwise(offsets), mtimes, etags, strict=True
         )
     )
 
@@ -203,6 +202,15 @@ def file_infos(table: pa.Table) -> tuple[FileInfo, ...]:
 def file_table(table: pa.Table) -> FileTable:
     """The files table as the planner's :class:`FileTable` (no Python object per file)."""
     c = file_columns(table)
+    tags: dict[str, Any] = {}
+    if "etag" in table.column_names and table.num_rows:
+        column: Any = table.column("etag").combine_chunks()
+        if column.null_count < len(column):  # the listing's ETags: the cache keys versions by them
+            raw = _offsets(column)
+            tags = {
+                "etag_blob": np.frombuffer(column.buffers()[2], dtype=np.uint8)[raw[0] : raw[-1]].copy(),
+                "etag_offsets": _rebased(raw),
+            }
     return FileTable.from_arrays(
         paths_blob=c["paths_blob"],
         path_offsets=c["path_offsets"],
@@ -214,6 +222,7 @@ def file_table(table: pa.Table) -> FileTable:
         group_first_row=c["group_first_row"],
         group_rows=c["group_rows"],
         group_bytes=c["group_bytes"],
+        **tags,
     )
 
 

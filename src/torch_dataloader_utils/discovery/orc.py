@@ -110,7 +110,7 @@ def _read_one(fs: FileSystemSpec, listed: ListedFile) -> FooterInfo:
     for i, (_, length, rows) in enumerate(stripes):
         groups.append(RowGroup(i, first, rows, length))
         first += rows
-    info = FileInfo(listed.path, listed.size, num_rows, tuple(groups), listed.mtime)
+    info = FileInfo(listed.path, listed.size, num_rows, tuple(groups), listed.mtime, etag=listed.etag)
     return FooterInfo(info, schema, None)
 
 

@@ -439,7 +439,7 @@ def discover_text(
     for f in listed:
         m = meta[f.path]
         splittable = m.compression is None and not (options.quoted_newlines and is_csv)
-        files.append(FileInfo(f.path, f.size, None, None, f.mtime, None, splittable))
+        files.append(FileInfo(f.path, f.size, None, None, f.mtime, None, splittable, etag=f.etag))
     if options.count_rows:
 
         def count(info: FileInfo) -> FileInfo:
@@ -452,7 +452,7 @@ def discover_text(
                 block_bytes=options.count_block_bytes,
                 cache_dir=options.count_cache_dir,
             )
-            return FileInfo(info.path, info.size, None, None, info.mtime, index, info.splittable)
+            return FileInfo(info.path, info.size, None, None, info.mtime, index, info.splittable, info.etag)
 
         with ThreadPoolExecutor(max_workers=max(1, min(_THREADS, len(files)))) as pool:
             files = list(pool.map(count, files))

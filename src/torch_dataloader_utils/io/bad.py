@@ -14,32 +14,44 @@ CSV / JSONL line, a line whose value does not convert to the declared type), and
   its batch count) or removes them (otherwise: the rows vanish). Where positions count
   rows after an uncounted row filter, the stand-in has no rows (the unit's passing rows
   are unknown); positions are then counted as emitted anyway.
-* counts the unit and its rows per file in this process (:func:`bad_data_totals`,
-  read by the metrics), logs it at INFO, and with ``'quarantine'`` appends it to
-  ``quarantine.jsonl`` in ``quarantine_dir`` — once per unit, whichever rank, worker or
-  resumed run meets it again (:class:`Quarantine`).
+* counts the unit and its rows per file, in the reader's own counters
+  (:meth:`BadData.totals`, read by the metrics of the loader that owns the reader: two
+  loaders of one process never count each other's), logs it at INFO, and with
+  ``'quarantine'`` appends it to ``quarantine.jsonl`` in ``quarantine_dir`` — once per
+  unit, whichever rank, worker or resumed run meets it again (:class:`Quarantine`).
 
-A read that fails because the file changed or disappeared is never bad data: the reader
-checks the file against the plan first (:class:`~torch_dataloader_utils.errors.FileChangedError`).
-Nor are storage failures (:class:`~torch_dataloader_utils.errors.ReadError` after retries).
+**What is bad data.** Only a unit that fails to decode *deterministically, on bytes read
+completely*: when a unit does not decode, the reader reads its bytes again from storage
+(never from the ``data_cache``, whose entries for them are dropped) and decodes it once
+more (:func:`decode_again`). Bytes damaged in transit (a cut or altered response), an
+I/O error the decoder reported as its own, or a cache entry holding damaged bytes then
+decode, and the unit's rows are read, not skipped. A read that fails again is a storage
+failure: :class:`~torch_dataloader_utils.errors.ReadError` after the retries
+(``retries``, ``request_timeout``), whatever ``on_bad_data`` says. A memory error
+(``MemoryError``, pyarrow's ``ArrowMemoryError``) is raised as it is: a unit that did
+not fit in memory is not bad. A read that fails because the file changed or disappeared
+is never bad data either: the reader checks the file against the plan first
+(:class:`~torch_dataloader_utils.errors.FileChangedError`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from torch_dataloader_utils.config import BadDataConfig, BadDataPolicy
-from torch_dataloader_utils.errors import BadDataError
+from torch_dataloader_utils.errors import BadDataError, ConfigError, ReadError
+from torch_dataloader_utils.storage.cached import RangeFile
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.identity import FileChecks
 
@@ -49,13 +61,15 @@ __all__ = [
     "BadData",
     "BadUnit",
     "Quarantine",
-    "bad_data_files",
-    "bad_data_totals",
     "confirm_unchanged",
+    "agreed_bytes",
+    "decode_again",
     "describe",
     "is_standin",
     "standin_batch",
 ]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -179,29 +193,128 @@ def _identity_of(record: Mapping[str, Any]) -> str:
     )
 
 
-# -- counters of this process -----------------------------------------------------------
-_COUNTS: dict[str, list[int]] = {}
-_COUNTS_LOCK = threading.Lock()
+# -- what decides bad data ---------------------------------------------------------------
+READS_TO_AGREE = 4
+"""Reads of a unit's bytes, at most, until two in a row agree (:func:`decode_again`)."""
 
 
-def bad_data_totals() -> tuple[int, int]:
-    """``(units, rows)`` skipped in this process so far (cumulative; a fork starts from its parent's)."""
-    with _COUNTS_LOCK:
-        return (sum(c[0] for c in _COUNTS.values()), sum(c[1] for c in _COUNTS.values()))
+def _read_again_failed(fresh: RangeFile) -> BaseException:
+    """The error to raise for a read again that failed (its own fetch's error)."""
+    failed = fresh.error
+    assert failed is not None
+    if isinstance(failed, (ReadError, MemoryError)):
+        return failed
+    return ReadError(f"reading the bytes again failed: {type(failed).__name__}: {failed}")
 
 
-def bad_data_files() -> dict[str, int]:
-    """Rows skipped per file in this process so far."""
-    with _COUNTS_LOCK:
-        return {path: c[1] for path, c in _COUNTS.items()}
+def _disagree(what: str, first: BaseException) -> ReadError:
+    return ReadError(
+        f"{what} did not decode ({describe(first)}), and its bytes differed at each of "
+        f"{READS_TO_AGREE} reads again from storage: the storage or the network returns damaged "
+        "data; it is not counted as bad data. Check the endpoint (a proxy, a faulty disk or "
+        "NIC) and read again"
+    )
 
 
-def _after_fork() -> None:
-    global _COUNTS_LOCK
-    _COUNTS_LOCK = threading.Lock()
+def decode_again(
+    first: BaseException,
+    open_fresh: Callable[[], RangeFile],
+    decode: Callable[[Any], T],
+    what: str = "a unit",
+    check: Callable[[], None] | None = None,
+) -> T | BaseException:
+    """Decode a unit again from bytes read again from storage (see the module docstring).
+
+    The bytes are read anew (never from the cache) and decoded. When that decode fails
+    too, they are read and decoded once more: a unit is bad data only when two reads in a
+    row return the same bytes and they do not decode. So bytes damaged in transit, even
+    twice in a row, are never taken for bad data; a truly bad unit costs two more reads
+    of its bytes.
+
+    Args:
+        first: The error of the first decode.
+        open_fresh: Opens the file so that every read is fetched from storage now
+            (:meth:`~torch_dataloader_utils.storage.cached.RemoteReads.fresh`).
+        decode: Decodes the unit from a file (a ``pyarrow.PythonFile``).
+        what: The unit, for messages (``"row group 3 of 's3://b/x.parquet'"``).
+        check: Raises when the file is no longer the planned one
+            (:func:`confirm_unchanged`): run first, as a changed file is never bad data.
+
+    Returns:
+        The unit decoded (the first error was the storage's), or the decoder's error
+        when it fails on the same bytes read twice: the unit is bad data.
+
+    Raises:
+        FileChangedError: from ``check``.
+        MemoryError: ``first`` or a decode again ran out of memory.
+        ReadError: reading the bytes again failed (after the retries), or they differed at
+            every read (:data:`READS_TO_AGREE`).
+    """
+    if isinstance(first, MemoryError):
+        raise first
+    if check is not None:
+        check()
+    seen: bytes | None = None
+    for _ in range(READS_TO_AGREE):
+        fresh = open_fresh()
+        try:
+            value = decode(pa.PythonFile(fresh, mode="r"))
+        except MemoryError:
+            raise
+        except (OSError, pa.ArrowException) as exc:
+            if fresh.error is not None:
+                raise _read_again_failed(fresh) from exc
+            digest = fresh.digest()
+            if digest == seen:
+                return exc  # the same bytes twice, and they do not decode: bad data
+            seen = digest
+            continue
+        log.warning(
+            "%s did not decode (%s) and decoded from its bytes read again: the first bytes were "
+            "damaged or cut in transit, or their read failed; its rows are read",
+            what,
+            describe(first),
+        )
+        return value
+    raise _disagree(what, first) from first
 
 
-os.register_at_fork(after_in_child=_after_fork)
+def agreed_bytes(first: bytes, read: Callable[[], bytes], what: str, error: BaseException) -> bytes | None:
+    """``first`` checked against the same bytes read again: ``None`` when they agree, else storage's bytes.
+
+    Bytes that differ are read until two reads in a row agree (:data:`READS_TO_AGREE`);
+    ``what`` names them and ``error`` is what their decoder said, for the error.
+
+    Raises:
+        ReadError: a read failed (after its retries), or no two reads agreed.
+    """
+    previous = first
+    for _ in range(READS_TO_AGREE):
+        data = read()
+        if data == previous:
+            return None if data is first else data
+        previous = data
+    raise _disagree(what, error) from error
+
+
+def _unusable(directory: str) -> str | None:
+    """Why ``directory`` cannot hold the quarantine report (``None``: it can; created if missing)."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        if not os.path.isdir(directory):
+            return "it is not a directory"
+        fd = os.open(os.path.join(directory, QUARANTINE_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.close(fd)
+    except FileExistsError:
+        return "it is a file, not a directory"
+    except NotADirectoryError:
+        return "a part of its path is a file, not a directory"
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno is not None else str(exc)
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            why += " (read-only, immutable, or not this user's)"
+        return f"{QUARANTINE_FILE} cannot be written there: {why}"
+    return None
 
 
 # -- the report ---------------------------------------------------------------------------
@@ -213,12 +326,23 @@ class Quarantine:
     it. So ranks, workers and a resumed run that meet a unit again add nothing.
 
     Args:
-        directory: The ``quarantine_dir`` (created on first use).
+        directory: The ``quarantine_dir`` (``~`` expanded; created, and the report
+            opened once, at once: an unusable directory fails when the loader is built).
+
+    Raises:
+        ConfigError: the directory cannot hold the report (a file, under a file,
+            read-only or immutable), naming ``quarantine_dir`` and why.
     """
 
     def __init__(self, directory: str) -> None:
-        self.directory = directory
-        self.path = os.path.join(directory, QUARANTINE_FILE)
+        self.directory = os.path.expanduser(directory)
+        self.path = os.path.join(self.directory, QUARANTINE_FILE)
+        why = _unusable(self.directory)
+        if why is not None:
+            raise ConfigError(
+                f"quarantine_dir={directory!r} cannot hold the quarantine report: {why}; pass a "
+                "directory this process can create and write (a local path), or on_bad_data='skip'"
+            )
         self._seen: set[str] = set()
         self._offset = 0
         self._pid = os.getpid()
@@ -274,16 +398,64 @@ class Quarantine:
 class BadData:
     """One reader's handling of units it cannot decode (see the module docstring).
 
-    A picklable value (each process keeps its own counters and report handle).
+    A picklable value (each process keeps its own counters and report handle): the
+    counters are this reader's, so the metrics of one loader never count the units of
+    another loader of the same process.
 
     Args:
         config: The ``on_bad_data`` options.
+
+    Raises:
+        ConfigError: ``quarantine_dir`` cannot hold the report (see :class:`Quarantine`).
     """
 
     def __init__(self, config: BadDataConfig | None = None) -> None:
         self.config = config or BadDataConfig()
         directory = self.config.quarantine_dir
         self._quarantine = Quarantine(directory) if directory is not None else None
+        self._counts: dict[str, list[int]] = {}
+        self._standins = 0
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config, "_quarantine": self._quarantine}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._counts = {}  # each process counts what it skips
+        self._standins = 0
+        self._lock = threading.Lock()
+
+    def totals(self) -> tuple[int, int]:
+        """``(units, rows)`` this reader skipped in this process so far (cumulative)."""
+        with self._lock:
+            return (sum(c[0] for c in self._counts.values()), sum(c[1] for c in self._counts.values()))
+
+    def files(self) -> dict[str, int]:
+        """Rows this reader skipped per file in this process so far."""
+        with self._lock:
+            return {path: c[1] for path, c in self._counts.items()}
+
+    def standin_rows(self) -> int:
+        """Stand-in rows this reader yielded in this process for units of chunks that are not padding.
+
+        With ``equal_batches='pad'`` they reach the loop flagged ``_is_padding``; the
+        metrics count them as ``bad_rows``, not as ``rows_padded``.
+        """
+        with self._lock:
+            return self._standins
+
+    def yielded(self, rows: int) -> None:
+        """Count ``rows`` stand-in rows yielded for units of a chunk that is not padding."""
+        with self._lock:
+            self._standins += rows
+
+    def count(self, file: str, units: int, rows: int) -> None:
+        """Count ``units`` skipped units of ``file`` holding ``rows`` rows."""
+        with self._lock:
+            counts = self._counts.setdefault(file, [0, 0])
+            counts[0] += units
+            counts[1] += rows
 
     @property
     def skipping(self) -> bool:
@@ -304,13 +476,14 @@ class BadData:
             "on_bad_data='quarantine' with quarantine_dir= to also list them in a report"
         )
 
-    def skip(self, unit: BadUnit, *, padding: bool = False) -> None:
-        """Count ``unit`` as skipped (unless read as ``padding``), log it, report it."""
-        if not padding:
-            with _COUNTS_LOCK:
-                counts = _COUNTS.setdefault(unit.file, [0, 0])
-                counts[0] += 1
-                counts[1] += unit.lost
+    def skip(self, unit: BadUnit, *, padding: bool = False, counted: bool = True) -> None:
+        """Count ``unit`` as skipped (unless read as ``padding``, or not ``counted``), log it, report it.
+
+        ``counted=False``: the caller counts it (:meth:`count`) once it knows the unit is
+        its own (a text range shared by readers parses lines outside its records).
+        """
+        if counted and not padding:
+            self.count(unit.file, 1, unit.lost)
         written = self._quarantine.add(unit) if self._quarantine is not None else False
         log.info(
             "on_bad_data=%r: skipped %s of %r, %d row(s)%s: %s",
@@ -336,6 +509,7 @@ class BadData:
         padding: bool,
         schema: pa.Schema | None,
         hint: str = "",
+        counted: bool = True,
     ) -> pa.RecordBatch | None:
         """A unit that did not decode: raise (``'raise'``), or skip it and return its stand-in.
 
@@ -350,15 +524,18 @@ class BadData:
             padding: The chunk repeats rows read elsewhere (``equal_batches='pad'``): not counted.
             schema: The reader's output schema.
             hint: Advice for this format in the error.
+            counted: Count the unit here (see :meth:`skip`).
 
         Raises:
             BadDataError: with ``on_bad_data='raise'``.
         """
         if not self.skipping:
             raise self.error(unit, reading, hint) from cause
-        self.skip(unit, padding=padding)
+        self.skip(unit, padding=padding, counted=counted)
         if not unit.lost or schema is None:
             return None
+        if not padding:
+            self.yielded(unit.lost)
         return standin_batch(schema, unit.lost)
 
 

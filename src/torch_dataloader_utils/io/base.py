@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import pyarrow as pa
@@ -19,12 +19,48 @@ from torch_dataloader_utils.storage.cached import RemoteReads
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.partitions import Partitions
 
-__all__ = ["ChunkReader", "IoTotals", "OpenFiles", "ReadRequest", "ReaderBase"]
+__all__ = ["ChunkReader", "IoTotals", "OpenFiles", "ReadRequest", "ReaderBase", "ReaderCounts"]
 
 T = TypeVar("T")
 
 IoTotals = tuple[int, int, int, int, float]
 """``(bytes_fetched, bytes_needed, requests, retries, wait_sec)`` of a process so far."""
+
+
+@dataclass(frozen=True)
+class ReaderCounts:
+    """What one reader counted in this process so far (cumulative; the metrics take differences).
+
+    A reader's own counters, not the process's: two loaders of one process (a training
+    and an evaluation loader) never count each other's reads.
+
+    Attributes:
+        cache: ``(hits, misses, bytes_served, evictions)`` of its ``data_cache`` reads.
+        bad: ``(units, rows)`` of the data it skipped (``on_bad_data``).
+        bad_files: Rows it skipped per file.
+        standin_rows: Rows of the stand-ins it yielded for skipped units of chunks that
+            are not padding (flagged ``_is_padding`` with ``equal_batches='pad'``, yet
+            not padding: the metrics subtract them from ``rows_padded``).
+    """
+
+    cache: tuple[int, int, int, int] = (0, 0, 0, 0)
+    bad: tuple[int, int] = (0, 0)
+    bad_files: Mapping[str, int] = field(default_factory=dict)
+    standin_rows: int = 0
+
+    def __add__(self, other: ReaderCounts) -> ReaderCounts:
+        files = dict(self.bad_files)
+        for path, rows in other.bad_files.items():
+            files[path] = files.get(path, 0) + rows
+        cache = tuple(a + b for a, b in zip(self.cache, other.cache, strict=True))
+        bad = tuple(a + b for a, b in zip(self.bad, other.bad, strict=True))
+        return ReaderCounts(cache, bad, files, self.standin_rows + other.standin_rows)  # type: ignore[arg-type]
+
+    @classmethod
+    def of(cls, reads: RemoteReads | None, bad: BadData) -> ReaderCounts:
+        """The counts of a reader's remote reads (``None``: none) and its bad-data handling."""
+        cache = reads.stats.totals() if reads is not None else (0, 0, 0, 0)
+        return cls(cache, bad.totals(), bad.files(), bad.standin_rows())
 
 
 @runtime_checkable
@@ -64,6 +100,10 @@ class ChunkReader(Protocol):
         """What this process fetched and waited for so far (``None``: not counted)."""
         ...
 
+    def counts(self) -> ReaderCounts | None:
+        """This reader's cache reads and skipped data in this process so far (``None``: none)."""
+        ...
+
 
 class ReaderBase:
     """The defaults of :class:`ChunkReader`'s capabilities: a reader that has none of them."""
@@ -87,6 +127,10 @@ class ReaderBase:
         return self  # type: ignore[return-value]  # a subclass is a ChunkReader
 
     def io_totals(self) -> IoTotals | None:
+        """Nothing is counted."""
+        return None
+
+    def counts(self) -> ReaderCounts | None:
         """Nothing is counted."""
         return None
 
@@ -130,7 +174,7 @@ class ReadRequest:
 
     def reads(self) -> RemoteReads:
         """The readers' remote reads (through the ``data_cache`` when one is set)."""
-        return RemoteReads(self.fs, self.cache, self.fetch)
+        return RemoteReads(self.fs, self.cache, self.fetch, self.files)
 
     def bad(self) -> BadData:
         """The readers' handling of units that do not decode."""

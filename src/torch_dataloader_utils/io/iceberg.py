@@ -13,15 +13,17 @@ without field ids are matched through the table's name mapping (or the current n
 ORC data files are read whole, by column name.
 
 Remote data files go through the node-local ``data_cache`` when one is set (in blocks,
-keyed by path, endpoint and size: Iceberg never rewrites a data file in place). A row
-group that does not decode raises :class:`BadDataError`, or with ``on_bad_data='skip'``
-is replaced by a stand-in of its live rows (:mod:`~torch_dataloader_utils.io.bad`).
+keyed by path, store and size: Iceberg never rewrites a data file in place). A row
+group that does not decode is decoded again from its bytes read again from storage
+(:func:`~torch_dataloader_utils.io.bad.decode_again`); when that fails too it raises
+:class:`BadDataError`, or with ``on_bad_data='skip'`` is replaced by a stand-in of its
+live rows (:mod:`~torch_dataloader_utils.io.bad`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -31,13 +33,13 @@ import pyarrow.parquet as pq
 
 from torch_dataloader_utils.config import BadDataConfig, CacheConfig, FetchConfig
 from torch_dataloader_utils.errors import FileChangedError, ReadError
-from torch_dataloader_utils.io.bad import BadData, BadUnit, describe
-from torch_dataloader_utils.io.base import OpenFiles, ReaderBase
+from torch_dataloader_utils.io.bad import BadData, BadUnit, decode_again, describe
+from torch_dataloader_utils.io.base import OpenFiles, ReaderBase, ReaderCounts
 from torch_dataloader_utils.io.prefetch import FetchStats, column_ranges
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, RowGroup
-from torch_dataloader_utils.storage.cache import FileKey
-from torch_dataloader_utils.storage.cached import open_blocks
-from torch_dataloader_utils.storage.fetch import GaveUp, retry_call
+from torch_dataloader_utils.storage.cache import CacheStats, FileKey, range_cache
+from torch_dataloader_utils.storage.cached import RangeFile, open_blocks
+from torch_dataloader_utils.storage.fetch import GaveUp, ShortRead, retry_call
 from torch_dataloader_utils.storage.iceberg_columns import (
     column_by_id,
     log_once,
@@ -46,6 +48,7 @@ from torch_dataloader_utils.storage.iceberg_columns import (
 )
 from torch_dataloader_utils.storage.iceberg_meta import IcebergFileInfo, IcebergScan
 from torch_dataloader_utils.storage.identity import check_size
+from torch_dataloader_utils.storage.stores import options_identity
 
 __all__ = ["IcebergReader"]
 
@@ -75,6 +78,7 @@ class IcebergReader(ReaderBase):
         self._decoder: ThreadPoolExecutor | None = None
         self._decoder_pid = 0
         self._stats = FetchStats()
+        self._cache_stats = CacheStats()
 
     def io_totals(self) -> tuple[int, int, int, int, float]:
         """``(bytes_fetched, bytes_needed, requests, retries, wait_sec)`` of this process so far.
@@ -82,6 +86,11 @@ class IcebergReader(ReaderBase):
         Parquet data files: the column chunks of the row groups read (ORC files: not counted).
         """
         return self._stats.totals()
+
+    def counts(self) -> ReaderCounts:
+        """This reader's ``data_cache`` reads and skipped data in this process so far."""
+        bad = self._bad
+        return ReaderCounts(self._cache_stats.totals(), bad.totals(), bad.files(), bad.standin_rows())
 
     def use_threads(self, on: bool) -> None:
         """Decode with Arrow's thread pool (``True``, the default) or in the calling thread."""
@@ -110,13 +119,36 @@ class IcebergReader(ReaderBase):
         check_size(path, self._files[path].size, handle.size())  # the size is known from opening
         return pq.ParquetFile(handle)
 
-    def _cached(self, path: str) -> Any | None:
-        """``path`` read through the node-local cache, or ``None`` (no cache, or a local file)."""
+    def _key(self, path: str) -> FileKey | None:
+        """The cache key of a data file (``None``: no cache, or a local file)."""
         if self._cache is None or not self._cache.enabled or path.startswith(("file:", "/")):
             return None
+        store = options_identity(path.partition("://")[0], self._scan.fs.properties)
+        return FileKey(path, self._files[path].size, "iceberg", store)
+
+    def _cached(self, path: str) -> Any | None:
+        """``path`` read through the node-local cache, or ``None`` (no cache, or a local file)."""
+        key = self._key(path)
+        if key is None:
+            return None
+        return open_blocks(self._cache, key, key.size, self._fetcher(path), self._cache_stats)
+
+    def _fresh(self, path: str) -> RangeFile:
+        """``path`` read anew from storage (retried; the cache's entries of each read dropped)."""
+        key, fetch = self._key(path), self._fetcher(path)
+        directory = self._cache.directory if self._cache is not None else None
         size = self._files[path].size
-        endpoint = self._scan.fs.properties.get("s3.endpoint", "")
-        key = FileKey(f"{path}@{endpoint}" if endpoint else path, size, "iceberg")
+
+        def fresh(lo: int, hi: int) -> bytes:
+            if key is not None and directory is not None and self._cache is not None:
+                range_cache(directory, self._cache.data_cache_size).discard(key, lo, hi, self._cache_stats)
+            return fetch(lo, min(hi, size))
+
+        return RangeFile(size, fresh, track=True)
+
+    def _fetcher(self, path: str) -> Callable[[int, int], bytes]:
+        """Reads bytes ``[lo, hi)`` of ``path`` from storage, retried (one file opened, size checked)."""
+        size = self._files[path].size
         opened: list[Any] = []
 
         def fetch(lo: int, hi: int) -> bytes:
@@ -126,16 +158,20 @@ class IcebergReader(ReaderBase):
                     handle = filesystem.open_input_file(inner)
                     check_size(path, size, handle.size())
                     opened.append(handle)
-                return bytes(opened[0].read_at(hi - lo, lo))
+                got = bytes(opened[0].read_at(hi - lo, lo))
+                if len(got) != hi - lo:
+                    raise ShortRead(f"got {len(got)} of {hi - lo} bytes")
+                return got
 
             try:
-                return retry_call(attempt, self._fetch)
+                data: bytes = retry_call(attempt, self._fetch)
             except GaveUp as failed:
                 raise ReadError(
                     f"reading Iceberg data file {path!r} bytes [{lo}, {hi}) failed {failed.how(self._fetch)}"
                 ) from failed.error
+            return data
 
-        return open_blocks(self._cache, key, size, fetch)
+        return fetch
 
     # -- reading ----------------------------------------------------------------
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
@@ -146,6 +182,8 @@ class IcebergReader(ReaderBase):
                 yield from self._read_orc(info, chunk)
                 return
             yield from self._read_parquet(info, chunk)
+        except MemoryError:
+            raise  # a unit that does not fit in memory is not bad data, nor a read error
         except (OSError, pa.ArrowException) as exc:
             raise ReadError(
                 f"reading Iceberg data file {chunk.path!r} rows [{chunk.start}, {chunk.stop}) failed: {exc}"
@@ -180,13 +218,23 @@ class IcebergReader(ReaderBase):
             assert pending is not None
             try:
                 table = pending.result()
+            except MemoryError:
+                raise
             except (OSError, pa.ArrowException) as exc:
                 pending = decode(i + 1) if i + 1 < len(pieces) else None
-                standin = self._bad_group(info, chunk, g, lo, hi, exc)
-                if standin is not None:
-                    yield standin
-                continue
-            pending = decode(i + 1) if i + 1 < len(pieces) else None
+                redo = self._again(pf, g.index, file_cols)
+                what = f"row group {g.index} of Iceberg data file {info.path!r}"
+                again = decode_again(
+                    exc, lambda: self._fresh(info.path), redo, what, lambda: self._confirm(info)
+                )
+                if isinstance(again, BaseException):
+                    standin = self._bad_group(info, chunk, g, lo, hi, again)
+                    if standin is not None:
+                        yield standin
+                    continue
+                table = again
+            else:
+                pending = decode(i + 1) if i + 1 < len(pieces) else None
             if lo != g.first_row or hi != g.stop_row:
                 table = table.slice(lo - g.first_row, hi - lo)
             # Deletes and filters run once per row-group piece. The piece goes on as
@@ -196,16 +244,26 @@ class IcebergReader(ReaderBase):
             if out.num_rows:
                 yield from out.to_batches()
 
+    def _again(self, pf: pq.ParquetFile, group: int, columns: list[str]) -> Any:
+        """Decodes row group ``group`` from a file read again (the footer of ``pf``)."""
+        metadata = pf.metadata
+
+        def decode(file: Any) -> pa.Table:
+            fresh = pq.ParquetFile(file, metadata=metadata, pre_buffer=False, page_checksum_verification=True)
+            return fresh.read_row_group(group, columns=columns, use_threads=False)
+
+        return decode
+
     def _bad_group(
         self, info: IcebergFileInfo, chunk: Chunk, g: RowGroup, lo: int, hi: int, exc: BaseException
     ) -> pa.RecordBatch | None:
-        """A row group that does not decode: raise, or skip it (a stand-in of its live rows, or ``None``).
+        """A row group that does not decode (the file checked, its bytes read twice): raise, or skip it.
+
+        Returns a stand-in of its live rows, or ``None``.
 
         Raises:
-            FileChangedError: the data file is gone or has another size (never bad data).
             BadDataError: with ``on_bad_data='raise'``.
         """
-        self._confirm(info)
         # Live rows: deletes (and a counted filter's dropped rows, among them) taken out.
         exact = self._scan.filters is None or self._scan.filter_counted
         lost = (hi - lo) - info.deleted_in(lo, hi) if exact else 0

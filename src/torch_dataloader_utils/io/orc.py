@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.orc as orc
 
 from torch_dataloader_utils.errors import ReadError
-from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, describe
-from torch_dataloader_utils.io.base import OpenFiles, ReaderBase, ReadRequest
+from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, decode_again, describe
+from torch_dataloader_utils.io.base import OpenFiles, ReaderBase, ReaderCounts, ReadRequest
 from torch_dataloader_utils.io.prefetch import Warmer
 from torch_dataloader_utils.plan.types import Chunk, RowGroup
+from torch_dataloader_utils.storage.cached import RangeFile, fetch_error
 from torch_dataloader_utils.storage.identity import FileChecks
 
 __all__ = ["OrcReader"]
@@ -31,8 +32,10 @@ class OrcReader(ReaderBase):
     partly inside is sliced, so chunks may be cut at any row. Batches are at most
     ``batch_size`` rows; the dataset's re-batching makes them exact across stripes.
 
-    A stripe that does not decode raises :class:`BadDataError` naming it, or, with
-    ``on_bad_data='skip'`` / ``'quarantine'``, is replaced by a stand-in of its rows
+    A stripe that does not decode is decoded again from its bytes read again from
+    storage (:func:`~torch_dataloader_utils.io.bad.decode_again`); when that fails too it
+    raises :class:`BadDataError` naming it, or, with ``on_bad_data='skip'`` /
+    ``'quarantine'``, is replaced by a stand-in of its rows
     (:mod:`~torch_dataloader_utils.io.bad`). Remote files are read through the node-local
     ``data_cache`` when one is set (in blocks; a file is checked against the plan before
     its first fetch from storage in a pass).
@@ -78,6 +81,10 @@ class OrcReader(ReaderBase):
         finally:
             source.close()
 
+    def counts(self) -> ReaderCounts:
+        """This reader's ``data_cache`` reads and skipped data in this process so far."""
+        return ReaderCounts.of(self._reads, self._bad)
+
     def _open_orc(self, path: str) -> tuple[Any, orc.ORCFile]:
         info = self._files[path]
         source = self._reads.open(
@@ -86,7 +93,13 @@ class OrcReader(ReaderBase):
             version=info.mtime,
             before_fetch=lambda: self._checks.check(path, info.size, info.mtime),
         )
-        return source, orc.ORCFile(source)
+        try:
+            return source, orc.ORCFile(source)
+        except (OSError, pa.ArrowException) as exc:
+            failed = fetch_error(source)  # pyarrow's ORC reader reports a failed read as its own error
+            if isinstance(failed, (ReadError, MemoryError)):
+                raise failed from exc
+            raise
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the chunk's rows (filtered, projected) in file order."""
@@ -94,17 +107,31 @@ class OrcReader(ReaderBase):
         try:
             if not self._reads.active:
                 self._checks.check(chunk.path, info.size, info.mtime)
-            reader = self._open.get(chunk.path)[1]
+            source, reader = self._open.get(chunk.path)
             for g in info.groups_in(chunk.start, chunk.stop):
                 lo = max(chunk.start, g.first_row) - g.first_row
                 hi = min(chunk.stop, g.stop_row) - g.first_row
                 try:
                     stripe = reader.read_stripe(g.index, columns=self._data_columns)
+                except MemoryError:
+                    raise
                 except (OSError, pa.ArrowException) as exc:
-                    standin = self._bad_stripe(chunk, g, hi - lo, exc)
-                    if standin is not None:
-                        yield standin
-                    continue
+                    failed = fetch_error(source)
+                    if isinstance(failed, MemoryError):
+                        raise failed from exc
+                    what = f"stripe {g.index} of {self._fs.display(chunk.path)!r}"
+                    unchanged = functools.partial(
+                        confirm_unchanged, self._fs, chunk.path, self._files[chunk.path]
+                    )
+                    again = decode_again(
+                        exc, lambda: self._fresh(chunk.path), self._again(g), what, unchanged
+                    )
+                    if isinstance(again, BaseException):
+                        standin = self._bad_stripe(chunk, g, hi - lo, again)
+                        if standin is not None:
+                            yield standin
+                        continue
+                    stripe = again
                 if stripe.num_rows != g.num_rows:
                     raise ReadError(
                         f"stripe {g.index} of {self._fs.display(chunk.path)!r} holds {stripe.num_rows} "
@@ -113,19 +140,34 @@ class OrcReader(ReaderBase):
                 table = pa.Table.from_batches([stripe]).slice(lo, hi - lo)
                 for batch in table.to_batches(max_chunksize=self._batch_size):
                     yield self._finish(batch, chunk.path)
+        except MemoryError:
+            raise  # a stripe that does not fit in memory is not bad data, nor a read error
         except (OSError, pa.ArrowException) as exc:
             raise ReadError(
                 f"reading {self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop}) failed: {exc}"
             ) from exc
 
+    def _fresh(self, path: str) -> RangeFile:
+        info = self._files[path]
+        return self._reads.fresh(path, size=info.size, version=info.mtime)
+
+    def _again(self, g: RowGroup) -> Callable[[Any], pa.RecordBatch]:
+        """Decodes stripe ``g`` from a file read again."""
+        columns = self._data_columns
+
+        def decode(file: Any) -> pa.RecordBatch:
+            return orc.ORCFile(file).read_stripe(g.index, columns=columns)
+
+        return decode
+
     def _bad_stripe(self, chunk: Chunk, g: RowGroup, rows: int, exc: BaseException) -> pa.RecordBatch | None:
-        """A stripe that does not decode: raise, or skip it (its stand-in, or ``None``).
+        """A stripe that does not decode (the file checked, its bytes read twice): raise, or skip it.
+
+        Returns its stand-in, or ``None``.
 
         Raises:
-            FileChangedError: the file is no longer the planned one (never bad data).
             BadDataError: with ``on_bad_data='raise'``.
         """
-        confirm_unchanged(self._fs, chunk.path, self._files[chunk.path])
         lost = rows if self._exact else 0
         unit = BadUnit(
             self._fs.display(chunk.path),

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from torch_dataloader_utils.errors import ReadError
-from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, describe
-from torch_dataloader_utils.io.base import OpenFiles, ReaderBase, ReadRequest
+from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, decode_again, describe
+from torch_dataloader_utils.io.base import OpenFiles, ReaderBase, ReaderCounts, ReadRequest
 from torch_dataloader_utils.io.prefetch import ChunkSource, FetchStats, column_ranges
 from torch_dataloader_utils.plan.types import Chunk, FileInfo, RowGroup
+from torch_dataloader_utils.storage.cached import RangeFile
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.handles import too_many_open_files
 from torch_dataloader_utils.storage.identity import FileChecks, check_footer, stale_advice
@@ -40,9 +42,12 @@ class ParquetReader(ReaderBase):
     are added as constant columns before the row filter, and the result is projected to
     the output columns. Filesystem clients are built lazily in the reading process.
 
-    A row group that does not decode raises :class:`BadDataError` naming it, or, with
-    ``on_bad_data='skip'`` / ``'quarantine'``, is replaced by a stand-in of its rows in the
-    chunk (:mod:`~torch_dataloader_utils.io.bad`); row groups are then decoded one at a time.
+    A row group that does not decode is decoded again from its bytes read again from
+    storage (:func:`~torch_dataloader_utils.io.bad.decode_again`); when that fails too it
+    raises :class:`BadDataError` naming it, or, with ``on_bad_data='skip'`` /
+    ``'quarantine'``, is replaced by a stand-in of its rows in the chunk
+    (:mod:`~torch_dataloader_utils.io.bad`); row groups are then decoded one at a time.
+    Page checksums (CRC-32), where the writer wrote them, are verified.
     """
 
     def __init__(
@@ -83,6 +88,7 @@ class ParquetReader(ReaderBase):
         self._source = source
         self._local_stats = FetchStats()
         self._bad = request.bad()
+        self._reads = source.reads if source is not None else request.reads()
         self._schema = request.output_schema
         # Positions count rows before the filter (no filter) or after a counted one: a
         # skipped group's stand-in then has its rows; else (an uncounted filter) none.
@@ -157,6 +163,10 @@ class ParquetReader(ReaderBase):
         stats = self._source.stats if self._source is not None else self._local_stats
         return stats.totals()
 
+    def counts(self) -> ReaderCounts:
+        """This reader's ``data_cache`` reads and skipped data in this process so far."""
+        return ReaderCounts.of(self._reads, self._bad)
+
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the chunk's rows (filtered, projected) in file order."""
         info = self._files[chunk.path]
@@ -172,34 +182,42 @@ class ParquetReader(ReaderBase):
                 self._checks.check(chunk.path, info.size, info.mtime)
                 pf = self._open.get(chunk.path)
                 if self._private_files:
-                    pf = own = pq.ParquetFile(chunk.path, filesystem=self._fs.arrow(), metadata=pf.metadata)
+                    pf = own = pq.ParquetFile(
+                        chunk.path,
+                        filesystem=self._fs.arrow(),
+                        metadata=pf.metadata,
+                        page_checksum_verification=True,
+                    )
                 needed = column_ranges(pf.metadata, [g.index for g in groups], self._data_columns)
                 nbytes = sum(hi - lo for lo, hi in needed)
                 self._local_stats.read(nbytes, nbytes)
-            if self._filtered_positions or self._bad.skipping:
+            whole = all(chunk.start <= g.first_row and g.stop_row <= chunk.stop for g in groups)
+            if self._filtered_positions or self._bad.skipping or not whole:
                 yield from self._by_group(pf, chunk, groups)
                 return
-            whole = all(chunk.start <= g.first_row and g.stop_row <= chunk.stop for g in groups)
-            if whole:
-                raw = pf.iter_batches(
-                    batch_size=self._read_rows,
-                    row_groups=[g.index for g in groups],
-                    columns=self._data_columns,
-                    use_threads=self._use_threads,
-                )
+            done = 0  # rows of the chunk decoded (before the filter)
+            raw = pf.iter_batches(
+                batch_size=self._read_rows,
+                row_groups=[g.index for g in groups],
+                columns=self._data_columns,
+                use_threads=self._use_threads,
+            )
+            try:
                 for batch in raw:
                     yield self._finish(batch, chunk.path)
-                return
-            for g in groups:
-                lo = max(chunk.start, g.first_row) - g.first_row
-                hi = min(chunk.stop, g.stop_row) - g.first_row
-                table = pf.read_row_group(g.index, columns=self._data_columns, use_threads=self._use_threads)
-                for batch in table.slice(lo, hi - lo).to_batches(max_chunksize=self._read_rows):
-                    yield self._finish(batch, chunk.path)
+                    done += batch.num_rows
+            except MemoryError:
+                raise
+            except (OSError, pa.ArrowException) as exc:
+                if too_many_open_files(exc) is not None:
+                    raise
+                # A group did not decode: the rest of the chunk one group at a time, each
+                # that fails decoded again from its bytes read again, or named.
+                yield from self._by_group(pf, chunk, groups, skip=done)
+        except MemoryError:
+            raise  # a unit that does not fit in memory is not bad data, nor a read error
         except (OSError, pa.ArrowException) as exc:
             descriptors = too_many_open_files(exc)
-            if pf is not None and descriptors is None and not self._bad.skipping:
-                self._diagnose(pf, chunk, groups)
             raise ReadError(
                 f"reading {self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop}) failed: {exc}"
                 + ("" if descriptors is None else f": {descriptors}")
@@ -209,21 +227,41 @@ class ParquetReader(ReaderBase):
                 own.close()
 
     def _by_group(
-        self, pf: pq.ParquetFile, chunk: Chunk, groups: Sequence[RowGroup]
+        self, pf: pq.ParquetFile, chunk: Chunk, groups: Sequence[RowGroup], skip: int = 0
     ) -> Iterator[pa.RecordBatch]:
-        """The chunk's rows decoded one row group at a time; a group that does not decode is handled."""
+        """The chunk's rows decoded one row group at a time; a group that does not decode is handled.
+
+        ``skip``: rows of the chunk already read (before any filter): reading goes on
+        after them. A group that does not decode is decoded again from its bytes read
+        again (:func:`decode_again`); when that fails too, it is bad data.
+        """
+        begin = chunk.start + skip
         for g in groups:
-            lo = max(chunk.start, g.first_row) - g.first_row
+            if g.stop_row <= begin:
+                continue
+            lo = max(begin, g.first_row) - g.first_row
             hi = min(chunk.stop, g.stop_row) - g.first_row
             try:
                 table = pf.read_row_group(g.index, columns=self._data_columns, use_threads=self._use_threads)
+            except MemoryError:
+                raise
             except (OSError, pa.ArrowException) as exc:
                 if too_many_open_files(exc) is not None:
                     raise
-                standin = self._bad_group(pf, chunk, g, hi - lo, exc)
-                if standin is not None:
-                    yield standin
-                continue
+                what = f"row group {g.index} of {self._fs.display(chunk.path)!r}"
+                again = decode_again(
+                    exc,
+                    lambda: self._fresh(chunk.path),
+                    self._again(pf, g),
+                    what,
+                    self._unchanged(chunk.path),
+                )
+                if isinstance(again, BaseException):
+                    standin = self._bad_group(pf, chunk, g, hi - lo, again)
+                    if standin is not None:
+                        yield standin
+                    continue
+                table = again
             if self._filtered_positions:
                 yield from self._filtered_group(table, chunk, g, lo, hi)
                 continue
@@ -258,32 +296,34 @@ class ParquetReader(ReaderBase):
     def _bad_group(
         self, pf: pq.ParquetFile, chunk: Chunk, g: RowGroup, rows: int, exc: BaseException
     ) -> pa.RecordBatch | None:
-        """A row group that does not decode: raise, or skip it (its stand-in, or ``None``).
+        """A row group that does not decode (the file checked, its bytes read twice): raise, or skip it.
+
+        Returns its stand-in, or ``None``.
 
         Raises:
-            FileChangedError: the file is no longer the planned one (never bad data).
             BadDataError: with ``on_bad_data='raise'``.
         """
-        confirm_unchanged(self._fs, chunk.path, self._files[chunk.path], self._manifest)
         unit = self._unit(pf, chunk.path, g, exc, rows if self._exact else 0)
         reading = f"{self._fs.display(chunk.path)!r} rows [{chunk.start}, {chunk.stop})"
         return self._bad.resolve(unit, exc, reading=reading, padding=chunk.padding, schema=self._schema)
 
-    def _diagnose(self, pf: pq.ParquetFile, chunk: Chunk, groups: Sequence[RowGroup]) -> None:
-        """After a failed read (``on_bad_data='raise'``): name the row group that does not decode.
+    def _unchanged(self, path: str) -> Callable[[], None]:
+        """Raises :class:`FileChangedError` when ``path`` is no longer the planned file."""
+        return functools.partial(confirm_unchanged, self._fs, path, self._files[path], self._manifest)
 
-        Returns when no group fails alone (the caller's error stands).
+    def _fresh(self, path: str) -> RangeFile:
+        info = self._files[path]
+        return self._reads.fresh(path, size=info.size, version=info.mtime)
 
-        Raises:
-            FileChangedError: the file changed since planning.
-            BadDataError: naming the first row group of the chunk that does not decode.
-        """
-        for g in groups:
-            try:
-                pf.read_row_group(g.index, columns=self._data_columns, use_threads=False)
-            except (OSError, pa.ArrowException) as failed:
-                self._bad_group(pf, chunk, g, 0, failed)
-                return
+    def _again(self, pf: pq.ParquetFile, g: RowGroup) -> Callable[[Any], pa.Table]:
+        """Decodes row group ``g`` from a file read again (the footer of ``pf``, checked already)."""
+        metadata, columns = pf.metadata, self._data_columns
+
+        def decode(file: Any) -> pa.Table:
+            fresh = pq.ParquetFile(file, metadata=metadata, pre_buffer=False, page_checksum_verification=True)
+            return fresh.read_row_group(g.index, columns=columns, use_threads=False)
+
+        return decode
 
     def _finish(self, batch: pa.RecordBatch, path: str) -> pa.RecordBatch:
         return self._finisher(batch, path)
@@ -298,7 +338,7 @@ def _open_checked(
     path: str,
 ) -> pq.ParquetFile:
     """Open a local Parquet file and check its footer against the plan (:func:`check_footer`)."""
-    pf = pq.ParquetFile(path, filesystem=fs.arrow())
+    pf = pq.ParquetFile(path, filesystem=fs.arrow(), page_checksum_verification=True)
     try:
         shown = fs.display(path)
         check_footer(shown, files[path], pf.metadata, filtered=filtered, manifest=manifest, columns=columns)

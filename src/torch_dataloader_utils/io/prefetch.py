@@ -427,6 +427,11 @@ class ChunkSource:
         """Whether bytes go through the node-local cache (then this source checks files itself)."""
         return self._reads.active
 
+    @property
+    def reads(self) -> RemoteReads:
+        """The remote reads its bytes come through (their cache counters, reading a file again)."""
+        return self._reads
+
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._pool: PlanOrderPool | None = None
@@ -766,7 +771,10 @@ class ChunkSource:
         # pre_buffer off: the bytes are in memory already, and its coalescing would read
         # across the gaps (unprojected columns) that were never fetched.
         return pq.ParquetFile(
-            pa.PythonFile(sparse, mode="r"), metadata=self.metadata(chunk.path), pre_buffer=False
+            pa.PythonFile(sparse, mode="r"),
+            metadata=self.metadata(chunk.path),
+            pre_buffer=False,
+            page_checksum_verification=True,
         )
 
     def warm(self, chunks: Sequence[Chunk]) -> None:

@@ -59,8 +59,15 @@ from torch_dataloader_utils.errors import (
     ReadError,
     RecordBoundaryError,
 )
-from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, describe, is_standin, standin_batch
-from torch_dataloader_utils.io.base import ReaderBase, ReadRequest
+from torch_dataloader_utils.io.bad import (
+    BadUnit,
+    agreed_bytes,
+    confirm_unchanged,
+    describe,
+    is_standin,
+    standin_batch,
+)
+from torch_dataloader_utils.io.base import ReaderBase, ReaderCounts, ReadRequest
 from torch_dataloader_utils.io.prefetch import FetchStats, Warmer
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
 from torch_dataloader_utils.storage.cached import BLOCK_BYTES
@@ -142,6 +149,10 @@ class TextReader(ReaderBase):
         """
         return self._stats.totals()
 
+    def counts(self) -> ReaderCounts:
+        """This reader's ``data_cache`` reads and skipped data in this process so far."""
+        return ReaderCounts.of(self._reads, self._bad)
+
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next: remote files are checked meanwhile."""
         self._checks.schedule(() if self._reads.active else (c.path for c in chunks))
@@ -203,10 +214,16 @@ class TextReader(ReaderBase):
                 raw = self._window(raw, chunk)
             for batch in raw:
                 if is_standin(batch):
+                    if chunk.windowed and not chunk.padding:  # a bad line of this chunk's records
+                        self._bad.count(self._fs.display(chunk.path), batch.num_rows, batch.num_rows)
                     if self._exact and self._out_schema is not None:
+                        if not chunk.padding:
+                            self._bad.yielded(batch.num_rows)
                         yield standin_batch(self._out_schema, batch.num_rows)
                     continue
                 yield self._finish(batch, chunk.path)
+        except MemoryError:
+            raise  # records that do not fit in memory are not bad data, nor a read error
         except (OSError, pa.ArrowException) as exc:
             where = f"{self._fs.display(chunk.path)!r} bytes [{chunk.start}, {chunk.stop})"
             if "utf8" in str(exc).lower():
@@ -282,17 +299,65 @@ class TextReader(ReaderBase):
 
     # -- parsing ---------------------------------------------------------------
     def _tables(self, chunk: Chunk, meta: TextFileMeta) -> Iterator[pa.Table]:
-        """The chunk's pieces parsed; a piece that does not parse is searched for its bad lines."""
+        """The chunk's pieces parsed; a piece that does not parse is searched for its bad lines.
+
+        A piece that does not parse is read again from storage first: bytes that differ
+        were damaged or cut in transit, and the piece read again is parsed instead
+        (:mod:`~torch_dataloader_utils.io.bad`: only what fails on the bytes storage
+        holds is bad data).
+        """
         checked: list[bool] = []
-        for offset, piece in self._pieces(chunk, meta):
-            try:
-                yield self._parse(piece, chunk.path, offset, meta)
-            except (FileChangedError, RecordBoundaryError):
-                raise  # never bad data: skipping a record's lines would make rows up
-            except (pa.ArrowException, ReadError) as exc:
-                if not self._bad.skipping and isinstance(exc, ReadError):
-                    raise  # UTF-8: its own error names the fix
-                yield from self._isolate(piece, chunk, offset, meta, checked)
+        for offset, first in self._pieces(chunk, meta):
+            piece = first
+            table, failed = self._try_parse(piece, chunk.path, offset, meta)
+            if failed is not None:
+                if not checked:  # once per chunk: a changed file is never bad data
+                    confirm_unchanged(self._fs, chunk.path, self._files[chunk.path])
+                    checked.append(True)
+                again = self._read_again(chunk, meta, offset, piece, failed)
+                if again is not None:  # damaged in transit: parse what storage holds
+                    piece = again
+                    table, failed = self._try_parse(piece, chunk.path, offset, meta)
+            if failed is None:
+                assert table is not None
+                yield table
+                continue
+            if isinstance(failed, RecordBoundaryError):
+                raise failed from None  # never bad data: skipping a record's lines would make rows up
+            if not self._bad.skipping and isinstance(failed, ReadError):
+                raise failed from None  # UTF-8: its own error names the fix
+            yield from self._isolate(piece, chunk, offset, meta, checked)
+
+    def _try_parse(
+        self, piece: bytes, path: str, offset: int, meta: TextFileMeta
+    ) -> tuple[pa.Table | None, BaseException | None]:
+        """``(table, None)``, or ``(None, error)`` when the piece does not parse (other errors raise)."""
+        try:
+            return self._parse(piece, path, offset, meta), None
+        except (FileChangedError, MemoryError):
+            raise
+        except (pa.ArrowException, ReadError) as exc:
+            return None, exc
+
+    def _read_again(
+        self, chunk: Chunk, meta: TextFileMeta, offset: int, piece: bytes, error: BaseException
+    ) -> bytes | None:
+        """The piece at ``offset`` read again from storage, when it differs from ``piece`` (else ``None``).
+
+        Bytes that differ are read until two reads agree (:func:`~.bad.agreed_bytes`).
+        Compressed files are streamed (``offset`` counts decompressed bytes): not read again.
+        """
+        if meta.compression is not None:
+            return None
+        info = self._files[chunk.path]
+
+        def read() -> bytes:
+            fresh = self._reads.fresh(chunk.path, size=info.size, version=info.mtime)
+            fresh.seek(offset)
+            return fresh.read(len(piece))
+
+        where = f"the lines at bytes [{offset}, {offset + len(piece)}) of {self._fs.display(chunk.path)!r}"
+        return agreed_bytes(piece, read, where, error)
 
     def _isolate(
         self, piece: bytes, chunk: Chunk, offset: int, meta: TextFileMeta, checked: list[bool]
@@ -367,6 +432,7 @@ class TextReader(ReaderBase):
             padding=chunk.padding,
             schema=None,  # the record stays (its stand-in below); read() decides what the loop sees
             hint=hint,
+            counted=not chunk.windowed,  # a range shared by readers: counted if in this chunk's window
         )
         return _line_standin(1)
 
@@ -520,6 +586,8 @@ class TextReader(ReaderBase):
                     for piece in table.to_batches(max_chunksize=self._batch_size):
                         emitted += piece.num_rows
                         yield self._finish(piece, path)
+        except MemoryError:
+            raise
         except pa.ArrowException as exc:
             if not self._bad.skipping:
                 raise

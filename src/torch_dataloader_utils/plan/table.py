@@ -236,6 +236,8 @@ class FileTable(Mapping[str, FileInfo]):
         "block_bytes",
         "delete_offsets",
         "deleted",
+        "etag_blob",
+        "etag_offsets",
         "group_bytes",
         "group_offsets",
         "group_rows",
@@ -286,6 +288,10 @@ class FileTable(Mapping[str, FileInfo]):
     """``int64``, ``n + 1``: offsets into :attr:`deleted`, or ``None`` (no file has deletes)."""
     deleted: Array | None
     """``int64`` sorted deleted positions of each file, concatenated."""
+    etag_blob: Array | None
+    """Every file's ETag, UTF-8, concatenated (``uint8``; empty: none), or ``None`` (no file has one)."""
+    etag_offsets: Array | None
+    """``n + 1`` offsets into :attr:`etag_blob`, or ``None``."""
 
     _group_index: Array | None
     _group_first_row: Array | None
@@ -320,6 +326,8 @@ class FileTable(Mapping[str, FileInfo]):
         delete_offsets: ArrayLike | None = None,
         deleted: ArrayLike | None = None,
         live: ArrayLike | None = None,
+        etag_blob: ArrayLike | None = None,
+        etag_offsets: ArrayLike | None = None,
     ) -> FileTable:
         """A table from plain numpy columns (what a columnar discovery produces).
 
@@ -354,6 +362,9 @@ class FileTable(Mapping[str, FileInfo]):
             deleted: ``int64`` sorted, unique deleted positions per file, concatenated.
             live: ``int64`` rows planning deals out per file (default: derived from the
                 rows, groups and deletes as :attr:`FileInfo.live_rows` does).
+            etag_blob: Every file's ETag, UTF-8, concatenated (an empty one: none), with
+                ``etag_offsets`` (``n + 1``); omitted: no file has one.
+            etag_offsets: Where each ETag starts in ``etag_blob``, then its total length.
 
         Raises:
             ValueError: a column has the wrong length, or offsets do not rise.
@@ -375,6 +386,12 @@ class FileTable(Mapping[str, FileInfo]):
         )
         self._set_groups(n, group_offsets, group_index, group_first_row, group_rows, group_bytes, has_groups)
         self._set_extras(n, block_bytes, record_offsets, record_counts, delete_offsets, deleted)
+        if etag_blob is not None and etag_offsets is not None and len(np.asarray(etag_blob)):
+            tags = np.ascontiguousarray(etag_blob, dtype=np.uint8)
+            self.etag_blob = tags
+            self.etag_offsets = _offsets(etag_offsets, n, len(tags), "etag_offsets", narrow=True)
+        else:
+            self.etag_blob = self.etag_offsets = None
         self._infos = None
         self._init_derived(live)
         return self
@@ -475,6 +492,10 @@ class FileTable(Mapping[str, FileInfo]):
             delete_offsets = np.zeros(n + 1, dtype=np.int64)
             np.cumsum([len(a) for a in arrays], out=delete_offsets[1:])
             delete_kwargs = {"delete_offsets": delete_offsets, "deleted": np.concatenate(arrays)}
+        etag_kwargs: dict[str, Any] = {}
+        if any(f.etag for f in infos):
+            tags, tag_offsets = encode_paths([f.etag or "" for f in infos])
+            etag_kwargs = {"etag_blob": tags, "etag_offsets": tag_offsets}
         table = cls.from_arrays(
             paths_blob=blob,
             path_offsets=offsets,
@@ -491,6 +512,7 @@ class FileTable(Mapping[str, FileInfo]):
             live=np.fromiter((-1 if (v := f.live_rows) is None else v for f in infos), np.int64, n),
             **record_kwargs,
             **delete_kwargs,
+            **etag_kwargs,
         )
         table._infos = infos
         return table
@@ -717,9 +739,21 @@ class FileTable(Mapping[str, FileInfo]):
             bool(self.splittable[i]),
         )
         deleted = self.deleted_of(i)
-        info = FileWithDeletes(*args, deleted=deleted) if len(deleted) else FileInfo(*args)
+        etag = self.etag(i)
+        info = (
+            FileWithDeletes(*args, etag=etag, deleted=deleted) if len(deleted) else FileInfo(*args, etag=etag)
+        )
         self._cache[i] = info
         return info
+
+    def etag(self, i: int) -> str | None:
+        """The ETag of file ``i`` (``None``: none)."""
+        if self._infos is not None:
+            return self._infos[i].etag
+        if self.etag_blob is None or self.etag_offsets is None:
+            return None
+        lo, hi = self.etag_offsets[i], self.etag_offsets[i + 1]
+        return self.etag_blob[lo:hi].tobytes().decode() or None
 
     def deleted_of(self, i: int) -> Array:
         """The sorted deleted positions of file ``i`` (empty when none)."""

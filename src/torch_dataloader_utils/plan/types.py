@@ -126,6 +126,9 @@ class FileInfo:
             without parsing; chunks are byte ranges whose counts come from here.
         splittable: ``False`` when the file can only be read whole (compressed text, a
             CSV whose quoted fields hold newlines): byte-range splitting keeps it whole.
+        etag: The object store's entity tag of the version listed (S3, GCS, Azure), or
+            ``None``: with the size, what names the version whose bytes the node-local
+            cache may serve (a rewrite in the same second changes it).
     """
 
     path: str
@@ -135,6 +138,7 @@ class FileInfo:
     mtime: float | None = None
     records: RecordIndex | None = None
     splittable: bool = True
+    etag: str | None = field(default=None, compare=False)
     _starts: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

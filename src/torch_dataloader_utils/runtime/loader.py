@@ -258,7 +258,10 @@ class ResumableDataLoader(DataLoader[Any]):
 
         As torchdata's ``StatefulDataLoader`` reports it: trainers read ``len()`` once and
         keep it for every epoch. The batches left of a resumed or running pass are
-        :attr:`remaining_batches`.
+        :attr:`remaining_batches`. With ``on_bad_data='skip'`` or ``'quarantine'`` and
+        ``equal_batches`` other than ``'pad'``, the rows of skipped units are removed and
+        a pass may yield fewer batches than this count (known only once the units are
+        read); with ``equal_batches='pad'`` they arrive flagged and the count is exact.
 
         Raises:
             UnknownLengthError: row counts are unknown before reading (a ``TypeError``).

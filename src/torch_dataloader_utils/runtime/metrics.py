@@ -66,7 +66,9 @@ class WorkerMetrics:
         elapsed_sec: Seconds from the start of the pass (the loop asking for its first
             batch) to the last batch received, as in 0.2.0.
         chunks_done: Pieces whose every row reached the loop.
-        rows_padded: Rows flagged ``_is_padding`` (``equal_batches='pad'``).
+        rows_padded: Rows repeated to give every rank the same batches
+            (``equal_batches='pad'``, flagged ``_is_padding``); the stand-ins of skipped
+            units, flagged too, are ``bad_rows``, not counted here.
         bytes_fetched: Bytes read from storage: remote files, what the ranged requests
             returned (coalescing gaps included); local Parquet, the column chunks read;
             CSV / JSONL, the byte ranges read. Not counted for ORC.
@@ -86,15 +88,15 @@ class WorkerMetrics:
         cache_bytes_served: Bytes read from it.
         cache_evictions: Entries this worker evicted to keep it under ``data_cache_size``.
         bad_units: Units of data that did not decode and were skipped (``on_bad_data``;
-            a unit shared by two chunks counts once per chunk).
+            a row group shared by two chunks counts once per chunk; a line, once).
         bad_rows: Rows of those units.
         bad_rows_by_file: ``bad_rows`` per file.
         request_counts: Those requests by kind (LIST, HEAD, GET, PUT) and the bytes they
             carried, as the storage receives them
             (:class:`~torch_dataloader_utils.storage.requests.RequestCounts`).
 
-    The cache and bad-data counters count what the worker's process did (a process that
-    reads two datasets counts both).
+    The cache and bad-data counters count what this loader's reader did in the worker's
+    process (another loader read in the same process never adds to them).
     """
 
     worker_id: int

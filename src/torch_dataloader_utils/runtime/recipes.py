@@ -60,7 +60,7 @@ from torch_dataloader_utils.errors import (
     SchemaMismatchError,
 )
 from torch_dataloader_utils.io.ahead import read_ahead
-from torch_dataloader_utils.io.base import ChunkReader, IoTotals, ReaderBase
+from torch_dataloader_utils.io.base import ChunkReader, IoTotals, ReaderBase, ReaderCounts
 from torch_dataloader_utils.io.batching import concat_batches
 from torch_dataloader_utils.io.pieces import ROUND_POOL
 from torch_dataloader_utils.packing import converter_for
@@ -214,6 +214,11 @@ class _IoTotals(ReaderBase):
             return None
         sums = [sum(t[i] for t in found) for i in range(5)]
         return (int(sums[0]), int(sums[1]), int(sums[2]), int(sums[3]), float(sums[4]))
+
+    def counts(self) -> ReaderCounts | None:
+        """The readers' cache and bad-data counters, summed (``None`` when none counts)."""
+        found = [c for c in (r.counts() for r in self._readers) if c is not None]
+        return sum(found[1:], found[0]) if found else None
 
 
 AHEAD_ROWS = 65536

@@ -2,8 +2,10 @@
 
 A DataLoader worker times its own work — reading (storage wait + decode), converting,
 packing for the transfer — and reads its reader's I/O counters (bytes fetched and
-needed, requests, retries, storage wait), its process's ``data_cache`` counters (hits,
-misses, bytes served, evictions) and the units of bad data it skipped. It sends no
+needed, requests, retries, storage wait), its reader's ``data_cache`` counters (hits,
+misses, bytes served, evictions) and the units of bad data it skipped
+(:meth:`~torch_dataloader_utils.io.base.ChunkReader.counts`: the reader's own, never the
+process's, so two loaders of one process never count each other's). It sends no
 message of its own: every group of batches it hands over (:func:`~.emit.grouped`)
 carries the differences since the previous group as a short tuple of numbers
 (:data:`WORK_FIELDS`), plus the rows skipped per file when there are any, which the main
@@ -19,9 +21,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from torch_dataloader_utils.io.bad import bad_data_files, bad_data_totals
-from torch_dataloader_utils.io.base import ChunkReader
-from torch_dataloader_utils.storage.cache import process_stats
+from torch_dataloader_utils.io.base import ChunkReader, ReaderCounts
 from torch_dataloader_utils.storage.requests import KINDS, process_requests
 
 __all__ = ["WORK_FIELDS", "WorkStats"]
@@ -50,18 +50,15 @@ WORK_FIELDS = (
 """The order of the numbers in a work delta (what :meth:`WorkStats.delta` returns).
 
 The last seven are the requests this process sent to storage, by kind, and their bytes
-(:class:`~torch_dataloader_utils.storage.requests.RequestCounts`); ``requests`` is their total."""
+(:class:`~torch_dataloader_utils.storage.requests.RequestCounts`, counted per process:
+where requests are sent, by the storage clients); ``requests`` is their total."""
 
 FileCounts = tuple[tuple[str, int], ...]
 """Rows skipped per file (``on_bad_data``), as ``(file, rows)`` pairs."""
 
 
-def _process_counts() -> tuple[int, ...]:
-    """This process's cache and bad-data counters, in :data:`WORK_FIELDS` order."""
-    return (*process_stats().totals(), *bad_data_totals())
-
-
 _NO_IO = (0, 0, 0, 0, 0.0)
+_NO_COUNTS = ReaderCounts()
 
 
 class WorkStats:
@@ -79,17 +76,20 @@ class WorkStats:
             decoding, filtering, re-batching).
         convert_sec: Seconds converting batches to the output format.
         transfer_sec: Seconds packing batches into the buffer they cross processes in.
-        rows_padded: Rows flagged as padding in the batches produced.
+        rows_padded: Rows flagged as padding in the batches produced (stand-ins of skipped
+            units included; :meth:`totals` leaves them out: they are ``bad_rows``).
     """
 
     __slots__ = (
         "_base",
+        "_counts",
+        "_counts_base",
         "_files_sent",
         "_io",
         "_pieces",
-        "_process_base",
         "_requests_base",
         "_sent",
+        "_standins_base",
         "convert_sec",
         "flag_column",
         "read_sec",
@@ -100,9 +100,13 @@ class WorkStats:
     def __init__(self, reader: ChunkReader, pieces: int, flag_column: str | None = None) -> None:
         self._io = reader.io_totals
         self._base = self._io() or _NO_IO
-        self._process_base = _process_counts()
+        counts = getattr(reader, "counts", None)  # readers of other libraries may lack it
+        self._counts = counts if callable(counts) else (lambda: None)
+        now = self._counts() or _NO_COUNTS
+        self._counts_base = (*now.cache, *now.bad)
+        self._standins_base = now.standin_rows
+        self._files_sent = dict(now.bad_files)
         self._requests_base = process_requests()
-        self._files_sent = bad_data_files()
         self._pieces = pieces
         self._sent: tuple[float, ...] = (0.0,) * len(WORK_FIELDS)
         self.read_sec = 0.0
@@ -120,15 +124,19 @@ class WorkStats:
         """Everything so far in this pass, in :data:`WORK_FIELDS` order."""
         io = [now - base for now, base in zip(self._io() or _NO_IO, self._base, strict=True)]
         sent = process_requests() - self._requests_base
-        io[2] = sent.total  # every request this process sent, whichever reader sent it
+        io[2] = sent.total  # every request this process sent, whichever client sent it
+        counts = self._counts() or _NO_COUNTS
+        padded = self.rows_padded
+        if self.flag_column is not None:  # stand-ins are flagged too, but counted as bad rows
+            padded = max(0, padded - (counts.standin_rows - self._standins_base))
         return (
             self.read_sec,
             self.convert_sec,
             self.transfer_sec,
-            self.rows_padded,
+            padded,
             self._pieces,
             *io,
-            *(now - base for now, base in zip(_process_counts(), self._process_base, strict=True)),
+            *(now - base for now, base in zip((*counts.cache, *counts.bad), self._counts_base, strict=True)),
             *sent.as_tuple(),
         )
 
@@ -141,7 +149,7 @@ class WorkStats:
 
     def files_delta(self) -> FileCounts:
         """Rows skipped per file since the previous call (``()``: none)."""
-        now = bad_data_files()
+        now = dict((self._counts() or _NO_COUNTS).bad_files)
         if now == self._files_sent:
             return ()
         out = tuple(

@@ -4,16 +4,18 @@ Every rank and DataLoader worker of a node reads through one directory on local 
 A range of a remote file is fetched from storage at most once while it is cached;
 later epochs (and the other ranks of the node) read it from the disk. Layout::
 
-    <data_cache>/tdu-cache-v1/
+    <data_cache>/tdu-cache-v2/
         usage                               bytes the cache holds (8 bytes; its lock
                                             serializes reservations and evictions)
-        files/<k[:2]>/<k>/source.json       which file key ``k`` is (URL, size, version)
+        files/<k[:2]>/<k>/source.json       which file key ``k`` is (URL, size, version, store)
         files/<k[:2]>/<k>/<start>-<stop>    an entry: the range's bytes, then a trailer
         files/<k[:2]>/<k>/<start>-<stop>.lock   held by the process fetching the range
 
-**Identity.** ``k`` is a digest of the file's URL, size and version (its modification
-time or ETag, as planned), so a rewritten file, or the same path on another endpoint,
-has another key: it is never served the old bytes.
+**Identity.** ``k`` is a digest of the file's URL, size, version (its modification
+time or ETag, as planned) and store (the endpoint or account its requests reach,
+however it was configured: :mod:`~torch_dataloader_utils.storage.stores`), so a
+rewritten file, or the same path on another endpoint, has another key: it is never
+served the old bytes.
 
 **Entries are immutable and appear whole.** A writer writes ``<entry>.tmp-<pid>-<thread>``
 and renames it into place, so a reader sees the whole entry or none. Concurrent
@@ -21,10 +23,13 @@ readers of a missing range take ``<entry>.lock`` (``flock``, released by the ker
 the process dies): the first fetches and writes, the others wait, find the entry and
 read it, so a range is fetched once however many processes want it. Every read checks
 the entry's length and checksum (its 16-byte trailer: the checksum's kind, the length,
-the checksum); a bad entry is removed and the range fetched again. The checksum is
+the checksum); a bad entry is removed and the range fetched again. The checksum covers
+the entry's bytes, its file key and its range: an entry copied over another (another
+file's, or another range's of the same file) fails it, and is never served. It is
 CRC-32C (``google-crc32c``, hardware accelerated: about 6 GB/s here) where installed,
 else zlib's CRC-32 (about 1-2.5 GB/s); an entry written with a kind this process cannot
-compute is a miss, not an error.
+compute is a miss, not an error. (The layout's version is 2: entries of version 1, whose
+checksum covered the bytes alone, are never read; ``cache clear`` removes them.)
 
 **Size and eviction.** Before writing, a process reserves the entry's size (rounded up
 to 4 KiB blocks) in ``usage`` under its lock; when the reservation would pass
@@ -32,7 +37,8 @@ to 4 KiB blocks) in ``usage`` under its lock; when the reservation would pass
 entry's modification time) until the cache is 10% below the limit, and ``usage`` is
 recounted from the disk, where an entry being written is counted whole: its temporary
 file is created at full size under the same lock, when its bytes are granted. So the
-entries never hold more than the limit.
+entries never hold more than the limit. ``usage`` is opened for each reservation and
+closed after it: a process holds no descriptor of a cache between reads.
 A range larger than a quarter of the limit is not cached.
 
 **Never an error.** A full disk (or any failure to write) is a warning, once per process
@@ -72,8 +78,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CACHE_DIRNAME = "tdu-cache-v1"
+CACHE_DIRNAME = "tdu-cache-v2"
 """The directory the cache keeps under ``data_cache`` (the version of its layout)."""
+LEGACY_DIRNAMES = ("tdu-cache-v1",)
+"""Directories of older layouts: never read, removed by :meth:`RangeCache.clear`."""
 BLOCK = 4096
 """Entries are counted in whole blocks of this many bytes (what they take on disk)."""
 LOW_WATER = 0.9
@@ -85,8 +93,9 @@ WRITE_PAUSE_SEC = 60.0
 STALE_TMP_SEC = 3600.0
 """Temporary files older than this (left by a process that died) are removed by an eviction."""
 
-_ZLIB = b"TDU1"  # zlib.crc32
-_CRC32C = b"TDUC"  # CRC-32C (Castagnoli), google-crc32c
+_ZLIB = b"TDU2"  # zlib.crc32 of the bytes, then of the entry's key and range
+_CRC32C = b"TDV2"  # CRC-32C (Castagnoli), google-crc32c, likewise
+_RANGE = struct.Struct("<QQ")
 _TRAILER = struct.Struct("<4sQI")
 TRAILER_BYTES = _TRAILER.size
 _ENTRY = re.compile(r"^(\d+)-(\d+)$")
@@ -100,19 +109,24 @@ except ImportError:  # pragma: no cover - google-crc32c is in the cache extra
     _FAST = False
 
 
-def _checksum(data: bytes) -> tuple[bytes, int]:
-    """``(kind, checksum)`` of an entry's payload: CRC-32C where accelerated, else zlib's CRC-32."""
+def _context(digest: str, start: int, stop: int) -> bytes:
+    """What an entry's checksum covers besides its bytes: its file key and its range."""
+    return digest.encode() + _RANGE.pack(start, stop)
+
+
+def _checksum(data: bytes, context: bytes) -> tuple[bytes, int]:
+    """``(kind, checksum)`` of an entry's bytes, then ``context``: CRC-32C where accelerated, else CRC-32."""
     if _FAST:
-        return _CRC32C, int(_crc32c.value(data))
-    return _ZLIB, zlib.crc32(data)
+        return _CRC32C, int(_crc32c.extend(_crc32c.value(data), context))
+    return _ZLIB, zlib.crc32(context, zlib.crc32(data))
 
 
-def _verify(kind: bytes, data: bytes, expected: int) -> bool | None:
-    """Whether ``data`` has the checksum ``expected`` of ``kind`` (``None``: a kind not computable here)."""
+def _verify(kind: bytes, data: bytes, context: bytes, expected: int) -> bool | None:
+    """Whether ``data`` then ``context`` have the checksum ``expected`` (``None``: not computable)."""
     if kind == _ZLIB:
-        return zlib.crc32(data) == expected
+        return zlib.crc32(context, zlib.crc32(data)) == expected
     if kind == _CRC32C and _FAST:
-        return int(_crc32c.value(data)) == expected
+        return int(_crc32c.extend(_crc32c.value(data), context)) == expected
     return None
 
 
@@ -121,19 +135,22 @@ class FileKey:
     """The identity of a remote file version: what its cache entries are keyed by.
 
     Attributes:
-        url: The file as a URL (scheme and endpoint included), e.g. ``s3://bucket/x.parquet``.
+        url: The file as a URL, e.g. ``s3://bucket/x.parquet``.
         size: Its size in bytes, as planned.
         version: Its modification time (``repr`` of the seconds) or ETag, as planned.
+        store: The store its requests reach (endpoint, account, filesystem), as
+            :mod:`~torch_dataloader_utils.storage.stores` names it; no secrets.
     """
 
     url: str
     size: int
     version: str
+    store: str = ""
 
     @property
     def digest(self) -> str:
         """40 hex digits naming the file's directory in the cache."""
-        text = json.dumps([self.url, self.size, self.version])
+        text = json.dumps([self.url, self.size, self.version, self.store])
         return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
@@ -160,6 +177,10 @@ class CacheStats:
     dropped: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
+    def __reduce__(self) -> tuple[type[CacheStats], tuple[()]]:
+        """Pickled as new counters: each process counts its own reads."""
+        return (CacheStats, ())
+
     def add(self, **counts: int) -> None:
         """Add ``counts`` (field name -> amount)."""
         with self.lock:
@@ -177,6 +198,13 @@ _STATS = CacheStats()
 def process_stats() -> CacheStats:
     """The counters of every cache read in this process (a forked child starts from its parent's)."""
     return _STATS
+
+
+def _add(stats: CacheStats | None, **counts: int) -> None:
+    """Count ``counts`` in this process's totals and in a reader's own ``stats`` (when given)."""
+    _STATS.add(**counts)
+    if stats is not None and stats is not _STATS:
+        stats.add(**counts)
 
 
 def _after_fork() -> None:
@@ -233,7 +261,6 @@ class RangeCache:
         self.limit = int(limit)
         self.stats = _STATS
         self._usage_mutex = threading.Lock()
-        self._usage_fd: int | None = None
         self._paused_until = 0.0
         self._warned_at = -WRITE_PAUSE_SEC
 
@@ -247,22 +274,22 @@ class RangeCache:
         return os.path.join(self._dir(key), f"{start}-{stop}")
 
     # -- reading --------------------------------------------------------------------
-    def get(self, key: FileKey, start: int, stop: int) -> bytes | None:
+    def get(self, key: FileKey, start: int, stop: int, stats: CacheStats | None = None) -> bytes | None:
         """Bytes ``[start, stop)`` of ``key`` from the cache, or ``None`` (counted as a hit when found).
 
         The entry of exactly that range is looked for first, then an entry holding it.
+        ``stats``: the reader's own counters, counted besides the process's.
         """
         if stop <= start:
             return b""
-        path = self.entry_path(key, start, stop)
-        data = self._read(path, stop - start)
+        data = self._read(key, start, stop, stats)
         if data is None:
-            data = self._covering(key, start, stop)
+            data = self._covering(key, start, stop, stats)
         if data is not None:
-            self.stats.add(hits=1, bytes_served=len(data))
+            _add(stats, hits=1, bytes_served=len(data))
         return data
 
-    def _covering(self, key: FileKey, start: int, stop: int) -> bytes | None:
+    def _covering(self, key: FileKey, start: int, stop: int, stats: CacheStats | None) -> bytes | None:
         """``[start, stop)`` put together from entries that hold it (another chunking of the file).
 
         A chunk cut differently in another epoch or world asks for other ranges of the
@@ -292,7 +319,7 @@ class RangeCache:
                 i += 1
             if best is None:
                 return None
-            data = self._read(os.path.join(folder, f"{best[0]}-{best[1]}"), best[1] - best[0])
+            data = self._read(key, best[0], best[1], stats)
             if data is None:
                 return None
             end = min(stop, best[1])
@@ -300,8 +327,10 @@ class RangeCache:
             pos = end
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def _read(self, path: str, nbytes: int) -> bytes | None:
-        """The checked payload of the entry at ``path`` (``nbytes`` long), or ``None``."""
+    def _read(self, key: FileKey, start: int, stop: int, stats: CacheStats | None) -> bytes | None:
+        """The checked payload of the entry of ``[start, stop)`` of ``key``, or ``None``."""
+        path = self.entry_path(key, start, stop)
+        nbytes = stop - start
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError:
@@ -309,7 +338,7 @@ class RangeCache:
         try:
             size = os.fstat(fd).st_size
             if size != nbytes + TRAILER_BYTES:
-                return self._drop(path, f"{size} bytes on disk for a range of {nbytes}")
+                return self._drop(path, f"{size} bytes on disk for a range of {nbytes}", stats)
             data = _pread_all(fd, nbytes, 0)
             trailer = _pread_all(fd, TRAILER_BYTES, nbytes)
         except OSError as exc:
@@ -319,43 +348,101 @@ class RangeCache:
             os.close(fd)
         kind, length, crc = _TRAILER.unpack(trailer) if len(trailer) == TRAILER_BYTES else (b"", -1, 0)
         if kind not in (_ZLIB, _CRC32C) or length != nbytes or len(data) != nbytes:
-            return self._drop(path, "its trailer does not describe it")
-        good = _verify(kind, data, crc)
+            return self._drop(path, "its trailer does not describe it", stats)
+        good = _verify(kind, data, _context(key.digest, start, stop), crc)
         if good is None:
             return None  # written by a process with another checksum: a miss
         if not good:
-            return self._drop(path, "its checksum does not match its bytes")
+            return self._drop(path, "its checksum does not match its bytes, file and range", stats)
         with contextlib.suppress(OSError):
             os.utime(path)  # most recently used: evicted last
         return data
 
-    def _drop(self, path: str, why: str) -> bytes | None:
+    def _drop(self, path: str, why: str, stats: CacheStats | None = None) -> bytes | None:
         """Remove a damaged entry: ``None`` (a miss)."""
         log.warning("dropping the damaged cache entry %s (%s); the range is fetched again", path, why)
-        self.stats.add(dropped=1)
+        _add(stats, dropped=1)
         with contextlib.suppress(OSError):
             os.unlink(path)
         return None
 
+    def first_entry(
+        self, key: FileKey, nbytes: int, stats: CacheStats | None = None
+    ) -> tuple[int, bytes] | None:
+        """``(start, its first nbytes bytes)`` of the cached entry of ``key`` that starts first, or ``None``.
+
+        The entry is checked (length, checksum) as every read is; not counted as a hit.
+        """
+        try:
+            names = os.listdir(self._dir(key))
+        except OSError:
+            return None
+        spans = sorted(
+            (int(found.group(1)), int(found.group(2))) for name in names if (found := _ENTRY.match(name))
+        )
+        for lo, hi in spans:
+            data = self._read(key, lo, hi, stats)
+            if data is not None:
+                return lo, data[:nbytes]
+        return None
+
+    def discard(self, key: FileKey, start: int, stop: int, stats: CacheStats | None = None) -> int:
+        """Remove the entries of ``key`` that overlap ``[start, stop)``: how many were removed.
+
+        For bytes that did not decode: the range is read again from storage, and the
+        entries may hold the damaged bytes. Processes reading them meanwhile only miss.
+        """
+        folder = self._dir(key)
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return 0
+        removed = 0
+        for name in names:
+            found = _ENTRY.match(name)
+            if found is None or int(found.group(1)) >= stop or int(found.group(2)) <= start:
+                continue
+            path = os.path.join(folder, name)
+            try:
+                disk = _disk(os.stat(path).st_size - TRAILER_BYTES)
+                os.unlink(path)
+            except OSError:
+                continue
+            removed += 1
+            with contextlib.suppress(OSError):
+                self._release(disk)
+        if removed:
+            _add(stats, dropped=removed)
+            log.info("data_cache: dropped %d entries of %s in [%d, %d)", removed, key.url, start, stop)
+        return removed
+
     # -- filling --------------------------------------------------------------------
-    def fill(self, key: FileKey, start: int, stop: int, fetch: Callable[[], bytes]) -> bytes:
+    def fill(
+        self,
+        key: FileKey,
+        start: int,
+        stop: int,
+        fetch: Callable[[], bytes],
+        stats: CacheStats | None = None,
+    ) -> bytes:
         """Bytes ``[start, stop)`` of ``key``: from the cache, else ``fetch()`` once, and cached.
 
         While one process fetches a range, the others that want it wait for its entry
         (a ``flock`` on the entry's lock file) instead of fetching it too. Errors of
-        ``fetch`` propagate (nothing is cached); cache errors never do.
+        ``fetch`` propagate (nothing is cached); cache errors never do. ``stats``: the
+        reader's own counters, counted besides the process's.
         """
-        data = self.get(key, start, stop)
+        data = self.get(key, start, stop, stats)
         if data is not None:
             return data
         with self._range_lock(key, start, stop) as locked:
             if locked:
-                data = self.get(key, start, stop)  # written while this process waited
+                data = self.get(key, start, stop, stats)  # written while this process waited
                 if data is not None:
                     return data
             data = fetch()
-            self.stats.add(misses=1)
-            self.put(key, start, stop, data)
+            _add(stats, misses=1)
+            self.put(key, start, stop, data, stats)
             return data
 
     @contextlib.contextmanager
@@ -384,13 +471,13 @@ class RangeCache:
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
 
-    def put(self, key: FileKey, start: int, stop: int, data: bytes) -> bool:
+    def put(self, key: FileKey, start: int, stop: int, data: bytes, stats: CacheStats | None = None) -> bool:
         """Cache ``data`` as bytes ``[start, stop)`` of ``key``: whether it was written."""
         nbytes = len(data)
         if nbytes != stop - start:
             raise ValueError(f"{nbytes} bytes for the range [{start}, {stop})")
         if time.monotonic() < self._paused_until or _disk(nbytes) * MAX_ENTRY_FRACTION > self.limit:
-            self.stats.add(bypassed=1)
+            _add(stats, bypassed=1)
             return False
         folder = self._dir(key)
         need = _disk(nbytes)
@@ -398,7 +485,7 @@ class RangeCache:
         described = os.path.exists(source)
         if not described:
             need += BLOCK  # the file's source.json
-        kind, crc = _checksum(data)
+        kind, crc = _checksum(data, _context(key.digest, start, stop))
         entry = self.entry_path(key, start, stop)
         opened: list[tuple[str, int]] = []
 
@@ -407,11 +494,11 @@ class RangeCache:
             opened.append(_open_tmp(entry, nbytes + TRAILER_BYTES))
 
         try:
-            if not self._reserve(need, allocate):
-                self.stats.add(bypassed=1)
+            if not self._reserve(need, allocate, stats):
+                _add(stats, bypassed=1)
                 return False
         except OSError as exc:
-            self._cannot_write(exc)
+            self._cannot_write(exc, stats)
             return False
         tmp, fd = opened[0]
         try:
@@ -427,16 +514,16 @@ class RangeCache:
         except OSError as exc:
             with contextlib.suppress(OSError):
                 self._release(need)
-            self._cannot_write(exc)
+            self._cannot_write(exc, stats)
             return False
-        self.stats.add(bytes_stored=nbytes)
+        _add(stats, bytes_stored=nbytes)
         return True
 
-    def _cannot_write(self, exc: OSError) -> None:
+    def _cannot_write(self, exc: OSError, stats: CacheStats | None = None) -> None:
         """A write failed: warn (once a minute per process), pause writing, serve uncached."""
         now = time.monotonic()
         self._paused_until = now + WRITE_PAUSE_SEC
-        self.stats.add(bypassed=1)
+        _add(stats, bypassed=1)
         if now - self._warned_at < WRITE_PAUSE_SEC:
             return
         self._warned_at = now
@@ -452,19 +539,23 @@ class RangeCache:
     # -- size and eviction ----------------------------------------------------------
     @contextlib.contextmanager
     def _usage(self) -> Iterator[int]:
-        """The ``usage`` file, locked for this process and thread (its descriptor)."""
+        """The ``usage`` file, opened and locked for this process and thread (its descriptor).
+
+        Opened for each use and closed after it (closing releases the lock): a process
+        keeps no descriptor of a cache it is not writing to.
+        """
         with self._usage_mutex:
-            if self._usage_fd is None:
-                os.makedirs(self.root, exist_ok=True)
-                self._usage_fd = os.open(os.path.join(self.root, "usage"), os.O_RDWR | os.O_CREAT, 0o644)
-            fd = self._usage_fd
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.makedirs(self.root, exist_ok=True)
+            fd = os.open(os.path.join(self.root, "usage"), os.O_RDWR | os.O_CREAT, 0o644)
             try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
                 yield fd
             finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
 
-    def _reserve(self, nbytes: int, allocate: Callable[[], None] | None = None) -> bool:
+    def _reserve(
+        self, nbytes: int, allocate: Callable[[], None] | None = None, stats: CacheStats | None = None
+    ) -> bool:
         """Count ``nbytes`` more in ``usage``, evicting first when they would pass the limit.
 
         ``allocate`` runs under the lock once the bytes are granted: it creates the entry's
@@ -474,7 +565,7 @@ class RangeCache:
         with self._usage() as fd:
             used = _read_usage(fd)
             if used + nbytes > self.limit:
-                used = self._evict(min(self.limit - nbytes, int(self.limit * LOW_WATER) - nbytes))
+                used = self._evict(min(self.limit - nbytes, int(self.limit * LOW_WATER) - nbytes), stats)
                 if used + nbytes > self.limit:
                     _write_usage(fd, used)
                     return False
@@ -491,7 +582,7 @@ class RangeCache:
         with self._usage() as fd:
             _write_usage(fd, max(0, _read_usage(fd) - nbytes))
 
-    def _evict(self, target: int) -> int:
+    def _evict(self, target: int, stats: CacheStats | None = None) -> int:
         """Remove least recently used entries until at most ``target`` bytes remain (under the lock).
 
         Returns:
@@ -546,7 +637,7 @@ class RangeCache:
                     total -= BLOCK
                     os.rmdir(folder)
         if evicted:
-            self.stats.add(evictions=evicted)
+            _add(stats, evictions=evicted)
             log.debug("data_cache %s: evicted %d entries, %d bytes left", self.directory, evicted, total)
         return total
 
@@ -607,7 +698,17 @@ class RangeCache:
         return int.from_bytes(raw, "little") if len(raw) == 8 else 0
 
     def clear(self) -> int:
-        """Remove every entry; returns the bytes they took. Processes reading it meanwhile only miss."""
+        """Remove every entry; returns the bytes they took. Processes reading it meanwhile only miss.
+
+        Directories of older layouts (:data:`LEGACY_DIRNAMES`) are removed too.
+        """
+        for legacy in LEGACY_DIRNAMES:
+            old = os.path.join(self.directory, legacy)
+            if os.path.isdir(old):
+                gone = f"{old}.removing-{os.getpid()}"
+                with contextlib.suppress(OSError):
+                    os.rename(old, gone)
+                    shutil.rmtree(gone, ignore_errors=True)
         if not os.path.isdir(self.root):
             return 0
         held = sum(e.disk_bytes for _, entries in self.entries() for e in entries)
@@ -621,7 +722,8 @@ class RangeCache:
 
 
 def _source(key: FileKey) -> bytes:
-    return json.dumps({"url": key.url, "size": key.size, "version": key.version}).encode() + b"\n"
+    described = {"url": key.url, "size": key.size, "version": key.version, "store": key.store}
+    return json.dumps(described).encode() + b"\n"
 
 
 def _write_file(path: str, data: bytes, trailer: bytes) -> None:

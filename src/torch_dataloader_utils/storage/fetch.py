@@ -1,9 +1,11 @@
 """Ranged reads with retries: every request for remote bytes goes through :func:`fetch_range`.
 
-Transient errors (HTTP 500/502/503/504/429, connection reset, timeouts) are retried with
-exponential backoff (``FetchConfig``) within the request's time budget
-(``request_timeout``, :func:`retry_call`); a permanent failure, or retries or time spent,
-raises :class:`ReadError` naming the file, the byte range and the endpoint.
+Transient errors (HTTP 500/502/503/504/429, connection reset, timeouts, a response cut
+short, ``EIO`` from a filesystem) are retried with exponential backoff (``FetchConfig``)
+within the request's time budget (``request_timeout``, :func:`retry_call`); a permanent
+failure (a missing file, denied access), or retries or time spent, raises
+:class:`ReadError` naming the file, the byte range and the endpoint. A memory error is
+never retried nor translated: it is raised as it is.
 """
 
 from __future__ import annotations
@@ -20,7 +22,16 @@ from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.handles import Handles, too_many_open_files
 from torch_dataloader_utils.storage.redact import redact
 
-__all__ = ["CREDENTIALS_FIX", "GaveUp", "fetch_range", "is_transient", "lacks_credentials", "retry_call"]
+__all__ = [
+    "CREDENTIALS_FIX",
+    "GaveUp",
+    "ShortRead",
+    "describe_failure",
+    "fetch_range",
+    "is_transient",
+    "lacks_credentials",
+    "retry_call",
+]
 
 _TRANSIENT_STATUS = re.compile(r"\b(500|502|503|504|429)\b")
 _TRANSIENT_WORDS = (
@@ -44,13 +55,28 @@ _TRANSIENT_WORDS = (
     "unexpected eof",
     "incomplete read",
     "temporarily unavailable",
+    "payload is not completed",  # aiohttp: a response body cut short (s3fs, gcsfs, adlfs)
+    "not enough data",
+    "content-length",
+    "contentlength",
+    "response ended prematurely",
 )
 
 
 _TRANSIENT_ERRNOS = frozenset(
-    {errno.EBUSY, errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE, 121}
+    {
+        errno.EIO,
+        errno.EBUSY,
+        errno.EAGAIN,
+        errno.ETIMEDOUT,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.EPIPE,
+        121,
+    }
 )
-"""``errno`` of ``OSError``s worth a retry (121 is EREMOTEIO: s3fs's HTTP 500; EBUSY its 503)."""
+"""``errno`` of ``OSError``s worth a retry (121 is EREMOTEIO: s3fs's HTTP 500; EBUSY its 503;
+EIO a filesystem's I/O error, often a network filesystem's hiccup)."""
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -110,11 +136,25 @@ def _looks_transient(exc: BaseException) -> bool:
     return bool(_TRANSIENT_STATUS.search(text)) or any(word in text for word in _TRANSIENT_WORDS)
 
 
-class _ShortRead(ConnectionError):
-    """A response ended before the requested range did (a cut connection)."""
+class ShortRead(ConnectionError):
+    """A response ended before the requested range did (a cut connection): transient."""
 
 
 T = TypeVar("T")
+
+
+def describe_failure(exc: BaseException, deadline: float | None = None) -> str:
+    """``"TypeName: message"`` of a failed request, secrets hidden.
+
+    A timeout with no message of its own says what ran out (``deadline``: the request's
+    time budget, ``request_timeout``).
+    """
+    text = redact(str(exc)).strip()
+    name = type(exc).__name__
+    if not text and isinstance(exc, TimeoutError):
+        budget = "" if deadline is None else f"request_timeout={deadline:g} s, "
+        text = f"no answer within the request's deadline ({budget}retries included)"
+    return f"{name}: {text}" if text else name
 
 
 class GaveUp(Exception):
@@ -133,7 +173,7 @@ class GaveUp(Exception):
 
     def how(self, config: FetchConfig) -> str:
         """``"after 3 attempt(s) in 12.5 s (retries=4, request_timeout=30 s): ..."``."""
-        cause = f"{type(self.error).__name__}: {redact(str(self.error))}"
+        cause = describe_failure(self.error, config.request_timeout)
         if not self.transient:
             return f"with a permanent error: {cause}"
         return (
@@ -153,6 +193,7 @@ def retry_call(call: Callable[[], T], config: FetchConfig, on_retry: Callable[[]
 
     Raises:
         DataLoaderUtilsError: as raised by ``call`` (never retried).
+        MemoryError: as raised by ``call`` (never retried).
         GaveUp: the last error, when it was permanent or the retries or time are spent.
     """
     started = time.monotonic()
@@ -161,7 +202,7 @@ def retry_call(call: Callable[[], T], config: FetchConfig, on_retry: Callable[[]
         began = time.monotonic()
         try:
             return call()
-        except DataLoaderUtilsError:
+        except (DataLoaderUtilsError, MemoryError):
             raise
         except Exception as exc:
             attempt += 1
@@ -229,7 +270,7 @@ def fetch_range(
         else:
             data = fs.read_range(path, start, stop, size, metadata=metadata, handles=handles)
         if size is not None and len(data) != stop - start:
-            raise _ShortRead(f"got {len(data)} of {stop - start} bytes")
+            raise ShortRead(f"got {len(data)} of {stop - start} bytes")
         if on_request is not None:
             on_request(len(data))
         return data

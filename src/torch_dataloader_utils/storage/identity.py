@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import multiprocessing
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -46,7 +47,13 @@ from typing import Any, Protocol, TypeVar
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from torch_dataloader_utils.errors import FileChangedError, ReadError, SchemaMismatchError
+from torch_dataloader_utils.errors import (
+    FileChangedError,
+    IncompatibleOptionsError,
+    ReadError,
+    SchemaMismatchError,
+)
+from torch_dataloader_utils.storage.fetch import describe_failure
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.requests import count_request
 
@@ -59,6 +66,7 @@ __all__ = [
     "compare_state",
     "current_state",
     "mtime_of",
+    "process_local",
     "stale_advice",
 ]
 
@@ -106,6 +114,17 @@ def current_state(fs: FileSystemSpec, path: str) -> tuple[int, float | None]:
     fs.fsspec().invalidate_cache(path)
     details = fs.call("info", path)
     return int(details.get("size") or 0), mtime_of(details)
+
+
+def process_local(fs: FileSystemSpec) -> bool:
+    """Whether ``fs`` keeps its files in this process's memory (fsspec's ``memory://``)."""
+    if fs.user is not None:
+        return bool(getattr(fs.user, "process_local", False))
+    return fs.protocol == "memory"
+
+
+def _local_kind(fs: FileSystemSpec) -> str:
+    return f"filesystem={fs.user.name}" if fs.user is not None else "memory:// filesystem"
 
 
 def _same_time(planned: float, now: float, remote: bool) -> bool:
@@ -416,9 +435,10 @@ def _check_now(
         compare_state(fs, path, size, mtime, None, manifest, cause=exc)
         return
     except OSError as exc:
+        where = f" on {fs.endpoint}" if fs.endpoint else ""
         raise ReadError(
-            f"cannot check {fs.display(path)!r} against the plan (its size and modification "
-            f"time): {type(exc).__name__}: {exc}"
+            f"cannot check {fs.display(path)!r}{where} against the plan (its size and modification "
+            f"time): {describe_failure(exc, fs.deadline)}"
         ) from exc
     compare_state(fs, path, size, mtime, now, manifest)
 
@@ -444,9 +464,22 @@ def compare_state(
             or ``None`` when the file does not exist.
         manifest: The reshard manifest it was planned from, if any.
         cause: The error that said the file does not exist.
+
+    Raises:
+        FileChangedError: the file was deleted, or its size or time differ.
+        IncompatibleOptionsError: a process-local filesystem (memory) seen empty by a
+            DataLoader worker that did not fork from the process holding it.
     """
     remote = not fs.is_local
     if now is None:
+        if process_local(fs) and multiprocessing.parent_process() is not None:
+            raise IncompatibleOptionsError(
+                f"{fs.display(path)!r} is not in this process's {_local_kind(fs)}: such a filesystem "
+                "holds its files in the memory of one process and does not cross processes, so a "
+                "DataLoader worker started with multiprocessing_context='spawn' or 'forkserver' sees "
+                "it empty. Pass multiprocessing_context='fork' (the worker starts as a copy of this "
+                "process), num_workers=0, or put the files on disk or object storage"
+            ) from cause
         advice = (
             stale_advice(manifest)
             if manifest is not None

@@ -35,6 +35,7 @@ from torch_dataloader_utils.errors import ConfigError, OptionTypeError
 from torch_dataloader_utils.storage.calls import describe_endpoint
 from torch_dataloader_utils.storage.fs import native_s3_options
 from torch_dataloader_utils.storage.native_s3 import check_native
+from torch_dataloader_utils.storage.stores import object_identity
 
 __all__ = ["UserFileSystem"]
 
@@ -97,6 +98,10 @@ class UserFileSystem:
         data_path: How data bytes are read, and why (``"pyarrow's native S3 client (...)"``,
             ``"the filesystem object (...)"``).
         advice: What to change when its requests time out, for known traps (or ``""``).
+        store: The store it reaches (:func:`~.stores.object_identity`: its class and where
+            its requests go, no secrets): what the node-local cache keys its files by.
+        process_local: Whether it keeps its files in this process's memory (fsspec's
+            ``MemoryFileSystem``): they do not cross into a spawned DataLoader worker.
 
     Raises:
         OptionTypeError: ``filesystem`` is not a filesystem instance.
@@ -128,9 +133,12 @@ class UserFileSystem:
             self.kind = "fsspec"
             self.protocols = _fsspec_protocols(inner)
             self.options = dict(getattr(inner, "storage_options", {}) or {})
-        self.is_local = type(filesystem) is pafs.LocalFileSystem or (
-            type(inner) is fsspec.implementations.local.LocalFileSystem
-        )
+        from fsspec.implementations.local import LocalFileSystem  # not imported by ``import fsspec``
+        from fsspec.implementations.memory import MemoryFileSystem
+
+        self.is_local = type(filesystem) is pafs.LocalFileSystem or type(inner) is LocalFileSystem
+        self.process_local = isinstance(inner, MemoryFileSystem)
+        self.store = object_identity(filesystem)
         self._native_s3: dict[str, Any] | None = None
         self.data_path = self._decide(filesystem, inner)
         self.advice = _advice(inner, self.options)

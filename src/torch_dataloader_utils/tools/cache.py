@@ -14,7 +14,7 @@ from typing import Any
 
 from torch_dataloader_utils.errors import ConfigError
 from torch_dataloader_utils.runtime.report import size
-from torch_dataloader_utils.storage.cache import CACHE_DIRNAME, RangeCache
+from torch_dataloader_utils.storage.cache import RangeCache
 
 __all__ = ["CacheFile", "CacheReport", "clear_cache", "inspect_cache"]
 
@@ -24,9 +24,10 @@ class CacheFile:
     """One file version in the cache.
 
     Attributes:
-        url: The file (with ``@endpoint`` when it came from a non-default endpoint).
+        url: The file.
         size: Its size, as planned.
         version: Its modification time or ETag, as planned.
+        store: The store its bytes came from (endpoint, account or filesystem; no secrets).
         entries: Ranges cached.
         disk_bytes: Bytes they take on disk.
         last_used: Seconds since the epoch of the latest use of any of its ranges.
@@ -35,6 +36,7 @@ class CacheFile:
     url: str
     size: int | None
     version: str | None
+    store: str | None
     entries: int
     disk_bytes: int
     last_used: float
@@ -86,13 +88,15 @@ class CacheReport:
         ]
         largest = sorted(self.files, key=lambda f: f.disk_bytes, reverse=True)[:top]
         for f in largest:
-            lines.append(f"  {size(f.disk_bytes):>10}  {f.entries:>6} ranges  {f.url}")
+            store = f"  ({f.store})" if f.store else ""
+            lines.append(f"  {size(f.disk_bytes):>10}  {f.entries:>6} ranges  {f.url}{store}")
         if len(self.files) > top:
             lines.append(f"  ... and {len(self.files) - top:,} more files")
         return "\n".join(lines)
 
 
 def _open(directory: str) -> RangeCache:
+    directory = os.path.expanduser(directory)
     if not os.path.isdir(directory):
         raise ConfigError(f"data_cache directory {directory!r} does not exist; pass the data_cache= of a job")
     return RangeCache(directory, limit=1)
@@ -114,6 +118,7 @@ def inspect_cache(directory: str, limit: int | None = None) -> CacheReport:
                 url=str(source.get("url", "?")),
                 size=source.get("size"),
                 version=source.get("version"),
+                store=source.get("store"),
                 entries=len(entries),
                 disk_bytes=sum(e.disk_bytes for e in entries),
                 last_used=max(e.mtime for e in entries),
@@ -129,10 +134,7 @@ def clear_cache(directory: str) -> int:
     Raises:
         ConfigError: the directory does not exist, or holds no cache.
     """
-    cache = _open(directory)
-    if not os.path.isdir(os.path.join(cache.directory, CACHE_DIRNAME)):
-        return 0
-    return cache.clear()
+    return _open(directory).clear()
 
 
 def run_cache(directory: str, action: str, *, limit: int | None = None, as_json: bool = False) -> str:
