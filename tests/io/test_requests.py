@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.fixtures.s3 import BUCKET, FaultProxy, S3Server
+from tests.fixtures.s3 import FaultProxy, S3Server
 from tests.fixtures.stores import ServerLog
 from torch_dataloader_utils import create_dataloader
 from torch_dataloader_utils.storage.requests import RequestCounts
@@ -54,14 +54,8 @@ def _write(fs: Any, prefix: str) -> None:
 
 
 def fresh_data(server: S3Server, under: str = "") -> str:
-    """A new prefix holding the test's files under ``under`` (written before any request is counted).
-
-    The bucket is made again if it is gone: a test that enters moto's ``mock_aws`` resets
-    the state moto's threaded server shares with it.
-    """
+    """A new prefix holding the test's files under ``under`` (written before any request is counted)."""
     fs = server.fs()
-    if not fs.exists(BUCKET):
-        fs.mkdir(BUCKET)
     prefix = server.new_prefix()
     _write(fs, f"{prefix}/{under}".rstrip("/"))
     return prefix
