@@ -1,25 +1,32 @@
-# The two commands of the README: `make demo` and `make test`. Both set up everything
-# they need in .venv on first use (torch pinned to the 2.13.0 CPU wheel).
+# The two commands of the README: `make demo` and `make test`. Both set up what they need
+# in .venv on first use (torch pinned to the 2.13.0 CPU wheel): `make demo` the package
+# with the one extra its demo uses (iceberg), `make test` the dev tools on top of it.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed-stamp
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt "torch==2.13.0"
 
-.PHONY: demo test lint typecheck unit docs docsbuild bench clean
+.PHONY: demo test quick lint typecheck unit docs docsbuild bench clean
 
 # Azurite (npm) serves Azure Blob to the tests; installed locally, pinned, next to the venv.
 AZURITE_VERSION := 3.37.0
 AZURITE := $(VENV)/azurite/node_modules/.bin/azurite-blob
 
-$(STAMP): pyproject.toml constraints.txt
+$(DEMO_STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt "torch==2.13.0" -e ".[dev]"
+	$(PIP) -e ".[iceberg]"
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(DEMO_STAMP) pyproject.toml constraints.txt
+	$(PIP) -e ".[dev]"
 	test -x $(AZURITE) || npm install --prefix $(VENV)/azurite --no-audit --no-fund --loglevel=error \
 		azurite@$(AZURITE_VERSION)
 	touch $(STAMP)
 
 # The Iceberg demo is a dev module at the repository root (it writes delete files through
 # private pyiceberg APIs, so it is not shipped in the package); `python -m` finds it from here.
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(PY) -m torch_dataloader_utils demo
 	$(PY) -m testsupport.demo_iceberg
 
@@ -30,8 +37,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# Test tiers (tests/conftest.py): launch, store and slow. A test with none of them whose
+# call takes more than TIER_BUDGET CPU seconds fails the run; the slowest of each tier
+# are printed.
+TIER_BUDGET ?= 2
+
 unit: $(STAMP)
-	$(VENV)/bin/pytest -n 2 --durations=15
+	$(VENV)/bin/pytest -n 2 --durations=15 --tier-budget $(TIER_BUDGET)
+
+# The fast part alone: every test but the launch, store and slow tiers, with fewer
+# Hypothesis examples (the quick profile). `make test` still runs the whole suite.
+quick: $(STAMP)
+	HYPOTHESIS_PROFILE=quick $(VENV)/bin/pytest -n 2 -m "not launch and not store and not slow" \
+		--tier-budget $(TIER_BUDGET)
 
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs serve

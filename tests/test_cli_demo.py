@@ -74,3 +74,23 @@ def test_plan_command_verifies_every_rank(tmp_path, capsys):
     assert "verified: no row is planned for two ranks in epoch 0" in out
     assert main(args) == 0
     assert "verified" not in capsys.readouterr().out
+
+
+def test_make_demo_installs_only_what_the_demo_uses():
+    """Issue 37: ``make demo`` installed the whole test toolchain (3m57s from a fresh clone)."""
+    text = (REPO / "Makefile").read_text()
+    rules = {}
+    for block in text.split("\n\n"):
+        for i, line in enumerate(block.splitlines()):
+            if ":" in line and not line.startswith(("\t", "#", " ")) and "=" not in line.split(":")[0]:
+                target, deps = line.split(":", 1)
+                rules[target.strip()] = (deps.split(), block.splitlines()[i + 1 :])
+    demo_deps, _ = rules["demo"]
+    assert demo_deps == ["$(DEMO_STAMP)"]
+    _, recipe = rules["$(DEMO_STAMP)"]
+    installs = [line for line in recipe if "$(PIP)" in line]
+    assert installs == ['\t$(PIP) -e ".[iceberg]"']
+    assert "npm" not in "\n".join(recipe)
+    dev_deps, dev_recipe = rules["$(STAMP)"]
+    assert "$(DEMO_STAMP)" in dev_deps  # make test adds the dev tools on top
+    assert any('-e ".[dev]"' in line for line in dev_recipe)

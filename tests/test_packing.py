@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from hypothesis import given, settings
@@ -187,6 +188,36 @@ def test_pack_sequences_errors(corpus: str) -> None:
         SequencePack("", seq_len=8)
     with pytest.raises(ConfigError, match="pad_id"):
         SequencePack("tokens", seq_len=8, pad_id=1.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("token_type", "pad_id", "bounds"),
+    [
+        (pa.uint16(), -100, "0 to 65535"),
+        (pa.int16(), 70_000, "-32768 to 32767"),
+        (pa.uint8(), 256, "0 to 255"),
+    ],
+)
+def test_pad_id_outside_the_token_type_is_refused_when_built(
+    tmp_path: Path, token_type: pa.DataType, pad_id: int, bounds: str
+) -> None:
+    """Issue 33, item 17: numpy's bare ``OverflowError`` at the first batch, now a ConfigError at build."""
+    tokens = pa.array([[1, 2, 3], [4]], pa.list_(token_type))
+    pq.write_table(pa.table({"id": [0, 1], "tokens": tokens}), tmp_path / "t.parquet")
+    pack = SequencePack("tokens", seq_len=8, pad_id=pad_id)
+    with pytest.raises(ConfigError) as caught:
+        StructuredDataset(str(tmp_path), pack_sequences=pack)
+    message = str(caught.value)
+    for words in (f"pad_id={pad_id}", "'tokens'", str(token_type), bounds, "int32"):
+        assert words in message
+    # The bounds themselves are accepted: padding is the pad_id.
+    low, high = (int(x) for x in bounds.split(" to "))
+    for edge in (low, high):
+        loader, _ = create_dataloader(
+            str(tmp_path), batch_size=2, pack_sequences=SequencePack("tokens", seq_len=8, pad_id=edge)
+        )
+        (batch,) = list(loader)
+        assert batch["tokens"][0].tolist() == [1, 2, 3, 4] + [edge] * 4
 
 
 @settings(max_examples=10)

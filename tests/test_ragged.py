@@ -679,3 +679,55 @@ def test_jagged_from_offsets_knows_its_bounds() -> None:
     assert jagged(torch.zeros(0), torch.tensor([0])).size(0) == 0  # no rows
     moved = _roundtrip(jagged(torch.arange(10.0), torch.tensor([0, 3, 5, 10])))
     assert torch.nested.to_padded_tensor(moved, 0.0).shape == (3, 5)
+
+
+_FRESH_JAGGED = """
+import sys
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+from torch_dataloader_utils import create_dataloader
+path = sys.argv[1]
+pq.write_table(pa.table({"id": np.arange(8), "tokens": [[1] * n for n in range(8)]}), path)
+loader, _ = create_dataloader(path, batch_size=4, num_workers=int(sys.argv[2]))
+batch = next(iter(loader))
+nt, ids = batch["tokens"], batch["id"].tolist()  # row i holds i tokens
+assert (nt._maybe_min_seqlen, nt._maybe_max_seqlen) == (min(ids), max(ids)), (nt._maybe_min_seqlen, ids)
+print(sorted(m for m in ("torch._dynamo", "sympy") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_first_jagged_batch_imports_no_compiler(tmp_path: Path, num_workers: int) -> None:
+    """Issue 33, item 26: the cached min/max seqlen imported ``torch._dynamo`` and sympy (1-1.6 s).
+
+    Checked in a fresh process, where nothing else imported them: the lengths are still
+    cached (what ``to_padded_tensor`` and attention kernels read), and no compiler module
+    was imported to get there.
+    """
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{root / 'src'}:{root}"}
+    script = tmp_path / "first.py"
+    script.write_text(_FRESH_JAGGED)
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "t.parquet"), str(num_workers)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=120,
+    ).stdout
+    assert "torch._dynamo" not in out
+
+
+def test_jagged_lengths_are_marked_dynamic_once_the_compiler_is_loaded() -> None:
+    """With ``torch._dynamo`` imported (``torch.compile`` in use), torch marks the lengths itself."""
+    import torch._dynamo
+
+    from torch_dataloader_utils.upstream.torch import jagged
+
+    nt = jagged(torch.arange(10.0), torch.tensor([0, 3, 5, 10]))
+    assert (nt._maybe_min_seqlen, nt._maybe_max_seqlen) == (2, 5)
+    assert nt._max_seqlen_tensor._dynamo_dynamic_indices == {0}
+    assert nt._min_seqlen_tensor._dynamo_dynamic_indices == {0}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import math
+import numbers
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -82,6 +84,17 @@ DEFAULT_BATCH_SIZE = 1024
 """Rows per batch when ``batch_size`` is not given."""
 DEFAULT_SPLIT_BYTES = 64 * 1024**2
 """Target chunk size on disk: consecutive row groups are packed up to 64 MiB."""
+
+
+class Unset(enum.Enum):
+    """The value of an option that was not given (where ``None`` means something)."""
+
+    UNSET = "unset"
+
+
+UNSET = Unset.UNSET
+"""An option not given (``row_mixing``: ``None`` there turns the row interleaving off)."""
+
 DEFAULT_SHUFFLE_SEED = 0
 """Seed of the chunk shuffle when ``shuffle_seed`` is not given."""
 DEFAULT_READ_AHEAD_BYTES = 256 * 1024**2
@@ -253,8 +266,10 @@ class SequencePack:
     are left out, since a packed row mixes several documents):
 
     * ``column``: the tokens, ``[rows, seq_len]``, padded with ``pad_id``;
-    * ``position_ids``: int32 ``[rows, seq_len]``, each token's position in its document
-      (a document continued from the previous row keeps counting; padding is 0);
+    * ``position_ids``: int32 ``[rows, seq_len]``, each token's position in its segment:
+      0 where a document starts and where a row starts (a document continued from the
+      previous row counts from 0 again, as the row's attention cannot see its start), so
+      always below ``seq_len``; padding is 0;
     * ``cu_seqlens``: int32 per row, the segment boundaries ``[0, ..., seq_len]`` as
       FlashAttention's varlen functions take them (padding is a segment of its own);
       :func:`~torch_dataloader_utils.packing.batch_cu_seqlens` joins a batch's rows;
@@ -312,12 +327,16 @@ def coerce_sequence_pack(value: object) -> SequencePack | None:
 
 
 class OnExhausted(enum.Enum):
-    """What a mix does when one of its sources has read its epoch (``on_exhausted``).
+    """Which source's epoch ends an epoch of a mix (``on_exhausted``): its *anchor*.
 
-    * ``CYCLE``: the source starts its next epoch and the mix goes on; the mix's epoch
-      ends when the source that takes longest at its weight has read its epoch.
-    * ``STOP``: the mix's epoch ends; the other sources go on where they stopped in the
-      next one.
+    * ``CYCLE``: the source that takes longest at its weight; every other source starts
+      its next epoch when it runs out, and the mix goes on.
+    * ``STOP``: the source that takes shortest at its weight (in the first epoch, the
+      first to run out); a source that runs out before it (having started part-read)
+      starts its next epoch.
+
+    Every epoch of the mix reads its anchor's epoch once, so all have the same length,
+    and the other sources go on where they stopped in the next one.
     """
 
     CYCLE = "cycle"
@@ -348,12 +367,14 @@ class MixConfig:
                 "e.g. weights=[0.5, 0.3, 0.2]"
             )
         for w in weights:
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0 or w == float("inf"):
+            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not w > 0 or not math.isfinite(w):
                 raise ConfigError(
                     f"weights={list(weights)!r}: every weight must be a finite number > 0 (got {w!r}); "
                     "leave a source out instead of giving it weight 0"
                 )
-        object.__setattr__(self, "weights", tuple(weights))
+        object.__setattr__(
+            self, "weights", tuple(int(w) if isinstance(w, numbers.Integral) else float(w) for w in weights)
+        )
         object.__setattr__(self, "on_exhausted", coerce_enum(self.on_exhausted, OnExhausted, "on_exhausted"))
         column = self.source_column
         if column is not None and (not isinstance(column, str) or not column):
@@ -521,13 +542,14 @@ class ShuffleConfig:
     """Shuffling: chunk order by ``(shuffle_seed, epoch)``, and rows mixed across chunks.
 
     Attributes:
-        shuffle: Whether the order changes every epoch (chunk order, and rows mixed by
-            ``row_mixing``).
+        shuffle: Whether the order changes every epoch (chunk order, and rows of several
+            chunks interleaved by ``row_interleave``).
         shuffle_seed: Seed of the permutation (the same on every rank).
-        row_mixing: With ``shuffle=True``, rows per round of the row mixing (every
-            worker reads several chunks side by side and yields each round's rows in a
-            seeded order), or ``None`` for chunk order only. Ignored when
-            ``row_shuffle_window`` or ``shuffle_buffer_size`` is set.
+        row_interleave: With ``shuffle=True``, rows per round of the row interleaving
+            (every worker reads several chunks side by side and yields each round's rows
+            in a seeded order), or ``None`` for chunk order only (default 32768). Ignored
+            when ``row_shuffle_window`` or ``shuffle_buffer_size`` is set.
+        row_mixing: ``row_interleave`` by its former name (0.7.0); giving both is an error.
         row_shuffle_window: Rows of whole consecutive chunks shuffled together, or
             ``None``. Needs ``shuffle=True``.
         shuffle_buffer_size: torch-dataloader-utils 0.2.0's row-level shuffle, mapped onto
@@ -537,15 +559,27 @@ class ShuffleConfig:
 
     shuffle: bool = False
     shuffle_seed: int = DEFAULT_SHUFFLE_SEED
-    row_mixing: int | None = DEFAULT_MIX_ROWS
+    row_interleave: int | Unset | None = UNSET
     row_shuffle_window: int | None = None
     shuffle_buffer_size: int | None = None
+    row_mixing: int | Unset | None = UNSET
 
     def __post_init__(self) -> None:
         check_bool(self.shuffle, "shuffle")
         check_int(self.shuffle_seed, "shuffle_seed", 0)
-        hint = " (rows mixed per round, or None for chunk order only)"
-        check_int(self.row_mixing, "row_mixing", 1, optional=True, hint=hint)
+        hint = " (rows interleaved per round, or None for chunk order only)"
+        rows, name = self.row_interleave, "row_interleave"
+        if self.row_mixing is not UNSET:  # the former name
+            if rows is not UNSET:
+                raise IncompatibleOptionsError(
+                    f"row_mixing={self.row_mixing!r} and row_interleave={rows!r} are the same option "
+                    "(row_mixing is its former name); pass only row_interleave"
+                )
+            rows, name = self.row_mixing, "row_mixing"
+        rows = DEFAULT_MIX_ROWS if rows is UNSET else rows
+        check_int(rows, name, 1, optional=True, hint=hint)
+        object.__setattr__(self, "row_interleave", rows)
+        object.__setattr__(self, "row_mixing", rows)
         window = self.row_shuffle_window
         check_int(window, "row_shuffle_window", 1, optional=True, hint=" (rows shuffled together)")
         if window is not None and not self.shuffle:
@@ -568,10 +602,11 @@ class ShuffleConfig:
 
     @property
     def mixing(self) -> RowMixing | None:
-        """The row mixing in effect: with ``shuffle=True``, ``row_mixing`` set and no window."""
-        if not self.shuffle or self.row_mixing is None or self.row_window is not None:
+        """The row interleaving in effect: with ``shuffle=True``, ``row_interleave`` set and no window."""
+        rows = self.row_interleave
+        if not self.shuffle or not isinstance(rows, int) or self.row_window is not None:
             return None
-        return RowMixing(rows=self.row_mixing)
+        return RowMixing(rows=rows)
 
     @property
     def rows_mixed(self) -> int | None:

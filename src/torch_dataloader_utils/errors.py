@@ -45,10 +45,15 @@ that builtin too::
     │   └── SourceChangedError                the source changed since the job started
     └── RankFailedError                       another rank of a multi-rank job failed
 
-Messages name the parameter or file, echo the offending value and say the fix.
+Messages name the parameter or file, echo the offending value and say the fix. Warnings
+(:func:`warn`) are attributed to the caller's line, the first frame outside the package.
 """
 
 from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
 
 __all__ = [
     "BadDataError",
@@ -82,6 +87,8 @@ __all__ = [
     "UnknownColumnError",
     "UnknownLengthError",
     "UnknownOptionError",
+    "user_stacklevel",
+    "warn",
 ]
 
 
@@ -248,3 +255,25 @@ class SourceChangedError(ReshardError):
 
 class RankFailedError(DataLoaderUtilsError):
     """Another rank of a multi-rank job failed, so this rank stops too (its error is named)."""
+
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parent) + "/"
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside this package, seen from the caller of this function.
+
+    So a warning raised deep inside the library names the user's line (their call of
+    ``create_dataloader`` or ``set_epoch``), not one of the library's own.
+    """
+    level = 1
+    frame = sys._getframe(1)
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(_PACKAGE_DIR):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
+
+
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` attributed to the first line outside the package (the user's call)."""
+    warnings.warn(message, category, stacklevel=user_stacklevel())

@@ -74,7 +74,7 @@ class TrainLoader:
     data module's entry of the checkpoint).
     """
 
-    def __init__(self, loader: ResumableDataLoader, module: StructuredDataModule) -> None:
+    def __init__(self, loader: ResumableDataLoader[Any], module: StructuredDataModule) -> None:
         self.loader = loader
         self._module = module
 
@@ -155,11 +155,11 @@ class StructuredDataModule(pl.LightningDataModule):
         self.format = format
         self.options = dict(options)
         self.eval_options = {"shuffle": False, **dict(eval_options or {})}
-        self._loaders: dict[str, ResumableDataLoader] = {}
+        self._loaders: dict[str, ResumableDataLoader[Any]] = {}
         self._pending: Mapping[str, Any] | None = None
 
     # -- loaders ------------------------------------------------------------------------
-    def loader(self, stage: str) -> ResumableDataLoader:
+    def loader(self, stage: str) -> ResumableDataLoader[Any]:
         """The library's loader of ``stage`` (``"train"``, ``"val"``, ``"test"``, ``"predict"``).
 
         Built once, on first use (after Lightning started the process group).
@@ -180,15 +180,15 @@ class StructuredDataModule(pl.LightningDataModule):
         """The train loader, wrapped so that its state is the data module's (see the module)."""
         return TrainLoader(self.loader("train"), self)
 
-    def val_dataloader(self) -> ResumableDataLoader:
+    def val_dataloader(self) -> ResumableDataLoader[Any]:
         """The validation loader (``eval_options``: not shuffled by default)."""
         return self.loader("val")
 
-    def test_dataloader(self) -> ResumableDataLoader:
+    def test_dataloader(self) -> ResumableDataLoader[Any]:
         """The test loader."""
         return self.loader("test")
 
-    def predict_dataloader(self) -> ResumableDataLoader:
+    def predict_dataloader(self) -> ResumableDataLoader[Any]:
         """The prediction loader."""
         return self.loader("predict")
 

@@ -25,7 +25,7 @@ import torch
 
 from torch_dataloader_utils.config import PADDING_COLUMN, OutputConfig, SequencePack
 from torch_dataloader_utils.convert import BatchConverter, FlatList
-from torch_dataloader_utils.errors import ConversionError, UnknownColumnError
+from torch_dataloader_utils.errors import ConfigError, ConversionError, UnknownColumnError
 from torch_dataloader_utils.plan.packing import pack_offsets
 
 __all__ = [
@@ -41,7 +41,7 @@ __all__ = [
 CU_SEQLENS = "cu_seqlens"
 """Column of every packed row's segment boundaries (int32, from 0 to ``seq_len``)."""
 POSITION_IDS = "position_ids"
-"""Column of every token's position in its document (int32)."""
+"""Column of every token's position in its segment (int32; 0 where a document or a row starts)."""
 ATTENTION_MASK = "attention_mask"
 """Column that is ``False`` on padding (``SequencePack(attention_mask=True)``)."""
 
@@ -56,6 +56,7 @@ class SequencePacker:
     Raises:
         UnknownColumnError: the token column is not read.
         ConversionError: the token column is not a list of integers.
+        ConfigError: ``pad_id`` does not fit the column's token type.
     """
 
     def __init__(self, config: SequencePack, schema: pa.Schema) -> None:
@@ -71,6 +72,7 @@ class SequencePacker:
                 f"pack_sequences column {name!r} has type {t}; packing takes a list of integer token "
                 "ids (list<int32> or list<int64>): cast the column when writing the data"
             )
+        _check_pad_id(config, t.value_type)
         self.config = config
         self.value_type: pa.DataType = t.value_type
         fixed = config.seq_len
@@ -125,6 +127,23 @@ class SequencePacker:
                 mask[packing.dest] = True
             arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(mask), fixed))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+def _check_pad_id(config: SequencePack, value_type: pa.DataType) -> None:
+    """:class:`ConfigError` unless ``config.pad_id`` is a value of the token type.
+
+    The padding is written into the tokens' own buffer: a value outside the type (uint16
+    ``-100``, int16 ``70000``) would otherwise fail the first batch with numpy's bare
+    ``OverflowError``.
+    """
+    dtype: np.dtype[Any] = np.dtype(value_type.to_pandas_dtype())
+    info = np.iinfo(dtype)
+    if not info.min <= config.pad_id <= info.max:
+        raise ConfigError(
+            f"SequencePack pad_id={config.pad_id} does not fit column {config.column!r}'s token type "
+            f"{value_type} (values {info.min} to {info.max}): use a pad_id in that range (e.g. "
+            "your tokenizer's pad token id), or write the column as a wider signed type (int32 or int64)"
+        )
 
 
 def _allocate(items: int, dtype: np.dtype[Any]) -> tuple[pa.Buffer, np.ndarray]:

@@ -72,6 +72,7 @@ __all__ = [
     "PIPE_MAX_BYTES",
     "BatchGroup",
     "HostPinner",
+    "JoinedColumn",
     "PackedBatch",
     "PooledBatch",
     "SegmentPool",
@@ -112,6 +113,64 @@ class BatchGroup(list[Any]):
     """
 
     source: tuple[Any, Any] | None = None
+
+
+class JoinedColumn:
+    """A column made of parts (numpy arrays of one dtype and trailing shape), joined only in the buffer.
+
+    :func:`pack` writes the parts one after the other straight into the buffer that
+    carries the batch (or, with ``order``, each row to its place: row ``j`` of the column
+    is row ``order[j]`` of the parts taken one after the other), so joining costs no copy
+    beyond the one into the buffer. It unpacks as one tensor. A mixed batch's columns
+    travel so (:class:`~torch_dataloader_utils.runtime.emit.BatchParts`).
+    """
+
+    __slots__ = ("_numel", "np_dtype", "order", "parts", "shape")
+
+    def __init__(self, parts: list[np.ndarray[Any, Any]], order: np.ndarray[Any, Any] | None = None) -> None:
+        first = parts[0]
+        self.parts = parts
+        self.order = order
+        self.np_dtype = first.dtype
+        rows = sum(len(p) for p in parts)
+        self.shape = (rows, *first.shape[1:])
+        self._numel = rows if first.ndim == 1 else rows * int(np.prod(first.shape[1:]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The joined column's torch dtype."""
+        return _torch_dtype_of(self.np_dtype)
+
+    def dim(self) -> int:
+        """Dimensions of the joined column."""
+        return len(self.shape)
+
+    def numel(self) -> int:
+        """Items of the joined column."""
+        return self._numel
+
+    def element_size(self) -> int:
+        """Bytes of one item."""
+        return int(self.np_dtype.itemsize)
+
+    def place(self, out: list[tuple[int, Any, int]], at: int) -> None:
+        """Register the copy that writes the column at byte ``at`` of the buffer (one numpy call)."""
+        nbytes = self.numel() * self.element_size()
+        if nbytes:
+            out.append((at, self._write, nbytes))
+
+    def _write(self, dst: np.ndarray[Any, Any]) -> None:
+        column = dst.view(self.np_dtype).reshape(self.shape)
+        if self.order is None:
+            np.concatenate(self.parts, out=column)
+            return
+        where = np.empty(len(self.order), dtype=np.int64)
+        where[self.order] = np.arange(len(self.order), dtype=np.int64)  # row i of the parts goes to where[i]
+        start = 0
+        for part in self.parts:
+            n = len(part)
+            column[where[start : start + n]] = part
+            start += n
 
 
 class _Unpackable(Exception):
@@ -195,7 +254,9 @@ def _bytes_of(o: torch.Tensor) -> Any:
 
 
 def _is_column(o: Any) -> bool:
-    """A plain 1-d CPU tensor of a dtype numpy has: a candidate for a column block."""
+    """A plain 1-d CPU tensor (or joined column) of a dtype numpy has: a candidate for a column block."""
+    if type(o) is JoinedColumn:
+        return o.dim() == 1
     return (
         type(o) is torch.Tensor
         and o.dim() == 1
@@ -239,19 +300,31 @@ class _Packer:
             return ("n", at, np_dtype, o.numel(), tuple(o.shape))
         return ("t", at, o.dtype, tuple(o.shape), nbytes)
 
+    def joined(self, o: JoinedColumn) -> Any:
+        """A joined column: its parts written where the column lies in the buffer."""
+        np_dtype = o.np_dtype
+        self.leaves += 1
+        at = self.total
+        o.place(self.parts, at)
+        self.total += _aligned(o.numel() * o.element_size())
+        return ("n", at, np_dtype, o.numel(), o.shape)
+
     def feature_pack(self, p: DeferredPack) -> Any:
         self.leaves += 1
         at = self.put(p.write, p.nbytes)
         return ("n", at, p.dtype, p.rows * p.width, (p.rows, p.width))
 
-    def columns(self, columns: list[torch.Tensor]) -> Any:
+    def columns(self, columns: list[Any]) -> Any:
         """``k`` 1-d tensors of one dtype and length, back to back: a ``[k, rows]`` block."""
         first = columns[0]
         each = first.numel() * first.element_size()
         at = self.total
         if each:
             for j, column in enumerate(columns):
-                self.parts.append((at + j * each, _bytes_of(column), each))
+                if type(column) is JoinedColumn:
+                    column.place(self.parts, at + j * each)
+                else:
+                    self.parts.append((at + j * each, _bytes_of(column), each))
         self.total += _aligned(each * len(columns))
         self.leaves += len(columns)
         return (at, _numpy_dtype_of(first.dtype), len(columns), first.numel())
@@ -302,6 +375,8 @@ class _Packer:
                     raise _Unpackable
                 return self.jagged(*parts)
             return self.tensor(o)
+        if type(o) is JoinedColumn:
+            return self.joined(o)
         if isinstance(o, JaggedParts):
             return self.jagged(o.values, o.offsets)
         if isinstance(o, DeferredPack):

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from testsupport.iceberg_tables import commit_deletes, data_files, position_delete_file
 
+from tests.bounds import assert_ends_within
 from tests.fixtures.data import write_parquet_files
 from tests.fixtures.iceberg import create_id_table, id_table
 from torch_dataloader_utils import (
@@ -123,7 +124,7 @@ def test_28_21_huge_worlds_are_refused_at_once(
 ) -> None:
     started = time.perf_counter()
     assert main([command, root, *argv]) == 2
-    assert time.perf_counter() - started < 10
+    assert_ends_within(time.perf_counter() - started, 6)  # refused before any planning
     err = capsys.readouterr().err
     assert "ConfigError" in err
     assert "at most 65,536 ranks and 1,048,576 ranks x workers" in err

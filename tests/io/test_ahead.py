@@ -32,7 +32,7 @@ class Source:
             self.closed = True
 
 
-def wait_for(condition, seconds: float = 5.0) -> None:
+def wait_for(condition, seconds: float = 60.0) -> None:  # polled: long only on a loaded machine
     end = time.monotonic() + seconds
     while not condition():
         assert time.monotonic() < end, "condition not met in time"

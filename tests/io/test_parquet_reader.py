@@ -57,6 +57,31 @@ def test_whole_and_partial_row_group_chunks(write_parquet: WriteParquet) -> None
     assert sum(b.num_rows for b in batches) == 30
 
 
+def test_long_rows_are_read_a_few_mib_at_a_time(tmp_path: Path) -> None:
+    """Issue 37: 65,536 rows per read made a read of 4 KiB documents 256 MiB (packing held 6x its floor)."""
+    from torch_dataloader_utils.io.parquet import READ_BATCH_BYTES, READ_BATCH_ROWS
+
+    rows, tokens = 6000, 1024  # 4 KiB of int32 tokens per row; one row group
+    values = pa.array(np.arange(rows * tokens, dtype=np.int32) % 50_000)
+    offsets = pa.array(np.arange(0, rows * tokens + 1, tokens, dtype=np.int32))
+    table = pa.table({"id": np.arange(rows), "tokens": pa.ListArray.from_arrays(offsets, values)})
+    pq.write_table(table, tmp_path / "long.parquet", row_group_size=rows)
+    found = discover(str(tmp_path), FileSourceConfig(format=FileFormat.PARQUET))
+    f = found.files[0]
+    decoded = 4 * tokens + 8  # an int64 id and 1,024 int32 tokens per row
+    reads = [b.num_rows for b in _reader(found, batch_size=16).read(Chunk.rows(f))]
+    assert sum(reads) == rows
+    # About READ_BATCH_BYTES decoded (the lists' levels add a little); 6,000 rows before.
+    assert READ_BATCH_BYTES // (1.1 * decoded) <= max(reads) <= READ_BATCH_BYTES // decoded
+    reads = [b.num_rows for b in _reader(found, batch_size=3000).read(Chunk.rows(f))]
+    assert reads == [3000, 3000]  # never fewer rows than batch_size
+    # Short rows keep READ_BATCH_ROWS per read.
+    pq.write_table(pa.table({"id": np.arange(70_000)}), tmp_path / "long.parquet", row_group_size=70_000)
+    found = discover(str(tmp_path), FileSourceConfig(format=FileFormat.PARQUET))
+    reads = [b.num_rows for b in _reader(found, batch_size=16).read(Chunk.rows(found.files[0]))]
+    assert max(reads) == READ_BATCH_ROWS
+
+
 def test_output_is_projected_and_filtered(write_parquet: WriteParquet) -> None:
     path = write_parquet([100], row_group_size=30)[0]
     found = discover(

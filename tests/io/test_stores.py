@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.bounds import assert_ends_within
 from tests.fixtures.e2e import assert_exactly_once, epoch_ids
 from tests.fixtures.stores import black_hole
 from torch_dataloader_utils import DiscoveryError, create_dataloader, reshard
@@ -166,7 +167,7 @@ def test_dead_endpoint_fails_within_request_timeout_naming_it(
                 retries=1,
             )
         elapsed = time.monotonic() - started
-    assert elapsed < 3 + 3, elapsed
+    assert_ends_within(elapsed, 3)  # was < 3 + 3: 6.86 s on a busy machine
     text = str(caught.value)
     assert endpoint in text
     assert f"://{store.root}/data'" in text  # the URL (az:// is shown as adlfs's abfs://)

@@ -25,8 +25,8 @@ def segments(lengths: list[int], seq_len: int, split: bool, truncate: bool) -> l
     doc[dest] = doc_of_token[source]
     position = np.full(slots, -1)
     position[dest] = packing.position
-    # The source of every token kept is its document's token at that position.
-    assert (source == offsets[doc_of_token[source]] + packing.position).all()
+    in_document = np.full(slots, -1)
+    in_document[dest] = source - offsets[doc_of_token[source]]
     out = []
     for r in range(packing.rows):
         cu = packing.cu_values[packing.cu_offsets[r] : packing.cu_offsets[r + 1]]
@@ -34,12 +34,15 @@ def segments(lengths: list[int], seq_len: int, split: bool, truncate: bool) -> l
         assert cu[-1] == seq_len
         assert (np.diff(cu) > 0).all()
         for a, b in itertools.pairwise(cu):
-            d, p = doc[r * seq_len + a : r * seq_len + b], position[r * seq_len + a : r * seq_len + b]
+            at = slice(r * seq_len + a, r * seq_len + b)
+            d, p = doc[at], in_document[at]
             if d[0] == -1:
                 assert (d == -1).all()  # padding is a segment of its own
                 continue
             assert (d == d[0]).all()
-            assert (np.diff(p) == 1).all()
+            assert (np.diff(p) == 1).all()  # the document's tokens, in order
+            # position_ids count from 0 in every segment: where a document or a row starts.
+            assert position[at].tolist() == list(range(b - a))
             out.append((int(d[0]), int(p[0]), int(b - a)))
     return out
 
@@ -89,10 +92,14 @@ def test_rows_and_boundaries_of_a_small_batch() -> None:
     split = pack_offsets(np.array([0, 3, 3, 8, 9]), 4)
     assert split.rows == 3
     assert split.cu_values.tolist() == [0, 3, 4, 0, 4, 0, 1, 4]
-    assert split.position.tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0]
+    # Issue 33, item 18: the continued document counts from 0 in its new row (was 1, 2, 3, 4).
+    assert split.position.tolist() == [0, 1, 2, 0, 0, 1, 2, 3, 0]
     whole = pack_offsets(np.array([0, 3, 3, 8, 9]), 4, split=False)
     assert whole.dest.tolist() == [0, 1, 2, 4, 5, 6, 7, 8, 9]
     assert whole.cu_values.tolist() == [0, 3, 4, 0, 4, 0, 1, 2, 4]
+    assert whole.position.tolist() == [0, 1, 2, 0, 1, 2, 3, 0, 0]
+    cut = pack_offsets(np.array([0, 10]), 4, split=False)  # one document longer than a row
+    assert cut.position.tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
 
 
 def test_seq_len_must_be_positive() -> None:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+import os
+from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+import torch.utils.data
 
 from torch_dataloader_utils.errors import ConfigError, DistributedConfigError
 from torch_dataloader_utils.plan.types import World
@@ -127,3 +132,53 @@ def test_rank_out_of_range_in_env_names_both_variables(clean_env):
     clean_env.setenv("WORLD_SIZE", "2")
     with pytest.raises(DistributedConfigError, match=r"RANK=5 and WORLD_SIZE=2 disagree"):
         env.resolve_world(None, None)
+
+
+class _FreezeProbe(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """Yields whether it runs in a worker, and the frozen objects before, after, and after a second call."""
+
+    def __iter__(self) -> Iterator[tuple[bool, int, int, int]]:
+        before = gc.get_freeze_count()
+        slot = env.worker_slot()
+        after = gc.get_freeze_count()
+        env.worker_slot()  # once per process: nothing more
+        yield slot.in_worker, before, after, gc.get_freeze_count()
+
+
+def test_a_worker_freezes_what_it_inherited_once() -> None:
+    """Issue 37: a forked worker's first full collection walked every inherited object (pandas': 1.36x)."""
+    main_frozen = gc.get_freeze_count()
+    loader = torch.utils.data.DataLoader(_FreezeProbe(), batch_size=None, num_workers=1)
+    [(in_worker, before, after, again)] = list(loader)
+    assert in_worker
+    assert before == main_frozen
+    assert after > before + 10_000  # torch's and pyarrow's objects at least
+    assert again == after
+    # The main process is left as it was.
+    [(in_worker, _, after, _)] = list(_FreezeProbe())
+    assert not in_worker
+    assert after == main_frozen == gc.get_freeze_count()
+
+
+def test_the_main_process_collects_once_before_its_first_workers_fork(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: the first full collection came mid-epoch, walking every young object pandas' import made."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from torch_dataloader_utils import create_dataloader
+
+    pq.write_table(pa.table({"id": np.arange(100)}), tmp_path / "t.parquet")
+    monkeypatch.delitem(env._done_in, "collect", raising=False)
+    full = gc.get_stats()[2]["collections"]
+    loader, _ = create_dataloader(str(tmp_path), batch_size=10, num_workers=1)
+    batches = iter(loader)
+    first = next(batches)
+    assert sorted(i for b in [first, *batches] for i in b["id"].tolist()) == list(range(100))
+    assert env._done_in["collect"] == os.getpid()
+    assert gc.get_stats()[2]["collections"] >= full + 1
+    again = gc.get_stats()[2]["collections"]
+    env.collect_before_fork()  # once per process
+    assert gc.get_stats()[2]["collections"] == again

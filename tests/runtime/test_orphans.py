@@ -70,11 +70,11 @@ def test_workers_exit_when_the_trainer_is_killed(data: Path, sig: signal.Signals
         assert len(workers) >= 2, workers
         os.kill(proc.pid, sig)
         proc.wait(timeout=30)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # polled: ends once they are gone (torch's check is every 5 s)
         while time.monotonic() < deadline and any(_alive(w) for w in workers):
             time.sleep(0.2)
         left = [w for w in workers if _alive(w)]
-        assert not left, f"DataLoader workers {left} outlived the killed trainer by 10 s"
+        assert not left, f"DataLoader workers {left} outlived the killed trainer by 60 s"
         leaked = {n for n in _shm() - shm_before if "torch" in n}
         assert not leaked, f"shared memory left in /dev/shm: {sorted(leaked)}"
     finally:

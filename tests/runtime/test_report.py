@@ -113,7 +113,9 @@ def test_shuffle_with_one_file_per_batch_warns(data: Path, caplog: pytest.LogCap
         "shuffle=True shuffles the order of the 18 chunks, but rows keep their file order"
     )
     assert "median 200 rows >= batch_size=64" in message
-    assert "keep row_mixing on (its default) or set row_shuffle_window=800" in message
+    assert (
+        "keep row_interleave on (its default) or set row_shuffle_window=800" in message
+    )  # row_mixing's new name
 
 
 def test_pieces_at_debug(data: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -61,3 +61,28 @@ def test_dataloader_reads_every_row_once(tmp_path: Path, fmt: str, workers: int)
     assert sum(plan.rows_for(0, w) or 0 for w in range(max(1, workers))) == ROWS
     # every batch is full except the last of each worker
     assert sum(1 for s in sizes if s != 256) <= max(1, workers)
+
+
+def test_a_text_state_resumes_only_where_its_rows_are_counted_alike(tmp_path: Path) -> None:
+    """Text chunks and cursors come from the row counts: a state of one rank (rows not counted)
+    resumed on two ranks (counted for equal batches) read rows twice; now it says what to do."""
+    from torch_dataloader_utils import IncompatibleOptionsError, StructuredDataset, merge_states
+
+    root = tmp_path / "text"
+    root.mkdir()
+    for f, n in enumerate((70, 55, 90)):
+        first = sum((70, 55, 90)[:f])
+        (root / f"p{f}.jsonl").write_text(
+            "".join(json.dumps({"id": i}) + "\n" for i in range(first, first + n))
+        )
+    options = {"format": "jsonl", "batch_size": 6, "shuffle": True, "equal_batches": "pad", "num_workers": 0}
+    one = StructuredDataset(str(root), **options)
+    next(iter(one))
+    state = one.state_dict()
+    two = StructuredDataset(str(root), num_ranks=2, rank=0, **options)
+    with pytest.raises(IncompatibleOptionsError, match=r"rows not counted .* save states .* count_rows=True"):
+        two.load_state_dict(merge_states([state]))
+    again = StructuredDataset(str(root), **options)  # one rank, not counted either: the rest, once
+    again.load_state_dict(state)
+    seen = [i for b in again for i in b["id"].tolist()]
+    assert len(seen) == len(set(seen)) == 215 - 6

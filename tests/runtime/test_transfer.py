@@ -387,6 +387,7 @@ def small_groups(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch_dataloader_utils.runtime import emit
 
     monkeypatch.setattr(emit, "GROUP_BYTES", 96 << 10)
+    monkeypatch.setattr(emit, "UNPINNED_GROUP_BYTES", 96 << 10)
     monkeypatch.setattr(transfer, "PIPE_MAX_BYTES", 16 << 10)
 
 

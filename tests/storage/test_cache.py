@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 import testsupport.latency_fs as latency
 
+from tests.bounds import assert_ends_within
 from tests.fixtures.data import write_parquet_files
 from torch_dataloader_utils import FileChangedError, StructuredDataset
 from torch_dataloader_utils.storage.cache import (
@@ -350,7 +351,7 @@ def test_options_are_checked(remote: Path, tmp_path: Path) -> None:
     local = StructuredDataset(str(remote), data_cache=str(tmp_path / "c"), output_format="arrow")
     assert _ids(local) == list(range(TOTAL))
     assert not (tmp_path / "c").exists()  # local files are never cached
-    assert time.monotonic() - started < 30
+    assert_ends_within(time.monotonic() - started, 6)  # no fetch, no wait: a few seconds at most
 
 
 def test_entries_of_either_checksum_are_read_and_checked(
@@ -412,7 +413,7 @@ def test_prefetch_warms_the_next_epochs_first_chunks(tmp_path: Path, prefetch: i
             break
     assert set(upcoming) - read_now, "the test needs chunks of epoch 1 not read in epoch 0"
     _ids(dataset)  # epoch 0; warming runs on the fetch threads once they are idle
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # polled: ends once warm; long only on a loaded machine
     while prefetch and not all(_cached_chunks(dataset, upcoming, cache)) and time.monotonic() < deadline:
         time.sleep(0.05)
     warmed = _cached_chunks(dataset, upcoming, cache)

@@ -53,7 +53,13 @@ from torch_dataloader_utils.discovery.parquet import (
 )
 from torch_dataloader_utils.discovery.partitions import Partitions, infer_partitions
 from torch_dataloader_utils.discovery.text import TextDiscovery, TextOptions, discover_text
-from torch_dataloader_utils.errors import ConfigError, DiscoveryError, SchemaError, SchemaMismatchError
+from torch_dataloader_utils.errors import (
+    ConfigError,
+    DiscoveryError,
+    SchemaError,
+    SchemaMismatchError,
+    user_stacklevel,
+)
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.storage.expressions import filter_key
@@ -465,7 +471,7 @@ def _discover_parquet(
             )
         return _discover_manifest(*got.manifest, source.columns, source.filters)
     if got.note is not None:
-        warnings.warn(got.note, UserWarning, stacklevel=4)
+        warnings.warn(got.note, UserWarning, stacklevel=user_stacklevel())
     # This rank's own filesystem spec (its own storage_options), as list_files resolved it.
     fs = resolve(
         os.fspath(path if isinstance(path, (str, os.PathLike)) else path[0]),
@@ -512,7 +518,7 @@ def _discover_parquet(
             f"filters={request.filters} excludes every row group of the {len(files)} files by their "
             "statistics: the dataset yields no rows",
             UserWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
     return Discovered(
         fs=fs,
@@ -675,7 +681,7 @@ def _write_cache(
             f"metadata_cache={cache_fs.display(cache_path)!r} could not be written "
             f"({type(exc).__name__}: {exc}); the next start reads the footers again",
             UserWarning,
-            stacklevel=5,
+            stacklevel=user_stacklevel(),
         )
 
 

@@ -20,7 +20,7 @@ from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.handles import too_many_open_files
 from torch_dataloader_utils.storage.identity import FileChecks, check_footer, stale_advice
 
-__all__ = ["READ_BATCH_ROWS", "ParquetReader"]
+__all__ = ["READ_BATCH_BYTES", "READ_BATCH_ROWS", "ParquetReader", "read_rows"]
 
 
 READ_BATCH_ROWS = 65536
@@ -30,6 +30,43 @@ Reading in small batches costs pyarrow a per-batch overhead (several times the d
 cost at 1024 rows with threads); :func:`~torch_dataloader_utils.io.batching.rebatch`
 cuts the large batches into exact ``batch_size`` batches as zero-copy slices.
 """
+
+READ_BATCH_BYTES = 8 << 20
+"""At most about this many decoded bytes per read, but never fewer than ``batch_size`` rows.
+
+:data:`READ_BATCH_ROWS` alone made a read of long rows large: 65,536 documents of 1,024
+tokens are 256 MiB decoded, so packing held 6x the memory of a numpy packer reading the
+same files (``compare.py``, ``pack``). Short rows (S1's 9 numbers: 72 bytes) still read
+65,536 at a time. What a reader holds is then bounded: the column chunks of the row
+group being decoded (pyarrow reads them whole) and, besides the batch being converted,
+``AHEAD_ITEMS`` decoded reads of about this size.
+"""
+
+_WIDTH = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
+
+
+def read_rows(
+    metadata: pq.FileMetaData, group: int, columns: Sequence[str] | None, most: int, least: int
+) -> int:
+    """Rows per read of row group ``group``: ``most``, fewer for long rows (see :data:`READ_BATCH_BYTES`).
+
+    The decoded size of a row is estimated from the footer, for the columns read: a
+    fixed-width value as its width times the values (dictionary or run-length encoding
+    makes the encoded size smaller), others as their uncompressed encoded size.
+    """
+    meta = metadata.row_group(group)
+    if meta.num_rows <= 0:
+        return most
+    wanted = None if columns is None else set(columns)
+    decoded = 0
+    for j in range(meta.num_columns):
+        column = meta.column(j)
+        if wanted is not None and column.path_in_schema.split(".")[0] not in wanted:
+            continue
+        width = _WIDTH.get(column.physical_type, 0)
+        decoded += max(column.total_uncompressed_size, width * column.num_values)
+    per_row = decoded / meta.num_rows
+    return most if per_row <= 0 else max(least, min(most, int(READ_BATCH_BYTES // per_row) or 1))
 
 
 class ParquetReader(ReaderBase):
@@ -197,7 +234,9 @@ class ParquetReader(ReaderBase):
                 return
             done = 0  # rows of the chunk decoded (before the filter)
             raw = pf.iter_batches(
-                batch_size=self._read_rows,
+                batch_size=read_rows(
+                    pf.metadata, groups[0].index, self._data_columns, self._read_rows, self._batch_size
+                ),
                 row_groups=[g.index for g in groups],
                 columns=self._data_columns,
                 use_threads=self._use_threads,

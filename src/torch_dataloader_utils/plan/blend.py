@@ -15,14 +15,15 @@ repeated cycle, the ``phase`` drawn from ``(seed, epoch, segment)``. So in *any*
 window of consecutive batches a source's rows are within 2 rows of the window's rows
 times its share: the proportions hold per batch up to one row, and they never drift.
 
-A pass ends when a *limited* source runs out (:func:`plan_pass`): with ``cycle`` the
-source whose epoch takes longest at its weight (the others start their next epoch as
-they run out), with ``stop`` any source. The last batch takes what the exhausted source
-has left and fills the rest from the others, by weight, so it stays full.
+A pass ends when a *limited* source, the mix's anchor, runs out (:func:`plan_pass`): with
+``cycle`` the source whose epoch takes longest at its weight, with ``stop`` the one whose
+epoch takes shortest (the others start their next epoch as they run out). The last batch
+takes what the exhausted source has left and fills the rest from the others, by weight, so
+it stays full.
 
-Stream positions (:func:`advance`) are counted per lane: every source's lane stream is
+Positions (:func:`advance`) are counted per lane: every source's rows on a lane are
 a list of partly read epochs followed by whole ones, and a pass moves each source
-along its stream by the rows it took.
+along them by the rows it took.
 
 Pure: stdlib and numpy only; nothing here reads data or the environment.
 """
@@ -31,11 +32,14 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
+
+from torch_dataloader_utils.errors import ConfigError
 
 __all__ = [
     "MAX_PERIOD",
@@ -71,16 +75,33 @@ def apportion(total: int, weights: Sequence[int]) -> list[int]:
 def integer_weights(weights: Sequence[float]) -> tuple[int, ...]:
     """The weights as the smallest integers in the same proportions (a cycle of at most ``MAX_PERIOD``).
 
+    Each weight is taken as a fraction with a denominator up to :data:`WEIGHT_DENOMINATOR`
+    (``0.3`` is ``3/10``). Weights too small for that (``[1, 0.0004]``) are taken relative to
+    the largest, with denominators up to :data:`MAX_PERIOD`, so a source keeps its share
+    down to ``1 / MAX_PERIOD``. Any real number is taken (numpy scalars too).
+
     Raises:
-        ValueError: a weight is not a finite number > 0, or there is none.
+        ConfigError: a weight is not a finite number > 0, there is none, or a share is
+            below ``1 / MAX_PERIOD`` (a cycle could not hold it).
     """
     if not weights:
-        raise ValueError("there must be at least one weight")
-    fractions: list[Fraction] = []
+        raise ConfigError("there must be at least one weight")
+    values: list[float] = []
     for w in weights:
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
-            raise ValueError(f"weights must be finite numbers > 0, got {w!r}")
-        fractions.append(Fraction(w).limit_denominator(WEIGHT_DENOMINATOR))
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or w <= 0:
+            raise ConfigError(f"weights must be finite numbers > 0, got {w!r}")
+        values.append(float(w))
+    fractions = [Fraction(w).limit_denominator(WEIGHT_DENOMINATOR) for w in values]
+    if not all(fractions):  # too small for the usual denominators: relative to the largest
+        largest = max(values)
+        fractions = [Fraction(w / largest).limit_denominator(MAX_PERIOD) for w in values]
+        if not all(fractions):
+            small = [w for w, f in zip(values, fractions, strict=True) if not f]
+            raise ConfigError(
+                f"weights={[float(w) for w in weights]}: a source's share of {small[0] / sum(values):.3g} is "
+                f"below the smallest a mix keeps, 1/{MAX_PERIOD:,} of the rows (its rows within one row per "
+                f"cycle of {MAX_PERIOD:,}); raise that weight, or leave the source out"
+            )
     scale = math.lcm(*(f.denominator for f in fractions))
     ints = [int(f * scale) for f in fractions]
     common = math.gcd(*ints)
@@ -309,9 +330,9 @@ def plan_pass(
 
 
 def advance(lengths: Sequence[int], fresh: int, skip: int, rows: int) -> tuple[int, int, int]:
-    """Where a lane's stream of one source stands after ``rows`` more rows.
+    """Where a lane's rows of one source stand after ``rows`` more rows.
 
-    The stream is ``len(lengths)`` partly read epochs of ``lengths[i]`` rows each, then
+    The rows are ``len(lengths)`` partly read epochs of ``lengths[i]`` rows each, then
     whole epochs of ``fresh`` rows each; ``skip`` rows of its head are already read.
 
     Returns:

@@ -1,4 +1,7 @@
-"""Row mixing: the order in which a worker yields the rows of several chunks read side by side.
+"""Row interleaving: the order in which a worker yields the rows of several chunks read side by side.
+
+(Called *row mixing* until 0.7.0, and ``row_mixing`` is still taken for ``row_interleave``:
+a *mix* is now always one of sources, :mod:`.blend`.)
 
 With ``shuffle=True`` a worker does not read its chunks one after the other: it reads a
 *mix* of up to ``streams`` chunks (or parts of chunks) side by side and yields their
@@ -41,7 +44,7 @@ __all__ = [
 ]
 
 DEFAULT_MIX_ROWS = 32768
-"""Rows of one round of the default row mixing (``row_mixing``)."""
+"""Rows of one round of the default row interleaving (``row_interleave``)."""
 DEFAULT_MIX_STREAMS = 8
 """Chunks (or parts of chunks) a worker reads side by side in the default row mixing."""
 
@@ -50,7 +53,7 @@ _MASK = (1 << 64) - 1
 
 @dataclass(frozen=True, slots=True)
 class RowMixing:
-    """How a worker mixes rows across chunks (``shuffle=True`` with ``row_mixing``).
+    """How a worker interleaves the rows of several chunks (``shuffle=True`` with ``row_interleave``).
 
     Attributes:
         rows: Rows per round: the rows mixed together and held at once (besides the

@@ -1,20 +1,24 @@
-"""Where each source of a mix stands: its begun epochs (as its own resume segments), then whole ones.
+"""Where each source of a mix stands, and the mix's resume state as a value.
 
-A :class:`SourcePosition` is the same on every lane of a mix; the segments are the
-source's own resume-state segments (:class:`~torch_dataloader_utils.plan.state.Segment`),
-so the rest of an interrupted epoch can be re-dealt over any number of lanes.
+A :class:`SourcePosition` is where a source stands on every lane: its begun epochs (as
+the source's own resume-state segments, :class:`~torch_dataloader_utils.plan.state.Segment`,
+so the rest of an interrupted epoch can be re-dealt over any number of lanes), then
+whole ones. It is the same on every lane of a mix. :class:`MixState` is a mix's resume
+state parsed once from its JSON (:mod:`.mixstate`) into such values; nothing else reads
+the JSON.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch_dataloader_utils.errors import ResumeStateError
+from torch_dataloader_utils.plan.mixstate import MIX_STATE_FORMAT, MIX_STATE_VERSION, check_mix_state
 from torch_dataloader_utils.plan.state import Segment
 
-__all__ = ["Segments", "SourcePosition", "position_of"]
+__all__ = ["MixState", "Segments", "SourcePosition", "position_of"]
 
 Segments = tuple[Segment, ...]
 """The segments of a source's own resume state for one of its epochs (``()``: the whole epoch)."""
@@ -22,7 +26,7 @@ Segments = tuple[Segment, ...]
 
 @dataclass(frozen=True)
 class SourcePosition:
-    """Where one source's lane streams stand (the same on every lane).
+    """Where one source stands on its lanes (the same on every lane).
 
     Attributes:
         entries: Epochs of the source begun and not finished, in order: ``(epoch,
@@ -85,3 +89,110 @@ def position_of(value: object, where: str) -> SourcePosition:
         int(value["next_epoch"]),
         int(value["skip"]),
     )
+
+
+@dataclass(frozen=True)
+class MixState:
+    """The resume state of a mix, parsed (format ``torch_dataloader_utils.mix``, version 1).
+
+    See :mod:`~torch_dataloader_utils.plan.mixstate` for its JSON. Every source's
+    position is a :class:`SourcePosition` in *its own* epochs, so what each source read
+    is known whatever the weights (a recipe changed at a checkpoint keeps it).
+
+    Attributes:
+        fingerprint: What it was saved for: every source's fingerprint and the mix's
+            options (JSON values, compared as a whole).
+        epoch: The epoch of the mix.
+        segment: The pass of that epoch (0, then one more per resume in another world).
+        start: Where every source stood when the pass started.
+        epoch_start: Where every source stood when the epoch's first pass started.
+        num_ranks: Ranks of the saving job.
+        lanes: Lanes of the saving job (ranks x reading processes per rank).
+        consumed: Per rank, the batches the loop received from each of its lanes in the
+            pass (empty at the start of a pass).
+    """
+
+    fingerprint: Mapping[str, Any]
+    epoch: int
+    segment: int
+    start: tuple[SourcePosition, ...]
+    epoch_start: tuple[SourcePosition, ...]
+    num_ranks: int
+    lanes: int
+    consumed: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, value: object, expected: Mapping[str, Any]) -> MixState:
+        """``value`` (JSON values) checked and parsed; its fingerprint compared with ``expected``.
+
+        Raises:
+            ResumeStateError: not a state of a mix of this version, or damaged.
+            StateMismatchError: saved for other sources or options (says what changed).
+        """
+        plain = check_mix_state(value, expected)
+        consumed: dict[int, tuple[int, ...]] = {}
+        for rank, counts in plain["consumed"].items():
+            if not (isinstance(rank, str) and rank.isdigit()) or not isinstance(counts, list):
+                raise ResumeStateError(
+                    f"the mix's resume state gives rank {rank!r} the batch counts {str(counts)[:60]}; "
+                    "pass what loader.state_dict() returned"
+                )
+            consumed[int(rank)] = tuple(counts)
+        return cls(
+            fingerprint=plain["fingerprint"],
+            epoch=plain["epoch"],
+            segment=plain["segment"],
+            start=tuple(position_of(p, f"state.start[{s}]") for s, p in enumerate(plain["start"])),
+            epoch_start=tuple(
+                position_of(p, f"state.epoch_start[{s}]") for s, p in enumerate(plain["epoch_start"])
+            ),
+            num_ranks=plain["num_ranks"],
+            lanes=plain["lanes"],
+            consumed=consumed,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The state as JSON values (what a mixed loader's ``state_dict()`` returns)."""
+        return {
+            "format": MIX_STATE_FORMAT,
+            "version": MIX_STATE_VERSION,
+            "fingerprint": dict(self.fingerprint),
+            "epoch": self.epoch,
+            "segment": self.segment,
+            "start": [p.as_json() for p in self.start],
+            "epoch_start": [p.as_json() for p in self.epoch_start],
+            "num_ranks": self.num_ranks,
+            "lanes": self.lanes,
+            "consumed": {str(r): list(c) for r, c in sorted(self.consumed.items())},
+        }
+
+    def source_fingerprints(self) -> tuple[Mapping[str, Any], ...]:
+        """Every source's own fingerprint (what its split was chosen with)."""
+        sources = self.fingerprint.get("sources")
+        return tuple(s for s in sources if isinstance(s, Mapping)) if isinstance(sources, list) else ()
+
+    def received(self, batches: int) -> list[int]:
+        """Batches received from every saved lane, rank after rank (each at most ``batches``).
+
+        Raises:
+            ResumeStateError: a rank is missing, or a rank's counts are not one per lane.
+        """
+        ranks = sorted(self.consumed)
+        if ranks != list(range(self.num_ranks)):
+            missing = sorted(set(range(self.num_ranks)) - set(ranks))
+            raise ResumeStateError(
+                f"the mix's resume state holds ranks {[str(r) for r in ranks][:20]} of a "
+                f"{self.num_ranks}-rank job (missing {missing[:20]}); merge the states of all ranks "
+                "first (merge_states, or gather_state)"
+            )
+        per_rank = self.lanes // self.num_ranks
+        out: list[int] = []
+        for rank in ranks:
+            counts = self.consumed[rank]
+            if len(counts) != per_rank or not all(type(n) is int and 0 <= n <= batches for n in counts):
+                raise ResumeStateError(
+                    f"the mix's resume state gives rank {rank} the batch counts {str(list(counts))[:60]}: "
+                    f"expected {per_rank} counts from 0 to {batches}; pass what loader.state_dict() returned"
+                )
+            out.extend(counts)
+        return out

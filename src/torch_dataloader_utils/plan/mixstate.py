@@ -35,6 +35,8 @@ __all__ = [
     "check_mix_state",
     "is_mix_state",
     "merge_mixed_states",
+    "partial_mix_state",
+    "saved_sources",
 ]
 
 MIX_STATE_FORMAT = MIX_FORMAT
@@ -60,6 +62,28 @@ STATE_KEYS = frozenset(
 def is_mix_state(state: object) -> bool:
     """Whether ``state`` claims to be the resume state of a mix."""
     return isinstance(state, Mapping) and state.get("format") == MIX_STATE_FORMAT
+
+
+def partial_mix_state(state: object) -> bool:
+    """Whether ``state`` is one rank's (or some ranks') state of a mix in the middle of a pass."""
+    if not is_mix_state(state):
+        return False
+    assert isinstance(state, Mapping)
+    consumed, ranks = state.get("consumed"), state.get("num_ranks")
+    return isinstance(consumed, Mapping) and bool(consumed) and type(ranks) is int and len(consumed) < ranks
+
+
+def saved_sources(state: object) -> list[Mapping[str, Any]]:
+    """The sources' own fingerprints a mix's state was saved with (``[]`` if it has none).
+
+    Read before the state is checked, to adopt the splits the library chose for them; a
+    malformed state is left to :func:`check_mix_state` to refuse.
+    """
+    fingerprint = state.get("fingerprint") if isinstance(state, Mapping) else None
+    sources = fingerprint.get("sources") if isinstance(fingerprint, Mapping) else None
+    if not isinstance(sources, list) or not all(isinstance(s, Mapping) for s in sources):
+        return []
+    return list(sources)
 
 
 def check_mix_state(state: object, expected: Mapping[str, Any]) -> dict[str, Any]:

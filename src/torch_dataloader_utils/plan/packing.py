@@ -17,6 +17,13 @@ Two ways to pack, both greedy in stream order within the batch:
   ``seq_len`` is cut into ``seq_len``-token pieces. The placement is one integer loop
   over the documents (no token is touched in it).
 
+A token's position (``position_ids``) is its position in its segment: 0 where a
+document starts and where a row starts, so a document continued from the previous row
+counts from 0 again, and positions stay below ``seq_len``. A segment sees only itself
+(``cu_seqlens``), so the continuation is, to the model, a document of its own; and the
+rule that a segment starts where the position is 0 (how padding-free attention in
+Hugging Face models finds the segments of a packed row) holds in every row.
+
 With ``truncate`` a document keeps only its first ``seq_len`` tokens. Padding fills
 the end of a row and forms a segment of its own in ``cu_seqlens``, so the boundaries of
 every row run from 0 to ``seq_len`` (the varlen kernels see every slot). A batch whose
@@ -45,7 +52,8 @@ class Packing:
             every token is kept, in order (``arange(kept)``: no gather needed).
         dest: int64, its slot in the packed rows (``rows * seq_len`` slots, row-major);
             ``None`` for ``arange(kept)`` (the tokens end to end from slot 0).
-        position: int32, its position in its document.
+        position: int32, its position in its segment (0 where a document or a row
+            starts; below ``seq_len``).
         cu_values: int32, every row's segment boundaries, row after row (each from 0 to
             ``seq_len``).
         cu_offsets: int32 ``[rows + 1]``: row ``r``'s boundaries are
@@ -73,10 +81,10 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray, dtype: type = np.int64) -> 
 
 
 def _positions(total: int, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Positions in their documents of ``total`` tokens laid end to end (documents at ``starts``).
+    """Positions in their segments of ``total`` tokens laid end to end (segments at ``starts``).
 
-    One running sum over the output: 1 everywhere, and at a document's first token the
-    step back to 0 (``1 - length`` of the document before); no temporary of its size.
+    One running sum over the output: 1 everywhere, and at a segment's first token the
+    step back to 0 (``1 - length`` of the segment before); no temporary of its size.
     """
     position = np.ones(total, dtype=np.int32)
     if total:
@@ -148,13 +156,15 @@ def pack_offsets(offsets: np.ndarray, seq_len: int, *, split: bool = True, trunc
         rows = max(1, -(-kept // seq_len))
         nonempty = lengths > 0
         starts = (np.cumsum(lengths) - lengths)[nonempty]
-        position = _positions(kept, starts, lengths[nonempty])
         points = np.concatenate((starts, [kept]))
+        # Segments: the documents' tokens cut where a document or a row starts.
+        cuts = np.union1d(starts, np.arange(0, kept, seq_len))
+        position = _positions(kept, cuts, np.diff(np.append(cuts, kept)))
     else:
         doc, offset, length = _pieces(lengths, seq_len)
         placed, rows = _next_fit(length, seq_len)
         source = _ranges(offsets[doc] + offset, length)
-        position = _ranges(offset, length, np.int32)
+        position = _ranges(np.zeros(len(length), dtype=np.int64), length, np.int32)  # pieces fit a row
         dest = _ranges(placed, length)
         kept = len(dest)
         points = np.concatenate((placed, placed + length))

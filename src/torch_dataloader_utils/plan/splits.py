@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from torch_dataloader_utils.errors import ConfigError, OverlappingChunksError, PlanError
+from torch_dataloader_utils.errors import ConfigError, OverlappingChunksError, PlanError, user_stacklevel
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit, FileInfo, RowGroup
 
 __all__ = [
@@ -304,7 +304,7 @@ def resolve_strategy(strategy: object) -> Splitter | RankAwareStrategy:
         "the share [rank::num_ranks] itself. Add keyword parameters num_ranks and rank to "
         "generate() to shard yourself.",
         UserWarning,
-        stacklevel=3,
+        stacklevel=user_stacklevel(),
     )
     return LegacyAdapter(strategy, name=name)  # type: ignore[arg-type]
 

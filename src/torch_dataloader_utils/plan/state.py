@@ -40,6 +40,7 @@ __all__ = [
     "merge_states",
     "plain_state",
     "rank_states",
+    "saved_options",
     "segments_of",
 ]
 
@@ -465,6 +466,17 @@ class ResumeState:
                             f"than the dataset holds ({most}); {_EDITED}"
                         )
         return self
+
+
+def saved_options(state: object) -> Mapping[str, Any] | None:
+    """The options a state's fingerprint records (what it was saved with), or ``None`` if it has none.
+
+    Read before a state is checked, to adopt what the library chose for it (the split it
+    was saved with); anything malformed is left to :meth:`ResumeState.parse` to refuse.
+    """
+    fingerprint = state.get("fingerprint") if isinstance(state, Mapping) else None
+    options = fingerprint.get("options") if isinstance(fingerprint, Mapping) else None
+    return options if isinstance(options, Mapping) else None
 
 
 def segments_of(values: Sequence[Segment | Mapping[str, Any]]) -> tuple[Segment, ...]:

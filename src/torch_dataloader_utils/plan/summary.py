@@ -428,6 +428,7 @@ def layout_issues(
     shuffle: bool = False,
     row_window: int | None = None,
     batch_size: int = 1,
+    more_chunks: str = "Lower split_rows / split_bytes",
 ) -> list[LayoutIssue]:
     """The layouts of ``plan`` (and ``files``) that will hurt a run, as values.
 
@@ -438,10 +439,12 @@ def layout_issues(
         row_window: Rows mixed across chunks (the row shuffle's window or the row mixing's
             round; ``None``: rows keep their chunk's order).
         batch_size: Rows per batch.
+        more_chunks: How the data gives more chunks (the fix of idle ranks and workers;
+            where a lower split cannot give more, the dataset says what can).
     """
     found = (
-        _idle_ranks(plan),
-        _idle_workers(plan),
+        _idle_ranks(plan, more_chunks),
+        _idle_workers(plan, more_chunks),
         _large_chunk(plan),
         _small_files(files),
         _one_file_batches(plan, shuffle and row_window is None, batch_size),
@@ -449,7 +452,7 @@ def layout_issues(
     return [issue for issue in found if issue is not None]
 
 
-def _idle_ranks(plan: PlanSummary) -> LayoutIssue | None:
+def _idle_ranks(plan: PlanSummary, more_chunks: str) -> LayoutIssue | None:
     idle = plan.idle_ranks
     if not idle:
         return None
@@ -457,12 +460,11 @@ def _idle_ranks(plan: PlanSummary) -> LayoutIssue | None:
         "idle_ranks",
         f"{len(idle)} of {plan.num_ranks} ranks have nothing to read in epoch {plan.epoch} "
         f"(ranks {_examples(idle)}; {plan.total_chunks} chunks in all): they yield no "
-        "batches. Lower split_rows / split_bytes so there are at least as many chunks as ranks, "
-        "or run fewer ranks",
+        f"batches. {more_chunks} so there are at least as many chunks as ranks, or run fewer ranks",
     )
 
 
-def _idle_workers(plan: PlanSummary) -> LayoutIssue | None:
+def _idle_workers(plan: PlanSummary, more_chunks: str) -> LayoutIssue | None:
     idle = plan.idle_workers
     if not idle:
         return None
@@ -470,8 +472,14 @@ def _idle_workers(plan: PlanSummary) -> LayoutIssue | None:
         "idle_workers",
         f"{len(idle)} of {plan.num_ranks * plan.num_workers} workers have nothing to read in "
         f"epoch {plan.epoch} ((rank, worker) {_examples(idle)}): num_workers={plan.num_workers} "
-        "is more than some ranks have chunks. Lower split_rows / split_bytes or num_workers",
+        f"is more than some ranks have chunks. {more_chunks}{_or_fewer_workers(more_chunks)}",
     )
+
+
+def _or_fewer_workers(more_chunks: str) -> str:
+    if "num_workers" in more_chunks:
+        return ""
+    return " or num_workers" if more_chunks.startswith("Lower ") else ", or lower num_workers"
 
 
 def _large_chunk(plan: PlanSummary) -> LayoutIssue | None:
@@ -512,6 +520,6 @@ def _one_file_batches(plan: PlanSummary, unmixed: bool, batch_size: int) -> Layo
         f"shuffle=True shuffles the order of the {plan.total_chunks:,} chunks, but rows keep their "
         f"file order inside a chunk: with chunks of a median {rows:,.0f} rows >= "
         f"batch_size={batch_size}, nearly every batch holds rows of one file only. If files group "
-        f"similar rows (by time, label or source), mix them: keep row_mixing on (its default) or "
+        f"similar rows (by time, label or source), interleave them: keep row_interleave on (its default) or "
         f"set row_shuffle_window={int(4 * rows)}, which shuffles rows across about 4 chunks",
     )

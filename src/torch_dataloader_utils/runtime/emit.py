@@ -22,6 +22,7 @@ after its last group a worker sends one more item, with no batch, holding the re
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -31,20 +32,38 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches, OutputConfig, OutputFormat
+from torch_dataloader_utils.errors import IncompatibleOptionsError
 from torch_dataloader_utils.io.ahead import read_ahead
 from torch_dataloader_utils.io.base import ChunkReader
+from torch_dataloader_utils.io.batching import concat_batches
 from torch_dataloader_utils.io.helpers import Helpers
-from torch_dataloader_utils.io.pieces import Gather, gathered, read_piece
+from torch_dataloader_utils.io.pieces import ROUND_POOL, Gather, gathered, read_piece
 from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.runtime.workstats import WorkStats
 from torch_dataloader_utils.transfer import BatchGroup, SegmentWriter, pack_group
 
-__all__ = ["FIRST_GROUP_BATCHES", "GROUP_BYTES", "GROUP_MAX_BATCHES", "ArrowBytes", "Positions", "grouped"]
+__all__ = [
+    "FIRST_GROUP_BATCHES",
+    "GROUP_BYTES",
+    "GROUP_MAX_BATCHES",
+    "UNPINNED_GROUP_BYTES",
+    "ArrowBytes",
+    "BatchCount",
+    "BatchParts",
+    "Positions",
+    "batch_schema",
+    "grouped",
+    "parts_joinable",
+    "plain_arrays",
+]
 
 GROUP_BYTES = 32 << 20
-"""A worker under ``create_dataloader``'s loader sends batches in groups of about this size.
+"""A worker under ``create_dataloader``'s loader sends batches in groups of about this size
+into page-locked segments (``pin_memory=True`` or a CUDA ``device=``; otherwise
+``UNPINNED_GROUP_BYTES``).
 
 Every hand-off between a worker and the main process has a fixed cost (queue, pickle,
 waking a process and two threads, a shared-memory segment): about 0.5-0.7 ms of the
@@ -53,6 +72,16 @@ small batches it dominates, so batches travel several to a transfer. 8 MiB group
 that cost at about 0.07 s per GB delivered; 32 MiB at a quarter of it (``bench_receive``
 in docs/benchmarks.md). In flight at once: about ``(prefetch_factor + 1) * num_workers``
 groups, each in a worker's shared-memory segment (see ``runtime.loader.SPARE_SEGMENTS``).
+"""
+
+UNPINNED_GROUP_BYTES = 8 << 20
+"""The groups' size when the segments are not page-locked (the CPU path).
+
+Each worker's segments hold a group each (``SPARE_SEGMENTS`` plus ``prefetch_factor``
+of them), so the group size sets most of the memory in flight: with 32 MiB groups a
+CPU loader at ``num_workers=2`` peaked at 1.29x 0.5.0's PSS (``compare.py``, S1), with
+8 MiB at 0.99x. The hand-offs that the larger groups save (about 0.05 s per GB delivered)
+matter where a GPU waits, which is the page-locked path.
 """
 
 GROUP_MAX_BATCHES = 1024
@@ -209,6 +238,139 @@ class Positions:
         return (*self._prefix, index, planned - self._starts[index], rows, nbytes)
 
 
+class BatchCount:
+    """The positions of a reading process whose batches are planned one by one: batches yielded.
+
+    A tag is ``(token, worker, workers, 0, batches yielded, rows, nbytes)``: the cursor
+    counts batches (a mix's lane builds every batch from the plan).
+
+    Args:
+        token: The live start's token (0: none), part of every tag.
+        worker: This worker's id.
+        workers: Workers reading this epoch.
+        done: Batches of the pass yielded before this reading began (a resumed lane).
+    """
+
+    def __init__(self, token: int, worker: int, workers: int, done: int = 0) -> None:
+        self._prefix = (token, worker, workers, 0)
+        self.worker = worker
+        self.done = done
+
+    def tag(self, rows: int, nbytes: int = 0) -> tuple[int, ...]:
+        """The position after a yielded batch of ``rows`` rows (and ``nbytes`` Arrow bytes)."""
+        self.done += 1
+        return (*self._prefix, self.done, rows, nbytes)
+
+
+class BatchParts:
+    """One batch as its parts (say, each source's rows of a mixed batch), joined only when used.
+
+    ``order``: the batch's rows are the parts' rows, one after the other, taken in this
+    order (``None``: as they are). A worker joins them straight into the buffer that
+    carries the batch to the main process (one copy, :class:`~torch_dataloader_utils.transfer.JoinedColumn`);
+    elsewhere :meth:`joined` makes the Arrow batch. ``extra``: what the batch's tag carries
+    after its counts (a mix: the rows of every source, for the metrics). ``views``: every
+    part's columns as numpy arrays already (slices of arrays made once per decoded batch),
+    ``None`` for a column that is not plain, or ``None`` when not made.
+    """
+
+    __slots__ = ("extra", "num_rows", "order", "parts", "views")
+
+    def __init__(
+        self,
+        parts: list[pa.RecordBatch],
+        order: np.ndarray | None = None,
+        extra: tuple[int, ...] = (),
+        views: list[list[np.ndarray | None]] | None = None,
+    ) -> None:
+        self.parts = parts
+        self.order = order
+        self.extra = extra
+        self.views = views
+        self.num_rows = sum(p.num_rows for p in parts)
+
+    @property
+    def nbytes(self) -> int:
+        """The Arrow bytes of the parts."""
+        return sum(int(p.nbytes) for p in self.parts)
+
+    def column(self, name: str) -> pa.ChunkedArray[Any]:
+        """One column of every part (in the parts' order)."""
+        return pa.chunked_array(
+            [p.column(name) for p in self.parts], type=self.parts[0].schema.field(name).type
+        )
+
+    def arrays(self) -> dict[str, list[np.ndarray]] | None:
+        """Every column as its parts' numpy arrays, as the torch output holds them (``None``: not all can be).
+
+        Numbers without nulls (zero-copy), booleans, and fixed-size lists of them (``[rows,
+        size, ...]``): the columns a worker joins straight into the transfer buffer
+        (:class:`~torch_dataloader_utils.transfer.JoinedColumn`); anything else is
+        converted as usual, from :meth:`joined`.
+        """
+        schema = self.parts[0].schema
+        if not _plain_schema(schema):
+            return None
+        out: dict[str, list[np.ndarray]] = {name: [] for name in schema.names}
+        lists = list(out.values())
+        if self.views is not None:
+            for view in self.views:
+                for into, array in zip(lists, view, strict=True):
+                    if array is None:
+                        return None
+                    into.append(array)
+            return out
+        for part in self.parts:
+            for into, column in zip(lists, part.columns, strict=True):
+                if column.null_count:
+                    return None
+                into.append(_plain_array(column))
+        return out
+
+    def joined(self) -> pa.RecordBatch:
+        """The batch as one Arrow record batch (one copy of the rows)."""
+        parts = self.parts
+        if self.order is None or self.num_rows < 2:
+            return concat_batches(parts, memory_pool=ROUND_POOL)
+        taken = pc.take(
+            pa.Table.from_batches(parts), pa.array(self.order), boundscheck=False, memory_pool=ROUND_POOL
+        )
+        return taken.combine_chunks(memory_pool=ROUND_POOL).to_batches()[0]
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_schema(schema: pa.Schema) -> bool:
+    """Every column is a number, a boolean or a fixed-size list of them (see :meth:`BatchParts.arrays`)."""
+
+    def plain(t: pa.DataType) -> bool:
+        if pa.types.is_fixed_size_list(t):
+            return plain(t.value_type)
+        return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+    return all(plain(f.type) for f in schema)
+
+
+def plain_arrays(batch: pa.RecordBatch) -> list[np.ndarray | None] | None:
+    """Every column of ``batch`` as the numpy array the torch output converts it to.
+
+    ``None`` for a column with nulls; ``None`` in all when the schema is not plain (see
+    :meth:`BatchParts.arrays`).
+    """
+    if not _plain_schema(batch.schema):
+        return None
+    return [None if c.null_count else _plain_array(c) for c in batch.columns]
+
+
+def _plain_array(column: Any) -> np.ndarray:
+    """``column`` (of a plain type, no nulls) as the numpy array the torch output converts it to."""
+    t = column.type
+    if pa.types.is_fixed_size_list(t):
+        inner = _plain_array(column.flatten())
+        return inner.reshape(len(column), t.list_size, *inner.shape[1:])
+    array: np.ndarray = column.to_numpy(zero_copy_only=not pa.types.is_boolean(t))
+    return array
+
+
 def _prepare(item: tuple[int, pa.RecordBatch | Gather]) -> bool:
     """The read-ahead thread's work while it waits: a queued shuffle's gather."""
     return isinstance(item[1], Gather) and item[1].prepare()
@@ -255,13 +417,13 @@ class ArrowBytes:
 
 
 def grouped(
-    batches: Iterator[pa.RecordBatch],
-    convert: Callable[[pa.RecordBatch], Any],
-    positions: Positions,
+    batches: Iterator[Any],
+    convert: Callable[[Any], Any],
+    positions: Positions | BatchCount,
     work: WorkStats,
     pool: SegmentWriter | None = None,
 ) -> Iterator[Tagged]:
-    """Worker side: tagged batches sent in groups of about ``GROUP_BYTES``.
+    """Worker side: tagged batches sent in groups of about ``GROUP_BYTES`` (``UNPINNED_GROUP_BYTES``).
 
     A group is one :class:`Tagged` whose batch is a packed ``BatchGroup``, whose tag
     is the tuple of the batches' tags and whose ``work`` is what ``work`` counted since
@@ -273,12 +435,13 @@ def grouped(
     :class:`~torch_dataloader_utils.transfer.SegmentPool`.
     """
     pending: list[Any] = []
-    tags: list[Tag] = []
+    tags: list[tuple[int, ...]] = []
     size = 0
     clock = time.perf_counter
     worker = positions.worker
     most = FIRST_GROUP_BATCHES
     measure = ArrowBytes()
+    limit = GROUP_BYTES if pool is not None and pool.every_size else UNPINNED_GROUP_BYTES
 
     def send() -> Tagged:
         began = clock()
@@ -294,11 +457,12 @@ def grouped(
             work.count_padding(batch)
             pending.append(convert(batch))
             nbytes = measure(batch)
-            tags.append(positions.tag(batch.num_rows, nbytes))
+            tag = positions.tag(batch.num_rows, nbytes)
+            tags.append(tag if type(batch) is not BatchParts or not batch.extra else (*tag, *batch.extra))
             size += nbytes
             asked = clock()
             work.convert_sec += asked - got
-            if size >= GROUP_BYTES or len(pending) >= most:
+            if size >= limit or len(pending) >= most:
                 yield send()
                 pending, tags, size = [], [], 0
                 most = min(2 * most, GROUP_MAX_BATCHES)
@@ -313,3 +477,39 @@ def grouped(
     files = work.files_delta()
     if any(rest) or files:
         yield Tagged(BatchGroup(), (), (worker, rest, files))
+
+
+def batch_schema(schema: pa.Schema, equal: EqualBatches) -> pa.Schema:
+    """The schema of every batch: ``schema``, plus the padding flag with ``equal_batches='pad'``.
+
+    Raises:
+        IncompatibleOptionsError: the data already has a column of the flag's name.
+    """
+    if equal is not EqualBatches.PAD:
+        return schema
+    if PADDING_COLUMN in schema.names:
+        raise IncompatibleOptionsError(
+            f"equal_batches='pad' adds a column {PADDING_COLUMN!r}, but the data already has one; "
+            "rename it or leave it out of columns"
+        )
+    return schema.append(pa.field(PADDING_COLUMN, pa.bool_(), nullable=False))
+
+
+def parts_joinable(output: OutputConfig, schema: pa.Schema) -> bool:
+    """Whether a batch's parts, converted one by one, can be joined straight into the transfer buffer.
+
+    Torch output of numbers and fixed-size lists, with nothing applied to the whole batch
+    (no ``collate_fn``, packing or feature packs): each column is then its parts' tensors
+    one after the other (:class:`~torch_dataloader_utils.transfer.JoinedColumn`).
+    """
+    if output.output_format is not OutputFormat.TORCH or output.collate_fn is not None:
+        return False
+    if output.pack_sequences is not None or output.pack_features:
+        return False
+
+    def plain(t: pa.DataType) -> bool:
+        if pa.types.is_fixed_size_list(t):
+            return plain(t.value_type)
+        return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+    return all(plain(f.type) for f in schema)

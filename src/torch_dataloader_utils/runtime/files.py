@@ -195,10 +195,14 @@ class StructuredDataset(PlannedDataset):
 
     @classmethod
     def from_config(
-        cls, path: str | Sequence[str], source: FileSourceConfig, options: Options
+        cls, path: str | Sequence[str], source: FileSourceConfig, options: Options, *, member: bool = False
     ) -> StructuredDataset:
-        """Build from config objects (the flat keywords, already checked)."""
+        """Build from config objects (the flat keywords, already checked).
+
+        ``member``: a source of a mix, discovered only (the mix plans and reads it).
+        """
         dataset = cls.__new__(cls)
+        dataset._member = member
         dataset._setup(path, source, options)
         return dataset
 
@@ -210,13 +214,7 @@ class StructuredDataset(PlannedDataset):
         discovery_requests = process_requests() - before
         where = found.fs.display(_first(path))
         log_data_path(found.fs.data_path_description, not found.fs.is_local, options.world.rank)
-        log_files(
-            found.table if found.table is not None else found.files,
-            f"found {len(found.files):,} {source.format.value} files under {where!r}",
-            found.schema,
-            _partition_names(found),
-            options.world.rank,
-        )
+        self._log_found(found, source, where, options)
         self.discovered: Discovered = found
         """What discovery found: files, schema, columns."""
         self._init_core(
@@ -238,8 +236,19 @@ class StructuredDataset(PlannedDataset):
                 "partitioning": source.partitioning,
                 **filter_identity(found.filters),
             },
+            name=where,
         )
         self.metrics.discovered(discovery_requests)
+
+    @staticmethod
+    def _log_found(found: Discovered, source: FileSourceConfig, where: str, options: Options) -> None:
+        log_files(
+            found.table if found.table is not None else found.files,
+            f"found {len(found.files):,} {source.format.value} files under {where!r}",
+            found.schema,
+            _partition_names(found),
+            options.world.rank,
+        )
 
     @classmethod
     def create_dataloader(
@@ -249,7 +258,7 @@ class StructuredDataset(PlannedDataset):
         *,
         files: Sequence[DataFileInfo] | None = None,
         **options: Unpack[FileLoaderOptions],
-    ) -> tuple[ResumableDataLoader, StructuredDataset]:
+    ) -> tuple[ResumableDataLoader[StructuredDataset], StructuredDataset]:
         """Build the dataset and its DataLoader; see :func:`create_dataloader`."""
         given: dict[str, Any] = dict(options)
         source = file_source(format, given)
@@ -265,7 +274,7 @@ def create_dataloader(
     *,
     files: Sequence[DataFileInfo] | None = None,
     **options: Unpack[FileLoaderOptions],
-) -> tuple[ResumableDataLoader, StructuredDataset]:
+) -> tuple[ResumableDataLoader[StructuredDataset], StructuredDataset]:
     """Build a :class:`StructuredDataset` and a DataLoader that reads it.
 
     Args:

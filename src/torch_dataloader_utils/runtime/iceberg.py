@@ -64,9 +64,15 @@ class IcebergDataset(PlannedDataset):
         )
 
     @classmethod
-    def from_config(cls, source: IcebergSourceConfig, options: Options) -> IcebergDataset:
-        """Build from config objects (the flat keywords, already checked)."""
+    def from_config(
+        cls, source: IcebergSourceConfig, options: Options, *, member: bool = False
+    ) -> IcebergDataset:
+        """Build from config objects (the flat keywords, already checked).
+
+        ``member``: a source of a mix, discovered only (the mix plans and reads it).
+        """
         dataset = cls.__new__(cls)
+        dataset._member = member
         dataset._setup(source, options)
         return dataset
 
@@ -125,6 +131,7 @@ class IcebergDataset(PlannedDataset):
                 "columns": list(scan.output_schema.names),
                 **filter_identity(scan.filters),
             },
+            name=f"Iceberg table {source.table!r}",
         )
 
         if self.continued is not None:
@@ -192,7 +199,7 @@ class IcebergDataset(PlannedDataset):
     @classmethod
     def create_dataloader(
         cls, table: str, **options: Unpack[IcebergLoaderOptions]
-    ) -> tuple[ResumableDataLoader, IcebergDataset]:
+    ) -> tuple[ResumableDataLoader[IcebergDataset], IcebergDataset]:
         """Build the dataset and a DataLoader that reads it.
 
         Takes every option of :class:`IcebergDataset` plus the DataLoader options of

@@ -1,4 +1,4 @@
-"""A source read in equal *lanes*: every reading process of every rank a stream of its own.
+"""A source read in equal *lanes*: every reading process of every rank a share of its own.
 
 A mix (:mod:`.recipes`) builds each batch from several sources at once, and every
 reading process must build the same batches from its own rows. So each source is
@@ -8,7 +8,7 @@ same rows of each epoch (``'drop'`` leaves out fewer than ``num_lanes`` rows, ``
 repeats as many), and the rest of an interrupted epoch is re-dealt equally over any
 other number of lanes by the source's own resume planning.
 
-An *entry* of a lane's stream is one epoch of the source, whole (no segments) or the
+An *entry* of a lane's rows is one epoch of the source, whole (no segments) or the
 rest of an interrupted one (the segments of the source's own resume state, which say
 what every lane consumed). This module is the one place a mix meets the planner's
 pieces and cursors (:mod:`~torch_dataloader_utils.plan.resume`,
@@ -22,15 +22,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches
 from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
 from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.mixposition import Segments
 from torch_dataloader_utils.plan.pieces import Piece, remaining
 from torch_dataloader_utils.plan.resume import Resumer
 from torch_dataloader_utils.plan.state import ResumeState, Segment
-from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.emit import Positions
+from torch_dataloader_utils.runtime.orders.source import SourcePlan
 from torch_dataloader_utils.runtime.state import EpochProgress
 
 __all__ = ["LaneSource"]
@@ -40,14 +39,14 @@ class LaneSource:
     """One source of a mix, planned for ``num_lanes`` lanes.
 
     Args:
-        dataset: The source (discovered once; its planner's chunk table is shared).
+        source: The source (discovered once; its planner's chunk table is shared).
         num_lanes: Lanes of the world: ranks x reading processes per rank.
     """
 
-    def __init__(self, dataset: PlannedDataset, num_lanes: int) -> None:
-        self.dataset = dataset
+    def __init__(self, source: SourcePlan, num_lanes: int) -> None:
+        self.source = source
         self.num_lanes = num_lanes
-        self._planner = dataset.planner.for_world(num_lanes)
+        self._planner = source.planner.for_world(num_lanes)
         self._resumers: BoundedDict[tuple[int, Segments], Resumer] = BoundedDict(8)
         self._rows: BoundedDict[tuple[int, Segments], int] = BoundedDict(64)
 
@@ -60,15 +59,16 @@ class LaneSource:
         key = (epoch, segments)
         found = self._resumers.get(key)
         if found is None:
+            shuffle = self.source.options.shuffle
             found = Resumer(
                 self._planner,
                 epoch,
                 segments,
                 num_ranks=self.num_lanes,
                 num_workers=lambda rank: 1,
-                window_rows=self.dataset.row_shuffle_window,
+                window_rows=shuffle.row_window,
                 exact=True,
-                mixing=self.dataset.row_mixing,
+                mixing=shuffle.mixing,
             )
             self._resumers[key] = found
         return found
@@ -113,7 +113,7 @@ class LaneSource:
             ResumeStateError: not valid segments of a resume state.
             StateMismatchError: saved for other data or options than the source's.
         """
-        expected = self.dataset.fingerprint()
+        expected = self.source.fingerprint()
         # Through the state's JSON: the checks between a state's fields run on parsing.
         state = ResumeState.parse(ResumeState(epoch, expected, segments).to_json())
         checked = state.check_against(expected).segments
@@ -131,16 +131,19 @@ class LaneSource:
         batch_size: int,
         in_worker: bool,
         ahead: bool,
+        flag: str | None,
     ) -> Iterator[pa.RecordBatch]:
-        """The rows of ``lane``'s entry ``(epoch, segments)`` after its first ``skip`` rows."""
+        """The rows of ``lane``'s entry ``(epoch, segments)`` after its first ``skip`` rows.
+
+        ``flag``: a boolean column marking padding and stand-ins of skipped units, or ``None``.
+        """
         pieces: Sequence[Piece] = self.pieces(epoch, segments, lane)
-        files = self.dataset.file_table
+        files = self.source.table
         if skip:
             pieces = remaining(pieces, self.cursor(pieces, skip), files, True)
-        reader = self.dataset.reader
+        reader = self.source.reader
         # Remote storage: the next chunks are fetched ahead (a no-op for local files).
         reader.schedule([c for piece in pieces for c in piece_reads(piece, files)])
-        flag = PADDING_COLUMN if self.dataset.equal_batches is EqualBatches.PAD else None
         positions = Positions(0, lane, self.num_lanes)
         mix_rows = MIX_WORKER_READ_ROWS if in_worker else None
         yield from positions.read(reader, pieces, flag, batch_size, files, mix_rows, ahead=ahead)

@@ -21,19 +21,21 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from torch_dataloader_utils.config import LoaderConfig
 from torch_dataloader_utils.errors import IncompatibleOptionsError
 from torch_dataloader_utils.plan.state import keyed_state
-from torch_dataloader_utils.runtime.dataset import PlannedDataset
+from torch_dataloader_utils.runtime import env
+from torch_dataloader_utils.runtime.dataset import OrderedDataset
 from torch_dataloader_utils.runtime.device import DeviceStage, OnDevice, copied_ahead
 from torch_dataloader_utils.runtime.emit import GROUP_BYTES
 from torch_dataloader_utils.runtime.metrics import LoaderMetrics, gather_metrics, stall_clock
-from torch_dataloader_utils.runtime.state import EpochProgress, Tagged
+from torch_dataloader_utils.runtime.passes import Pass
+from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.storage.threads import join_at_exit
 from torch_dataloader_utils.transfer import BatchGroup, HostPinner, SegmentPool, can_pin_segments
 from torch_dataloader_utils.upstream.accelerate import PREPARED_FLAG
@@ -185,7 +187,7 @@ class EpochSampler(Sampler[None]):
     and ignores it).
     """
 
-    def __init__(self, dataset: PlannedDataset) -> None:
+    def __init__(self, dataset: OrderedDataset) -> None:
         super().__init__()
         self.dataset = dataset
 
@@ -213,8 +215,11 @@ def _passthrough(batch: Any) -> Any:
     return batch
 
 
-class ResumableDataLoader(DataLoader[Any]):
-    """The DataLoader of ``create_dataloader``: it knows what the loop consumed.
+D = TypeVar("D", bound=OrderedDataset)
+
+
+class ResumableDataLoader(DataLoader[Any], Generic[D]):
+    """The DataLoader of ``create_dataloader`` (and of a mix): it knows what the loop consumed.
 
     Workers tag each batch with its position in their plan; this loader strips the tag
     when it hands the batch to the loop, and records it. ``state_dict()`` therefore
@@ -228,11 +233,16 @@ class ResumableDataLoader(DataLoader[Any]):
     bytes and the time spent waiting for storage, decoding, converting and packing; per
     rank, the time the training loop waits on the loader versus the time it spends
     between batches.
+
+    It talks to its dataset through one protocol: :meth:`OrderedDataset.open_pass` gives
+    a :class:`~torch_dataloader_utils.runtime.dataset.Pass`, which records what the loop
+    consumed and stands between the workers and the loop where an order needs it. The
+    type parameter is the dataset's type (``ResumableDataLoader[MixedDataset]`` for a mix).
     """
 
-    dataset: PlannedDataset
+    dataset: D
     _receiver: _Receiver | None = None
-    _progress: EpochProgress | None = None
+    _pass: Pass | None = None
     _epoch_sampler: EpochSampler | None = None
 
     @property
@@ -274,7 +284,7 @@ class ResumableDataLoader(DataLoader[Any]):
 
         During a pass, what it has still to yield; after ``load_state_dict``, the batches
         of the resumed rest of the epoch; otherwise the full epoch (``len()``); 0 once a
-        pass ran to its end, until ``set_epoch``. See :attr:`PlannedDataset.remaining_batches`.
+        pass ran to its end, until ``set_epoch``. See :attr:`OrderedDataset.remaining_batches`.
         """
         return self.dataset.remaining_batches
 
@@ -291,6 +301,7 @@ class ResumableDataLoader(DataLoader[Any]):
         # here once, forked workers find it loaded (about 20 ms less per worker and epoch).
         import numpy.random  # noqa: F401
 
+        env.collect_before_fork()
         if self._transport is None:
             slots = (self.prefetch_factor or 2) + SPARE_SEGMENTS
             if self.device is not None and self.device.type == "cuda" and not COPY_IN_RECEIVER:
@@ -310,9 +321,8 @@ class ResumableDataLoader(DataLoader[Any]):
         # len() may differ between epochs (equal_batches='off' deals them anew); drop torch's cached value.
         self._IterableDataset_len_called = None
         metrics = self.dataset.metrics
-        consume = self.dataset._state.consume
         completed: list[bool] = []
-        passes: list[EpochProgress] = []
+        passes: list[Pass] = []
         try:
             # The loop's wait is timed around this loader's batches, up to StopIteration.
             for item in stall_clock(self._batches(completed, passes), metrics):
@@ -320,7 +330,7 @@ class ResumableDataLoader(DataLoader[Any]):
                 # nothing that can raise between the record and the hand-over: torch's SIGCHLD
                 # handler raises in the main thread wherever it runs (a worker died), and a
                 # batch recorded but never handed over would be skipped by a resume.
-                yield consume(item, passes[0])
+                yield passes[0].consume(item)
         finally:
             metrics.finish(bool(completed))
 
@@ -333,13 +343,13 @@ class ResumableDataLoader(DataLoader[Any]):
         workers are dropped instead (:meth:`_drop_workers`). Without persistent workers
         each pass has its own iterator and thread, and passes may nest.
         """
-        receiver, progress = self._receiver, self._progress
-        self._receiver = self._progress = None
+        receiver, opened = self._receiver, self._pass
+        self._receiver = self._pass = None
         if receiver is None or not self.persistent_workers:
             return
         receiver.superseded = True
-        if progress is not None:
-            self.dataset._state.end(progress)
+        if opened is not None:
+            opened.end()
         receiver.stop()
         while receiver.thread.is_alive():
             receiver.thread.join(_POLL)
@@ -356,7 +366,7 @@ class ResumableDataLoader(DataLoader[Any]):
         failed pass's thread is not waited for.
         """
         iterator, self._iterator = self._iterator, None
-        self._receiver = self._progress = None
+        self._receiver = self._pass = None
         self._transport = None  # the failed pass's segments may still be leased
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:
@@ -365,15 +375,12 @@ class ResumableDataLoader(DataLoader[Any]):
             except Exception:  # already shut down or half gone: nothing left to stop
                 log.debug("shutting down the workers of a failed pass", exc_info=True)
 
-    def _batches(self, completed: list[bool], passes: list[EpochProgress]) -> Iterator[Any]:
-        """This pass's items, tagged (``__iter__`` records them); its record goes to ``passes``."""
-        state = self.dataset._state
-        progress = self._progress = self.dataset.begin_pass(self.num_workers)
-        passes.append(progress)
-        self.dataset.begin_metrics(self.num_workers)
-        state.tagging = True  # set before workers start: they pickle the dataset
+    def _batches(self, completed: list[bool], passes: list[Pass]) -> Iterator[Any]:
+        """This pass's items, tagged (``__iter__`` records them); its :class:`Pass` goes to ``passes``."""
         pool = self._lease_transport()
-        self.dataset.transport = pool  # the workers starting now take it
+        # Opened before the workers start: they pickle the dataset, and with it the hand-off.
+        opened = self._pass = self.dataset.open_pass(self.num_workers, pool)
+        passes.append(opened)
         receiver: _Receiver | None = None
         stage: DeviceStage | None = None
         try:
@@ -383,7 +390,7 @@ class ResumableDataLoader(DataLoader[Any]):
                 self._transport = None  # workers may have started: a fresh pool next time
                 raise
             finally:
-                self.dataset.transport = None
+                opened.started()
             if pool is not None:
                 # Free for the next iteration once this one's workers are gone.
                 weakref.finalize(source, pool.release)
@@ -399,9 +406,8 @@ class ResumableDataLoader(DataLoader[Any]):
                     source = copied_ahead(source, copy, COPY_AHEAD_GROUPS)
             elif copy is not None:
                 source = copied_ahead(source, copy)
-            yield from self._delivered(source, stage, receiver, progress, pool)
-            self.dataset.delivered()
-            state.finish(progress)
+            yield from self._delivered(source, stage, receiver, opened, pool)
+            opened.finish()
             completed.append(True)
         except GeneratorExit:  # the loop left the pass early (break, close): workers stay
             raise
@@ -410,8 +416,7 @@ class ResumableDataLoader(DataLoader[Any]):
                 self._drop_workers()  # the next pass starts new workers, never a hang
             raise
         finally:
-            state.end(progress)
-            state.tagging = False
+            opened.end()
             if receiver is not None:  # this pass's thread (another pass may have started since)
                 receiver.stop()
             if stage is not None:
@@ -422,12 +427,11 @@ class ResumableDataLoader(DataLoader[Any]):
         source: Iterator[Any],
         stage: DeviceStage | None,
         receiver: _Receiver | None,
-        progress: EpochProgress,
+        opened: Pass,
         pool: SegmentPool | None,
     ) -> Iterator[Any]:
         """The received items as the loop's batches: groups split, device copies handed over."""
-        dataset = self.dataset
-        metrics = dataset.metrics
+        metrics = self.dataset.metrics
         record = metrics.record
         fenced = pool is not None and pool.pinned
         for item in source:
@@ -442,21 +446,23 @@ class ResumableDataLoader(DataLoader[Any]):
                 # worker's timers and counters since its previous group.
                 if item.work is not None:
                     metrics.add_work(*item.work)
-                # Without a joiner (elastic order) a batch goes to the loop as it came:
-                # no call per batch beyond the metrics' count.
-                joined = dataset.joins
+                # Without a joiner or a sequencer a batch goes to the loop as it came: no
+                # call per batch beyond the metrics' count.
+                delivers = opened.delivers
                 for batch, tag in zip(item.batch, item.tag, strict=True):
                     if receiver is not None and receiver.superseded:
                         raise superseded()
                     record(tag)  # type: ignore[arg-type]
-                    if joined:
-                        yield from dataset.deliver(Tagged(batch, tag), progress)  # type: ignore[arg-type]
+                    if delivers:
+                        yield from opened.deliver(Tagged(batch, tag))  # type: ignore[arg-type]
                     else:
                         yield Tagged(batch, tag)  # type: ignore[arg-type]
             else:
                 if isinstance(item, Tagged):
                     record(item.tag)
-                yield from dataset.deliver(item, progress)
+                    yield from opened.deliver(item)
+                else:
+                    yield item
 
     def metrics(self, gather: bool = False, group: Any = None) -> LoaderMetrics:
         """What the loader did since the last ``set_epoch``, ``reset_metrics`` or ``get_metrics``.
@@ -481,7 +487,7 @@ class ResumableDataLoader(DataLoader[Any]):
     def state_dict(self) -> dict[str, str]:
         """This rank's resume state, under a key of its own: ``{"rank<r>": "<the state as JSON>"}``.
 
-        The JSON is the dataset's state (:meth:`PlannedDataset.state_dict`, readable as
+        The JSON is the dataset's state (:meth:`OrderedDataset.state_dict`, readable as
         ``loader.dataset.state_dict()``). Keyed by rank, so ``torch.distributed.checkpoint``
         keeps every rank's entry (``dcp.save({"model": model, "data": loader})``), and one
         string however far the epoch went. Several ranks' states merge by dict union (or
@@ -492,7 +498,7 @@ class ResumableDataLoader(DataLoader[Any]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a state of :meth:`state_dict` (one rank's, several, or merged).
 
-        Also takes the dataset's plain state. See :meth:`PlannedDataset.load_state_dict`.
+        Also takes the dataset's plain state. See :meth:`OrderedDataset.load_state_dict`.
         """
         self.dataset.load_state_dict(state)
 
@@ -502,21 +508,16 @@ class ResumableDataLoader(DataLoader[Any]):
 setattr(ResumableDataLoader, PREPARED_FLAG, True)
 
 
-def make_loader(dataset: PlannedDataset, loader: LoaderConfig) -> ResumableDataLoader:
+def make_loader(dataset: D, loader: LoaderConfig) -> ResumableDataLoader[D]:
     """The DataLoader over ``dataset`` (which yields whole batches).
 
     ``loader.num_workers=None`` (automatic) takes the count the dataset resolved.
     """
-    return build_loader(ResumableDataLoader, dataset, dataset.num_workers, loader)
+    return build_loader(dataset, dataset.num_workers, loader)
 
 
-L = TypeVar("L", bound=ResumableDataLoader)
-
-
-def build_loader(
-    loader_class: type[L], dataset: IterableDataset[Any], num_workers: int, loader: LoaderConfig
-) -> L:
-    """A ``loader_class`` over ``dataset``, which resolved its ``num_workers`` already."""
+def build_loader(dataset: D, num_workers: int, loader: LoaderConfig) -> ResumableDataLoader[D]:
+    """The library's loader over ``dataset``, which resolved its ``num_workers`` already."""
     if loader.num_workers is None and num_workers == 0:
         # Automatic sizing chose the main process: a start method has nothing to start.
         loader = dataclasses.replace(loader, multiprocessing_context=None)
@@ -531,7 +532,7 @@ def build_loader(
     # copied to a GPU (its copies are then asynchronous). Otherwise torch pins (a copy).
     wants_pinned = config.pin_memory or (device is not None and device.type == "cuda")
     pinner = _host_pinner() if wants_pinned and num_workers > 0 and can_pin_segments() else None
-    result = loader_class(
+    result: ResumableDataLoader[D] = ResumableDataLoader(
         dataset,
         batch_size=None,
         num_workers=num_workers,

@@ -116,18 +116,20 @@ class ReadOptions(TypedDict, total=False):
     drop_last: bool
     """Drop each worker's last, short batch (default ``False``)."""
     shuffle: bool
-    """Shuffle every epoch, by ``(shuffle_seed, epoch)``: the order of chunks, and rows
-    mixed across chunks (``row_mixing``) (default ``False``)."""
+    """Shuffle every epoch, by ``(shuffle_seed, epoch)``: the order of chunks, and rows of
+    several chunks interleaved (``row_interleave``) (default ``False``)."""
     shuffle_seed: int
     """Seed of the shuffle, an int >= 0, the same on every rank (default 0)."""
+    row_interleave: int | None
+    """With ``shuffle=True``, how rows of several chunks are interleaved: each worker reads
+    8 of its chunks (or parts of chunks) side by side and yields them in rounds of about
+    this many rows, each round in an order seeded by ``(shuffle_seed, epoch, ...)``, so
+    every batch draws rows from several files. More rows per round interleave more widely
+    and hold more memory (one round, plus a decoded batch per chunk read). ``None``
+    shuffles chunk order only (rows of a chunk stay in file order). Default 32768. Exactly
+    once and resumable; ignored when ``row_shuffle_window`` or ``shuffle_buffer_size`` is set."""
     row_mixing: int | None
-    """With ``shuffle=True``, how rows are mixed across chunks: each worker reads 8 of
-    its chunks (or parts of chunks) side by side and yields them in rounds of about this
-    many rows, each round in an order seeded by ``(shuffle_seed, epoch, ...)``, so every
-    batch draws rows from several files. More rows per round mix more widely and hold
-    more memory (one round, plus a decoded batch per chunk read). ``None`` shuffles chunk
-    order only (rows of a chunk stay in file order). Default 32768. Exactly once and
-    resumable; ignored when ``row_shuffle_window`` or ``shuffle_buffer_size`` is set."""
+    """The former name of ``row_interleave`` (0.7.0), still taken: the same option."""
     row_shuffle_window: int | None
     """With ``shuffle=True``, also mix rows across chunks: each worker reads runs of
     consecutive chunks of up to this many rows together and yields their rows in a
@@ -390,11 +392,11 @@ class MixedLoaderOptions(FileReadOptions, LoaderOptions, total=False):
     """
 
     on_exhausted: str | OnExhausted
-    """What happens when a source has read its epoch: ``"cycle"`` (default) starts its
-    next epoch, and an epoch of the mix ends when the source that takes longest at its
-    weight has read its own (every row of it once); ``"stop"`` ends the mix's epoch
-    when any source has read its epoch. Either way a source goes on where it stopped in
-    the next epoch of the mix, so each source is read exactly once per its own epoch."""
+    """Which source's epoch ends an epoch of the mix (its anchor): ``"cycle"`` (default),
+    the source that takes longest at its weight; ``"stop"``, the one that takes shortest.
+    Every epoch of the mix reads its anchor once (so all have the same length); a source
+    that runs out before it starts its next epoch, and every source goes on where it
+    stopped in the next epoch of the mix, so each is read exactly once per its own epoch."""
     source_column: str | None
     """Add an int32 column of this name holding each row's source index (its position
     in ``sources``); default: none."""

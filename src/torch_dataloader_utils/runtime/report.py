@@ -131,10 +131,13 @@ def report_plan(
     row_window: int | None,
     batch_size: int,
     file_summary: FileSummary | None = None,
+    name: str | None = None,
+    more_chunks: str = "Lower split_rows / split_bytes",
 ) -> list[str]:
     """Log ``plan``'s summary (INFO) and its layout issues (WARNING), on rank 0.
 
     ``files``: the dataset's files (a :class:`FileTable` is summarized from its columns).
+    ``name``: the dataset as messages name it; ``more_chunks``: how it gets more chunks.
     Returns the warning messages (empty on other ranks).
     """
     if rank != 0:
@@ -147,7 +150,12 @@ def report_plan(
         shuffle=shuffle,
         row_window=row_window,
         batch_size=batch_size,
+        more_chunks=more_chunks,
     )
-    for issue in issues:
-        log.warning("%s", issue.message)
-    return [i.message for i in issues]
+    messages = [
+        f"{i.message} (dataset: {name})" if name is not None and i.kind.startswith("idle") else i.message
+        for i in issues
+    ]
+    for message in messages:
+        log.warning("%s", message)
+    return messages

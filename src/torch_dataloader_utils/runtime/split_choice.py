@@ -1,6 +1,6 @@
 """A finer split when the row mixing needs more chunks per reader than the default split gives.
 
-With ``shuffle=True`` a reader (a rank's worker) mixes the rows of
+With ``shuffle=True`` a reader mixes the rows of
 :data:`~torch_dataloader_utils.plan.mixing.DEFAULT_MIX_STREAMS` chunks side by side (or,
 with ``row_shuffle_window``, of the chunks of a window), so a batch draws from as many
 files as those chunks come from. A small dataset read by many readers has few chunks per
@@ -13,10 +13,13 @@ many), and, for a window, at most an eighth of the window's rows per chunk. Row 
 (Parquet), stripes (ORC) and, for counted text, the count blocks are the smallest units:
 a chunk never cuts one.
 
-The choice depends on the world (ranks x workers). A resume state records it (the
-``split_auto`` entry of its fingerprint), and a dataset whose split is left to the
-library adopts the state's choice when it loads it (:func:`strategy_for`), so a state
-resumes on any number of ranks and workers, as with an explicit split.
+Who the readers are is the order's to say (:mod:`.orders`): the ranks times the workers
+of the plain order, the ``canonical_ranks`` streams of elastic order (the same for any
+number of ranks and workers, so the plan is too), every lane of a mix for each of its
+sources. A resume state records the choice (the ``split_auto`` entry of its
+fingerprint), and a dataset whose split is left to the library adopts the state's choice
+when it loads it (:func:`strategy_for`), so a state resumes on any number of ranks and
+workers, as with an explicit split.
 """
 
 from __future__ import annotations
@@ -71,13 +74,17 @@ class SplitNeed:
         return not len(rows) or float(np.median(rows)) <= self.row_cap
 
 
-def need_of(options: Options, readers_per_rank: int, *, library_only: bool = True) -> SplitNeed | None:
-    """What the mixing needs, or ``None`` when the split is the user's (or nothing is mixed).
+def need_of(
+    options: Options, readers: int, *, streams: int | None = None, library_only: bool = True
+) -> SplitNeed | None:
+    """What the mixing of ``readers`` readers needs, or ``None`` when the split is the user's.
 
     The library chooses the split when ``shuffle=True`` mixes rows (row mixing or a row
     window), the strategy is a built-in one that takes a size (``row_group``,
     ``byte_range``) and neither ``split_bytes`` nor ``split_rows`` was given; with
     ``library_only=False``, also when they were (to warn about the user's split).
+    ``streams``: chunks a reader mixes, when not the row mixing's own (elastic order's
+    streams mix fewer each, as every batch draws from all of a rank's streams).
     """
     shuffle, split = options.shuffle, options.split
     mixing, window = shuffle.mixing, shuffle.row_window
@@ -89,9 +96,9 @@ def need_of(options: Options, readers_per_rank: int, *, library_only: bool = Tru
         return None
     if type(options.strategy) not in (RowGroupSplit, ByteRangeSplit):
         return None
-    readers = options.world.num_ranks * max(1, readers_per_rank)
+    readers = max(1, readers)
     if mixing is not None:
-        return SplitNeed(readers, mixing.streams, None)
+        return SplitNeed(readers, mixing.streams if streams is None else streams, None)
     assert window is not None
     return SplitNeed(readers, WINDOW_CHUNKS, max(1, window // WINDOW_CHUNKS))
 

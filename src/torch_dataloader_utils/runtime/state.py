@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,18 @@ from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import FileInfo, World
 from torch_dataloader_utils.storage.expressions import lossless_text
 
-__all__ = ["EpochProgress", "ResumeTracker", "Stateful", "Tagged", "complete_state", "gather_state"]
+__all__ = [
+    "STALE_WORKERS",
+    "EpochProgress",
+    "Live",
+    "Loaded",
+    "PassLog",
+    "ResumeTracker",
+    "Stateful",
+    "Tagged",
+    "complete_state",
+    "gather_state",
+]
 
 
 class Tagged(NamedTuple):
@@ -156,17 +167,142 @@ def complete_state(state: Mapping[str, Any], world: World) -> Mapping[str, Any]:
     return merge_states([s for s in states if s is not None])
 
 
+S = TypeVar("S")
+
+
 @dataclass(frozen=True)
-class Loaded:
-    """A loaded state made live: its epoch, its segments, and the token that names it."""
+class Loaded(Generic[S]):
+    """A loaded state made live: its epoch, where it starts, and the token that names it."""
 
     epoch: int
-    segments: tuple[Segment, ...]
+    start: S
     token: int
 
+    @property
+    def segments(self) -> S:
+        """The start, by the name a planned order's state gives it (its segments)."""
+        return self.start
 
-class ResumeTracker:
-    """The resume bookkeeping of one dataset: a loaded state, and what the loop consumed.
+
+STALE_WORKERS = (
+    "load_state_dict() was called after this loader's persistent workers started, so they cannot "
+    "see the state; create a new loader (or persistent_workers=False) and load the state before the "
+    "first iteration"
+)
+
+
+class Live(Generic[S]):
+    """A loaded start, live while a shared-memory token names it.
+
+    It lives in its dataset (so it pickles to workers): the start travels with it, and the
+    shared token says which loaded start is live, so persistent workers see a state loaded
+    (or used up) in the main process, or refuse a start they were not given.
+    """
+
+    def __init__(self) -> None:
+        self._token = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self.loaded: Loaded[S] | None = None
+
+    @property
+    def token(self) -> int:
+        """Which loaded start is live (0: none)."""
+        return int(self._token.item())
+
+    def get(self) -> Loaded[S] | None:
+        """The live start (``None``: none).
+
+        Raises:
+            ResumeStateError: a start was loaded after this process's copy was made.
+        """
+        token = self.token
+        if token == 0:
+            return None
+        if self.loaded is None or self.loaded.token != token:
+            raise ResumeStateError(STALE_WORKERS)
+        return self.loaded
+
+    def set(self, epoch: int, start: S) -> None:
+        """Make ``start`` (of ``epoch``) the live one."""
+        token = int(torch.randint(1, 2**62, ()).item())
+        self.loaded = Loaded(epoch, start, token)
+        self._token.fill_(token)
+
+    def clear(self) -> None:
+        """No start is live any more (the loaded one is kept, unread)."""
+        self._token.fill_(0)
+
+    def forget(self) -> None:
+        """No start is loaded."""
+        self.loaded = None
+        self._token.fill_(0)
+
+
+class PassLog:
+    """The passes over a dataset's epoch: the one the resume state describes, and what the loop took.
+
+    A pass started while the tracked one still runs (a loop over the same loader nested in
+    the training loop, e.g. an evaluation) gets its own, untracked record: the resume state
+    keeps describing the pass it was started inside, and the nested pass reaching its end
+    does not finish the epoch.
+    """
+
+    def __init__(self) -> None:
+        self.progress: EpochProgress | None = None
+        """The pass the resume state describes (``None``: no pass since the epoch was set)."""
+        self.completed_pass = False
+        """A tracked pass over the current epoch ran to its end since it was set or loaded."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"progress": None, "completed_pass": False}
+
+    def begin(self, num_workers: int, epoch: int) -> EpochProgress:
+        """Start recording a pass over ``epoch`` read by ``num_workers`` workers."""
+        current = self.progress
+        nested = current is not None and current.running and not current.done
+        progress = EpochProgress(max(1, num_workers), base=self.base(epoch), tracked=not nested)
+        if not nested:
+            self.progress = progress
+        return progress
+
+    def base(self, epoch: int) -> tuple[Segment, ...]:
+        """The interrupted passes a pass over ``epoch`` resumes (``()``: none)."""
+        return ()
+
+    def consume(self, item: Any, progress: EpochProgress | None = None) -> Any:
+        """Main process: record a tagged batch as consumed by ``progress``'s pass; return the batch.
+
+        ``progress`` defaults to the tracked pass.
+        """
+        if not isinstance(item, Tagged):
+            return item
+        progress = self.progress if progress is None else progress
+        if progress is not None:
+            progress.record(item.tag)
+        return item.batch
+
+    def finish(self, progress: EpochProgress | None = None) -> bool:
+        """``progress``'s pass ran to its end; returns whether it is the tracked one."""
+        progress = self.progress if progress is None else progress
+        if progress is None:
+            return True
+        progress.done = True
+        if progress.tracked:
+            self.completed_pass = True
+        return progress.tracked
+
+    @staticmethod
+    def end(progress: EpochProgress) -> None:
+        """``progress``'s pass ended (exhausted, closed or failed): a later pass is not nested in it."""
+        progress.running = False
+
+    def reset(self) -> None:
+        """A new epoch was selected, or a state loaded: no pass yet."""
+        self.progress = None
+        self.completed_pass = False
+
+
+class ResumeTracker(PassLog):
+    """The resume bookkeeping of a planned order: a loaded state, and what the loop consumed.
 
     It lives in the dataset (so it pickles to workers): the loaded state's epoch and
     segments travel with it, and a shared-memory token says which loaded state is
@@ -186,20 +322,16 @@ class ResumeTracker:
         world: World,
         seed: int,
     ) -> None:
+        super().__init__()
         self._files = files
         self._options = dict(options)
         self._world = world
         self._seed = seed
         self._fingerprint: dict[str, Any] | None = None
-        self.loaded: Loaded | None = None
-        """A loaded state's epoch, segments and token (pickled to workers)."""
-        self._token = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
-        self.progress: EpochProgress | None = None
-        """The pass the resume state describes (``None``: no pass since the epoch was set)."""
-        self.completed_pass = False
-        """A tracked pass over the current epoch ran to its end since it was set or loaded."""
-        self.tagging = False
-        """Set while a loader from create_dataloader iterates: batches are then tagged."""
+        self._live: Live[tuple[Segment, ...]] = Live()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "progress": None, "completed_pass": False}
 
     def set_option(self, name: str, value: Any) -> None:
         """Set (``None``: remove) one option a state is tied to; the fingerprint is computed again."""
@@ -212,7 +344,12 @@ class ResumeTracker:
     @property
     def token(self) -> int:
         """Which loaded state is live (0: none)."""
-        return int(self._token.item())
+        return self._live.token
+
+    @property
+    def loaded(self) -> Loaded[tuple[Segment, ...]] | None:
+        """A loaded state's epoch, segments and token (pickled to workers)."""
+        return self._live.loaded
 
     def fingerprint(self) -> dict[str, Any]:
         """What a resume state of this dataset is tied to (files digest and options), computed once."""
@@ -222,75 +359,33 @@ class ResumeTracker:
 
     def live_segments(self, epoch: int) -> tuple[Segment, ...] | None:
         """The loaded state's segments, when it is live and for ``epoch``."""
-        token = self.token
-        if token == 0:
-            return None
-        if self.loaded is None or self.loaded.token != token:
-            raise ResumeStateError(
-                "load_state_dict() was called after this loader's persistent workers started, so "
-                "they cannot see the state; create a new loader (or persistent_workers=False) and "
-                "load the state before the first iteration"
-            )
-        return self.loaded.segments if self.loaded.epoch == epoch else None
+        loaded = self._live.get()
+        return loaded.start if loaded is not None and loaded.epoch == epoch else None
 
     def unread_loaded_epoch(self) -> int | None:
         """The epoch of a loaded state that no pass has started reading yet, else ``None``."""
-        if self.loaded is None or self.token == 0 or self.loaded.token != self.token:
+        loaded = self._live.loaded
+        if loaded is None or self.token == 0 or loaded.token != self.token or self.progress is not None:
             return None
-        if self.progress is not None:
-            return None
-        return self.loaded.epoch
+        return loaded.epoch
 
     def on_set_epoch(self, epoch: int) -> None:
         """A new epoch was selected: a loaded state of another epoch is dropped."""
-        self.progress = None
-        self.completed_pass = False
-        if self.loaded is not None and self.loaded.epoch != epoch:
-            self._token.fill_(0)
+        self.reset()
+        loaded = self._live.loaded
+        if loaded is not None and loaded.epoch != epoch:
+            self._live.clear()
 
-    def begin(self, num_workers: int, epoch: int) -> EpochProgress:
-        """Start recording a pass over ``epoch`` read by ``num_workers`` workers.
+    def base(self, epoch: int) -> tuple[Segment, ...]:
+        """The loaded state's segments of ``epoch``: where a pass over it starts."""
+        return self.live_segments(epoch) or ()
 
-        A pass started while the tracked pass still runs (a loop over the same loader
-        nested in the training loop, e.g. an evaluation) gets its own, untracked record:
-        the resume state keeps describing the pass it was started inside, and the nested
-        pass reaching its end does not finish the epoch.
-        """
-        base = self.live_segments(epoch) or ()
-        current = self.progress
-        nested = current is not None and current.running and not current.done
-        progress = EpochProgress(max(1, num_workers), base=base, tracked=not nested)
-        if not nested:
-            self.progress = progress
-        return progress
-
-    def consume(self, item: Any, progress: EpochProgress | None = None) -> Any:
-        """Main process: record a tagged batch as consumed by ``progress``'s pass; return the batch.
-
-        ``progress`` defaults to the tracked pass.
-        """
-        if not isinstance(item, Tagged):
-            return item
-        progress = self.progress if progress is None else progress
-        if progress is not None:
-            progress.record(item.tag)
-        return item.batch
-
-    def finish(self, progress: EpochProgress | None = None) -> None:
+    def finish(self, progress: EpochProgress | None = None) -> bool:
         """``progress``'s pass ran to its end; if it is the tracked one, the next pass is a full epoch."""
-        progress = self.progress if progress is None else progress
-        if progress is None:
-            self._token.fill_(0)
-            return
-        progress.done = True
-        if progress.tracked:
-            self.completed_pass = True
-            self._token.fill_(0)
-
-    @staticmethod
-    def end(progress: EpochProgress) -> None:
-        """``progress``'s pass ended (exhausted, closed or failed): a later pass is not nested in it."""
-        progress.running = False
+        tracked = super().finish(progress)
+        if tracked:
+            self._live.clear()
+        return tracked
 
     def state_dict(
         self,
@@ -298,33 +393,40 @@ class ResumeTracker:
         piece_rows: Callable[[int, int, tuple[Segment, ...]], Sequence[Sequence[int]] | None] | None = None,
         plan_digest: Callable[[int, int], int | None] | None = None,
     ) -> dict[str, Any]:
-        """This rank's state: what the loop consumed of ``epoch`` (plain JSON values).
+        """This rank's state: what the loop consumed of ``epoch`` (plain JSON values); see :meth:`state`."""
+        return self.state(epoch, piece_rows, plan_digest).to_json()
+
+    def state(
+        self,
+        epoch: int,
+        piece_rows: Callable[[int, int, tuple[Segment, ...]], Sequence[Sequence[int]] | None] | None = None,
+        plan_digest: Callable[[int, int], int | None] | None = None,
+    ) -> ResumeState:
+        """This rank's state: what the loop consumed of ``epoch``.
 
         ``piece_rows(epoch, num_workers, segments)`` gives the rows of each piece of each
         worker of this rank in that pass (``None`` when unknown), so the state records
-        the rows each worker has left. It is passed here, not kept: the dataset that owns
-        this tracker is then freed as soon as it is deleted (no reference cycle).
-        ``plan_digest(epoch, num_workers)`` gives a custom strategy's digest of the chunks
-        of this rank's plan (``None`` for a built-in one), recorded in a fresh pass's entry
-        so that a resume with other strategy parameters is refused.
+        the rows each worker has left. ``plan_digest(epoch, num_workers)`` gives a custom
+        strategy's digest of the chunks of this rank's plan (``None`` for a built-in
+        one), recorded in a fresh pass's entry so that a resume with other strategy
+        parameters is refused.
         """
         progress = self.progress
         segments = progress.base if progress is not None else self.live_segments(epoch) or ()
         world = (self._world.num_ranks, self._world.rank)
         state = ResumeState(epoch, self.fingerprint(), segments, self._seed, world)
-        if progress is not None:
-            rows = None
-            if piece_rows is not None and not progress.done:
-                rows = piece_rows(epoch, progress.num_workers, progress.base)
-            digest = None
-            if plan_digest is not None and not progress.base:  # a fresh pass: its plan's chunks
-                digest = plan_digest(epoch, progress.num_workers)
-            entry = progress.entry(rows, digest)
-            segment = Segment(self._world.num_ranks, {self._world.rank: entry}, len(segments))
-            state = ResumeState(epoch, state.fingerprint, (*segments, segment), self._seed, world)
-            if self._world.num_ranks == 1:
-                state = state.normalized()
-        return state.to_json()
+        if progress is None:
+            return state
+        rows = None
+        if piece_rows is not None and not progress.done:
+            rows = piece_rows(epoch, progress.num_workers, progress.base)
+        digest = None
+        if plan_digest is not None and not progress.base:  # a fresh pass: its plan's chunks
+            digest = plan_digest(epoch, progress.num_workers)
+        entry = progress.entry(rows, digest)
+        segment = Segment(self._world.num_ranks, {self._world.rank: entry}, len(segments))
+        state = ResumeState(epoch, state.fingerprint, (*segments, segment), self._seed, world)
+        return state.normalized() if self._world.num_ranks == 1 else state
 
     def load(self, state: Mapping[str, Any], validate: Callable[[int, tuple[Segment, ...]], object]) -> int:
         """Check ``state`` against this dataset and make it live; returns its epoch.
@@ -346,20 +448,28 @@ class ResumeTracker:
         expected = self.fingerprint()
         saved = plain.get("fingerprint") if isinstance(plain, dict) else None
         if isinstance(saved, dict):
-            expected = _older_filter(saved.get("options"), expected)
+            expected = _older_options(saved.get("options"), expected)
         checked = ResumeState.parse(plain).check_against(expected).normalized()
         if checked.segments:
             validate(checked.epoch, checked.segments)
-        self.progress = None
-        self.completed_pass = False
+        self.reset()
         if not checked.segments:
-            self.loaded = None
-            self._token.fill_(0)
-            return checked.epoch
-        token = int(torch.randint(1, 2**62, ()).item())
-        self.loaded = Loaded(checked.epoch, checked.segments, token)
-        self._token.fill_(token)
+            self._live.forget()
+        else:
+            self._live.set(checked.epoch, checked.segments)
         return checked.epoch
+
+
+def _older_options(saved: object, expected: dict[str, Any]) -> dict[str, Any]:
+    """``expected`` for a state saved by an older version: the keys it could not have are left out.
+
+    ``rows_counted`` (whether text rows were counted) is recorded since 0.8: a state without
+    it is taken as it was. A filter's lossless key: :func:`_older_filter`.
+    """
+    options = expected["options"]
+    if isinstance(saved, dict) and "rows_counted" in options and "rows_counted" not in saved:
+        expected = {**expected, "options": {k: v for k, v in options.items() if k != "rows_counted"}}
+    return _older_filter(saved, expected)
 
 
 def _older_filter(saved: object, expected: dict[str, Any]) -> dict[str, Any]:

@@ -18,10 +18,12 @@ When the dataset is read in the main process, the recorder reads the live
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from torch_dataloader_utils.io.base import ChunkReader, ReaderCounts
+from torch_dataloader_utils.io.base import ChunkReader, IoTotals, ReaderCounts
 from torch_dataloader_utils.storage.requests import KINDS, process_requests
 
 __all__ = ["WORK_FIELDS", "WorkStats"]
@@ -61,13 +63,39 @@ _NO_IO = (0, 0, 0, 0, 0.0)
 _NO_COUNTS = ReaderCounts()
 
 
+def _summed(counters: Sequence[Callable[[], IoTotals | None]]) -> Callable[[], IoTotals | None]:
+    """The I/O counters of several readers, summed (``None`` when none counts)."""
+
+    def total() -> IoTotals | None:
+        found = [t for t in (c() for c in counters) if t is not None]
+        if not found:
+            return None
+        sums = [sum(t[i] for t in found) for i in range(5)]
+        return (int(sums[0]), int(sums[1]), int(sums[2]), int(sums[3]), float(sums[4]))
+
+    return total
+
+
+def _counted(readers: Sequence[ChunkReader]) -> Callable[[], ReaderCounts | None]:
+    """The counts of several readers, summed (``None`` when none counts)."""
+    # readers of other libraries may lack ``counts``
+    counters = [c for c in (getattr(r, "counts", None) for r in readers) if callable(c)]
+
+    def total() -> ReaderCounts | None:
+        found = [n for n in (c() for c in counters) if n is not None]
+        return sum(found[1:], found[0]) if found else None
+
+    return total
+
+
 class WorkStats:
     """What one pass of one reading process did so far; see the module docstring.
 
     Args:
-        reader: The chunk reader; its ``io_totals()`` (when it has one) gives the I/O
-            counters ``(bytes_fetched, bytes_needed, requests, retries, wait_sec)``; the
-            requests counted are this process's (:func:`~.storage.requests.process_requests`).
+        reader: The chunk reader (or the readers of several sources, summed); its
+            ``io_totals()`` (when it has one) gives the I/O counters ``(bytes_fetched,
+            bytes_needed, requests, retries, wait_sec)``; the requests counted are this
+            process's (:func:`~.storage.requests.process_requests`).
         pieces: Pieces (chunks, or windows of the row shuffle) this pass reads.
         flag_column: The padding flag column (``equal_batches='pad'``), or ``None``.
 
@@ -97,11 +125,13 @@ class WorkStats:
         "transfer_sec",
     )
 
-    def __init__(self, reader: ChunkReader, pieces: int, flag_column: str | None = None) -> None:
-        self._io = reader.io_totals
+    def __init__(
+        self, reader: ChunkReader | Sequence[ChunkReader], pieces: int, flag_column: str | None = None
+    ) -> None:
+        readers = reader if isinstance(reader, Sequence) else [reader]
+        self._io = _summed([r.io_totals for r in readers])
         self._base = self._io() or _NO_IO
-        counts = getattr(reader, "counts", None)  # readers of other libraries may lack it
-        self._counts = counts if callable(counts) else (lambda: None)
+        self._counts = _counted(readers)
         now = self._counts() or _NO_COUNTS
         self._counts_base = (*now.cache, *now.bad)
         self._standins_base = now.standin_rows

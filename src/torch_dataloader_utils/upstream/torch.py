@@ -11,6 +11,8 @@ The first operation on one in a process imports
 ``torch.distributed.tensor`` (about 1-2 s on the project's machine; sympy and torch.fx
 come with it), and torch.fx logs a one-time warning about ``is_fx_tracing`` on the way.
 :func:`prepare_jagged` pays that import once, with that one log record filtered out.
+Their cached min / max lengths are stored without ``torch._dynamo`` (see
+:func:`_with_seqlens`), whose import would cost another second per process.
 Taking a jagged tensor apart for a transfer reads its private ``_values`` / ``_offsets``
 attributes, so that a worker never runs a nested-tensor operation (which would import
 the same modules there).
@@ -27,6 +29,7 @@ when none runs.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -144,6 +147,7 @@ def _constructor() -> Any:
 
 
 _NestedTensor = _constructor()
+_DYNAMO = "torch._dynamo"
 
 
 def jagged(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -163,10 +167,7 @@ def jagged(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     shortest, longest = seqlens(offsets)
     if _NestedTensor is not None:
         try:
-            cache = (
-                {"min_seqlen": _stored(shortest), "max_seqlen": _stored(longest)} if len(offsets) > 1 else {}
-            )
-            return _NestedTensor(values, offsets, _metadata_cache=cache)  # type: ignore[no-any-return]
+            return _with_seqlens(values, offsets, shortest, longest)
         except TypeError:  # pragma: no cover - another signature: the public path
             pass
     return torch.nested.nested_tensor_from_jagged(
@@ -175,6 +176,29 @@ def jagged(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         min_seqlen=shortest if len(offsets) > 1 else None,
         max_seqlen=longest if len(offsets) > 1 else None,
     )
+
+
+def _with_seqlens(values: torch.Tensor, offsets: torch.Tensor, shortest: int, longest: int) -> torch.Tensor:
+    """``NestedTensor(values, offsets)`` with its min / max seqlen cached, importing nothing more.
+
+    Handed to the constructor (``_metadata_cache=``), the cached lengths are marked
+    dynamic for ``torch.compile`` through ``torch._dynamo.mark_dynamic``: the first such
+    call imports ``torch._dynamo`` (and sympy), 0.5-1.6 s per process on the project's
+    machine, workers included. Without ``torch.compile`` in the process (``torch._dynamo``
+    not imported) nothing can read that mark, so the lengths go into the tensor's cache
+    after it is built, unmarked, as torch itself caches lengths it computes
+    (``NestedTensor._get_max_seqlen``). With ``torch._dynamo`` imported, torch's own path
+    marks them, at no import cost.
+    """
+    if len(offsets) < 2:
+        return _NestedTensor(values, offsets)  # type: ignore[no-any-return]
+    if _DYNAMO in sys.modules:
+        cache = {"min_seqlen": _stored(shortest), "max_seqlen": _stored(longest)}
+        return _NestedTensor(values, offsets, _metadata_cache=cache)  # type: ignore[no-any-return]
+    nt = _NestedTensor(values, offsets)
+    nt._metadata_cache["min_seqlen"] = _stored(shortest)
+    nt._metadata_cache["max_seqlen"] = _stored(longest)
+    return nt  # type: ignore[no-any-return]
 
 
 def seqlens(offsets: torch.Tensor) -> tuple[int, int]:

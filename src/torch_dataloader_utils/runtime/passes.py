@@ -1,0 +1,103 @@
+"""The loader's protocol: a :class:`Pass` over an epoch, opened by the dataset, run by the loader.
+
+The library's loader talks to its dataset through one call,
+:meth:`~torch_dataloader_utils.runtime.dataset.OrderedDataset.open_pass`, which gives a
+:class:`Pass`: the loader hands it every item a worker sent (:meth:`Pass.deliver`, where a
+joiner or a sequencer stands between the workers and the loop), records every batch as
+consumed when the loop takes it (:meth:`Pass.consume`), tells it when its workers started
+(:meth:`Pass.started`: they took the :class:`Handoff`) and when the pass is over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple, Protocol
+
+from torch_dataloader_utils.runtime.orders import Delivery, Order
+from torch_dataloader_utils.runtime.state import EpochProgress, PassLog, Tagged
+from torch_dataloader_utils.transfer import SegmentPool
+
+__all__ = ["Handoff", "Pass", "PassOwner"]
+
+
+class PassOwner(Protocol):
+    """The dataset a pass runs over: its order, its hand-off to workers, its rows per source."""
+
+    _handoff: Handoff | None
+
+    @property
+    def order(self) -> Order:
+        """How its epochs are read."""
+        ...
+
+    def count_sources(self, rows: Sequence[int]) -> None:
+        """Add the rows a consumed batch held of every source."""
+        ...
+
+
+class Handoff(NamedTuple):
+    """What a pass of the library's loader tells its workers: ``transport``, the segments they send in."""
+
+    transport: SegmentPool | None
+
+
+class Pass:
+    """One pass over the current epoch, as the loader (or a loop over the dataset) runs it.
+
+    The loader opens it before its workers start (:meth:`OrderedDataset.open_pass`),
+    hands every item a worker sent to :meth:`deliver` (when :attr:`delivers`), records each
+    batch as consumed when the loop takes it (:meth:`consume`), and ends it.
+    """
+
+    def __init__(self, dataset: PassOwner, progress: EpochProgress, handoff: Handoff | None) -> None:
+        self._dataset = dataset
+        self.progress = progress
+        self._handoff = handoff
+        self._delivery: Delivery | None = None
+
+    @property
+    def delivers(self) -> bool:
+        """Items must go through :meth:`deliver` (a joiner or a sequencer stands between)."""
+        return self._delivery is not None
+
+    def deliver(self, item: Tagged) -> Iterable[Any]:
+        """Main process: one batch (or part) a worker sent; the loop's batches it completes."""
+        if self._delivery is None:
+            return (item,)
+        return self._delivery.add(item)
+
+    def consume(self, item: Any) -> Any:
+        """Record ``item`` as consumed by the loop (a tagged batch); return the batch."""
+        if not isinstance(item, Tagged):
+            return item
+        tag = item.tag
+        if len(tag) > 7:  # rows of every source (a mix)
+            self._dataset.count_sources(tag[7:])
+        # Plain stores last, no call after them: an exception raised asynchronously in the
+        # main thread (a signal handler) cannot land between the record and the hand-over.
+        self.progress.record(tag)
+        return item.batch
+
+    def _consume_part(self, part: Tagged) -> Any:
+        """A worker's part of a joined batch, recorded as consumed when the batch is made."""
+        self.progress.record(part.tag)
+        return part.batch
+
+    def started(self) -> None:
+        """The workers started (they took the hand-off): the dataset keeps no transport."""
+        dataset = self._dataset
+        if dataset._handoff is self._handoff and self._handoff is not None:
+            dataset._handoff = Handoff(None)
+            self._handoff = dataset._handoff
+
+    def finish(self) -> None:
+        """The pass ran to its end (every worker's parts were joined)."""
+        if self._delivery is not None:
+            self._delivery.check_done()
+        self._dataset.order.passes.finish(self.progress)
+
+    def end(self) -> None:
+        """The pass ended (exhausted, closed or failed): a later pass is not nested in it."""
+        PassLog.end(self.progress)
+        if self._dataset._handoff is self._handoff:
+            self._dataset._handoff = None
