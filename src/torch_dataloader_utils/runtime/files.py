@@ -238,7 +238,9 @@ class StructuredDataset(PlannedDataset):
             },
             name=where,
         )
-        self.metrics.discovered(discovery_requests)
+        recorder = getattr(self, "metrics", None)  # a source of a mix records none of its own
+        if recorder is not None:
+            recorder.discovered(discovery_requests)
 
     @staticmethod
     def _log_found(found: Discovered, source: FileSourceConfig, where: str, options: Options) -> None:
