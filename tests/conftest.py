@@ -181,8 +181,10 @@ SLOW_TESTS = {
     "tests/runtime/test_order_contract.py::test_every_order_keeps_the_contract": 4.5,
     "tests/runtime/test_order_matrix.py::test_every_combination_keeps_the_promise_or_is_refused": 3.1,
     "tests/runtime/test_mixed_order.py::test_real_workers_resume_batch_identically": 2.7,
-    "tests/runtime/test_iceberg_incremental.py::test_resume_continued_from_s2_onto_s4_reads_exactly_the_oracles_rows": 1.7,
-    "tests/runtime/test_transfer_blocks.py::test_pinned_pool_reuses_a_slot_only_after_the_copies_queued_from_it": 1.65,
+    "tests/runtime/test_iceberg_incremental.py::"
+    "test_resume_continued_from_s2_onto_s4_reads_exactly_the_oracles_rows": 1.7,
+    "tests/runtime/test_transfer_blocks.py::"
+    "test_pinned_pool_reuses_a_slot_only_after_the_copies_queued_from_it": 1.65,
 }
 
 
