@@ -174,6 +174,17 @@ SLOW_TESTS = {
     "tests/runtime/test_recipes.py::test_each_source_once_per_its_epoch_with_equal_batches": 1.6,
     "tests/compat/test_examples_docs.py::test_checkpoint_save_and_resume": 1.6,
     "tests/hostile/test_bad_data.py::test_parquet_bad_row_groups_every_good_row_once": 1.4,
+    # The orders' properties and the Iceberg continuation (merged later the same day; one run
+    # of the whole suite at load 7, CPU seconds of the call).
+    "tests/plan/test_blend.py::test_a_pass_takes_full_batches_until_a_limited_source_runs_out": 5.6,
+    "tests/runtime/test_mixed_order.py::test_a_resume_in_the_same_world_hands_on_the_same_batches": 5.0,
+    "tests/runtime/test_order_contract.py::test_every_order_keeps_the_contract": 4.5,
+    "tests/runtime/test_order_matrix.py::test_every_combination_keeps_the_promise_or_is_refused": 3.1,
+    "tests/runtime/test_mixed_order.py::test_real_workers_resume_batch_identically": 2.7,
+    "tests/runtime/test_iceberg_incremental.py::"
+    "test_resume_continued_from_s2_onto_s4_reads_exactly_the_oracles_rows": 1.7,
+    "tests/runtime/test_transfer_blocks.py::"
+    "test_pinned_pool_reuses_a_slot_only_after_the_copies_queued_from_it": 1.65,
 }
 
 

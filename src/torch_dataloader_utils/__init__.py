@@ -102,6 +102,7 @@ if TYPE_CHECKING:
     )
     from torch_dataloader_utils.runtime.recipes import MixedDataLoader, MixedDataset, create_mixed_dataloader
     from torch_dataloader_utils.runtime.state import gather_state
+    from torch_dataloader_utils.storage.requests import RequestCounts
     from torch_dataloader_utils.tools.ledger import Ledger
     from torch_dataloader_utils.tools.reshard import ReshardReport, reshard
 
@@ -124,6 +125,7 @@ _LAZY = {
     "MixedLoaderOptions": "torch_dataloader_utils.runtime.options",
     "ResumableDataLoader": "torch_dataloader_utils.runtime.loader",
     "ReshardReport": "torch_dataloader_utils.tools.reshard",
+    "RequestCounts": "torch_dataloader_utils.storage.requests",
     "StructuredDataset": "torch_dataloader_utils.runtime.files",
     "batch_cu_seqlens": "torch_dataloader_utils.packing",
     "create_dataloader": "torch_dataloader_utils.runtime.files",
@@ -195,6 +197,7 @@ __all__ = [
     "ReadError",
     "RecordBoundaryError",
     "RecordIndex",
+    "RequestCounts",
     "ReshardError",
     "ReshardReport",
     "ResumableDataLoader",

@@ -302,6 +302,21 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _price_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--price-per-1000`` and ``--list-price-per-1000``: the cost of the predicted requests."""
+    parser.add_argument(
+        "--price-per-1000",
+        type=_typed(_non_negative_number, "number"),
+        help="what 1,000 GET/HEAD requests cost (S3 Standard: 0.0004 USD); prices the predicted "
+        "requests (default: counts only)",
+    )
+    parser.add_argument(
+        "--list-price-per-1000",
+        type=_typed(_non_negative_number, "number"),
+        help="what 1,000 LIST/PUT requests cost (S3 Standard: 0.005 USD) (default: --price-per-1000)",
+    )
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from torch_dataloader_utils.tools.inspect import InspectRequest, run_inspect
 
@@ -314,6 +329,8 @@ def _inspect(args: argparse.Namespace) -> int:
         num_workers=args.num_workers,
         top=args.top,
         as_json=args.json,
+        price_per_1000=args.price_per_1000,
+        list_price_per_1000=args.list_price_per_1000,
     )
     print(run_inspect(request))
     return 0
@@ -347,6 +364,8 @@ def _simulate(args: argparse.Namespace) -> int:
         as_json=args.json,
         picture=Path(args.picture) if args.picture else None,
         picture_ranks=args.picture_ranks,
+        price_per_1000=args.price_per_1000,
+        list_price_per_1000=args.list_price_per_1000,
     )
     if args.mix is not None:
         from torch_dataloader_utils.tools.mix import simulate_mix
@@ -582,6 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _dataset_arguments(inspect)
     inspect.add_argument("--top", type=_typed(_non_negative, "int"), default=5, help="largest files listed")
+    _price_arguments(inspect)
     inspect.set_defaults(fn=_inspect)
 
     sim = sub.add_parser(
@@ -647,6 +667,7 @@ def build_parser() -> argparse.ArgumentParser:
         "needs matplotlib) (default: none)",
     )
     sim.add_argument("--picture-ranks", type=_typed(_positive, "int"), default=16, help="ranks drawn at most")
+    _price_arguments(sim)
     sim.set_defaults(fn=_simulate)
 
     _add_reshard(sub)
