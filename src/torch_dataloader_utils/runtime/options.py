@@ -87,6 +87,7 @@ from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
 from torch_dataloader_utils.storage.userfs import UserFileSystem
 
 __all__ = [
+    "MIX_ONLY",
     "FileLoaderOptions",
     "FileReadOptions",
     "IcebergLoaderOptions",
@@ -407,6 +408,36 @@ class MixedLoaderOptions(FileReadOptions, LoaderOptions, total=False):
     source_column: str | None
     """Add an int32 column of this name holding each row's source index (its position
     in ``sources``); default: none."""
+
+
+MIX_ONLY = frozenset(
+    {
+        "batch_size",
+        "drop_last",
+        "shuffle",
+        "shuffle_seed",
+        "equal_batches",
+        "num_ranks",
+        "rank",
+        "num_workers",
+        "output_format",
+        "null_fill",
+        "collate_fn",
+        "ragged",
+        "pad_value",
+        "max_length",
+        "strings",
+        "pack_features",
+        "pack_sequences",
+        "show_progress",
+        "progress_interval_sec",
+        "progress_all_ranks",
+        "decode_ahead",
+        "on_exhausted",
+        "source_column",
+    }
+)
+"""Options of the mix as a whole: they cannot differ between sources."""
 
 
 @dataclasses.dataclass(frozen=True)

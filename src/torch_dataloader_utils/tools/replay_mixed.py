@@ -39,6 +39,7 @@ from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.shuffle import permutation
 from torch_dataloader_utils.runtime.ledger import decode, read_json
 from torch_dataloader_utils.runtime.options import (
+    MIX_ONLY,
     FileReadOptions,
     IcebergReadOptions,
     MixedLoaderOptions,
@@ -59,27 +60,19 @@ from torch_dataloader_utils.tools.replay import (
 
 __all__ = ["MixedReplay"]
 
-_MIX_ONLY = frozenset(
-    {
-        "batch_size",
-        "drop_last",
-        "shuffle",
-        "shuffle_seed",
-        "equal_batches",
-        "output_format",
-        "null_fill",
-        "collate_fn",
-        "ragged",
-        "pad_value",
-        "max_length",
-        "strings",
-        "pack_features",
-        "pack_sequences",
-        "decode_ahead",
-        "row_interleave",
-    }
-)
-"""Options of a mix as a whole (``create_mixed_dataloader`` refuses them in a source)."""
+_MIX_ONLY = (MIX_ONLY | {"row_interleave"}) - {
+    "num_ranks",
+    "rank",
+    "num_workers",
+    "show_progress",
+    "progress_interval_sec",
+    "progress_all_ranks",
+    "on_exhausted",
+    "source_column",
+}
+"""Recorded options given to the mix as a whole when it is built again: the mix's own, with
+``row_interleave`` (given to every source), less the world (the record's) and
+``on_exhausted`` / ``source_column`` (the mix's record's)."""
 
 
 class MixedReplay:
