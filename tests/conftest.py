@@ -21,11 +21,13 @@ is the first of ``launch``, ``store``, ``slow`` it has:
 ``make quick`` runs what has none of them (``-m "not launch and not store and not
 slow"``, the ``quick`` Hypothesis profile); ``make test`` runs everything.
 
-The budget (``--tier-budget SECONDS``, which ``make`` passes): the tests with no tier whose
-call takes more CPU than that are listed, and the ten slowest tests of each tier are
-printed; with ``--tier-budget-strict`` (``make quick``) such a test fails the run. ``make
-test`` (what CI runs) only reports it: CPU seconds differ from machine to machine, and a
-correct suite must not fail on a slower one.
+The budget (``--tier-budget SECONDS``, 2 in ``make``): the tests with no tier whose call
+takes more CPU than that are listed, and the ten slowest tests of each tier are printed.
+``--tier-budget-fail SECONDS`` fails the run when one takes more than that: 2 in ``make
+quick`` (the developer's loop), 5 in ``make test`` (what CI runs). CI's limit has a margin
+because CPU seconds differ from machine to machine and under contention (tests at 1.8-2.1 s
+measured on one machine): a correct suite must not fail on a slower CI machine, while a test
+that belongs in a tier (5 s and more) still fails it.
 
 CPU, not wall time: the test's process (all its threads) plus the child
 processes that ended during it (DataLoader workers), which a loaded machine does not
@@ -164,10 +166,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="report the tests with no tier (launch, store, slow) that take more CPU seconds",
     )
     parser.addoption(
-        "--tier-budget-strict",
-        action="store_true",
-        default=False,
-        help="with --tier-budget: fail the run when such a test is over the budget (make quick)",
+        "--tier-budget-fail",
+        type=float,
+        default=None,
+        help="fail the run when a test with no tier takes more CPU seconds than this",
     )
 
 
@@ -260,9 +262,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    budget = session.config.getoption("--tier-budget")
-    if hasattr(session.config, "workerinput") or budget is None:
+    if hasattr(session.config, "workerinput"):
         return
-    strict = session.config.getoption("--tier-budget-strict")
-    if strict and any(t[0] == "quick" and t[2] > budget for t in _TIMINGS) and session.exitstatus == 0:
+    fail = session.config.getoption("--tier-budget-fail")
+    over = fail is not None and any(t[0] == "quick" and t[2] > fail for t in _TIMINGS)
+    if over and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
