@@ -29,10 +29,9 @@ from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import concat_batches
 from torch_dataloader_utils.packing import converter_for
 from torch_dataloader_utils.plan.mixing import RowMixing
-from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.planner import Planner, RankPlan
 from torch_dataloader_utils.plan.splits import RankAwareStrategy, Splitter
-from torch_dataloader_utils.plan.state import Segment, plain_state
+from torch_dataloader_utils.plan.state import plain_state
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
 from torch_dataloader_utils.runtime import env
@@ -56,7 +55,7 @@ from torch_dataloader_utils.runtime.orders.planned import MAX_AUTO_WORKERS, Plan
 from torch_dataloader_utils.runtime.orders.source import SourcePlan
 from torch_dataloader_utils.runtime.passes import Handoff, Pass, files_bytes_per_row
 from torch_dataloader_utils.runtime.progress import Progress
-from torch_dataloader_utils.runtime.state import PassLog, Tagged
+from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.runtime.watchdog import watch_parent
 from torch_dataloader_utils.runtime.workstats import WorkStats
 from torch_dataloader_utils.transfer import JoinedColumn, SegmentPool, pack
@@ -610,26 +609,6 @@ class PlannedDataset(OrderedDataset):
     def worker_chunks(self) -> tuple[Chunk, ...]:
         """The chunks the calling process (main or DataLoader worker) reads this epoch."""
         return self._planned.worker_chunks(env.worker_slot(), self.epoch)
-
-    # The planned order's own parts, by their former names (tools and tests call them).
-    @property
-    def _state(self) -> PassLog:
-        return self._order.passes
-
-    def _worker_pieces(self, slot: env.WorkerSlot, epoch: int) -> tuple[Piece, ...]:
-        order = self._order
-        assert isinstance(order, PlannedOrder)
-        return order.worker_pieces(slot, epoch)
-
-    def _pieces(self, epoch: int, workers: int, segments: Sequence[Segment | Mapping[str, Any]]) -> Any:
-        order = self._order
-        assert isinstance(order, PlannedOrder)
-        return order.pieces(epoch, workers, segments)
-
-    def _helpers(self, slot: env.WorkerSlot) -> Any:
-        order = self._order
-        assert isinstance(order, PlannedOrder)
-        return order._helpers(slot)
 
 
 def _without_standins(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
