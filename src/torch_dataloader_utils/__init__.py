@@ -49,6 +49,7 @@ from torch_dataloader_utils.errors import (
     FileChangedError,
     IncompatibleOptionsError,
     InferredSchemaError,
+    LedgerError,
     MissingDependencyError,
     NoFilesFoundError,
     NullValueError,
@@ -102,6 +103,7 @@ if TYPE_CHECKING:
     from torch_dataloader_utils.runtime.recipes import MixedDataLoader, MixedDataset, create_mixed_dataloader
     from torch_dataloader_utils.runtime.state import gather_state
     from torch_dataloader_utils.storage.requests import RequestCounts
+    from torch_dataloader_utils.tools.ledger import Ledger
     from torch_dataloader_utils.tools.reshard import ReshardReport, reshard
 
 # torch and pyarrow are imported on first use of these names, so that importing the
@@ -113,6 +115,7 @@ _LAZY = {
     "FileLoaderOptions": "torch_dataloader_utils.runtime.options",
     "IcebergDataset": "torch_dataloader_utils.runtime.iceberg",
     "IcebergLoaderOptions": "torch_dataloader_utils.runtime.options",
+    "Ledger": "torch_dataloader_utils.tools.ledger",
     "LoaderMetrics": "torch_dataloader_utils.runtime.metrics",
     "RankMetrics": "torch_dataloader_utils.runtime.metrics",
     "WorkerMetrics": "torch_dataloader_utils.runtime.metrics",
@@ -171,6 +174,8 @@ __all__ = [
     "IcebergLoaderOptions",
     "IncompatibleOptionsError",
     "InferredSchemaError",
+    "Ledger",
+    "LedgerError",
     "LegacySplitStrategy",
     "LoaderMetrics",
     "MissingDependencyError",

@@ -10,6 +10,8 @@ Commands (their logic lives in :mod:`torch_dataloader_utils.tools`, one module e
     torch-dataloader-utils reshard SRC DST --target-file-size 256MiB --workers 8
     torch-dataloader-utils cache show /local_nvme/tdu-cache [--size 200GiB] [--json]
     torch-dataloader-utils cache clear /local_nvme/tdu-cache
+    torch-dataloader-utils replay LEDGER --step 41200 --rank 3 [--read --out batch.parquet]
+    torch-dataloader-utils ledger LEDGER --where "id = 123"
     torch-dataloader-utils demo
 
 A user error (a missing path, a bad option) prints one line and exits with status 2.
@@ -551,6 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser of every command."""
     from torch_dataloader_utils import __version__
     from torch_dataloader_utils.io.prefetch import FETCH_THREADS
+    from torch_dataloader_utils.tools import ledger_cli
 
     parser = _Parser(
         prog=PROG,
@@ -669,6 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_reshard(sub)
     _add_cache(sub)
+    ledger_cli.add_commands(sub, _Help, _typed, _typed(_non_negative, "int"))
 
     demo = sub.add_parser(
         "demo", help="generate a local dataset and read it as ranks x workers", formatter_class=_Help
@@ -695,7 +699,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``torch-dataloader-utils`` and ``python -m torch_dataloader_utils``."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("plan", "inspect", "simulate"):
+    if args.command in ("plan", "inspect", "simulate", "replay", "ledger"):
         from torch_dataloader_utils.tools.source import quiet_library_logs
 
         quiet_library_logs(args.verbose)

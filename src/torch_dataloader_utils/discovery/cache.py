@@ -39,10 +39,7 @@ it on a local disk, one ``PUT`` on an object store.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +48,7 @@ import pyarrow as pa
 
 from torch_dataloader_utils.config import FetchConfig
 from torch_dataloader_utils.discovery.metadata import FILES_SCHEMA, FOOTER_COLUMN
+from torch_dataloader_utils.storage.atomic import write_atomically
 from torch_dataloader_utils.storage.fetch import GaveUp, retry_call
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 
@@ -285,16 +283,4 @@ def save_cache(fs: FileSystemSpec, path: str, data: bytes, fetch: FetchConfig | 
         except GaveUp as failed:
             raise OSError(f"writing it failed {failed.how(config)}") from failed.error
         return
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tdu-metadata-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomically(path, data)

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch_dataloader_utils.errors import ResumeStateError, StateMismatchError
+from torch_dataloader_utils.plan.ledger import merged_steps, parse_steps
 from torch_dataloader_utils.plan.state_kind import MIX_FORMAT, not_a_state
 
 __all__ = [
@@ -102,7 +103,8 @@ def check_mix_state(state: object, expected: Mapping[str, Any]) -> dict[str, Any
         ) from exc
     if not is_mix_state(plain):
         raise not_a_state(plain, MIX_STATE_FORMAT)
-    if plain.get("version") != MIX_STATE_VERSION or set(plain) != STATE_KEYS:
+    parse_steps(plain.get("steps"), "state.steps")  # optional: the training ledger's step count
+    if plain.get("version") != MIX_STATE_VERSION or set(plain) - {"steps"} != STATE_KEYS:
         raise ResumeStateError(
             f"resume state version {plain.get('version')!r} with fields {sorted(plain)} is not a version "
             f"{MIX_STATE_VERSION} state of a mix; resume with the library version that saved it"
@@ -171,6 +173,7 @@ def merge_mixed_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         raise ResumeStateError("merge_states needs at least one state")
     first = states[0]
     consumed: dict[str, Any] = {}
+    steps = merged_steps([parse_steps(s.get("steps"), "state.steps") for s in states])
     for state in states:
         if not is_mix_state(state):
             raise ResumeStateError("cannot merge the state of a mix with a state of another kind")
@@ -187,4 +190,7 @@ def merge_mixed_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             if rank in consumed and consumed[rank] != counts:
                 raise ResumeStateError(f"rank {rank} appears twice, with different batch counts")
             consumed[rank] = counts
-    return {**dict(first), "consumed": consumed}
+    merged = {**dict(first), "consumed": consumed}
+    if steps is not None:
+        merged["steps"] = {str(rank): n for rank, n in sorted(steps.items())}
+    return merged

@@ -18,6 +18,7 @@ from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError
 from torch_dataloader_utils.plan.splits import ByteRangeSplit
 from torch_dataloader_utils.runtime import share
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
+from torch_dataloader_utils.runtime.ledger import recorded_source
 from torch_dataloader_utils.runtime.loader import ResumableDataLoader, make_loader
 from torch_dataloader_utils.runtime.options import (
     FileLoaderOptions,
@@ -217,6 +218,8 @@ class StructuredDataset(PlannedDataset):
         self._log_found(found, source, where, options)
         self.discovered: Discovered = found
         """What discovery found: files, schema, columns."""
+        self.recorded_source = recorded_source(path, source)
+        """The source as a training ledger records it (secrets left out)."""
         self._init_core(
             files=found.files,
             reader=make_reader(

@@ -30,6 +30,7 @@ from torch_dataloader_utils.runtime.files import StructuredDataset, source_paths
 from torch_dataloader_utils.runtime.iceberg import IcebergDataset
 from torch_dataloader_utils.runtime.loader import ResumableDataLoader, build_loader
 from torch_dataloader_utils.runtime.options import (
+    MIX_ONLY,
     FileReadOptions,
     IcebergReadOptions,
     MixedLoaderOptions,
@@ -173,32 +174,6 @@ retyped ``dataset``; ``loader.metrics().rows_by_source`` counts the rows receive
 
 _FILE_KEYS = {"path", "format", "files"}
 _ICEBERG_KEYS = {"table"}
-_MIX_ONLY = {
-    "batch_size",
-    "drop_last",
-    "shuffle",
-    "shuffle_seed",
-    "equal_batches",
-    "num_ranks",
-    "rank",
-    "num_workers",
-    "output_format",
-    "null_fill",
-    "collate_fn",
-    "ragged",
-    "pad_value",
-    "max_length",
-    "strings",
-    "pack_features",
-    "pack_sequences",
-    "show_progress",
-    "progress_interval_sec",
-    "progress_all_ranks",
-    "decode_ahead",
-    "on_exhausted",
-    "source_column",
-}
-"""Options of the mix as a whole: they cannot differ between sources."""
 
 
 def _source_name(spec: Mapping[str, Any], index: int) -> str | None:
@@ -257,7 +232,7 @@ def _build_source(
 ) -> PlannedDataset:
     """One source of a mix, discovered (``shared``: the mix's keywords each source inherits)."""
     given = {k: v for k, v in spec.items() if k != "name"}
-    inside = sorted(set(given) & _MIX_ONLY)
+    inside = sorted(set(given) & MIX_ONLY)
     if inside:
         raise IncompatibleOptionsError(
             f"sources[{index}] ({name!r}) sets {inside}: these are options of the whole mix (every "
@@ -348,7 +323,7 @@ def create_mixed_dataloader(
         source_column=given.pop("source_column", None),
     )
     built = build_options(given, MixedLoaderOptions, "create_mixed_dataloader", FileFormat.PARQUET)
-    shared = {k: v for k, v in given.items() if k not in _MIX_ONLY}
+    shared = {k: v for k, v in given.items() if k not in MIX_ONLY}
     for i, spec in enumerate(sources):
         if not isinstance(spec, Mapping):
             raise ConfigError(
