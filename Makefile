@@ -38,18 +38,20 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # Test tiers (tests/conftest.py): launch, store and slow. A test with none of them whose
-# call takes more than TIER_BUDGET CPU seconds fails the run; the slowest of each tier
-# are printed.
+# call takes more than TIER_BUDGET CPU seconds is listed, and the slowest of each tier are
+# printed. One over TIER_FAIL fails the run: the budget itself in `make quick`, a margin
+# in `make test` (CI), since CPU seconds differ between machines and under load.
 TIER_BUDGET ?= 2
+TIER_FAIL ?= 5
 
 unit: $(STAMP)
-	$(VENV)/bin/pytest -n 2 --durations=15 --tier-budget $(TIER_BUDGET)
+	$(VENV)/bin/pytest -n 2 --durations=15 --tier-budget $(TIER_BUDGET) --tier-budget-fail $(TIER_FAIL)
 
 # The fast part alone: every test but the launch, store and slow tiers, with fewer
 # Hypothesis examples (the quick profile). `make test` still runs the whole suite.
 quick: $(STAMP)
 	HYPOTHESIS_PROFILE=quick $(VENV)/bin/pytest -n 2 -m "not launch and not store and not slow" \
-		--tier-budget $(TIER_BUDGET)
+		--tier-budget $(TIER_BUDGET) --tier-budget-fail $(TIER_BUDGET)
 
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs serve

@@ -1,52 +1,62 @@
-"""Object-storage benchmarks: data path, startup, throughput under latency, bytes fetched.
+"""Object-storage benchmarks: latency hidden, requests per epoch, startup, data path.
 
-Run: ``PYTHONPATH=src:. python benchmarks/bench_s3.py [--repeats 3] [--skip-s3]``
+Run one section per command (each is one command, for reruns on a quiet machine):
 
-1. Data path (SeaweedFS on 127.0.0.1, no added latency): the library reading a dataset
-   with bytes through pyarrow's native S3 client vs through s3fs (the fsspec path),
-   with ``storage_options`` and with ``filesystem=`` objects (a plain s3fs object takes
-   the native path; a subclass of it, which the library cannot prove equal, the fsspec
-   path), and the raw pyarrow loop (``ParquetFile.iter_batches``) over each client; a
-   ratio column against the raw loop over the native client in the same run.
-   ``--data-path-only`` runs this part alone.
-2. Startup: 2,000 small files behind 10 ms per request (``latency://``): seconds from
-   ``create_dataloader`` to the first batch; raw: pyarrow dataset discovery + first batch.
-3. Throughput at 0 / 5 / 20 ms per request, projected columns, library vs raw pyarrow
-   loop through the same wrapper, and bytes fetched vs bytes needed.
-Every figure is the median of ``--repeats`` runs.
+    PYTHONPATH=src:. python benchmarks/bench_s3.py --section latency --repeats 5
+    PYTHONPATH=src:. python benchmarks/bench_s3.py --section requests --baseline-src /path/to/old/src
+    PYTHONPATH=src:. python benchmarks/bench_s3.py --section startup --repeats 5
+    PYTHONPATH=src:. python benchmarks/bench_s3.py --section coalesce
+    PYTHONPATH=src:. python benchmarks/bench_s3.py --section data-path --repeats 3
+
+Every section reads from a real S3 server (SeaweedFS on 127.0.0.1) through
+``testsupport/latency_proxy.py``, a TCP proxy that delays every request by the same
+amount for every client and counts the requests it forwards, by kind.
+
+1. **latency**: 8 files x 400,000 rows (row groups of 100,000; 3 of 5 columns read) at
+   0 and 20 ms per request: the library with ``num_workers=0`` and ``2``, and the floor,
+   pyarrow's own ``ParquetFile(..., pre_buffer=True).iter_batches`` over the same row
+   groups and columns through pyarrow's native S3 client. The configurations are
+   interleaved in every repeat; medians and ranges, and each one's 20 ms / 0 ms ratio.
+2. **requests**: the same files read by 2 ranks x 2 workers (one cold epoch, each rank
+   building its dataset alone): the requests the proxy saw by kind, and what
+   ``loader.metrics().request_counts`` said; with ``--baseline-src``, the same run
+   with another copy of the library (e.g. the previous release) in the same command.
+3. **coalesce**: GETs per epoch and bytes over-read for several coalescing holes,
+   computed from the footers of a wide dataset (no timing).
+4. **startup**: 1,000 small files at 10 ms per request: seconds from
+   ``create_dataloader`` to the first batch (listing, every footer, the first chunk),
+   median of ``--repeats``; the raw pyarrow dataset (lists, reads the first file) beside it.
+5. **data-path**: no added latency: the library with ``storage_options`` and with
+   ``filesystem=`` objects, and the raw pyarrow loop over each client.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-import testsupport.latency_fs as latency
+from testsupport.latency_proxy import LatencyProxy
+from testsupport.s3_server import BUCKET, KEY, SECRET, start_seaweedfs
 
 from torch_dataloader_utils import create_dataloader
 
 COLUMNS = ["id", "f0", "f1"]
-
-
-def median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    times, out = [], None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), out
 
 
 def write_dataset(root: Path, files: int, rows: int, rg_rows: int) -> None:
@@ -66,11 +76,16 @@ def write_dataset(root: Path, files: int, rows: int, rg_rows: int) -> None:
         pq.write_table(table, root / f"part-{i:05d}.parquet", row_group_size=rg_rows)
 
 
-def library_rows(url: str, options: dict[str, Any] | None, **kwargs: Any) -> int:
+def library_rows(url: str, options: dict[str, Any] | None, **kwargs: Any) -> tuple[int, Any]:
+    """Rows of one epoch, and the loader's request counts."""
+    kwargs.setdefault("num_workers", 0)
+    if kwargs["num_workers"]:
+        kwargs.setdefault("multiprocessing_context", "fork")
     loader, _ = create_dataloader(
-        url, storage_options=options, num_workers=0, batch_size=65536, output_format="arrow", **kwargs
+        url, storage_options=options, batch_size=65536, output_format="arrow", **kwargs
     )
-    return sum(b.num_rows for b in loader)
+    rows = sum(b.num_rows for b in loader)
+    return rows, loader.metrics().request_counts
 
 
 def _s3fs_subclass() -> type:
@@ -82,165 +97,358 @@ def _s3fs_subclass() -> type:
     return MyS3
 
 
-def raw_rows(fs: pafs.FileSystem, paths: list[str], columns: list[str] | None) -> int:
+def raw_rows(
+    fs: pafs.FileSystem, paths: list[str], columns: list[str] | None, pre_buffer: bool = False
+) -> int:
     rows = 0
     for p in paths:
-        pf = pq.ParquetFile(p, filesystem=fs)
+        pf = pq.ParquetFile(p, filesystem=fs, pre_buffer=pre_buffer)
         for batch in pf.iter_batches(batch_size=65536, columns=columns):
             rows += batch.num_rows
     return rows
 
 
-def latency_fs(delay: float, key: str) -> pafs.FileSystem:
-    return pafs.PyFileSystem(pafs.FSSpecHandler(latency.LatencyFileSystem(delay=delay, stats_key=key)))
-
-
-def bench_throughput(root: Path, repeats: int) -> list[str]:
-    paths = sorted(str(p) for p in root.glob("*.parquet"))
-    needed = 0
-    for p in paths:
-        meta = pq.read_metadata(p)
-        names = [meta.schema.column(j).name for j in range(meta.num_columns)]
-        for i in range(meta.num_row_groups):
-            needed += sum(meta.row_group(i).column(names.index(c)).total_compressed_size for c in COLUMNS)
-    lines = [
-        "| added latency | library rows/s | raw pyarrow rows/s | library / raw | library vs 0 ms "
-        "| library bytes fetched / needed | raw bytes fetched / needed |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    base = None
-    for delay in (0.0, 0.005, 0.020):
-        key = uuid.uuid4().hex
-        counters = latency.stats(key)
-        opts = {"delay": delay, "stats_key": key}
-        lib_t, rows = median_time(
-            lambda o=opts: library_rows(f"latency://{root}", o, columns=COLUMNS), repeats
-        )
-        lib_bytes = counters.bytes / repeats
-        footer_bytes = 0
-        counters.reset()
-        rkey = uuid.uuid4().hex
-        rcounters = latency.stats(rkey)
-        raw_t, raw_n = median_time(
-            lambda d=delay, k=rkey: raw_rows(latency_fs(d, k), paths, COLUMNS), repeats
-        )
-        assert raw_n == rows
-        raw_bytes = rcounters.bytes / repeats
-        del footer_bytes
-        lib_rate, raw_rate = rows / lib_t, rows / raw_t
-        base = base or lib_rate
-        lines.append(
-            f"| {delay * 1000:.0f} ms | {lib_rate:,.0f} | {raw_rate:,.0f} | {lib_rate / raw_rate:.2f}x "
-            f"| {lib_rate / base:.2f}x | {lib_bytes / needed:.3f} | {raw_bytes / needed:.3f} |"
-        )
-    lines.append("")
-    lines.append(
-        f"Bytes needed: {needed:,} (column chunks of {COLUMNS} in every row group). Library bytes "
-        "include one 64 KiB footer read per file during discovery."
+def native_fs(endpoint: str) -> pafs.S3FileSystem:
+    return pafs.S3FileSystem(
+        access_key=KEY,
+        secret_key=SECRET,
+        endpoint_override=urlsplit(endpoint).netloc,
+        scheme="http",
+        region="us-east-1",
     )
+
+
+class Store:
+    """SeaweedFS with the benchmark data, behind a latency proxy."""
+
+    def __init__(self, tmp: Path) -> None:
+        workdir = tmp / "seaweedfs"
+        workdir.mkdir()
+        started = start_seaweedfs(workdir)
+        if isinstance(started, str):
+            raise SystemExit(f"SeaweedFS could not start: {started}")
+        self.server, self._stop = started
+        parts = urlsplit(self.server.endpoint)
+        self.proxy = LatencyProxy(parts.hostname or "127.0.0.1", parts.port or 80)
+        self.endpoint = self.proxy.start()
+        self.fs = self.server.fs()
+
+    def upload(self, local: Path, prefix: str) -> tuple[str, list[str]]:
+        self.fs.put(str(local) + "/", f"{BUCKET}/{prefix}/", recursive=True)
+        paths = sorted(p for p in self.fs.find(f"{BUCKET}/{prefix}") if p.endswith(".parquet"))
+        return f"s3://{BUCKET}/{prefix}", paths
+
+    def options(self) -> dict[str, Any]:
+        return self.server.options(self.endpoint)
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        self._stop()
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} s ({min(values):.3f}-{max(values):.3f})"
+
+
+def load() -> str:
+    return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def bench_latency(store: Store, root: Path, repeats: int, delay: float) -> list[str]:
+    url, paths = store.upload(root, "latency")
+    rows_total = sum(pq.read_metadata(p).num_rows for p in sorted(root.glob("*.parquet")))
+    floor_fs = native_fs(store.endpoint)
+    cases: dict[str, Callable[[], tuple[int, Any]]] = {
+        "library, num_workers=0": lambda: library_rows(url, store.options(), columns=COLUMNS),
+        "library, num_workers=2": lambda: library_rows(url, store.options(), columns=COLUMNS, num_workers=2),
+        "floor: pyarrow pre_buffer=True": lambda: (raw_rows(floor_fs, paths, COLUMNS, pre_buffer=True), None),
+    }
+    times: dict[tuple[str, float], list[float]] = {}
+    requests: dict[tuple[str, float], Any] = {}
+    loads = [load()]
+    for name, fn in cases.items():  # warm-up: connections, imports
+        assert fn()[0] == rows_total, name
+    for _ in range(repeats):
+        for d in (0.0, delay):
+            store.proxy.delay = d
+            for name, fn in cases.items():
+                store.proxy.reset()
+                began = time.perf_counter()
+                rows, counted = fn()
+                times.setdefault((name, d), []).append(time.perf_counter() - began)
+                assert rows == rows_total, name
+                requests[(name, d)] = (store.proxy.counts(), counted)
+    loads.append(load())
+    ms = f"{delay * 1000:g} ms"
+    lines = [
+        f"{len(paths)} files, {rows_total:,} rows, columns {COLUMNS}; medians (ranges) of {repeats} "
+        f"interleaved runs; {loads[0]} before, {loads[1]} after",
+        "",
+        f"| reader | 0 ms | {ms} | {ms} / 0 ms (median) | requests per epoch (proxy) |",
+        "|---|---|---|---|---|",
+    ]
+    for name in cases:
+        zero, slow = times[(name, 0.0)], times[(name, delay)]
+        ratio = statistics.median(zero) / statistics.median(slow)
+        seen, counted = requests[(name, delay)]
+        kinds = ", ".join(f"{v} {k}" for k, v in sorted(seen.items()))
+        if counted is not None:
+            kinds += f" (metrics: {counted.total})"
+        lines.append(f"| {name} | {_spread(zero)} | {_spread(slow)} | **{ratio:.2f}** | {kinds} |")
+    lines += [
+        "",
+        "Ratio: rows/s at the added latency over rows/s at 0 ms (time at 0 ms / time at the latency).",
+    ]
     return lines
 
 
-def bench_startup(root: Path, repeats: int) -> list[str]:
-    def library() -> float:
-        key = uuid.uuid4().hex
-        t = time.perf_counter()
-        loader, _ = create_dataloader(
-            f"latency://{root}", storage_options={"delay": 0.010, "stats_key": key}, num_workers=0
+_REQUESTS_RUN = """
+import json, sys
+from torch_dataloader_utils import create_dataloader
+url, options, ranks, workers = json.loads(sys.argv[1])
+total, ids = {}, 0
+for rank in range(ranks):
+    loader, _ = create_dataloader(url, storage_options=options, num_ranks=ranks, rank=rank,
+        num_workers=workers, multiprocessing_context="fork", batch_size=8192, output_format="arrow",
+        columns=["id", "f0", "f1"])
+    ids += sum(b.num_rows for b in loader)
+    m = loader.metrics()
+    counted = getattr(m, "request_counts", None)
+    if counted is not None:
+        for k, v in counted.as_dict().items():
+            total[k] = total.get(k, 0) + v
+    else:
+        total["total"] = total.get("total", 0) + m.total.requests
+print(json.dumps({"rows": ids, "metrics": total}))
+"""
+
+
+def bench_requests(
+    store: Store, root: Path, baseline: str | None, ranks: int = 2, workers: int = 2
+) -> list[str]:
+    url, paths = store.upload(root, "requests")
+    store.proxy.delay = 0.0
+    here = str(Path(__file__).resolve().parents[1] / "src")
+    trees = [("this tree", here)] + ([("baseline", baseline)] if baseline else [])
+    lines = [
+        f"{len(paths)} files ({ranks} ranks x {workers} workers, one cold epoch, each rank building its "
+        f"dataset alone; columns {COLUMNS}); requests as the proxy saw them; {load()}",
+        "",
+        "| library | LIST | HEAD | GET | PUT | total | metrics() said |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, src in trees:
+        store.proxy.reset()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(Path(here).parent)])}
+        args = json.dumps([url, store.options(), ranks, workers])
+        out = subprocess.run(
+            [sys.executable, "-c", _REQUESTS_RUN, args], env=env, capture_output=True, text=True, check=False
         )
+        if out.returncode:
+            lines.append(f"| {name} ({src}) | failed: {out.stderr.strip().splitlines()[-1:]} |")
+            continue
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        seen = store.proxy.counts()
+        said = got["metrics"]
+        lines.append(
+            f"| {name} | {seen['LIST']} | {seen['HEAD']} | {seen['GET']} | {seen['PUT']} | "
+            f"{sum(seen.values())} | {said.get('total')} "
+            + (f"({said['lists']} LIST, {said['heads']} HEAD, {said['gets']} GET)" if "lists" in said else "")
+            + " |"
+        )
+    return lines
+
+
+def bench_startup(store: Store, tmp: Path, repeats: int, files: int, delay: float) -> list[str]:
+    """Seconds to the first batch over many small files, on ``latency://`` and on S3 behind the proxy."""
+    import uuid
+
+    import testsupport.latency_fs as latency
+
+    small = tmp / "small"
+    write_dataset(small, files=files, rows=50, rg_rows=50)
+    url, _ = store.upload(small, "startup")
+
+    def library(where: str) -> float:
+        t = time.perf_counter()
+        if where == "s3":
+            store.proxy.delay = delay
+            loader, _ = create_dataloader(url, storage_options=store.options(), num_workers=0)
+        else:
+            options = {"delay": delay, "stats_key": uuid.uuid4().hex}
+            loader, _ = create_dataloader(f"latency://{small}", storage_options=options, num_workers=0)
         next(iter(loader))
         return time.perf_counter() - t
 
-    def raw() -> float:
+    def raw(where: str) -> float:
         t = time.perf_counter()
-        dataset = pads.dataset(str(root), format="parquet", filesystem=latency_fs(0.010, uuid.uuid4().hex))
+        if where == "s3":
+            store.proxy.delay = delay
+            fs: pafs.FileSystem = native_fs(store.endpoint)
+            dataset = pads.dataset(f"{BUCKET}/startup", format="parquet", filesystem=fs)
+        else:
+            slow = latency.LatencyFileSystem(delay=delay, stats_key=uuid.uuid4().hex)
+            fs = pafs.PyFileSystem(pafs.FSSpecHandler(slow))
+            dataset = pads.dataset(str(small), format="parquet", filesystem=fs)
         next(iter(dataset.to_batches()))
         return time.perf_counter() - t
 
-    lib = statistics.median(library() for _ in range(repeats))
-    rw = statistics.median(raw() for _ in range(repeats))
-    return [
-        "| 2,000 files, 10 ms per request | seconds to first batch |",
-        "|---|---|",
-        f"| library (listing + 2,000 footers read concurrently, then the first chunk) | {lib:.2f} |",
-        f"| raw pyarrow dataset (lists, reads only the first file's footer) | {rw:.2f} |",
+    before = load()
+    cases = {
+        ("library", "latency"): [],
+        ("library", "s3"): [],
+        ("raw", "latency"): [],
+        ("raw", "s3"): [],
+    }
+    for _ in range(repeats):
+        for who, where in cases:
+            cases[(who, where)].append(library(where) if who == "library" else raw(where))
+    where_text = {
+        "latency": f"`latency://` (local files, {delay * 1000:g} ms per request)",
+        "s3": f"SeaweedFS behind the proxy ({delay * 1000:g} ms per request)",
+    }
+    lines = [
+        f"{files:,} files of 50 rows; median (range) of {repeats} interleaved runs; {before} before, "
+        f"{load()} after",
+        "",
+        "| seconds to first batch | store | median (range) |",
+        "|---|---|---|",
     ]
-
-
-def bench_data_path(root: Path, repeats: int) -> list[str]:
-    import s3fs
-    from testsupport.s3_server import BUCKET, KEY, SECRET, start_seaweedfs
-
-    workdir = Path(tempfile.mkdtemp(prefix="tdu-bench-sw-"))
-    started = start_seaweedfs(workdir)
-    if isinstance(started, str):
-        return [f"SeaweedFS could not start: {started}"]
-    server, stop = started
-    try:
-        opts = server.options()
-        fs = s3fs.S3FileSystem(skip_instance_cache=True, **opts)
-        fs.put(str(root) + "/", f"{BUCKET}/data/", recursive=True)
-        url = f"s3://{BUCKET}/data"
-        paths = sorted(fs.find(f"{BUCKET}/data"))
-        native = pafs.S3FileSystem(
-            access_key=KEY, secret_key=SECRET, endpoint_override=server.endpoint[7:], scheme="http"
+    for (who, where), values in cases.items():
+        name = (
+            f"library (listing, {files:,} footers read concurrently, then the first chunk)"
+            if who == "library"
+            else "raw pyarrow dataset (lists, reads only the first file)"
         )
-        via_s3fs = pafs.PyFileSystem(pafs.FSSpecHandler(fs))
-        plain = s3fs.S3FileSystem(skip_instance_cache=True, **opts)
-        subclass = _s3fs_subclass()(skip_instance_cache=True, **opts)
-        cases = {
-            "raw pyarrow loop, native S3FileSystem": lambda: raw_rows(native, paths, COLUMNS),
-            "raw pyarrow loop, s3fs via FSSpecHandler": lambda: raw_rows(via_s3fs, paths, COLUMNS),
-            "library, storage_options: native pyarrow S3 bytes (default)": lambda: library_rows(
-                url, opts, columns=COLUMNS
-            ),
-            "library, storage_options with an s3fs-only option: s3fs bytes (fsspec path)": lambda: (
-                library_rows(url, {**opts, "version_aware": False}, columns=COLUMNS)
-            ),
-            "library, filesystem=s3fs.S3FileSystem(...): native bytes": lambda: library_rows(
-                url, None, filesystem=plain, columns=COLUMNS
-            ),
-            "library, filesystem=a subclass of s3fs: the object's bytes (fsspec path)": lambda: library_rows(
-                url, None, filesystem=subclass, columns=COLUMNS
-            ),
+        lines.append(f"| {name} | {where_text[where]} | {_spread(values)} |")
+    return lines
+
+
+def bench_coalesce(tmp: Path) -> list[str]:
+    """GETs per epoch and bytes over-read for several coalescing holes (from the footers: no timing)."""
+    from torch_dataloader_utils.io.prefetch import COALESCE_HOLE, coalesce, column_ranges
+
+    rng = np.random.default_rng(0)
+    root = tmp / "wide"
+    root.mkdir()
+    rows, groups, files = 200_000, 4, 4
+    table = pa.table(
+        {
+            **{f"x{i}": rng.random(rows) for i in range(12)},  # 400 KB per row group each
+            **{f"flag{i}": rng.integers(0, 2, rows).astype(np.int8) for i in range(12)},  # ~13 KB
         }
-        lines = [
-            "| SeaweedFS on 127.0.0.1, no added latency | seconds | rows/s | time / raw native loop |",
-            "|---|---|---|---|",
-        ]
-        base: float | None = None
+    )
+    names = table.column_names
+    for f in range(files):
+        pq.write_table(table, root / f"part-{f}.parquet", row_group_size=rows // groups)
+    metas = [pq.read_metadata(p) for p in sorted(root.glob("*.parquet"))]
+    projections = {
+        "every other wide column": names[0:12:2],
+        "every other narrow column": names[12:24:2],
+        "every column": None,
+    }
+    lines = [
+        f"{files} files x {groups} row groups; 12 float64 columns (~400 KB per row group) and 12 "
+        "int8 columns (~13 KB); one chunk per row group",
+        "",
+        "| columns read | hole | GETs per epoch | bytes fetched / needed | KiB fetched (needed) |",
+        "|---|---|---|---|---|",
+    ]
+    for what, columns in projections.items():
+        for hole in (0, 4096, COALESCE_HOLE, 1024**2):
+            gets = fetched = needed = 0
+            for meta in metas:
+                for g in range(meta.num_row_groups):
+                    ranges = column_ranges(meta, [g], columns)
+                    merged = coalesce(ranges, hole=hole)
+                    gets += len(merged)
+                    fetched += sum(hi - lo for lo, hi in merged)
+                    needed += sum(hi - lo for lo, hi in ranges)
+            mark = {COALESCE_HOLE: " (the library's)", 4096: " (0.7.0's)"}.get(hole, "")
+            lines.append(
+                f"| {what} | {hole:,} B{mark} | {gets} | {fetched / needed:.3f} | "
+                f"{fetched / 1024:,.0f} ({needed / 1024:,.0f}) |"
+            )
+    return lines
+
+
+def bench_data_path(store: Store, root: Path, repeats: int) -> list[str]:
+    import s3fs
+
+    url, paths = store.upload(root, "data-path")
+    store.proxy.delay = 0.0
+    opts = store.options()
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **opts)
+    native = native_fs(store.endpoint)
+    via_s3fs = pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+    plain = s3fs.S3FileSystem(skip_instance_cache=True, **opts)
+    subclass = _s3fs_subclass()(skip_instance_cache=True, **opts)
+    cases: dict[str, Callable[[], Any]] = {
+        "raw pyarrow loop, native S3FileSystem": lambda: raw_rows(native, paths, COLUMNS),
+        "raw pyarrow loop, s3fs via FSSpecHandler": lambda: raw_rows(via_s3fs, paths, COLUMNS),
+        "library, storage_options": lambda: library_rows(url, opts, columns=COLUMNS)[0],
+        "library, storage_options with an s3fs-only option": lambda: library_rows(
+            url, {**opts, "version_aware": False}, columns=COLUMNS
+        )[0],
+        "library, filesystem=s3fs.S3FileSystem(...)": lambda: library_rows(
+            url, None, filesystem=plain, columns=COLUMNS
+        )[0],
+        "library, filesystem=a subclass of s3fs": lambda: library_rows(
+            url, None, filesystem=subclass, columns=COLUMNS
+        )[0],
+    }
+    times: dict[str, list[float]] = {}
+    for _ in range(repeats):
         for name, fn in cases.items():
-            t, rows = median_time(fn, repeats)
-            base = t if base is None else base
-            lines.append(f"| {name} | {t:.2f} | {rows / t:,.0f} | {t / base:.2f}x |")
-        return lines
-    finally:
-        stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+            t = time.perf_counter()
+            fn()
+            times.setdefault(name, []).append(time.perf_counter() - t)
+    base = statistics.median(times["raw pyarrow loop, native S3FileSystem"])
+    lines = [
+        f"SeaweedFS on 127.0.0.1, no added latency; median (range) of {repeats}; {load()}",
+        "",
+        "| reader | seconds | time / raw native loop |",
+        "|---|---|---|",
+    ]
+    for name, values in times.items():
+        lines.append(f"| {name} | {_spread(values)} | {statistics.median(values) / base:.2f}x |")
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--skip-s3", action="store_true")
+    sections = ["latency", "requests", "startup", "coalesce", "data-path"]
+    parser.add_argument("--section", choices=[*sections, "all"], default="all")
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--files", type=int, default=8, help="files of the throughput dataset")
-    parser.add_argument("--data-path-only", action="store_true", help="only the data path comparison")
+    parser.add_argument("--latency-ms", type=float, default=20.0, help="added latency of the latency section")
+    parser.add_argument("--startup-files", type=int, default=1000)
+    parser.add_argument("--startup-ms", type=float, default=10.0)
+    parser.add_argument("--baseline-src", help="another copy of the library's src/ for the requests section")
     args = parser.parse_args()
+    wanted = set(sections) if args.section == "all" else {args.section}
     tmp = Path(tempfile.mkdtemp(prefix="tdu-bench-s3-"))
+    store = Store(tmp) if wanted - {"coalesce"} else None
     try:
         big = tmp / "big"
         write_dataset(big, files=args.files, rows=400_000, rg_rows=100_000)
-        if args.data_path_only:
-            print("\n".join(["## Data path", "", *bench_data_path(big, args.repeats)]))
-            return
-        small = tmp / "small"
-        write_dataset(small, files=2000, rows=50, rg_rows=50)
-        out = ["## Startup", "", *bench_startup(small, args.repeats), ""]
-        out += ["## Throughput under latency", "", *bench_throughput(big, args.repeats), ""]
-        if not args.skip_s3:
-            out += ["## Data path", "", *bench_data_path(big, args.repeats), ""]
+        out: list[str] = []
+        if store is not None and "latency" in wanted:
+            lines = bench_latency(store, big, args.repeats, args.latency_ms / 1000)
+            out += ["## Latency hidden", "", *lines, ""]
+        if store is not None and "requests" in wanted:
+            out += ["## Requests per epoch", "", *bench_requests(store, big, args.baseline_src), ""]
+        if store is not None and "startup" in wanted:
+            lines = bench_startup(store, tmp, args.repeats, args.startup_files, args.startup_ms / 1000)
+            out += ["## Startup", "", *lines, ""]
+        if "coalesce" in wanted:
+            out += ["## Coalescing", "", *bench_coalesce(tmp), ""]
+        if store is not None and "data-path" in wanted:
+            out += ["## Data path", "", *bench_data_path(store, big, args.repeats), ""]
         print("\n".join(out))
     finally:
+        if store is not None:
+            store.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -21,9 +21,15 @@ is the first of ``launch``, ``store``, ``slow`` it has:
 ``make quick`` runs what has none of them (``-m "not launch and not store and not
 slow"``, the ``quick`` Hypothesis profile); ``make test`` runs everything.
 
-The budget (``--tier-budget SECONDS``, which ``make`` passes): a test with no tier whose
-call takes more CPU than that fails the run, and the ten slowest tests of each tier are
-printed. CPU, not wall time: the test's process (all its threads) plus the child
+The budget (``--tier-budget SECONDS``, 2 in ``make``): the tests with no tier whose call
+takes more CPU than that are listed, and the ten slowest tests of each tier are printed.
+``--tier-budget-fail SECONDS`` fails the run when one takes more than that: 2 in ``make
+quick`` (the developer's loop), 5 in ``make test`` (what CI runs). CI's limit has a margin
+because CPU seconds differ from machine to machine and under contention (tests at 1.8-2.1 s
+measured on one machine): a correct suite must not fail on a slower CI machine, while a test
+that belongs in a tier (5 s and more) still fails it.
+
+CPU, not wall time: the test's process (all its threads) plus the child
 processes that ended during it (DataLoader workers), which a loaded machine does not
 inflate the way it stretches wall time (a test waiting on a timeout takes no CPU either).
 """
@@ -157,7 +163,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--tier-budget",
         type=float,
         default=None,
-        help="fail the run when a test with no tier (launch, store, slow) takes more CPU seconds",
+        help="report the tests with no tier (launch, store, slow) that take more CPU seconds",
+    )
+    parser.addoption(
+        "--tier-budget-fail",
+        type=float,
+        default=None,
+        help="fail the run when a test with no tier takes more CPU seconds than this",
     )
 
 
@@ -174,6 +186,19 @@ SLOW_TESTS = {
     "tests/runtime/test_recipes.py::test_each_source_once_per_its_epoch_with_equal_batches": 1.6,
     "tests/compat/test_examples_docs.py::test_checkpoint_save_and_resume": 1.6,
     "tests/hostile/test_bad_data.py::test_parquet_bad_row_groups_every_good_row_once": 1.4,
+    # The orders' properties and the Iceberg continuation (merged later the same day; one run
+    # of the whole suite at load 7, CPU seconds of the call).
+    "tests/plan/test_blend.py::test_a_pass_takes_full_batches_until_a_limited_source_runs_out": 5.6,
+    "tests/runtime/test_mixed_order.py::test_a_resume_in_the_same_world_hands_on_the_same_batches": 5.0,
+    "tests/runtime/test_order_contract.py::test_every_order_keeps_the_contract": 4.5,
+    "tests/runtime/test_order_matrix.py::test_every_combination_keeps_the_promise_or_is_refused": 3.1,
+    "tests/runtime/test_mixed_order.py::test_real_workers_resume_batch_identically": 2.7,
+    "tests/runtime/test_iceberg_incremental.py::"
+    "test_resume_continued_from_s2_onto_s4_reads_exactly_the_oracles_rows": 1.7,
+    "tests/runtime/test_transfer_blocks.py::"
+    "test_pinned_pool_reuses_a_slot_only_after_the_copies_queued_from_it": 1.65,
+    # Over the budget in the whole suite after the requests merge (load 3-7).
+    "tests/runtime/test_transfer.py::test_forked_child_dropping_a_group_does_not_free_its_slot": 2.1,
 }
 
 
@@ -237,8 +262,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    budget = session.config.getoption("--tier-budget")
-    if hasattr(session.config, "workerinput") or budget is None:
+    if hasattr(session.config, "workerinput"):
         return
-    if any(t[0] == "quick" and t[2] > budget for t in _TIMINGS) and session.exitstatus == 0:
+    fail = session.config.getoption("--tier-budget-fail")
+    over = fail is not None and any(t[0] == "quick" and t[2] > fail for t in _TIMINGS)
+    if over and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -58,3 +58,15 @@ def test_loader_offers_what_trainers_call() -> None:
     for name in ("__len__", "remaining_batches", "set_epoch", "sampler", "state_dict", "load_state_dict"):
         assert getattr(loader, name).__doc__, name
     assert callable(EpochSampler.set_epoch)
+
+
+def test_request_counts_are_the_metrics_type() -> None:
+    """``loader.metrics().request_counts`` (issue 34) is a public, typed value."""
+    from torch_dataloader_utils.runtime.metrics import LoaderMetrics, RankMetrics
+    from torch_dataloader_utils.storage.requests import RequestCounts
+
+    assert torch_dataloader_utils.RequestCounts is RequestCounts
+    rank = RankMetrics(0, 1, 0, (), discovery_requests=RequestCounts(lists=1, gets=3, bytes_received=9))
+    got = LoaderMetrics((rank, rank)).request_counts
+    assert got == RequestCounts(lists=2, gets=6, bytes_received=18)
+    assert got.cost(0.4, 5.0) == (6 * 0.4 + 2 * 5.0) / 1000

@@ -66,9 +66,21 @@ class S3Server:
         }
 
     def fs(self) -> Any:
+        """An s3fs client of this server, its bucket made again if it is gone.
+
+        A test that enters moto's ``mock_aws`` resets the state moto's threaded server
+        shares with it (in the same process): the bucket is then gone.
+        """
         import s3fs
 
-        return s3fs.S3FileSystem(skip_instance_cache=True, **self.options())
+        fs = s3fs.S3FileSystem(skip_instance_cache=True, **self.options())
+        if not fs.exists(BUCKET):  # made as at the start: no region, so no location constraint
+            plain = s3fs.S3FileSystem(
+                key=KEY, secret=SECRET, endpoint_url=self.endpoint, skip_instance_cache=True
+            )
+            plain.mkdir(BUCKET)
+            fs.invalidate_cache()
+        return fs
 
     def new_prefix(self) -> str:
         """A fresh ``bucket/prefix`` for one test."""

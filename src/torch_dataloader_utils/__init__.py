@@ -49,6 +49,7 @@ from torch_dataloader_utils.errors import (
     FileChangedError,
     IncompatibleOptionsError,
     InferredSchemaError,
+    LedgerError,
     MissingDependencyError,
     NoFilesFoundError,
     NullValueError,
@@ -102,6 +103,8 @@ if TYPE_CHECKING:
     )
     from torch_dataloader_utils.runtime.recipes import MixedDataLoader, MixedDataset, create_mixed_dataloader
     from torch_dataloader_utils.runtime.state import gather_state
+    from torch_dataloader_utils.storage.requests import RequestCounts
+    from torch_dataloader_utils.tools.ledger import Ledger
     from torch_dataloader_utils.tools.reshard import ReshardReport, reshard
 
 # torch and pyarrow are imported on first use of these names, so that importing the
@@ -113,6 +116,7 @@ _LAZY = {
     "FileLoaderOptions": "torch_dataloader_utils.runtime.options",
     "IcebergDataset": "torch_dataloader_utils.runtime.iceberg",
     "IcebergLoaderOptions": "torch_dataloader_utils.runtime.options",
+    "Ledger": "torch_dataloader_utils.tools.ledger",
     "LoaderMetrics": "torch_dataloader_utils.runtime.metrics",
     "RankMetrics": "torch_dataloader_utils.runtime.metrics",
     "WorkerMetrics": "torch_dataloader_utils.runtime.metrics",
@@ -122,6 +126,7 @@ _LAZY = {
     "MixedLoaderOptions": "torch_dataloader_utils.runtime.options",
     "ResumableDataLoader": "torch_dataloader_utils.runtime.loader",
     "ReshardReport": "torch_dataloader_utils.tools.reshard",
+    "RequestCounts": "torch_dataloader_utils.storage.requests",
     "StructuredDataset": "torch_dataloader_utils.runtime.files",
     "batch_cu_seqlens": "torch_dataloader_utils.packing",
     "create_dataloader": "torch_dataloader_utils.runtime.files",
@@ -170,6 +175,8 @@ __all__ = [
     "IcebergLoaderOptions",
     "IncompatibleOptionsError",
     "InferredSchemaError",
+    "Ledger",
+    "LedgerError",
     "LegacySplitStrategy",
     "LoaderMetrics",
     "MissingDependencyError",
@@ -192,6 +199,7 @@ __all__ = [
     "ReadError",
     "RecordBoundaryError",
     "RecordIndex",
+    "RequestCounts",
     "ReshardError",
     "ReshardReport",
     "ResumableDataLoader",

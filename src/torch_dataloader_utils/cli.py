@@ -10,6 +10,8 @@ Commands (their logic lives in :mod:`torch_dataloader_utils.tools`, one module e
     torch-dataloader-utils reshard SRC DST --target-file-size 256MiB --workers 8
     torch-dataloader-utils cache show /local_nvme/tdu-cache [--size 200GiB] [--json]
     torch-dataloader-utils cache clear /local_nvme/tdu-cache
+    torch-dataloader-utils replay LEDGER --step 41200 --rank 3 [--read --out batch.parquet]
+    torch-dataloader-utils ledger LEDGER --where "id = 123"
     torch-dataloader-utils demo
 
 A user error (a missing path, a bad option) prints one line and exits with status 2.
@@ -300,6 +302,21 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _price_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--price-per-1000`` and ``--list-price-per-1000``: the cost of the predicted requests."""
+    parser.add_argument(
+        "--price-per-1000",
+        type=_typed(_non_negative_number, "number"),
+        help="what 1,000 GET/HEAD requests cost (S3 Standard: 0.0004 USD); prices the predicted "
+        "requests (default: counts only)",
+    )
+    parser.add_argument(
+        "--list-price-per-1000",
+        type=_typed(_non_negative_number, "number"),
+        help="what 1,000 LIST/PUT requests cost (S3 Standard: 0.005 USD) (default: --price-per-1000)",
+    )
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from torch_dataloader_utils.tools.inspect import InspectRequest, run_inspect
 
@@ -312,6 +329,8 @@ def _inspect(args: argparse.Namespace) -> int:
         num_workers=args.num_workers,
         top=args.top,
         as_json=args.json,
+        price_per_1000=args.price_per_1000,
+        list_price_per_1000=args.list_price_per_1000,
     )
     print(run_inspect(request))
     return 0
@@ -345,6 +364,8 @@ def _simulate(args: argparse.Namespace) -> int:
         as_json=args.json,
         picture=Path(args.picture) if args.picture else None,
         picture_ranks=args.picture_ranks,
+        price_per_1000=args.price_per_1000,
+        list_price_per_1000=args.list_price_per_1000,
     )
     if args.mix is not None:
         from torch_dataloader_utils.tools.mix import simulate_mix
@@ -532,6 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser of every command."""
     from torch_dataloader_utils import __version__
     from torch_dataloader_utils.io.prefetch import FETCH_THREADS
+    from torch_dataloader_utils.tools import ledger_cli
 
     parser = _Parser(
         prog=PROG,
@@ -579,6 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _dataset_arguments(inspect)
     inspect.add_argument("--top", type=_typed(_non_negative, "int"), default=5, help="largest files listed")
+    _price_arguments(inspect)
     inspect.set_defaults(fn=_inspect)
 
     sim = sub.add_parser(
@@ -644,10 +667,12 @@ def build_parser() -> argparse.ArgumentParser:
         "needs matplotlib) (default: none)",
     )
     sim.add_argument("--picture-ranks", type=_typed(_positive, "int"), default=16, help="ranks drawn at most")
+    _price_arguments(sim)
     sim.set_defaults(fn=_simulate)
 
     _add_reshard(sub)
     _add_cache(sub)
+    ledger_cli.add_commands(sub, _Help, _typed, _typed(_non_negative, "int"))
 
     demo = sub.add_parser(
         "demo", help="generate a local dataset and read it as ranks x workers", formatter_class=_Help
@@ -674,7 +699,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``torch-dataloader-utils`` and ``python -m torch_dataloader_utils``."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("plan", "inspect", "simulate"):
+    if args.command in ("plan", "inspect", "simulate", "replay", "ledger"):
         from torch_dataloader_utils.tools.source import quiet_library_logs
 
         quiet_library_logs(args.verbose)

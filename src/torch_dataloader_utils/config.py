@@ -856,7 +856,9 @@ class LoaderConfig:
     ``num_workers=None`` means automatic: the dataset resolves it once (CPUs per rank,
     at most one per chunk, at most 8), before the loader is built. ``device`` (a
     ``torch.device``, resolved and checked at the edge from ``'cuda'``, ``'auto'``...):
-    the loader copies batches there ahead of the loop (``None``: it does not).
+    the loader copies batches there ahead of the loop (``None``: it does not). ``ledger``:
+    a directory where every rank records each pass it starts (the training ledger,
+    :mod:`torch_dataloader_utils.plan.ledger`), or ``None``.
     """
 
     num_workers: int | None = None
@@ -866,9 +868,15 @@ class LoaderConfig:
     timeout: float = 0
     multiprocessing_context: Any = None
     device: torch.device | None = None
+    ledger: str | None = None
 
     def __post_init__(self) -> None:
         check_int(self.num_workers, "num_workers", 0, optional=True, hint=" (or None for automatic)")
+        if self.ledger is not None and (not isinstance(self.ledger, str) or not self.ledger.strip()):
+            raise ConfigError(
+                f"ledger={self.ledger!r} must be a directory (str or path), e.g. 'checkpoints/ledger', "
+                "or a path holding '{rank}' for a directory per rank; or None"
+            )
         check_bool(self.pin_memory, "pin_memory")
         if self.device is not None and type(self.device).__name__ != "device":
             raise ConfigError(

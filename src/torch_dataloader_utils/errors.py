@@ -39,6 +39,8 @@ that builtin too::
     │   └── FileChangedError                  a file was rewritten after planning
     ├── ConversionError (ValueError)          a column cannot become the output type
     │   └── NullValueError                    a null in a column that cannot hold one
+    ├── LedgerError                           a training ledger is damaged, or cannot replay
+    │                                         what it recorded exactly (names the reason)
     ├── ReshardError                          a reshard job cannot start or finish
     │   ├── DestinationConflictError          the destination holds other data or another
     │   │                                     job's shards
@@ -68,6 +70,7 @@ __all__ = [
     "FileChangedError",
     "IncompatibleOptionsError",
     "InferredSchemaError",
+    "LedgerError",
     "MissingDependencyError",
     "NoFilesFoundError",
     "NullValueError",
@@ -234,6 +237,15 @@ class FileChangedError(ReadError):
 
     The plan (row groups, row ranges, byte offsets) describes the file as it was; it is
     not read against a file that was rewritten since. Build the dataset again.
+    """
+
+
+class LedgerError(DataLoaderUtilsError):
+    """A training ledger (``ledger=``) is damaged, or cannot replay what it recorded exactly.
+
+    Replay refuses rather than return other rows: a secret the ledger does not hold, a
+    source or option it cannot rebuild, an Iceberg snapshot expired since. A file that
+    changed since the ledger recorded it is a :class:`FileChangedError`.
     """
 
 

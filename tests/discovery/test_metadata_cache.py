@@ -54,10 +54,10 @@ def test_a_warm_cache_reads_no_footers(data: Path, tmp_path: Path) -> None:
     cold, cold_requests, notes = _build(data, cache)
     assert notes == []
     assert cache.exists()
-    assert cold_requests == 2 + len(ROWS)  # a HEAD, one listing page, every footer
+    assert cold_requests == 1 + len(ROWS)  # one listing page (no HEAD before it), every footer
     warm, warm_requests, notes = _build(data, cache)
     assert notes == []
-    assert warm_requests == 2  # the listing only: no footer was read
+    assert warm_requests == 1  # the listing only: no footer was read
     assert warm.files == cold.files
     assert warm.discovered.metadata is not None
     assert cold.discovered.metadata is not None
@@ -82,10 +82,10 @@ def test_a_changed_file_makes_it_stale(data: Path, tmp_path: Path) -> None:
     assert f"metadata_cache={str(cache)!r} is stale" in notes[0]
     assert "part-0001.parquet" in notes[0]
     assert "changed size" in notes[0]
-    assert requests == 2 + len(ROWS)  # read again
+    assert requests == 1 + len(ROWS)  # read again
     assert [f.num_rows for f in ds.files] == [500, 50, 800, 120]
     _, requests, notes = _build(data, cache)  # ... and rewritten
-    assert (requests, notes) == (2, [])
+    assert (requests, notes) == (1, [])
 
 
 def test_a_touched_file_or_a_new_file_makes_it_stale(data: Path, tmp_path: Path) -> None:
@@ -138,10 +138,10 @@ def test_a_damaged_or_foreign_cache_is_a_warning(
     assert str(cache) in notes[0]
     assert words in notes[0]
     assert "reading the footers again" in notes[0]
-    assert requests == 2 + len(ROWS)
+    assert requests == 1 + len(ROWS)
     assert np.array_equal(_ids(ds), np.arange(sum(ROWS)))
     _, requests, notes = _build(data, cache)  # rewritten: valid again
-    assert (requests, notes) == (2, [])
+    assert (requests, notes) == (1, [])
 
 
 def test_the_cache_belongs_to_its_filter(data: Path, tmp_path: Path) -> None:
@@ -150,12 +150,12 @@ def test_the_cache_belongs_to_its_filter(data: Path, tmp_path: Path) -> None:
     pruned, _, _ = _build(data, cache, filters=expr)
     assert [len(f.row_groups or ()) for f in pruned.files] == [0, 0, 4, 2]  # statistics pruned
     again, requests, notes = _build(data, cache, filters=expr)
-    assert (requests, notes) == (2, [])
+    assert (requests, notes) == (1, [])
     assert again.files == pruned.files
     _, requests, notes = _build(data, cache)  # no filter: the pruned table must not be used
     assert len(notes) == 1
     assert "was written for filters=" in notes[0]
-    assert requests == 2 + len(ROWS)
+    assert requests == 1 + len(ROWS)
 
 
 def test_the_cache_still_checks_the_requested_columns(tmp_path: Path) -> None:
@@ -246,7 +246,7 @@ def test_a_reshard_manifest_comes_first_and_use_manifest_false_uses_the_cache(
     assert cache.exists()
     warm, warm_requests, notes = _build(dst, cache, use_manifest=False)
     assert notes == []
-    assert warm_requests == 2  # a HEAD and one listing page: no footer
+    assert warm_requests == 1  # one listing page: no footer
     assert warm.files == cold.files
     assert [f.num_rows for f in warm.files] == [f.num_rows for f in ds.files]
     assert np.array_equal(_ids(warm), np.arange(sum(ROWS)))
@@ -310,7 +310,7 @@ def test_on_open_needs_a_cache_written_for_the_same_path(data: Path, tmp_path: P
     ds, requests, notes = _build(data, cache, metadata_cache_check="on_open")
     assert len(notes) == 1
     assert "stale" in notes[0]
-    assert requests == 2 + len(ROWS)
+    assert requests == 1 + len(ROWS)
     assert np.array_equal(_ids(ds), np.arange(sum(ROWS)))
 
 

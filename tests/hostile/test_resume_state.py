@@ -85,7 +85,7 @@ def _expected_rest(dataset: StructuredDataset, state: dict[str, Any]) -> list[in
         first_id[info.path] = start
         start += n
     files = {f.path: f for f in dataset.files}
-    pieces = dataset._pieces(state["epoch"], 1, state["segments"])
+    pieces = dataset._planned.pieces(state["epoch"], 1, state["segments"])
     return sorted(
         first_id[p] + r for worker in pieces for piece in worker for p, r, _ in piece_rows(piece, files)
     )
@@ -340,7 +340,7 @@ def test_fuzz_resume_state_is_read_exactly_or_refused(
         assert (dataset.epoch, dataset.state_dict()) == before, mutations
         return
     event("loaded")
-    checked = dataset._state.loaded
+    checked = dataset._planned.passes.loaded
     segments = checked.segments if checked is not None else ()
     expected = _expected_rest(dataset, {"epoch": dataset.epoch, "segments": segments})
     rest = sorted(_ids(iter(dataset)))

@@ -27,6 +27,7 @@ from torch_dataloader_utils.discovery import Discovered, discover
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.parquet import ParquetReader
+from torch_dataloader_utils.io.prefetch import COALESCE_HOLE
 from torch_dataloader_utils.plan.types import Chunk
 from torch_dataloader_utils.runtime.readers import make_reader
 
@@ -189,18 +190,22 @@ def _overlaps(reads: list[tuple[str, int, int]], path: str, lo: int, hi: int) ->
 def test_requested_byte_ranges_skip_pruned_groups_and_unneeded_columns(
     tmp_path: Path, tokmem: TokenMemoryFileSystem
 ) -> None:
-    local = _sorted_file(tmp_path / "f.parquet")
+    # Groups of 10,000 rows: the unneeded columns between two groups' needed ones are wider
+    # than the coalescing hole (64 KiB), so they are never read (a narrower gap would be).
+    local = _sorted_file(tmp_path / "f.parquet", rows=80_000, group=10_000)
+    gap = column_chunk_range(local, 1, "extra")[1] - column_chunk_range(local, 1, "payload")[0]
+    assert gap > COALESCE_HOLE
     (remote,) = upload(tokmem, [local], tmp_path, "/bucket/t")
     loader, _ = create_dataloader(
         "tokmem://bucket/t",
         storage_options={"token": TOKEN},
         columns=["id"],
-        filters=(pc.field("id") >= 1500) & (pc.field("label") == 0),
+        filters=(pc.field("id") >= 15_000) & (pc.field("label") == 0),
         num_workers=0,
         batch_size=128,
     )
     TokenMemoryFileSystem.reads.clear()
-    assert_exactly_once(epoch_ids(loader), range(1500, 8000, 5))
+    assert_exactly_once(epoch_ids(loader), range(15_000, 80_000, 5))
     size = tokmem.size(remote)
     # Discovery hands the footer to the reader, so reading never fetches the file's tail
     # again (pyarrow would read up to 64 KiB of it); every read is a column chunk.

@@ -61,7 +61,7 @@ def test_groups_without_page_locked_segments_stay_small() -> None:
     """Issue 37: 32 MiB groups raised a CPU loader's peak PSS 1.29x over 0.5.0's; 8 MiB without pinning."""
     import numpy as np
 
-    from torch_dataloader_utils.runtime.emit import GROUP_BYTES, UNPINNED_GROUP_BYTES
+    from torch_dataloader_utils.runtime.emit import GROUP_BYTES, UNPINNED_GROUP_BYTES, group_cap
 
     assert UNPINNED_GROUP_BYTES == 8 << 20 < GROUP_BYTES  # the page-locked path keeps 32 MiB groups
     mib = pa.array(np.arange(1 << 17, dtype=np.int64))  # 1 MiB per batch
@@ -69,7 +69,11 @@ def test_groups_without_page_locked_segments_stay_small() -> None:
     positions = Positions(0, 0, 1)
     positions._starts.append(0)
     work = WorkStats(ReaderBase(), 1, None)  # type: ignore[arg-type]
-    groups = list(grouped(iter(batches), lambda b: {"id": b.column(0).to_numpy()}, positions, work))
+    # The main process sizes a full group from the bytes per row (8 bytes here): 8 MiB, or 32 pinned.
+    assert group_cap(8.0, 1 << 17) == 8
+    assert group_cap(8.0, 1 << 17, pinned=True) == 32
+    cap = group_cap(8.0, 1 << 17)
+    groups = list(grouped(iter(batches), lambda b: {"id": b.column(0).to_numpy()}, positions, work, cap=cap))
     sizes = [len(g.tag) for g in groups if g.tag]
     assert sizes == [1, 2, 4, 8, 8, 1]  # doubling, then capped at 8 MiB (was 1, 2, 4, 8, 9)
 

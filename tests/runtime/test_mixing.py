@@ -154,11 +154,11 @@ def test_helper_threads_change_nothing_but_when_the_work_is_done(root, monkeypat
     }
     monkeypatch.setattr(env, "cpus_per_rank", lambda: 2)
     plain, dataset = create_dataloader(root, **opts)
-    assert dataset._helpers(env.worker_slot()) is None
+    assert dataset._planned._helpers(env.worker_slot()) is None
     expected = batches_of(plain)
     monkeypatch.setattr(env, "cpus_per_rank", lambda: 16)
     loader, dataset = create_dataloader(root, **opts)
-    assert dataset._helpers(env.worker_slot()) is not None
+    assert dataset._planned._helpers(env.worker_slot()) is not None
     got = batches_of(loader)
     assert got == expected  # the same batches as a rank with 2 CPUs reads
     assert sorted(i for b in got for i in b) == list(range(TOTAL))

@@ -50,25 +50,23 @@ def kill_tree(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
 
 
-def torchrun(ranks: int, data: Path, out: Path, phase: str) -> list[str]:
+def torchrun(ranks: int, data: Path, out: Path, phase: str, script: Path = SCRIPT) -> list[str]:
     return [
         bin_of("torchrun"),
         f"--nproc_per_node={ranks}",
         "--master_addr=127.0.0.1",
         f"--master_port={free_port()}",
-        str(SCRIPT),
+        str(script),
         str(data),
         str(out),
         phase,
     ]
 
 
-def test_kill_three_ranks_resume_on_two(write_parquet, tmp_path):
-    data = write_parquet(ROWS, row_group_size=[200, 50, 300, 55, 100, 111, 20], with_strings=False)[0].parent
-    out = tmp_path / "out"
-    out.mkdir()
+def run_until_ready(command: list[str], tmp_path: Path, out: Path, ranks: int) -> None:
+    """Start a launch, wait until every rank wrote ``ready_rank<r>``, then kill its tree (preemption)."""
     proc = subprocess.Popen(
-        torchrun(3, data, out, "first"),
+        command,
         cwd=tmp_path,
         env=child_env(tmp_path),
         stdout=subprocess.PIPE,
@@ -78,7 +76,7 @@ def test_kill_three_ranks_resume_on_two(write_parquet, tmp_path):
     )
     deadline = time.monotonic() + LAUNCH_TIMEOUT
     try:
-        while not all((out / f"ready_rank{r}").exists() for r in range(3)):
+        while not all((out / f"ready_rank{r}").exists() for r in range(ranks)):
             if proc.poll() is not None:
                 pytest.fail(f"first run exited early:\n{proc.communicate()[0][-4000:]}")
             if time.monotonic() > deadline:
@@ -87,6 +85,13 @@ def test_kill_three_ranks_resume_on_two(write_parquet, tmp_path):
     finally:
         kill_tree(proc.pid)  # preemption: launcher, ranks and workers die at once, no cleanup
         proc.communicate()
+
+
+def test_kill_three_ranks_resume_on_two(write_parquet, tmp_path):
+    data = write_parquet(ROWS, row_group_size=[200, 50, 300, 55, 100, 111, 20], with_strings=False)[0].parent
+    out = tmp_path / "out"
+    out.mkdir()
+    run_until_ready(torchrun(3, data, out, "first"), tmp_path, out, 3)
     (out / "first_world.txt").write_text("3")
     steps = sorted({int(p.name[4:].split("_")[0]) for p in out.glob("step*_rank*.json")})
     step = max(s for s in steps if all((out / f"step{s}_rank{r}.json").exists() for r in range(3)))

@@ -66,9 +66,9 @@ def test_ranks_share_the_footers_and_every_rank_gets_the_same(tmp_path: Path) ->
             if p.is_alive():
                 p.kill()
     (req0, files0, plan0, err0), (req1, files1, plan1, err1) = results[0], results[1]
-    # Rank 0 lists (a HEAD and one listing page) and reads its share, file [0, 1); rank 1
-    # reads the first file's footer (the dataset's schema) and its share, files [1, 3).
-    assert req0 == 3
+    # Rank 0 lists (one listing page: no HEAD before it) and reads its share, file [0, 1);
+    # rank 1 reads the first file's footer (the dataset's schema) and its share, files [1, 3).
+    assert req0 == 2
     assert req1 == 1 + 2
     assert files0 == files1
     assert len(files0) == 3

@@ -44,7 +44,7 @@ def oracle_files_per_batch(dataset: StructuredDataset, workers: int, batch_size:
     """Files of every batch of every worker of ``dataset``'s rank, from the rows its pieces emit."""
     out = []
     for w in range(workers):
-        pieces = dataset._worker_pieces(env.WorkerSlot(w, workers, True), dataset.epoch)
+        pieces = dataset._planned.worker_pieces(env.WorkerSlot(w, workers, True), dataset.epoch)
         rows = [r for p in pieces for r in piece_rows(p, dataset.file_table)]
         out += [len({r[0] for r in rows[i : i + batch_size]}) for i in range(0, len(rows), batch_size)]
     return out

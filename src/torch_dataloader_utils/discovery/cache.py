@@ -18,6 +18,14 @@ and, in its schema metadata, what it was built for:
 ``tdu.base``                      the directory every file was listed under, if one
 ================================  ===================================================
 
+A dataset of at most ``KEEP_FOOTERS_FILES`` files (``discovery.dataset``) whose listing
+gives every file an ETag (object stores) also keeps every file's footer, in a ``footer``
+column after :data:`~.metadata.FILES_SCHEMA`'s: a warm start then hands them to the
+readers, and no footer is read at all. Without ETags (local disks, where a file can be
+replaced keeping its size and time) and for larger datasets, the readers read the
+footers of the files they read and compare them with the plan, as on a cold start.
+Format version 1 (no ``footer`` column) is still read.
+
 With ``metadata_cache_check="listing"`` (the default) it is valid when the listing
 matches it exactly: the same paths, sizes, modification times and ETags (a vectorized
 comparison of four columns; the listing itself is still read, one request per 1,000
@@ -31,10 +39,7 @@ it on a local disk, one ``PUT`` on an object store.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,13 +47,15 @@ from typing import Any
 import pyarrow as pa
 
 from torch_dataloader_utils.config import FetchConfig
-from torch_dataloader_utils.discovery.metadata import FILES_SCHEMA
+from torch_dataloader_utils.discovery.metadata import FILES_SCHEMA, FOOTER_COLUMN
+from torch_dataloader_utils.storage.atomic import write_atomically
 from torch_dataloader_utils.storage.fetch import GaveUp, retry_call
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 
 __all__ = [
     "CACHE_KIND",
     "CACHE_VERSION",
+    "READ_VERSIONS",
     "CacheHit",
     "CacheKey",
     "cache_bytes",
@@ -58,8 +65,10 @@ __all__ = [
 ]
 
 CACHE_KIND = "torch_dataloader_utils/parquet-metadata"
-CACHE_VERSION = 1
-"""Bumped whenever the cache's columns or metadata change meaning."""
+CACHE_VERSION = 2
+"""Bumped whenever the cache's columns or metadata change meaning (2: the ``footer`` column)."""
+READ_VERSIONS = frozenset({"1", str(CACHE_VERSION)})
+"""Format versions read (version 1 has no ``footer`` column)."""
 
 _LISTING_COLUMNS = ("path", "size", "mtime", "etag")
 
@@ -139,8 +148,8 @@ def _read(fs: FileSystemSpec, path: str, config: FetchConfig) -> bytes:
     if fs.is_local:
         with open(path, "rb") as f:
             return f.read()
-    try:  # one GET, retried within the request's time budget
-        return bytes(retry_call(lambda: fs.call("cat_file", path), config))
+    try:  # one GET (start=0: s3fs asks no size first), retried within the request's time budget
+        return bytes(retry_call(lambda: fs.call("cat_file", path, start=0), config))
     except GaveUp as failed:
         if isinstance(failed.error, FileNotFoundError):
             raise failed.error from None
@@ -177,9 +186,12 @@ def load_cache(
             f"metadata_cache={shown!r} is not a metadata cache file (kind {kind!r}, expected {CACHE_KIND!r})"
         )
     version = meta.get("tdu.version", b"").decode(errors="replace")
-    if version != str(CACHE_VERSION):
+    if version not in READ_VERSIONS:
         return f"metadata_cache={shown!r} has format version {version!r}; this version reads {CACHE_VERSION}"
-    if not table.schema.remove_metadata().equals(FILES_SCHEMA):
+    columns = table.schema.remove_metadata()
+    if FOOTER_COLUMN in columns.names:
+        columns = columns.remove(columns.get_field_index(FOOTER_COLUMN))
+    if not columns.equals(FILES_SCHEMA):
         return f"metadata_cache={shown!r} has unexpected columns {table.schema.names}"
     for field, wanted in (("filters", key.filters), ("partitioning", key.partitioning)):
         was = meta.get(f"tdu.{field}", b"").decode(errors="replace")
@@ -220,8 +232,19 @@ def cache_bytes(
     first_footer: bytes,
     created_by: str,
     base: str | None = None,
+    footers: Sequence[bytes | None] | None = None,
 ) -> bytes:
-    """The cache file's content (``base``: the directory every file was listed under, if one)."""
+    """The cache file's content.
+
+    Args:
+        table: The files table.
+        key: What it was built for.
+        first_path: The first file.
+        first_footer: Its footer.
+        created_by: The library version writing it.
+        base: The directory every file was listed under, if one.
+        footers: Every file's footer, in the table's order (``None``: not kept).
+    """
     meta: dict[str, str] = {
         "tdu.kind": CACHE_KIND,
         "tdu.version": str(CACHE_VERSION),
@@ -237,7 +260,10 @@ def cache_bytes(
     # Binary metadata values: pyarrow keeps them as bytes.
     metadata: dict[bytes, bytes] = {k.encode(): v.encode() for k, v in meta.items()}
     metadata[b"tdu.first_footer"] = first_footer
-    table = table.cast(FILES_SCHEMA).replace_schema_metadata(metadata)
+    table = table.cast(FILES_SCHEMA)
+    if footers is not None:
+        table = table.append_column(FOOTER_COLUMN, pa.array(list(footers), pa.binary()))
+    table = table.replace_schema_metadata(metadata)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
@@ -257,16 +283,4 @@ def save_cache(fs: FileSystemSpec, path: str, data: bytes, fetch: FetchConfig | 
         except GaveUp as failed:
             raise OSError(f"writing it failed {failed.how(config)}") from failed.error
         return
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tdu-metadata-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomically(path, data)

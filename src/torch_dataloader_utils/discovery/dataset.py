@@ -487,13 +487,23 @@ def _discover_parquet(
     if got.cached is not None:
         assert got.first_footer is not None
         check(got.first_footer)
-        table = _with_listing(listing, from_ipc(got.cached))
+        cached = from_ipc(got.cached)
+        footers = _cached_footers(listing, cached)
+        if FOOTER_COLUMN in cached.column_names:
+            cached = cached.drop_columns([FOOTER_COLUMN])
+        table = _with_listing(listing, cached)
     else:
         table, footers = _read_footers(fs, listing, share, check, fetch)
         cache = _cache_spec(source, fs, fetch) if share.rank == 0 else None
         if cache is not None:
             bases = listing.column("base").unique()
-            _write_cache(cache, table, key, check.first, fetch, bases[0].as_py() if len(bases) == 1 else None)
+            base = bases[0].as_py() if len(bases) == 1 else None
+            # Footers are kept only where the listing names each file's content (an ETag):
+            # a file replaced with the same size and time is then another file to the cache.
+            strong = table.column("etag").null_count == 0
+            paths: list[Any] = table.column("path").to_pylist()
+            kept = [footers.get(p) for p in paths] if footers and strong else None
+            _write_cache(cache, table, key, check.first, fetch, base, kept)
     request = check.request
     others = _other_schemas(table)
     if others:
@@ -630,6 +640,14 @@ def _read_footers(
     return _with_listing(listing, joined), footers
 
 
+def _cached_footers(listing: pa.Table, cached: pa.Table) -> dict[str, bytes]:
+    """The footers a metadata cache kept (small datasets), by path; ``{}`` when it kept none."""
+    if FOOTER_COLUMN not in cached.column_names or cached.column(FOOTER_COLUMN).null_count:
+        return {}
+    paths: list[Any] = listing.column("path").to_pylist()
+    return dict(zip(paths, cached.column(FOOTER_COLUMN).to_pylist(), strict=True))
+
+
 def _other_schemas(table: pa.Table) -> list[tuple[str, pa.Schema]]:
     """``(path, schema)`` of the files whose schema differs from the first's (the ``schema`` column)."""
     schemas = table.column("schema")
@@ -646,15 +664,17 @@ def _write_cache(
     first: Reference,
     fetch: FetchConfig,
     base: str | None,
+    footers: Sequence[bytes | None] | None = None,
 ) -> None:
-    """Write the metadata cache; a failure is a warning (the next start reads footers again)."""
+    """Write the metadata cache (with every file's footer when kept); a failure is a warning."""
     cache_fs, cache_path = cache
     try:
         version = importlib.metadata.version("torch_dataloader_utils")
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
     try:
-        data = cache_bytes(table, key, first.path, first.footer, f"torch_dataloader_utils {version}", base)
+        created = f"torch_dataloader_utils {version}"
+        data = cache_bytes(table, key, first.path, first.footer, created, base, footers)
         save_cache(cache_fs, cache_path, data, fetch)
     except (OSError, ValueError) as exc:
         warnings.warn(

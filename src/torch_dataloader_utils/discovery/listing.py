@@ -18,10 +18,12 @@ from torch_dataloader_utils.storage.fs import FileSystemSpec, GivenFileSystem, r
 from torch_dataloader_utils.storage.identity import mtime_of
 from torch_dataloader_utils.storage.redact import redact
 
-__all__ = ["ListedFile", "Listing", "list_files", "parse_hive_keys", "remote_request"]
+__all__ = ["DATA_SUFFIXES", "ListedFile", "Listing", "list_files", "parse_hive_keys", "remote_request"]
 
 _MARKERS = frozenset({"_SUCCESS", "_metadata", "_common_metadata", "_committed", "_started"})
 _GLOB_CHARS = set("*?[")
+DATA_SUFFIXES = (".parquet", ".pq", ".orc", ".csv", ".json", ".jsonl", ".ndjson", ".gz", ".zst", ".bz2")
+"""Names that look like data files: such a remote path is asked about before it is listed."""
 LISTING_THREADS = 32
 """Paths (or glob matches) of a remote filesystem listed at once."""
 
@@ -198,32 +200,68 @@ def _list_one(fs: FileSystemSpec, path: str, config: FetchConfig) -> tuple[list[
                 "or the working directory"
             )
     else:
-        try:
-            info = remote_request(fs, config, path, lambda: fs.call("info", path))
-        except FileNotFoundError as exc:
-            raise PathNotFoundError(
-                f"path={fs.display(path)!r} does not exist; check the URL and that "
-                "storage_options point at the right endpoint and account"
-            ) from exc
-        kind = info.get("type", "file")
+        found = _find_remote(fs, path, config)
+        if isinstance(found, ListedFile):
+            return [found], 0
+        return _under(path, found)
     if kind == "directory":
-        files, skipped = [], 0
-        root = path.rstrip("/")
-        posix_root = root.replace(os.sep, "/")
-        prefix = posix_root + "/"
-        for full, size, mtime, etag in _list_dir(fs, root, config):
-            posix = full.replace(os.sep, "/")
-            # The fast, common case first: a path under the root as listed (relpath is slow).
-            rel = posix[len(prefix) :] if posix.startswith(prefix) else posixpath.relpath(posix, posix_root)
-            if _skip(rel):
-                skipped += 1
-                continue
-            files.append(ListedFile(full, size, mtime, root, etag))
-        return files, skipped
-    if fs.is_local:
-        st = os.stat(path)
-        return [ListedFile(path, st.st_size, st.st_mtime, None)], 0
-    return [ListedFile(path, int(info.get("size") or 0), mtime_of(info), None, _etag(info))], 0
+        return _under(path, _list_dir(fs, path.rstrip("/"), config))
+    st = os.stat(path)
+    return [ListedFile(path, st.st_size, st.st_mtime, None)], 0
+
+
+def _find_remote(
+    fs: FileSystemSpec, path: str, config: FetchConfig
+) -> ListedFile | list[tuple[str, int, float | None, str | None]]:
+    """A remote ``path``: the file it names, or the files of the directory it names.
+
+    A path named like a data file (:data:`DATA_SUFFIXES`) is asked about first (a HEAD
+    on S3), and listed only if it is a directory. Any other path is listed first: a
+    directory then costs its listing alone (one request per page on S3), with no
+    metadata request before it; only a listing that finds nothing, or names ``path``
+    itself, is followed by a metadata request.
+
+    Raises:
+        PathNotFoundError: nothing exists at ``path``.
+    """
+    root = path.rstrip("/")
+    if not root.lower().endswith(DATA_SUFFIXES):
+        listed = list(_list_dir(fs, root, config))
+        under = [row for row in listed if row[0].rstrip("/") != root]
+        if under:
+            return under
+        itself = [row for row in listed if row[0].rstrip("/") == root and row[1] > 0]
+        if itself:  # a file, its size and time given by the listing (s3fs asks for them)
+            return ListedFile(path, *itself[0][1:3], None, itself[0][3])
+    try:
+        info = remote_request(fs, config, path, lambda: fs.call("info", path))
+    except FileNotFoundError as exc:
+        raise PathNotFoundError(
+            f"path={fs.display(path)!r} does not exist; check the URL and that "
+            "storage_options point at the right endpoint and account"
+        ) from exc
+    if info.get("type", "file") == "directory":
+        return list(_list_dir(fs, root, config)) if root.lower().endswith(DATA_SUFFIXES) else []
+    return ListedFile(path, int(info.get("size") or 0), mtime_of(info), None, _etag(info))
+
+
+def _under(
+    path: str, listed: Iterable[tuple[str, int, float | None, str | None]]
+) -> tuple[list[ListedFile], int]:
+    """The data files of a directory's listing (hidden files and markers skipped, counted)."""
+    files, skipped = [], 0
+    root = path.rstrip("/")
+    posix_root = root.replace(os.sep, "/")
+    prefix = posix_root + "/"
+    for full, size, mtime, etag in listed:
+        posix = full.replace(os.sep, "/")
+        # The fast, common case first: a path under the root as listed (relpath is slow).
+        rel = posix[len(prefix) :] if posix.startswith(prefix) else posixpath.relpath(posix, posix_root)
+        if _skip(rel):
+            skipped += 1
+            continue
+        files.append(ListedFile(full, size, mtime, root, etag))
+    return files, skipped
 
 
 def list_files(

@@ -42,7 +42,7 @@ from urllib.parse import quote
 import pyarrow as pa
 
 from torch_dataloader_utils.config import FetchConfig
-from torch_dataloader_utils.discovery.listing import remote_request
+from torch_dataloader_utils.discovery.listing import DATA_SUFFIXES, remote_request
 from torch_dataloader_utils.errors import ConfigError, CorruptFileError
 from torch_dataloader_utils.plan.types import FileInfo, RowGroup
 from torch_dataloader_utils.storage.fs import FileSystemSpec, GivenFileSystem, resolve
@@ -68,7 +68,6 @@ MANIFEST_FORMAT = "torch-dataloader-utils.reshard"
 MANIFEST_VERSION = 1
 """The manifest version this library writes and reads."""
 
-_DATA_SUFFIXES = (".parquet", ".pq", ".orc", ".csv", ".json", ".jsonl", ".ndjson", ".gz", ".zst", ".bz2")
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 """Directory value of a null partition key."""
 
@@ -361,7 +360,7 @@ def _check_shards(shards: Sequence[ShardEntry], where: str) -> None:
 
 def _probe(path: str) -> bool:
     name = posixpath.basename(path.rstrip("/"))
-    return name == MANIFEST_NAME or not name.lower().endswith(_DATA_SUFFIXES)
+    return name == MANIFEST_NAME or not name.lower().endswith(DATA_SUFFIXES)
 
 
 def find_manifest(
@@ -413,7 +412,11 @@ def find_manifest(
         else:
             # Looking for the manifest is the first request of listing the directory: a
             # failure is reported as the listing's (the directory named, within its budget).
-            data = remote_request(spec, config, root, lambda: bytes(spec.call("cat_file", manifest_path)))
+            # start=0: one GET, which answers 404 when there is no manifest (without it,
+            # s3fs first asks the object's size: a HEAD, and a LIST when it is missing).
+            data = remote_request(
+                spec, config, root, lambda: bytes(spec.call("cat_file", manifest_path, start=0))
+            )
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
         if required:
             raise ConfigError(

@@ -12,6 +12,7 @@ import pyarrow.orc as orc
 from torch_dataloader_utils.errors import ReadError
 from torch_dataloader_utils.io.bad import BadUnit, confirm_unchanged, decode_again, describe
 from torch_dataloader_utils.io.base import OpenFiles, ReaderBase, ReaderCounts, ReadRequest
+from torch_dataloader_utils.io.prefetch import Warmer
 from torch_dataloader_utils.plan.types import Chunk, RowGroup
 from torch_dataloader_utils.storage.cached import RangeFile, fetch_error
 from torch_dataloader_utils.storage.identity import FileChecks
@@ -47,6 +48,7 @@ class OrcReader(ReaderBase):
         self._finish = request.finisher()
         self._batch_size = request.batch_size
         self._open: OpenFiles[tuple[Any, orc.ORCFile]] = OpenFiles(self._open_orc, closer=_close)
+        self._warmer = Warmer()
         self._checks = FileChecks(request.fs, request.files)  # never read a rewritten file
         self._reads = request.reads()
         self._bad = request.bad()
@@ -56,6 +58,28 @@ class OrcReader(ReaderBase):
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next: remote files are checked meanwhile."""
         self._checks.schedule(() if self._reads.active else (c.path for c in chunks))
+
+    def warm(self, chunks: Sequence[Chunk]) -> None:
+        """Fetch ``chunks`` into the node-local cache on an idle thread (``data_cache_prefetch``).
+
+        Each chunk's stripes are read from a file of their own through the cache, so the
+        blocks a read of the chunk needs (the file's tail, its stripes' columns) are
+        cached; what is decoded is dropped. Nothing happens without a cache.
+        """
+        if self._reads.active:
+            self._warmer.submit([functools.partial(self._warm_one, c) for c in chunks])
+
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Wait for the chunks given to :meth:`warm` so far (tests, benchmarks)."""
+        return self._warmer.wait(timeout)
+
+    def _warm_one(self, chunk: Chunk) -> None:
+        source, reader = self._open_orc(chunk.path)
+        try:
+            for g in self._files[chunk.path].groups_in(chunk.start, chunk.stop):
+                reader.read_stripe(g.index, columns=self._data_columns)
+        finally:
+            source.close()
 
     def counts(self) -> ReaderCounts:
         """This reader's ``data_cache`` reads and skipped data in this process so far."""

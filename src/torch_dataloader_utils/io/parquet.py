@@ -150,16 +150,15 @@ class ParquetReader(ReaderBase):
         narrow._read_rows = max(self._batch_size, rows)
         return narrow
 
-    @property
-    def _cached(self) -> bool:
-        """Bytes come through the node-local cache: the source checks each file before its first fetch."""
-        return self._source is not None and self._source.cached
-
     def schedule(self, chunks: Sequence[Chunk]) -> None:
-        """Announce the chunks this process reads next, in order (remote read-ahead)."""
-        self._checks.schedule(() if self._cached else (c.path for c in chunks), self._metadata_request())
+        """Announce the chunks this process reads next, in order (remote read-ahead).
+
+        Remote files are checked against the plan by the source, as it fetches them.
+        """
         if self._source is not None:
             self._source.schedule(chunks)
+        else:
+            self._checks.schedule(c.path for c in chunks)
 
     def warm(self, chunks: Sequence[Chunk]) -> None:
         """Fetch ``chunks`` into the node-local cache while the fetch threads are idle (next epoch)."""
@@ -205,14 +204,6 @@ class ParquetReader(ReaderBase):
         """This reader's ``data_cache`` reads and skipped data in this process so far."""
         return ReaderCounts.of(self._reads, self._bad)
 
-    def _metadata_request(self) -> functools.partial[None]:
-        """Counts one request: a remote file's size and time were asked (is it the planned file?).
-
-        Bound to the statistics, not to this reader: the file checks keep it.
-        """
-        stats = self._source.stats if self._source is not None else self._local_stats
-        return functools.partial(stats.add, 0)
-
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the chunk's rows (filtered, projected) in file order."""
         info = self._files[chunk.path]
@@ -222,11 +213,10 @@ class ParquetReader(ReaderBase):
         pf: pq.ParquetFile | None = None
         own: pq.ParquetFile | None = None  # this read's own file reader (for_threads), closed after
         try:
-            if not self._cached:
-                self._checks.check(chunk.path, info.size, info.mtime, self._metadata_request())
             if self._source is not None:
-                pf = self._source.open(chunk)
+                pf = self._source.open(chunk)  # the source checks the file (see ChunkSource._read)
             else:
+                self._checks.check(chunk.path, info.size, info.mtime)
                 pf = self._open.get(chunk.path)
                 if self._private_files:
                     pf = own = pq.ParquetFile(

@@ -33,6 +33,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -49,10 +50,17 @@ from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.handles import Handles
 from torch_dataloader_utils.storage.identity import FileChecks, check_footer, stale_advice
 
-__all__ = ["ChunkSource", "FetchStats", "PlanOrderPool", "coalesce", "column_ranges"]
+__all__ = ["ChunkSource", "FetchStats", "PlanOrderPool", "Warmer", "coalesce", "column_ranges"]
 
-COALESCE_HOLE = 4096
-"""Two ranges closer than this are fetched as one (the gap is read and thrown away)."""
+COALESCE_HOLE = 64 * 1024
+"""Two ranges closer than this are fetched as one (the gap is read and thrown away).
+
+A request costs a round trip (10-50 ms on object storage) and a fee; 64 KiB more of a
+response costs well under a millisecond at any bandwidth a store serves one request
+with. So the column chunks of a row group that lie 64 KiB apart or closer (narrow
+unread columns between read ones) are one GET; a wider gap (an unread wide column) is
+not read. ``benchmarks/bench_s3.py --section coalesce`` measures the requests saved
+against the bytes over-read."""
 MAX_PART_BYTES = 8 * 1024**2
 """Larger ranges are split into parts of this size, fetched in parallel."""
 FETCH_THREADS = 8
@@ -252,6 +260,58 @@ def _stop_threads(
         calls.put((float("inf"), next(seq), None))
 
 
+def _best_effort(call: Callable[[], object]) -> None:
+    try:
+        call()
+    except Exception as exc:  # the chunk is fetched when it is read
+        log.debug("warming the cache failed (the chunk is fetched when read): %s", exc)
+
+
+class Warmer:
+    """Warms the node-local cache on one thread of the reading process, when it is idle.
+
+    For readers without a fetch pool of their own (ORC, CSV / JSONL): each call runs at
+    :data:`WARM_PRIORITY`, best effort (a failure is logged at DEBUG). Pickles empty; a
+    forked process starts its own thread.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._pool: PlanOrderPool | None = None
+        self._futures: list[Future[None]] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._reset()
+
+    def submit(self, calls: Sequence[Callable[[], object]]) -> None:
+        """Run ``calls`` in order on the warming thread."""
+        if self._pid != os.getpid():
+            self._reset()
+        if self._pool is None:
+            self._pool = PlanOrderPool(1, name="tdu-warm")
+        self._futures = [f for f in self._futures if not f.done()]
+        for i, call in enumerate(calls):
+            self._futures.append(self._pool.submit(WARM_PRIORITY + i, _best_effort, call))
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the calls submitted so far; whether they all ended."""
+        done, pending = wait_futures(self._futures, timeout)
+        del done
+        return not pending
+
+    def close(self) -> None:
+        """Stop the thread (calls not started are dropped)."""
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.shutdown()
+        self._pool = None
+
+
 class _SparseFile(ReadOnlyFile):
     """A read-only file of ``size`` bytes whose reads are served from fetched ranges.
 
@@ -382,6 +442,8 @@ class ChunkSource:
         self._cursor = 0
         self._pending: dict[int, _Fetch] = {}
         self._handles = Handles()  # this reader's open native files (per process)
+        self._observing: bool | None = None
+        self._warming: list[Future[None]] = []
         self.stats = FetchStats()
 
     def __getstate__(self) -> dict[str, object]:
@@ -513,8 +575,16 @@ class ChunkSource:
     def _read(
         self, path: str, start: int, stop: int, *, on_request: Callable[[int], None], metadata: bool = False
     ) -> bytes:
-        """Bytes of ``path``, with retries; through the cache, the file checked before its first fetch."""
+        """Bytes of ``path``, with retries, from a file checked against the plan once per pass.
+
+        Through the cache, the file is checked before its first fetch from storage. Where
+        a read's response tells the file's state (S3), the first read of the file in the
+        pass checks it (:meth:`FileChecks.read_checked`: no request of its own); elsewhere
+        a metadata request checks it (sent ahead when the pass was scheduled).
+        """
         info = self._files[path]
+        observing = self._observes()
+        checked = functools.partial(self._checks.read_checked, path, info.size, info.mtime)
         return self._reads.fetch(
             path,
             start,
@@ -524,9 +594,16 @@ class ChunkSource:
             on_request=on_request,
             on_retry=self.stats.retry,
             metadata=metadata,
-            before_fetch=functools.partial(self._check, path) if self.cached else None,
+            before_fetch=None if observing else functools.partial(self._check, path),
             handles=self._handles,
+            through=checked if observing else None,
         )
+
+    def _observes(self) -> bool:
+        """Whether reads check their file themselves (:attr:`FileSystemSpec.observes`), in this process."""
+        if self._observing is None:
+            self._observing = self.fs.observes
+        return self._observing
 
     def _check(self, path: str) -> None:
         info = self._files[path]
@@ -624,8 +701,11 @@ class ChunkSource:
         # In a forked worker, reset before keeping the plan: a reset at the first read
         # would drop it, and every chunk would then be fetched only when read.
         self._check_process()
-        if self.cached:
-            self._checks.schedule(())  # a new pass: each file checked again, at its first fetch
+        # A new pass: each file is checked again, at its first fetch (through the cache, or
+        # by its first read where reads tell the file's state), else by a metadata request
+        # sent ahead in the order of the chunks.
+        ahead = self.cached or self.fs.is_local or self._observes()
+        self._checks.schedule(() if ahead else [c.path for c in chunks], self._check_request)
         for fetch in self._pending.values():
             fetch.cancel()
         self._plan = list(chunks)
@@ -707,8 +787,14 @@ class ChunkSource:
         if not self.cached:
             return
         pool = self._executor()
+        self._warming = [f for f in self._warming if not f.done()]
         for i, chunk in enumerate(chunks):
-            pool.submit(WARM_PRIORITY + i, self._warm_one, chunk)
+            self._warming.append(pool.submit(WARM_PRIORITY + i, self._warm_one, chunk))
+
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Wait for the chunks given to :meth:`warm` so far; whether they were all fetched (or failed)."""
+        _, pending = wait_futures(self._warming, timeout)
+        return not pending
 
     def _warm_one(self, chunk: Chunk) -> None:
         try:

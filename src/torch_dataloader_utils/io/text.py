@@ -44,6 +44,7 @@ Two kinds of line are never bad data, under any ``on_bad_data``:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
@@ -67,8 +68,9 @@ from torch_dataloader_utils.io.bad import (
     standin_batch,
 )
 from torch_dataloader_utils.io.base import ReaderBase, ReaderCounts, ReadRequest
-from torch_dataloader_utils.io.prefetch import FetchStats
+from torch_dataloader_utils.io.prefetch import FetchStats, Warmer
 from torch_dataloader_utils.plan.types import Chunk, ChunkUnit
+from torch_dataloader_utils.storage.cached import BLOCK_BYTES
 from torch_dataloader_utils.storage.identity import FileChecks
 from torch_dataloader_utils.storage.records import (
     PIECE_BYTES,
@@ -134,6 +136,7 @@ class TextReader(ReaderBase):
         self._stats = FetchStats()
         self._checks = FileChecks(request.fs, request.files)  # never read a rewritten file
         self._reads = request.reads()
+        self._warmer = Warmer()
         self._bad = request.bad()
         self._out_schema = request.output_schema
         self._exact = request.filters is None  # a skipped line's stand-in keeps its row
@@ -153,6 +156,33 @@ class TextReader(ReaderBase):
     def schedule(self, chunks: Sequence[Chunk]) -> None:
         """Announce the chunks this process reads next: remote files are checked meanwhile."""
         self._checks.schedule(() if self._reads.active else (c.path for c in chunks))
+
+    def warm(self, chunks: Sequence[Chunk]) -> None:
+        """Fetch ``chunks`` into the node-local cache on an idle thread (``data_cache_prefetch``).
+
+        The blocks of each chunk's byte range and of its next byte (where the record
+        crossing its end goes on), or of the whole file when it is read whole
+        (compressed, quoted newlines). Nothing happens without a cache.
+        """
+        if self._reads.active:
+            self._warmer.submit([functools.partial(self._warm_one, c) for c in chunks])
+
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Wait for the chunks given to :meth:`warm` so far (tests, benchmarks)."""
+        return self._warmer.wait(timeout)
+
+    def _warm_one(self, chunk: Chunk) -> None:
+        info = self._files[chunk.path]
+        meta = self._meta[chunk.path]
+        whole = self._quoted or meta.compression is not None or not info.splittable
+        lo, hi = (0, info.size) if whole else (chunk.start, min(info.size, chunk.stop + 1))
+        opened = self._reads.open(
+            chunk.path, size=info.size, version=info.mtime, before_fetch=self._before_fetch(chunk.path)
+        )
+        with opened as f:
+            f.seek(lo - lo % BLOCK_BYTES)
+            while f.tell() < hi and f.read(BLOCK_BYTES):
+                pass
 
     def read(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
         """Yield the records whose first byte lies in the chunk (filtered, projected)."""

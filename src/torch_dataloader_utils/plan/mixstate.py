@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch_dataloader_utils.errors import ResumeStateError, StateMismatchError
+from torch_dataloader_utils.plan.ledger import merged_steps, parse_steps
 from torch_dataloader_utils.plan.state_kind import MIX_FORMAT, not_a_state
 
 __all__ = [
@@ -143,9 +144,10 @@ def check_mix_state(state: object, expected: Mapping[str, Any], allow_change: bo
         ) from exc
     if not is_mix_state(plain):
         raise not_a_state(plain, MIX_STATE_FORMAT)
+    parse_steps(plain.get("steps"), "state.steps")  # optional: the training ledger's step count
     version = plain.get("version")
     keys = {1: V1_KEYS, 2: STATE_KEYS}.get(version) if type(version) is int else None
-    if keys is None or set(plain) != keys:
+    if keys is None or set(plain) - {"steps"} != keys:
         raise ResumeStateError(
             f"resume state version {version!r} with fields {sorted(plain)} is not a version 1 or "
             f"{MIX_STATE_VERSION} state of a mix; resume with the library version that saved it"
@@ -304,10 +306,11 @@ def merge_mixed_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         raise ResumeStateError("merge_states needs at least one state")
     first = states[0]
     merged: dict[str, dict[str, Any]] = {key: {} for key in PER_RANK if key in first}
+    steps = merged_steps([parse_steps(s.get("steps"), "state.steps") for s in states])
     for state in states:
         if not is_mix_state(state):
             raise ResumeStateError("cannot merge the state of a mix with a state of another kind")
-        for key in sorted((set(first) | set(state)) - PER_RANK):
+        for key in sorted((set(first) | set(state)) - PER_RANK - {"steps"}):  # steps: merged below
             if state.get(key) != first.get(key):
                 raise ResumeStateError(
                     f"cannot merge states with different {key}; merge the states every rank saved at the "
@@ -322,4 +325,7 @@ def merge_mixed_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                     what = "rank" if key == "consumed" else "batch count"
                     raise ResumeStateError(f"{key}: {what} {entry} appears twice, with different values")
                 into[entry] = value
-    return {**dict(first), **merged}
+    out: dict[str, Any] = {**dict(first), **merged}
+    if steps is not None:
+        out["steps"] = {str(rank): n for rank, n in sorted(steps.items())}
+    return out

@@ -35,7 +35,15 @@ from typing import Any
 from torch_dataloader_utils.errors import ConfigError
 from torch_dataloader_utils.plan.blend import integer_weights
 
-__all__ = ["MixSchedule", "ScheduleUnit", "Stage", "WeightsFunction", "stage_weights"]
+__all__ = [
+    "MixSchedule",
+    "ScheduleUnit",
+    "Stage",
+    "WeightsFunction",
+    "recorded_weights",
+    "stage_weights",
+    "weights_of_record",
+]
 
 WeightsFunction = Callable[[int], Sequence[float]]
 """A schedule's function: the step (or rows) where a stage starts -> the weights from there on."""
@@ -266,6 +274,46 @@ class MixSchedule:
         return ", ".join(
             f"from {self.unit.value} {s.start:,}: {[float(w) for w in s.weights]}" for s in self.stages
         )
+
+
+def recorded_weights(weights: tuple[float, ...] | MixSchedule) -> Any:
+    """A mix's ``weights`` as JSON values, as given (a ledger's config records them).
+
+    Fixed weights: a list; stages: ``{"unit", "stages": [[start, weights], ...]}``; a
+    function: ``{"unit", "every", "function": its name}`` (the function itself cannot be
+    recorded: a replay is given it again).
+    """
+    if not isinstance(weights, MixSchedule):
+        return list(weights)
+    if weights.function is not None:
+        name = getattr(weights.function, "__qualname__", repr(weights.function))
+        return {"unit": weights.unit.value, "every": weights.every, "function": name}
+    return {"unit": weights.unit.value, "stages": [[st.start, list(st.weights)] for st in weights.stages]}
+
+
+def weights_of_record(
+    value: Any, function: WeightsFunction | MixSchedule | None = None
+) -> tuple[float, ...] | MixSchedule:
+    """The weights :func:`recorded_weights` recorded; ``function``: a function's, given again.
+
+    Raises:
+        ConfigError: the record is a function's and none is given (names how to give it),
+            or not a record of weights.
+    """
+    if isinstance(value, list):
+        return tuple(value)
+    if not isinstance(value, dict) or "unit" not in value:
+        raise ConfigError(f"recorded weights {value!r} are not a list of weights or a schedule")
+    if "stages" in value:
+        return MixSchedule([(int(a), w) for a, w in value["stages"]], unit=value["unit"])
+    if isinstance(function, MixSchedule):
+        return function
+    if function is None:
+        raise ConfigError(
+            f"the mix's weights were the function {value.get('function')!r} of the {value['unit']}, which "
+            "cannot be recorded; pass it again: Ledger(DIR, weights=function)"
+        )
+    return MixSchedule.of(function, every=int(value["every"]), unit=value["unit"])
 
 
 def _unit(value: str | ScheduleUnit) -> ScheduleUnit:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 from torch_dataloader_utils.errors import CheckpointMismatchError, ResumeStateError, StateMismatchError
+from torch_dataloader_utils.plan.ledger import merged_steps, parse_steps
 from torch_dataloader_utils.plan.mixstate import is_mix_state, merge_mixed_states
 from torch_dataloader_utils.plan.state_kind import PLAIN_FORMAT, RANK_KEY, not_a_state
 from torch_dataloader_utils.plan.table import FileTable
@@ -343,6 +344,8 @@ class ResumeState:
         segments: The interrupted passes over the epoch, in order.
         seed: The shuffle seed it was saved with.
         world: ``(num_ranks, rank)`` of the rank that saved it, ``None`` if unsaid.
+        steps: Batches the loader of each saving rank had handed out over its life (the
+            training ledger's step, :mod:`.ledger`), by rank; ``None`` if unsaid.
     """
 
     epoch: int
@@ -350,6 +353,7 @@ class ResumeState:
     segments: tuple[Segment, ...] = ()
     seed: int | None = None
     world: tuple[int, int] | None = field(default=None, compare=False)
+    steps: Mapping[int, int] | None = field(default=None, compare=False)
 
     @classmethod
     def parse(cls, value: object, *, complete: bool = True) -> ResumeState:
@@ -394,7 +398,7 @@ class ResumeState:
             )
         for position, segment in enumerate(segments):
             segment.check(position, complete)
-        return cls(epoch, fp, segments, seed, world)
+        return cls(epoch, fp, segments, seed, world, parse_steps(state.get("steps"), "state.steps"))
 
     def to_json(self) -> dict[str, Any]:
         """The state as JSON values (what ``state_dict()`` returns)."""
@@ -409,6 +413,8 @@ class ResumeState:
         if self.world is not None:
             out["world"] = {"num_ranks": self.world[0], "rank": self.world[1]}
         out["segments"] = [s.to_json() for s in self.segments]
+        if self.steps is not None:
+            out["steps"] = {str(rank): n for rank, n in sorted(self.steps.items())}
         return out
 
     def normalized(self) -> ResumeState:
@@ -545,7 +551,7 @@ def _header(value: object) -> dict[str, Any]:
             f"{STATE_VERSION}); resume with the library version that saved it"
         )
     return _object(
-        value, "state", ("format", "version", "fingerprint", "epoch", "segments"), ("seed", "world")
+        value, "state", ("format", "version", "fingerprint", "epoch", "segments"), ("seed", "world", "steps")
     )
 
 
@@ -601,7 +607,8 @@ def _merge(states: Sequence[ResumeState], first: ResumeState) -> ResumeState:
                 raise ResumeStateError(f"rank {rank} appears twice, with different cursors")
             entries[rank] = entry
     merged = Segment(last.num_ranks, entries, last.index)
-    return replace(first, segments=(*first.segments[:-1], merged)).normalized()
+    steps = merged_steps([s.steps for s in states])
+    return replace(first, segments=(*first.segments[:-1], merged), steps=steps).normalized()
 
 
 def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -632,7 +639,7 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if other.segments[:-1] != first.segments[:-1]:
             raise ResumeStateError("cannot merge states that resumed from different checkpoints")
     if not first.segments:
-        return first.to_json()
+        return replace(first, steps=merged_steps([s.steps for s in parsed])).to_json()
     return _merge(parsed, first).to_json()
 
 

@@ -784,6 +784,38 @@ class FileTable(Mapping[str, FileInfo]):
         seen = {id(v): v for name in self.__slots__ if isinstance(v := getattr(self, name, None), np.ndarray)}
         return sum(v.nbytes for v in seen.values())  # a column shared by two names counted once
 
+    def to_arrays(self) -> dict[str, Array]:
+        """The columns :meth:`from_arrays` rebuilds this table from (no copy, but of derived group columns).
+
+        ``FileTable.from_arrays(**table.to_arrays())`` has the same files, groups, record
+        counts, deleted positions and :meth:`digest` (what the training ledger's files
+        manifest holds).
+        """
+        out: dict[str, Array] = {
+            "paths_blob": self.paths_blob,
+            "path_offsets": self.path_offsets,
+            "size": self.size,
+            "rows": self.rows,
+            "mtime": self.mtime,
+            "splittable": self.splittable,
+            "group_offsets": self.group_offsets,
+            "group_index": self.group_index,
+            "group_first_row": self.group_first_row,
+            "group_rows": self.group_rows,
+            "group_bytes": self.group_bytes,
+            "has_groups": self.has_groups,
+            "live": self.live,
+        }
+        optional = {
+            "block_bytes": self.block_bytes,
+            "record_offsets": self.record_offsets,
+            "record_counts": self.record_counts,
+            "delete_offsets": self.delete_offsets,
+            "deleted": self.deleted,
+        }
+        out.update({k: v for k, v in optional.items() if v is not None})
+        return out
+
     def digest(self) -> str:
         """SHA-256 of the paths, sizes, modification times and row counts (hex).
 

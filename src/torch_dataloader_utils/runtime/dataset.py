@@ -29,24 +29,33 @@ from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import concat_batches
 from torch_dataloader_utils.packing import converter_for
 from torch_dataloader_utils.plan.mixing import RowMixing
-from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.planner import Planner, RankPlan
 from torch_dataloader_utils.plan.splits import RankAwareStrategy, Splitter
-from torch_dataloader_utils.plan.state import Segment, plain_state
+from torch_dataloader_utils.plan.state import plain_state
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.plan.types import Chunk, EpochPlan, FileInfo, World
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.elastic import join_converted, join_converted_blocks, joinable
-from torch_dataloader_utils.runtime.emit import ArrowBytes, BatchParts, batch_schema, grouped, parts_joinable
+from torch_dataloader_utils.runtime.emit import (
+    GROUP_MAX_BATCHES,
+    ArrowBytes,
+    BatchParts,
+    batch_schema,
+    group_cap,
+    grouped,
+    parts_joinable,
+)
+from torch_dataloader_utils.runtime.ledger import PassLedger
 from torch_dataloader_utils.runtime.metrics import MetricsRecorder, RankMetrics, WorkerMetrics, stall_clock
 from torch_dataloader_utils.runtime.options import Options
 from torch_dataloader_utils.runtime.orders import Joins, Order, Tagger
 from torch_dataloader_utils.runtime.orders.elastic import ElasticOrder
+from torch_dataloader_utils.runtime.orders.mixed import complete_mix_state
 from torch_dataloader_utils.runtime.orders.planned import MAX_AUTO_WORKERS, PlannedOrder, check_options
 from torch_dataloader_utils.runtime.orders.source import SourcePlan
-from torch_dataloader_utils.runtime.passes import Handoff, Pass
+from torch_dataloader_utils.runtime.passes import Handoff, Pass, files_bytes_per_row
 from torch_dataloader_utils.runtime.progress import Progress
-from torch_dataloader_utils.runtime.state import PassLog, Tagged
+from torch_dataloader_utils.runtime.state import Tagged
 from torch_dataloader_utils.runtime.watchdog import watch_parent
 from torch_dataloader_utils.runtime.workstats import WorkStats
 from torch_dataloader_utils.transfer import JoinedColumn, SegmentPool, pack
@@ -77,6 +86,14 @@ class OrderedDataset(IterableDataset[Any]):
         self._source_rows = np.zeros(len(sources), dtype=np.int64)
         self.metrics = MetricsRecorder(options.progress)
         """Per-worker counters of the batches received (see :meth:`get_metrics`)."""
+        # Batches of a full hand-off group, set before every pass (persistent workers too).
+        self._group_cap = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self.bytes_per_row: float | None = None
+        """Arrow bytes per row of the first batches received (sizes later passes' groups)."""
+        ledger = options.loader.ledger
+        self._ledger = None if ledger is None else PassLedger(ledger, options.world.rank)
+        self._loaded: Mapping[str, Any] | None = None
+        self._pass: Pass | None = None
 
     # -- values -------------------------------------------------------------------------------
     @property
@@ -148,7 +165,14 @@ class OrderedDataset(IterableDataset[Any]):
         progress = order.passes.begin(num_workers, epoch)
         order.prepare(epoch, num_workers)
         handoff = self._handoff = Handoff(transport)
-        opened = Pass(self, progress, handoff)
+        per_row = self.bytes_per_row or files_bytes_per_row(order)
+        pinned = transport is not None and transport.every_size
+        cap = group_cap(per_row, self._options.batching.batch_size, pinned)
+        self._group_cap.fill_(cap)
+        opened = self._pass = Pass(self, progress, handoff)
+        if self._ledger is not None:  # the pass's record, before its workers start
+            self._ledger.begin(self, epoch, num_workers, cap, self._loaded)
+            opened.ledger = self._ledger
         joins = Joins(join_converted, join_converted_blocks, True)
         if not self._join_converted:
             joins = Joins(self._joined, None, False)
@@ -250,7 +274,8 @@ class OrderedDataset(IterableDataset[Any]):
             # worker's timers and counters travel with them.
             pool = handoff.transport.writer(slot.id) if handoff.transport is not None else None
             convert = _as_is if reading.parts and not self._join_converted else self._for_transfer
-            yield from grouped(batches, convert, positions, work, pool)  # type: ignore[arg-type]
+            cap = int(self._group_cap) or GROUP_MAX_BATCHES
+            yield from grouped(batches, convert, positions, work, pool, cap)  # type: ignore[arg-type]
             return
         if reading.parts:
             raise IncompatibleOptionsError(
@@ -299,6 +324,9 @@ class OrderedDataset(IterableDataset[Any]):
             work.read_sec += got - asked
             work.count_padding(batch)
             tag = positions.tag(batch.num_rows, measure(batch))
+            removed = positions.take_removed()
+            if removed and self._ledger is not None:  # before the loop receives this batch
+                self._ledger.skipped(positions.worker, removed)
             if type(batch) is BatchParts and batch.extra:
                 tag = (*tag, *batch.extra)
             out = self._converted(batch)
@@ -351,7 +379,11 @@ class OrderedDataset(IterableDataset[Any]):
                 "training loop consumed (batches count as consumed when the loop receives them, in "
                 "the main process); call loader.state_dict() in the training loop"
             )
-        return self._order.state(self.epoch).to_json()
+        state = self._order.state(self.epoch).to_json()
+        if self._ledger is not None:  # the training ledger's step count goes on after a resume
+            handed = self._pass.handed if self._pass is not None and self._pass.ledger is not None else 0
+            state["steps"] = {str(self.world.rank): self._ledger.steps_at(handed)}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a state: the next pass over its epoch reads only what was not consumed.
@@ -369,7 +401,13 @@ class OrderedDataset(IterableDataset[Any]):
             ResumeStateError: not a state, another version, or not every rank.
             StateMismatchError: saved for other data or options (says what changed).
         """
-        self._epoch.fill_(self._order.load(plain_state(state)))
+        plain = plain_state(state)
+        if self._ledger is not None:  # recorded whole: a mix's later passes count from it
+            plain = complete_mix_state(plain, self.world.num_ranks)
+        self._epoch.fill_(self._order.load(plain))
+        if self._ledger is not None:
+            self._loaded = plain
+            self._ledger.resume_steps(plain, self.world)
 
 
 def _as_is(batch: Any) -> Any:
@@ -571,26 +609,6 @@ class PlannedDataset(OrderedDataset):
     def worker_chunks(self) -> tuple[Chunk, ...]:
         """The chunks the calling process (main or DataLoader worker) reads this epoch."""
         return self._planned.worker_chunks(env.worker_slot(), self.epoch)
-
-    # The planned order's own parts, by their former names (tools and tests call them).
-    @property
-    def _state(self) -> PassLog:
-        return self._order.passes
-
-    def _worker_pieces(self, slot: env.WorkerSlot, epoch: int) -> tuple[Piece, ...]:
-        order = self._order
-        assert isinstance(order, PlannedOrder)
-        return order.worker_pieces(slot, epoch)
-
-    def _pieces(self, epoch: int, workers: int, segments: Sequence[Segment | Mapping[str, Any]]) -> Any:
-        order = self._order
-        assert isinstance(order, PlannedOrder)
-        return order.pieces(epoch, workers, segments)
-
-    def _helpers(self, slot: env.WorkerSlot) -> Any:
-        order = self._order
-        assert isinstance(order, PlannedOrder)
-        return order._helpers(slot)
 
 
 def _without_standins(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -39,6 +39,7 @@ from torch_dataloader_utils.io.base import ChunkReader
 from torch_dataloader_utils.io.batching import concat_batches
 from torch_dataloader_utils.io.helpers import Helpers
 from torch_dataloader_utils.io.pieces import ROUND_POOL, Gather, gathered, read_piece
+from torch_dataloader_utils.plan import lineage
 from torch_dataloader_utils.plan.pieces import Piece
 from torch_dataloader_utils.plan.types import FileInfo
 from torch_dataloader_utils.runtime.state import Tagged
@@ -55,6 +56,7 @@ __all__ = [
     "BatchParts",
     "Positions",
     "batch_schema",
+    "group_cap",
     "grouped",
     "parts_joinable",
     "plain_arrays",
@@ -64,6 +66,12 @@ GROUP_BYTES = 32 << 20
 """A worker under ``create_dataloader``'s loader sends batches in groups of about this size
 into page-locked segments (``pin_memory=True`` or a CUDA ``device=``; otherwise
 ``UNPINNED_GROUP_BYTES``).
+
+A group's size is counted in batches, never in bytes (the loop's order of batches would
+then depend on the data, and a training ledger could not replay a step without reading
+every batch before it): the main process sets the batches of a full group at the start
+of each pass (:func:`group_cap`) from the bytes per row it has received so far, or the
+files' bytes per row before the first batch, and every worker follows it.
 
 Every hand-off between a worker and the main process has a fixed cost (queue, pickle,
 waking a process and two threads, a shared-memory segment): about 0.5-0.7 ms of the
@@ -87,10 +95,21 @@ matter where a GPU waits, which is the page-locked path.
 GROUP_MAX_BATCHES = 1024
 """At most this many batches per group."""
 
-FIRST_GROUP_BATCHES = 1
-"""A worker's first group holds this many batches; each next one twice as many, until
-groups reach ``GROUP_BYTES``. So the first batch of an epoch leaves a worker as soon as
+FIRST_GROUP_BATCHES = lineage.FIRST_GROUP_BATCHES
+"""A worker's first group holds this many batches; each next one twice as many, up to
+the pass's :func:`group_cap`. So the first batch of an epoch leaves a worker as soon as
 it is read (the loop can start), and later groups are large (few hand-offs)."""
+
+
+def group_cap(bytes_per_row: float, batch_size: int, pinned: bool = False) -> int:
+    """Batches in a full group: about ``GROUP_BYTES`` of them (``UNPINNED_GROUP_BYTES`` unless ``pinned``).
+
+    From 1 to ``GROUP_MAX_BATCHES``.
+    """
+    per_batch = max(1.0, bytes_per_row * batch_size)
+    limit = GROUP_BYTES if pinned else UNPINNED_GROUP_BYTES
+    return int(max(1, min(GROUP_MAX_BATCHES, limit // per_batch)))
+
 
 Tag = tuple[int, int, int, int, int, int, int]
 
@@ -119,6 +138,7 @@ class Positions:
         self._good = 0  # rows read that are not removed stand-ins
         self._skip_at: list[int] = []  # good rows read before each run of removed stand-ins
         self._skipped: list[int] = []  # removed stand-ins up to and including each run
+        self._removed: list[tuple[int, int]] = []  # (planned position, rows) removed, not yet taken
 
     def read(
         self,
@@ -215,6 +235,10 @@ class Positions:
         # once the loop has received a good row after it (positions stay the plan's).
         mask = flag.to_numpy(zero_copy_only=False)
         edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
+        first = self._read - batch.num_rows  # the batch's planned position
+        self._removed.extend(
+            (first + int(a), int(b - a)) for a, b in zip(edges[::2], edges[1::2], strict=True)
+        )
         for start, stop in zip(edges[::2], edges[1::2], strict=True):
             good_before = self._good + int(start) - int(mask[:start].sum())
             total = (self._skipped[-1] if self._skipped else 0) + int(stop - start)
@@ -225,6 +249,13 @@ class Positions:
                 self._skipped.append(total)
         self._good += batch.num_rows - removed
         return kept.filter(pc.invert(flag))
+
+    def take_removed(self) -> tuple[tuple[int, int], ...]:
+        """The ``(planned position, rows)`` runs removed since the last call (the ledger's skip records)."""
+        if not self._removed:
+            return ()
+        out, self._removed = tuple(self._removed), []
+        return out
 
     def tag(self, rows: int, nbytes: int = 0) -> Tag:
         """The position after a yielded batch of ``rows`` rows (and ``nbytes`` Arrow bytes)."""
@@ -260,6 +291,10 @@ class BatchCount:
         """The position after a yielded batch of ``rows`` rows (and ``nbytes`` Arrow bytes)."""
         self.done += 1
         return (*self._prefix, self.done, rows, nbytes)
+
+    def take_removed(self) -> tuple[tuple[int, int], ...]:
+        """Nothing: a planned batch's stand-ins leave that batch only, never shift later ones."""
+        return ()
 
 
 class BatchParts:
@@ -422,32 +457,35 @@ def grouped(
     positions: Positions | BatchCount,
     work: WorkStats,
     pool: SegmentWriter | None = None,
+    cap: int = GROUP_MAX_BATCHES,
 ) -> Iterator[Tagged]:
-    """Worker side: tagged batches sent in groups of about ``GROUP_BYTES`` (``UNPINNED_GROUP_BYTES``).
+    """Worker side: tagged batches sent in groups of 1, 2, 4, ... batches, at most ``cap``.
 
     A group is one :class:`Tagged` whose batch is a packed ``BatchGroup``, whose tag
     is the tuple of the batches' tags and whose ``work`` is what ``work`` counted since
     the previous group; the loader yields the batches one by one. The first groups are
     small (``FIRST_GROUP_BATCHES``, doubling), so the loop gets its first batch without
-    waiting for a full group. After the last group an item with an empty group carries
-    the rest of ``work``. Batches made before an error still arrive before the error.
-    ``pool``: this worker's segments of the loader's
+    waiting for a full group; ``cap`` (:func:`group_cap`) keeps a full group near
+    ``GROUP_BYTES``. Group sizes depend on counts only, so the order in which the loop
+    meets the workers' batches is a pure function of their batch counts and ``cap``
+    (:class:`~torch_dataloader_utils.plan.lineage.Delivery`). After the last group an
+    item with an empty group carries the rest of ``work``. Batches made before an error
+    still arrive before the error. ``pool``: this worker's segments of the loader's
     :class:`~torch_dataloader_utils.transfer.SegmentPool`.
     """
     pending: list[Any] = []
     tags: list[tuple[int, ...]] = []
-    size = 0
     clock = time.perf_counter
     worker = positions.worker
-    most = FIRST_GROUP_BATCHES
+    most = min(FIRST_GROUP_BATCHES, cap)
     measure = ArrowBytes()
-    limit = GROUP_BYTES if pool is not None and pool.every_size else UNPINNED_GROUP_BYTES
 
     def send() -> Tagged:
         began = clock()
         packed = pack_group(pending, pool)
         work.transfer_sec += clock() - began
-        return Tagged(packed, tuple(tags), (worker, work.delta(), work.files_delta()))  # type: ignore[arg-type]
+        work_delta = (worker, work.delta(), work.files_delta())
+        return Tagged(packed, tuple(tags), work_delta, positions.take_removed())  # type: ignore[arg-type]
 
     try:
         asked = clock()
@@ -456,16 +494,14 @@ def grouped(
             work.read_sec += got - asked
             work.count_padding(batch)
             pending.append(convert(batch))
-            nbytes = measure(batch)
-            tag = positions.tag(batch.num_rows, nbytes)
+            tag = positions.tag(batch.num_rows, measure(batch))
             tags.append(tag if type(batch) is not BatchParts or not batch.extra else (*tag, *batch.extra))
-            size += nbytes
             asked = clock()
             work.convert_sec += asked - got
-            if size >= limit or len(pending) >= most:
+            if len(pending) >= most:
                 yield send()
-                pending, tags, size = [], [], 0
-                most = min(2 * most, GROUP_MAX_BATCHES)
+                pending, tags = [], []
+                most = min(2 * most, cap)
                 asked = clock()
     except Exception:
         if pending:
@@ -475,8 +511,9 @@ def grouped(
         yield send()
     rest = work.delta()
     files = work.files_delta()
-    if any(rest) or files:
-        yield Tagged(BatchGroup(), (), (worker, rest, files))
+    removed = positions.take_removed()
+    if any(rest) or files or removed:
+        yield Tagged(BatchGroup(), (), (worker, rest, files), removed)
 
 
 def batch_schema(schema: pa.Schema, equal: EqualBatches) -> pa.Schema:

@@ -18,6 +18,7 @@ from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError
 from torch_dataloader_utils.plan.splits import ByteRangeSplit
 from torch_dataloader_utils.runtime import share
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
+from torch_dataloader_utils.runtime.ledger import recorded_source
 from torch_dataloader_utils.runtime.loader import ResumableDataLoader, make_loader
 from torch_dataloader_utils.runtime.options import (
     FileLoaderOptions,
@@ -29,6 +30,7 @@ from torch_dataloader_utils.runtime.options import (
 from torch_dataloader_utils.runtime.readers import make_reader
 from torch_dataloader_utils.runtime.report import log_data_path, log_files
 from torch_dataloader_utils.storage.expressions import filter_identity
+from torch_dataloader_utils.storage.requests import process_requests
 
 __all__ = ["StructuredDataset", "create_dataloader"]
 
@@ -207,13 +209,17 @@ class StructuredDataset(PlannedDataset):
 
     def _setup(self, path: str | Sequence[str], source: FileSourceConfig, options: Options) -> None:
         text = text_options(source, options)
+        before = process_requests()
         found = discover(path, source, text=text, fetch=options.fetch, share=share.exchange())
         found, issue = count_filtered(found, options.counts_rows, options.counting.count_rows)
+        discovery_requests = process_requests() - before
         where = found.fs.display(_first(path))
         log_data_path(found.fs.data_path_description, not found.fs.is_local, options.world.rank)
         self._log_found(found, source, where, options)
         self.discovered: Discovered = found
         """What discovery found: files, schema, columns."""
+        self.recorded_source = recorded_source(path, source)
+        """The source as a training ledger records it (secrets left out)."""
         self._init_core(
             files=found.files,
             reader=make_reader(
@@ -235,6 +241,9 @@ class StructuredDataset(PlannedDataset):
             },
             name=where,
         )
+        recorder = getattr(self, "metrics", None)  # a source of a mix records none of its own
+        if recorder is not None:
+            recorder.discovered(discovery_requests)
 
     @staticmethod
     def _log_found(found: Discovered, source: FileSourceConfig, where: str, options: Options) -> None:

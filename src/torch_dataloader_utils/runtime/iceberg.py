@@ -21,6 +21,7 @@ from torch_dataloader_utils.io.iceberg import IcebergReader
 from torch_dataloader_utils.plan.state import plain_state
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.iceberg_continue import Continued, continue_scan, state_snapshot
+from torch_dataloader_utils.runtime.ledger import recorded_source
 from torch_dataloader_utils.runtime.loader import ResumableDataLoader, make_loader
 from torch_dataloader_utils.runtime.options import (
     IcebergLoaderOptions,
@@ -88,6 +89,8 @@ class IcebergDataset(PlannedDataset):
             scan = discover_iceberg(tbl, source, count_filtered=options.counts_rows)
         self.scan: IcebergScan = scan
         """What discovery planned: data files, deletes, schema (and, incremental, ``scan.delta``)."""
+        self.recorded_source = recorded_source(None, source, scan.snapshot_id)
+        """The source as a training ledger records it (the snapshot read; secrets left out)."""
         deletes = scan.delete_files_read
         since = f" since snapshot {source.since_snapshot_id}" if source.since_snapshot_id is not None else ""
         log_files(

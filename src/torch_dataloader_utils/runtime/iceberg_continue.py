@@ -234,7 +234,7 @@ def _rest(old: Any, epoch: int) -> dict[str, list[Part]]:
     Unread chunks stay chunks (no row positions are built for them); only the pieces a
     cursor cut give file rows (:func:`~torch_dataloader_utils.plan.emitted.emitted_rows`).
     """
-    segments = old._state.live_segments(epoch) or ()
+    segments = old._planned.passes.live_segments(epoch) or ()
     if not segments:  # nothing read yet: every live row
         return {info.path: [None] for info in old.scan.files}
     files = old.planner.files

@@ -446,6 +446,7 @@ class ResumableDataLoader(DataLoader[Any], Generic[D]):
                 # worker's timers and counters since its previous group.
                 if item.work is not None:
                     metrics.add_work(*item.work)
+                opened.received(item)
                 # Without a joiner or a sequencer a batch goes to the loop as it came: no
                 # call per batch beyond the metrics' count.
                 delivers = opened.delivers

@@ -35,6 +35,7 @@ from torch_dataloader_utils.config import ProgressConfig
 from torch_dataloader_utils.runtime import share
 from torch_dataloader_utils.runtime.progress import Progress, check_progress, logger
 from torch_dataloader_utils.runtime.workstats import WorkStats
+from torch_dataloader_utils.storage.requests import RequestCounts
 
 __all__ = [
     "LoaderMetrics",
@@ -72,8 +73,8 @@ class WorkerMetrics:
             returned (coalescing gaps included); local Parquet, the column chunks read;
             CSV / JSONL, the byte ranges read. Not counted for ORC.
         bytes_needed: Bytes of the column chunks (or ranges) the pieces needed.
-        requests: Requests to remote storage (ranged reads and the metadata requests that
-            check a file is the planned one; retries not included).
+        requests: Requests this worker's process sent to remote storage, of every kind
+            (``request_counts.total``; each retry is a request).
         retries: Requests the library retried after a transient error (a storage client
             may also retry some errors itself, e.g. a reset connection, unseen here).
         storage_wait_sec: Time the worker waited for bytes from remote storage (local
@@ -90,6 +91,9 @@ class WorkerMetrics:
             a row group shared by two chunks counts once per chunk; a line, once).
         bad_rows: Rows of those units.
         bad_rows_by_file: ``bad_rows`` per file.
+        request_counts: Those requests by kind (LIST, HEAD, GET, PUT) and the bytes they
+            carried, as the storage receives them
+            (:class:`~torch_dataloader_utils.storage.requests.RequestCounts`).
 
     The cache and bad-data counters count what this loader's reader did in the worker's
     process (another loader read in the same process never adds to them).
@@ -118,6 +122,7 @@ class WorkerMetrics:
     bad_units: int = 0
     bad_rows: int = 0
     bad_rows_by_file: dict[str, int] = field(default_factory=dict)
+    request_counts: RequestCounts = field(default_factory=RequestCounts)
     _first: float | None = field(default=None, repr=False, compare=False)
     _pieces: int = field(default=0, repr=False, compare=False)
 
@@ -128,12 +133,17 @@ class WorkerMetrics:
 
     def as_dict(self) -> dict[str, Any]:
         """The public fields as plain values."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.name.startswith("_")}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.name.startswith("_")}
+        out["request_counts"] = self.request_counts.as_dict()
+        return out
 
     def add_work(self, delta: Sequence[float], files: Sequence[tuple[str, int]] = ()) -> None:
         """Add a worker's counters (a delta in :data:`WORK_FIELDS` order) and rows skipped per file."""
         (read, convert, transfer, padded, pieces, fetched, needed, requests, retries, wait, *rest) = delta
         hits, misses, served, evictions, units, bad = (int(v) for v in (*rest, 0, 0, 0, 0, 0, 0)[:6])
+        sent = rest[6 : 6 + len(REQUEST_FIELDS)]
+        if sent:
+            self.request_counts += RequestCounts(*(int(v) for v in sent))
         self.cache_hits += hits
         self.cache_misses += misses
         self.cache_bytes_served += served
@@ -159,6 +169,7 @@ _SUMMED = [
     for f in dataclasses.fields(WorkerMetrics)
     if not f.name.startswith("_") and f.name not in ("worker_id", "elapsed_sec", "bad_rows_by_file")
 ]
+REQUEST_FIELDS = dataclasses.fields(RequestCounts)
 
 
 def _total(workers: Sequence[WorkerMetrics]) -> WorkerMetrics:
@@ -226,6 +237,9 @@ class RankMetrics:
             them (``equal_batches='drop'``), all ranks together.
         rows_by_source: A mix (``create_mixed_dataloader``): ``(source name, rows the
             loop received from it)`` per source, in order; empty otherwise.
+        discovery_requests: Requests this rank sent to storage while the dataset was
+            built (the manifest, listing pages, footers, the metadata cache), by kind;
+            cleared with the other counters.
     """
 
     rank: int
@@ -237,11 +251,17 @@ class RankMetrics:
     first_batch_sec: float | None = None
     rows_dropped: int = 0
     rows_by_source: tuple[tuple[str, int], ...] = ()
+    discovery_requests: RequestCounts = field(default_factory=RequestCounts)
 
     @property
     def total(self) -> WorkerMetrics:
         """The workers' counters summed (``worker_id=-1``; ``elapsed_sec`` is the longest)."""
         return _total(self.workers)
+
+    @property
+    def request_counts(self) -> RequestCounts:
+        """Every request of this rank by kind: building the dataset, and its workers' reads."""
+        return self.discovery_requests + self.total.request_counts
 
     @property
     def stall_fraction(self) -> float | None:
@@ -260,6 +280,8 @@ class RankMetrics:
             "first_batch_sec": self.first_batch_sec,
             "rows_dropped": self.rows_dropped,
             "rows_by_source": dict(self.rows_by_source),
+            "discovery_requests": self.discovery_requests.as_dict(),
+            "request_counts": self.request_counts.as_dict(),
             "total": self.total.as_dict(),
             "workers": [m.as_dict() for m in self.workers],
         }
@@ -272,6 +294,9 @@ class RankMetrics:
             f"first batch after {first}, rows dropped to equalize ranks {self.rows_dropped:,}"
         )
         rows = [[fmt(m) for _, fmt in _COLUMNS] for m in (*self.workers, self.total)]
+        if self.request_counts.total:
+            built = self.discovery_requests.total
+            head += f"\nstorage requests: {self.request_counts} (building the dataset: {built:,})"
         if self.rows_by_source:
             head += "\nrows by source: " + ", ".join(f"{n} {r:,}" for n, r in self.rows_by_source)
         return head + "\n" + _table([name for name, _ in _COLUMNS], rows)
@@ -294,6 +319,14 @@ class LoaderMetrics:
     def total(self) -> WorkerMetrics:
         """Every worker of every rank summed (``elapsed_sec`` is the longest)."""
         return _total([r.total for r in self.ranks])
+
+    @property
+    def request_counts(self) -> RequestCounts:
+        """Every request of every rank by kind: building the dataset, and the workers' reads."""
+        out = RequestCounts()
+        for rank in self.ranks:
+            out += rank.request_counts
+        return out
 
     @property
     def wait_sec(self) -> float:
@@ -332,6 +365,7 @@ class LoaderMetrics:
             "wait_sec": self.wait_sec,
             "between_sec": self.between_sec,
             "total": self.total.as_dict(),
+            "request_counts": self.request_counts.as_dict(),
             "rows_by_source": self.rows_by_source,
             "ranks": [r.as_dict() for r in self.ranks],
         }
@@ -418,6 +452,7 @@ class MetricsRecorder:
         self.wait_sec = 0.0
         self.between_sec = 0.0
         self.first_batch_sec: float | None = None
+        self.discovery_requests = RequestCounts()
 
     def __getstate__(self) -> dict[str, Any]:
         # Workers get an empty recorder: counting happens in the main process only.
@@ -465,6 +500,10 @@ class MetricsRecorder:
         """A worker's counters, timed from the start of the pass (``now`` outside a pass)."""
         started = self._pass_started if self._pass_started is not None else now
         return WorkerMetrics(worker_id=worker, _first=min(started, now))
+
+    def discovered(self, requests: RequestCounts) -> None:
+        """Count the requests this rank sent while the dataset was built."""
+        self.discovery_requests += requests
 
     def attach(self, worker: int, work: WorkStats) -> None:
         """Read ``work`` directly (the dataset is read in this process)."""
@@ -518,6 +557,7 @@ class MetricsRecorder:
             between_sec=self.between_sec,
             first_batch_sec=self.first_batch_sec,
             rows_dropped=rows_dropped,
+            discovery_requests=self.discovery_requests,
         )
 
     def drain(self) -> list[WorkerMetrics]:
@@ -552,6 +592,7 @@ class MetricsRecorder:
 
     def _clear(self) -> None:
         self._workers = {}
+        self.discovery_requests = RequestCounts()
         self.wait_sec = 0.0
         self.between_sec = 0.0
         self.first_batch_sec = None

@@ -87,6 +87,7 @@ from torch_dataloader_utils.storage.fs import FileSystemSpec, resolve
 from torch_dataloader_utils.storage.userfs import UserFileSystem
 
 __all__ = [
+    "MIX_ONLY",
     "FileLoaderOptions",
     "FileReadOptions",
     "IcebergLoaderOptions",
@@ -373,6 +374,13 @@ class LoaderOptions(TypedDict, total=False):
     the current stream. Strings stay on the host. With CUDA and workers it page-locks
     the workers' shared memory, as ``pin_memory=True`` does. ``None`` (default): no
     device stage."""
+    ledger: str | os.PathLike[str] | None
+    """The training ledger: a local or shared directory (e.g. next to the checkpoints)
+    where every rank appends one small record when a pass starts, and nothing per step,
+    so that ``torch-dataloader-utils replay DIR --step N`` (or ``Ledger(DIR)``) can say
+    which rows any step saw and read its batch again, and ``torch-dataloader-utils
+    ledger DIR --where "id = 123"`` which steps saw a row. A path holding ``{rank}`` gives
+    every rank its own. ``None`` (default): no ledger. See ``docs/lineage.md``."""
 
 
 class FileLoaderOptions(FileReadOptions, LoaderOptions, total=False):
@@ -406,6 +414,37 @@ class MixedLoaderOptions(FileReadOptions, LoaderOptions, total=False):
     it stood in its own epoch, an added one starts its first epoch, a removed one's
     position is kept in the state (adding it back resumes it). Default ``False``: such a
     state raises ``StateMismatchError`` naming this option."""
+
+
+MIX_ONLY = frozenset(
+    {
+        "batch_size",
+        "drop_last",
+        "shuffle",
+        "shuffle_seed",
+        "equal_batches",
+        "num_ranks",
+        "rank",
+        "num_workers",
+        "output_format",
+        "null_fill",
+        "collate_fn",
+        "ragged",
+        "pad_value",
+        "max_length",
+        "strings",
+        "pack_features",
+        "pack_sequences",
+        "show_progress",
+        "progress_interval_sec",
+        "progress_all_ranks",
+        "decode_ahead",
+        "on_exhausted",
+        "source_column",
+        "allow_recipe_change",
+    }
+)
+"""Options of the mix as a whole: they cannot differ between sources."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -477,6 +516,7 @@ _COERCE: dict[str, Callable[[Any], object]] = {
     "count_cache_dir": _fspath,
     "metadata_cache": _fspath,
     "data_cache": _fspath,
+    "ledger": _fspath,
     "data_cache_size": lambda v: parse_size(v, "data_cache_size"),
     "quarantine_dir": _fspath,
     "on_bad_data": coerce_bad_data,

@@ -13,17 +13,35 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
+from torch_dataloader_utils.runtime.ledger import PassLedger
 from torch_dataloader_utils.runtime.orders import Delivery, Order
 from torch_dataloader_utils.runtime.state import EpochProgress, PassLog, Tagged
 from torch_dataloader_utils.transfer import SegmentPool
 
-__all__ = ["Handoff", "Pass", "PassOwner"]
+__all__ = ["MEASURED_ROWS", "Handoff", "Pass", "PassOwner", "files_bytes_per_row"]
+
+MEASURED_ROWS = 65536
+"""Rows of a pass's first groups whose Arrow bytes size later passes' groups."""
+
+
+def files_bytes_per_row(order: Order) -> float:
+    """The bytes per row of an order's files on disk, twice (before any batch was received).
+
+    Decoded rows are larger than compressed ones; groups sized from it are of about the
+    right size in the first pass, and later passes use the bytes measured.
+    """
+    sources = getattr(order, "sources", None)
+    tables = [s.source.table for s in sources] if sources is not None else [order.source.table]  # type: ignore[attr-defined]
+    size = sum(int(t.size.sum()) for t in tables)
+    rows = sum(int(t.live[t.live > 0].sum()) for t in tables)
+    return 2.0 * size / max(1, rows)
 
 
 class PassOwner(Protocol):
     """The dataset a pass runs over: its order, its hand-off to workers, its rows per source."""
 
     _handoff: Handoff | None
+    bytes_per_row: float | None
 
     @property
     def order(self) -> Order:
@@ -54,6 +72,11 @@ class Pass:
         self.progress = progress
         self._handoff = handoff
         self._delivery: Delivery | None = None
+        self.handed = 0
+        """Batches handed to the loop (the training ledger's steps of this pass)."""
+        self.ledger: PassLedger | None = None
+        """The dataset's training ledger (``ledger=``), which recorded the pass's start."""
+        self._measured = (0, 0)
 
     @property
     def delivers(self) -> bool:
@@ -68,7 +91,8 @@ class Pass:
 
     def consume(self, item: Any) -> Any:
         """Record ``item`` as consumed by the loop (a tagged batch); return the batch."""
-        if not isinstance(item, Tagged):
+        self.handed += 1
+        if not isinstance(item, Tagged):  # a batch joined of parts, recorded as they were joined
             return item
         tag = item.tag
         if len(tag) > 7:  # rows of every source (a mix)
@@ -77,6 +101,24 @@ class Pass:
         # main thread (a signal handler) cannot land between the record and the hand-over.
         self.progress.record(tag)
         return item.batch
+
+    def received(self, item: Tagged) -> None:
+        """Main process: a worker's group arrived (before its batches go on to the loop).
+
+        Its rows left out (stand-ins of skipped units) go to the ledger now, before the loop
+        receives a batch after them; its first groups' bytes per row size later passes'
+        groups (:func:`~torch_dataloader_utils.runtime.emit.group_cap`).
+        """
+        if item.removed and self.ledger is not None and item.work is not None:
+            self.ledger.skipped(item.work[0], item.removed)
+        rows, nbytes = self._measured
+        if rows < MEASURED_ROWS:
+            tags: Sequence[Sequence[int]] = item.tag  # type: ignore[assignment]  # a group's: one per batch
+            rows += sum(t[5] for t in tags)
+            nbytes += sum(t[6] for t in tags)
+            self._measured = (rows, nbytes)
+            if rows:
+                self._dataset.bytes_per_row = nbytes / rows
 
     def _consume_part(self, part: Tagged) -> Any:
         """A worker's part of a joined batch, recorded as consumed when the batch is made."""
@@ -95,9 +137,15 @@ class Pass:
         if self._delivery is not None:
             self._delivery.check_done()
         self._dataset.order.passes.finish(self.progress)
+        if self.ledger is not None:
+            self.ledger.end(self.handed, True)
+            self.ledger = None
 
     def end(self) -> None:
         """The pass ended (exhausted, closed or failed): a later pass is not nested in it."""
         PassLog.end(self.progress)
+        if self.ledger is not None:
+            self.ledger.end(self.handed, False)
+            self.ledger = None
         if self._dataset._handoff is self._handoff:
             self._dataset._handoff = None

@@ -31,6 +31,7 @@ from torch_dataloader_utils.runtime.files import StructuredDataset, source_paths
 from torch_dataloader_utils.runtime.iceberg import IcebergDataset
 from torch_dataloader_utils.runtime.loader import ResumableDataLoader, build_loader
 from torch_dataloader_utils.runtime.options import (
+    MIX_ONLY,
     FileReadOptions,
     IcebergReadOptions,
     MixedLoaderOptions,
@@ -183,33 +184,6 @@ retyped ``dataset``; ``loader.metrics().rows_by_source`` counts the rows receive
 
 _FILE_KEYS = {"path", "format", "files"}
 _ICEBERG_KEYS = {"table"}
-_MIX_ONLY = {
-    "batch_size",
-    "drop_last",
-    "shuffle",
-    "shuffle_seed",
-    "equal_batches",
-    "num_ranks",
-    "rank",
-    "num_workers",
-    "output_format",
-    "null_fill",
-    "collate_fn",
-    "ragged",
-    "pad_value",
-    "max_length",
-    "strings",
-    "pack_features",
-    "pack_sequences",
-    "show_progress",
-    "progress_interval_sec",
-    "progress_all_ranks",
-    "decode_ahead",
-    "on_exhausted",
-    "source_column",
-    "allow_recipe_change",
-}
-"""Options of the mix as a whole: they cannot differ between sources."""
 
 
 def _source_name(spec: Mapping[str, Any], index: int) -> str | None:
@@ -268,7 +242,7 @@ def _build_source(
 ) -> PlannedDataset:
     """One source of a mix, discovered (``shared``: the mix's keywords each source inherits)."""
     given = {k: v for k, v in spec.items() if k != "name"}
-    inside = sorted(set(given) & _MIX_ONLY)
+    inside = sorted(set(given) & MIX_ONLY)
     if inside:
         raise IncompatibleOptionsError(
             f"sources[{index}] ({name!r}) sets {inside}: these are options of the whole mix (every "
@@ -397,7 +371,7 @@ def create_mixed_dataloader(
         allow_recipe_change=given.pop("allow_recipe_change", False),
     )
     built = build_options(given, MixedLoaderOptions, "create_mixed_dataloader", FileFormat.PARQUET)
-    shared = {k: v for k, v in given.items() if k not in _MIX_ONLY}
+    shared = {k: v for k, v in given.items() if k not in MIX_ONLY}
     names = _names(sources)
     found = [_build_source(spec, i, names[i], shared, built) for i, spec in enumerate(sources)]
     dataset = MixedDataset(found, names, mix, built)

@@ -50,11 +50,14 @@ class Tagged(NamedTuple):
 
     ``work``: ``(worker, delta, files)``, the worker's timers and counters since its
     previous hand-over and the rows it skipped per file (see :mod:`.workstats`), or ``None``.
+    ``removed``: ``(position, rows)`` runs of the worker's planned stream whose rows it left
+    out since its previous hand-over (stand-ins of skipped units), for the training ledger.
     """
 
     batch: Any
     tag: tuple[int, ...]
     work: tuple[int, tuple[float, ...], tuple[tuple[str, int], ...]] | None = None
+    removed: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from torch_dataloader_utils.io.base import ChunkReader, IoTotals, ReaderCounts
+from torch_dataloader_utils.storage.requests import KINDS, process_requests
 
 __all__ = ["WORK_FIELDS", "WorkStats"]
 
@@ -44,8 +45,15 @@ WORK_FIELDS = (
     "cache_evictions",
     "bad_units",
     "bad_rows",
+    *(f"{kind[:-1]}_requests" for kind in KINDS),
+    "bytes_received",
+    "bytes_sent",
 )
-"""The order of the numbers in a work delta (what :meth:`WorkStats.delta` returns)."""
+"""The order of the numbers in a work delta (what :meth:`WorkStats.delta` returns).
+
+The last seven are the requests this process sent to storage, by kind, and their bytes
+(:class:`~torch_dataloader_utils.storage.requests.RequestCounts`, counted per process:
+where requests are sent, by the storage clients); ``requests`` is their total."""
 
 FileCounts = tuple[tuple[str, int], ...]
 """Rows skipped per file (``on_bad_data``), as ``(file, rows)`` pairs."""
@@ -86,7 +94,8 @@ class WorkStats:
     Args:
         reader: The chunk reader (or the readers of several sources, summed); its
             ``io_totals()`` (when it has one) gives the I/O counters ``(bytes_fetched,
-            bytes_needed, requests, retries, wait_sec)``.
+            bytes_needed, requests, retries, wait_sec)``; the requests counted are this
+            process's (:func:`~.storage.requests.process_requests`).
         pieces: Pieces (chunks, or windows of the row shuffle) this pass reads.
         flag_column: The padding flag column (``equal_batches='pad'``), or ``None``.
 
@@ -106,6 +115,7 @@ class WorkStats:
         "_files_sent",
         "_io",
         "_pieces",
+        "_requests_base",
         "_sent",
         "_standins_base",
         "convert_sec",
@@ -126,6 +136,7 @@ class WorkStats:
         self._counts_base = (*now.cache, *now.bad)
         self._standins_base = now.standin_rows
         self._files_sent = dict(now.bad_files)
+        self._requests_base = process_requests()
         self._pieces = pieces
         self._sent: tuple[float, ...] = (0.0,) * len(WORK_FIELDS)
         self.read_sec = 0.0
@@ -141,7 +152,9 @@ class WorkStats:
 
     def totals(self) -> tuple[float, ...]:
         """Everything so far in this pass, in :data:`WORK_FIELDS` order."""
-        io = self._io() or _NO_IO
+        io = [now - base for now, base in zip(self._io() or _NO_IO, self._base, strict=True)]
+        sent = process_requests() - self._requests_base
+        io[2] = sent.total  # every request this process sent, whichever client sent it
         counts = self._counts() or _NO_COUNTS
         padded = self.rows_padded
         if self.flag_column is not None:  # stand-ins are flagged too, but counted as bad rows
@@ -152,8 +165,9 @@ class WorkStats:
             self.transfer_sec,
             padded,
             self._pieces,
-            *(now - base for now, base in zip(io, self._base, strict=True)),
+            *io,
             *(now - base for now, base in zip((*counts.cache, *counts.bad), self._counts_base, strict=True)),
+            *sent.as_tuple(),
         )
 
     def delta(self) -> tuple[float, ...]:

@@ -59,6 +59,7 @@ from torch_dataloader_utils.storage.cache import CacheStats, FileKey, RangeCache
 from torch_dataloader_utils.storage.fetch import fetch_range
 from torch_dataloader_utils.storage.fs import FileSystemSpec
 from torch_dataloader_utils.storage.handles import Handles
+from torch_dataloader_utils.storage.identity import Verify
 from torch_dataloader_utils.storage.stores import store_identity
 
 __all__ = [
@@ -203,16 +204,20 @@ class RemoteReads:
         metadata: bool = False,
         before_fetch: Callable[[], None] | None = None,
         handles: Handles | None = None,
+        through: Callable[[Callable[[Verify | None], bytes]], bytes] | None = None,
     ) -> bytes:
         """Bytes ``[start, stop)`` of ``path`` (clipped to ``size``): cached, or fetched with retries.
 
         ``on_request`` and ``on_retry`` are called for requests to storage only (a hit
         makes none); ``before_fetch`` before the first of them. ``handles``: the reader's
         open native files (see :func:`~torch_dataloader_utils.storage.fetch.fetch_range`).
+        ``through``, instead of ``before_fetch``: runs a fetch from storage, giving it the
+        check of the file its response makes, or ``None``
+        (:meth:`~torch_dataloader_utils.storage.identity.FileChecks.read_checked`).
         """
         stop = min(stop, size)
 
-        def request(lo: int = start, hi: int = stop) -> bytes:
+        def request(lo: int = start, hi: int = stop, verify: Verify | None = None) -> bytes:
             return fetch_range(
                 self.fs,
                 path,
@@ -224,12 +229,19 @@ class RemoteReads:
                 on_retry=on_retry,
                 metadata=metadata,
                 handles=handles,
+                verify=verify,
             )
 
-        def from_storage() -> bytes:
+        def checked(lo: int = start, hi: int = stop) -> bytes:
+            """A fetch from storage, the file checked first (or by the fetch's own response)."""
+            if through is not None:
+                return through(lambda verify: request(lo, hi, verify))
             if before_fetch is not None:
                 before_fetch()
-            data = request()
+            return request(lo, hi)
+
+        def from_storage() -> bytes:
+            data = checked()
             if start == 0 and stop == size:  # the whole object, to be cached: what its ETag may vouch for
                 data = self._vouched(path, data, request)
             return data
@@ -237,13 +249,11 @@ class RemoteReads:
         cache = self.cache()
         key = self.key(path, size, version) if cache is not None else None
         if cache is None or key is None:
-            if before_fetch is not None:
-                before_fetch()
-            return request()  # not kept: a unit that does not decode is read again anyway
+            return checked()  # not kept: a unit that does not decode is read again anyway
         if key.digest not in self._witnessed:
             with self._witness_lock(key.digest):  # other threads wait for the check's outcome
                 if key.digest not in self._witnessed:
-                    self._witness(cache, key, path, request, before_fetch)
+                    self._witness(cache, key, path, checked)
                     self._witnessed.add(key.digest)
         return cache.fill(key, start, stop, from_storage, self.stats)
 
@@ -292,7 +302,6 @@ class RemoteReads:
         key: FileKey,
         path: str,
         request: Callable[[int, int], bytes],
-        before_fetch: Callable[[], None] | None,
     ) -> None:
         """Once per process and file: check that cached ranges of a weakly versioned file are its bytes now.
 
@@ -310,9 +319,7 @@ class RemoteReads:
         if first is None:
             return
         lo, cached = first
-        if before_fetch is not None:
-            before_fetch()
-        if request(lo, lo + len(cached)) != cached:
+        if request(lo, lo + len(cached)) != cached:  # the file checked before (or by) this request
             dropped = cache.discard(key, 0, key.size, self.stats)
             log.warning(
                 "data_cache: %s was rewritten with the same size in the same second as the version "

@@ -229,6 +229,7 @@ def fetch_range(
     on_retry: Callable[[], None] | None = None,
     metadata: bool = False,
     handles: Handles | None = None,
+    verify: Callable[[tuple[int | None, float | None] | None], None] | None = None,
 ) -> bytes:
     """Bytes ``[start, stop)`` of ``path``, retrying transient errors with backoff.
 
@@ -243,6 +244,11 @@ def fetch_range(
         on_retry: Called before every retry of a request that failed transiently.
         metadata: A one-off metadata read (see :meth:`FileSystemSpec.read_range`).
         handles: The reader's open files (see :meth:`FileSystemSpec.read_range`).
+        verify: Where the storage's responses tell the file's state
+            (:attr:`FileSystemSpec.observes`): the read is one GET through
+            :meth:`FileSystemSpec.read_observed`, and ``verify`` is called with the
+            ``(size, mtime)`` it reported, or with ``None`` when the file does not exist;
+            it raises when the file is not the planned one.
 
     Raises:
         ReadError: naming the file, the byte range and the endpoint, when the error is
@@ -254,7 +260,15 @@ def fetch_range(
         stop = min(stop, size)
 
     def attempt() -> bytes:
-        data = fs.read_range(path, start, stop, size, metadata=metadata, handles=handles)
+        if verify is not None and stop > start:
+            try:
+                data, now_size, now_mtime = fs.read_observed(path, start, stop)
+            except FileNotFoundError as exc:
+                verify(None)  # raises: the file was deleted
+                raise exc
+            verify((now_size, now_mtime))
+        else:
+            data = fs.read_range(path, start, stop, size, metadata=metadata, handles=handles)
         if size is not None and len(data) != stop - start:
             raise ShortRead(f"got {len(data)} of {stop - start} bytes")
         if on_request is not None:

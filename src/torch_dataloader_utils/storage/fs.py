@@ -17,12 +17,20 @@ then every client comes from it, and the library builds none.
 Every call made through the fsspec client (:meth:`FileSystemSpec.call`, the fsspec
 reads of :meth:`FileSystemSpec.read_range`) is bounded by the request's ``deadline``
 (:func:`~torch_dataloader_utils.storage.calls.bounded_call`).
+
+No request is sent that a read does not need. On S3 a ranged read is one GET through
+the s3fs client's botocore client (:meth:`FileSystemSpec.read_observed`): pyarrow's S3
+files send a HEAD when opened (its Python API opens by path, never with the listed
+size). The GET's own response tells the file's size and modification time, so checking
+a file against the plan costs no request of its own. Every request is counted by kind
+(:mod:`~torch_dataloader_utils.storage.requests`).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -36,6 +44,7 @@ from torch_dataloader_utils.storage.calls import bounded_call, describe_endpoint
 from torch_dataloader_utils.storage.handles import Handles
 from torch_dataloader_utils.storage.native_s3 import check_native
 from torch_dataloader_utils.storage.redact import RedactedRepr, redact
+from torch_dataloader_utils.storage.requests import CALL_KINDS, count_bytes, count_request, watch_botocore
 
 __all__ = [
     "METADATA_CONCURRENCY",
@@ -71,6 +80,17 @@ _S3FS_ONLY_TUNING = frozenset(
     }
 )
 # Keywords fsspec itself takes from storage_options before the s3fs constructor sees them.
+_CLIENTS_LOCK: list[tuple[int, threading.Lock]] = []
+
+
+def _client_lock() -> threading.Lock:
+    """This process's lock on building clients (a forked child makes its own)."""
+    pid = os.getpid()
+    if not _CLIENTS_LOCK or _CLIENTS_LOCK[0][0] != pid:
+        _CLIENTS_LOCK[:] = [(pid, threading.Lock())]
+    return _CLIENTS_LOCK[0][1]
+
+
 _FSSPEC_KEYWORDS = frozenset(
     {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"}
 )
@@ -271,12 +291,13 @@ class FileSystemSpec(RedactedRepr):
     @property
     def data_path_description(self) -> str:
         """How data bytes are read here, and why (logged at INFO, shown by ``inspect``)."""
+        ranged = "; Parquet ranges by direct GETs through s3fs's client (one request each, no HEAD)"
         if self.user is not None:
-            return f"filesystem= {self.user.data_path}"
+            return f"filesystem= {self.user.data_path}" + (ranged if self.observes else "")
         if self.is_local:
             return "local files (pyarrow)"
         if self.protocol in _S3:
-            return self._native_decision[1]
+            return self._native_decision[1] + ranged
         return f"fsspec ({self.protocol}; no native client is used for it)"
 
     def _client_options(self) -> dict[str, Any]:
@@ -334,26 +355,115 @@ class FileSystemSpec(RedactedRepr):
         key = self._key("fsspec")
         client = _CLIENTS.get(key)
         if client is None:
-            # skip_instance_cache: never reuse an instance that came over a fork (a user's
-            # own skip_instance_cache is overridden, not passed twice).
-            options = {**self._client_options(), "skip_instance_cache": True}
-            if self.protocol in _S3:
-                options = _with_pool(options, METADATA_CONCURRENCY)
-            client = (_gcs_client(options) if self.protocol == "gs" else None) or fsspec.filesystem(
-                self.protocol, **options
-            )
-            if self.protocol in _S3 and self.timeout is not None:
-                client.retries = 1  # s3fs's own retry loop: the library's retries replace it
-            _CLIENTS[key] = client
+            with _client_lock():  # threads asking at once share one client (each costs ~0.1 s)
+                client = _CLIENTS.get(key)
+                if client is None:
+                    client = self._new_fsspec(key)
+        return client
+
+    def _new_fsspec(self, key: tuple[int, str, str]) -> Any:
+        """A new fsspec client of this spec, kept for this process (under the clients' lock)."""
+        # skip_instance_cache: never reuse an instance that came over a fork (a user's
+        # own skip_instance_cache is overridden, not passed twice).
+        options = {**self._client_options(), "skip_instance_cache": True}
+        if self.protocol in _S3:
+            options = _with_pool(options, METADATA_CONCURRENCY)
+        client = (_gcs_client(options) if self.protocol == "gs" else None) or fsspec.filesystem(
+            self.protocol, **options
+        )
+        if self.protocol in _S3 and self.timeout is not None:
+            client.retries = 1  # s3fs's own retry loop: the library's retries replace it
+        if self.protocol in _S3:
+            _watch_s3fs(client)
+        _CLIENTS[key] = client
         return client
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """``fsspec().<name>(*args, **kwargs)``, ended at :attr:`deadline` (one request, no retries).
 
+        Counted by kind (:mod:`~.requests`): by the botocore hook on the library's own s3fs
+        clients, else as one request of the call's kind (:data:`~.requests.CALL_KINDS`);
+        the bytes a ``cat_file`` returned and a ``pipe_file`` sent are counted here.
+
         Raises:
             fsspec.exceptions.FSTimeoutError: the deadline passed.
         """
-        return bounded_call(self.fsspec(), name, *args, deadline=self.deadline, **kwargs)
+        client = self.fsspec()
+        watched = getattr(client, _WATCHED, False)
+        try:
+            out = bounded_call(client, name, *args, deadline=self.deadline, **kwargs)
+        except BaseException:
+            if not watched and name in CALL_KINDS:
+                count_request(CALL_KINDS[name])
+            raise
+        received = len(out) if name in ("cat_file", "cat") and isinstance(out, bytes) else 0
+        sent = len(args[1]) if name in ("pipe_file", "pipe") and len(args) > 1 else 0
+        if watched:
+            count_bytes(received, sent)
+        elif name in CALL_KINDS:
+            count_request(CALL_KINDS[name], received, sent)
+        return out
+
+    @property
+    def observes(self) -> bool:
+        """Whether a read also tells the file's size and modification time (:meth:`read_observed`).
+
+        True on S3 through s3fs (the library's client or a user's s3fs object): the
+        response of a ranged GET carries both, so a file is checked against the plan with
+        no request of its own. Elsewhere a check costs a metadata request.
+        """
+        if self.is_local or self.protocol not in _S3:
+            return False
+        if self.user is not None and self.user.kind != "fsspec":
+            return False
+        return callable(getattr(self.fsspec(), "_call_s3", None))
+
+    def read_observed(self, path: str, start: int, stop: int) -> tuple[bytes, int | None, float | None]:
+        """Bytes ``[start, stop)`` of ``path`` in one GET, with the file's size and time now.
+
+        Only where :attr:`observes`. The size is the total of the response's
+        ``Content-Range`` and the time its ``Last-Modified`` (``None`` when absent).
+        Ended at :attr:`deadline`; one request, no retries.
+
+        Raises:
+            FileNotFoundError: the file does not exist.
+            fsspec.exceptions.FSTimeoutError: the deadline passed.
+        """
+        client = self.fsspec()
+        bucket, key, version = client.split_path(path)
+        extra = {"VersionId": version} if version else {}
+
+        async def get() -> tuple[bytes, Any, Any]:
+            response = await client._call_s3(
+                "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{stop - 1}", **extra
+            )
+            body = response["Body"]
+            try:
+                data = await body.read()
+            finally:
+                body.close()
+            return data, response.get("ContentRange"), response.get("LastModified")
+
+        from fsspec.asyn import sync
+
+        timeout = self.deadline if self.deadline is not None and self.deadline > 0 else None
+        watched = getattr(client, _WATCHED, False)
+        try:
+            data, content_range, modified = sync(client.loop, get, timeout=timeout)
+        except BaseException:
+            if not watched:
+                count_request("gets")
+            raise
+        if watched:
+            count_bytes(len(data))
+        else:
+            count_request("gets", len(data))
+        size = None
+        if isinstance(content_range, str) and "/" in content_range:
+            total = content_range.rsplit("/", 1)[1]
+            size = int(total) if total.isdigit() else None
+        mtime = modified.timestamp() if hasattr(modified, "timestamp") else None
+        return bytes(data), size, mtime
 
     def arrow(self) -> pafs.FileSystem:
         """This process's pyarrow filesystem, for reading data and footers."""
@@ -383,6 +493,8 @@ class FileSystemSpec(RedactedRepr):
     ) -> bytes:
         """Bytes ``[start, stop)`` of ``path`` in one request (no retries here).
 
+        On S3 through s3fs (:attr:`observes`): one GET (:meth:`read_observed`), no HEAD.
+
         Args:
             path: The file on this filesystem.
             start: First byte.
@@ -400,21 +512,68 @@ class FileSystemSpec(RedactedRepr):
         if stop <= start:
             return b""
         one_get = metadata and not self.is_local and (self.user is None or self.user.kind == "fsspec")
+        if self.observes:  # S3: one GET, no HEAD (pyarrow's S3 files send a HEAD when opened)
+            return self.read_observed(path, start, stop)[0]
         if self.native and not one_get:
             shown = self.display(path)
-            if handles is not None:
-                handle = handles.get(path, size, self.arrow().open_input_file, shown)
-                return bytes(handle.read_at(stop - start, start))
-            with self.arrow().open_input_file(path) as handle:
-                return bytes(handle.read_at(stop - start, start))  # type: ignore[call-arg]
+            opener = functools.partial(self.open_native, size=size)
+            received = 0
+            try:
+                if handles is not None:
+                    handle = handles.get(path, size, opener, shown)
+                    data = bytes(handle.read_at(stop - start, start))
+                else:
+                    with opener(path) as handle:
+                        data = bytes(handle.read_at(stop - start, start))
+                received = len(data)
+            finally:  # a failed request was sent too (and is retried: another request)
+                if not self.is_local:
+                    count_request("gets", received)
+            return data
         data = self.call("cat_file", path, start=start, end=stop)
         return bytes(data)
+
+    def open_native(self, path: str, size: int | None = None) -> Any:
+        """``path`` opened through :meth:`arrow` for random access (``size``: as planned).
+
+        Opening a remote file costs a request (a HEAD on S3), counted here: pyarrow's
+        Python API opens files by path only (``FileFragment.open`` too, whatever size it
+        was given), which is why ranged reads on S3 are direct GETs instead.
+        """
+        del size
+        if not self.is_local:
+            count_request("heads")
+        return self.arrow().open_input_file(path)
 
     def display(self, path: str) -> str:
         """``path`` as a URL a user recognizes (with its scheme when not local)."""
         if self.is_local or "://" in path:  # http(s) filesystems keep the whole URL as the path
             return path
         return f"{self.protocol}://{path.lstrip('/')}"
+
+
+_WATCHED = "_tdu_requests_watched"
+"""Set on an s3fs client whose requests the botocore hook counts."""
+
+
+def _watch_s3fs(client: Any) -> None:
+    """Count every request of an s3fs ``client`` (its botocore client and session, now and later).
+
+    Its botocore client is made now (no request is sent). A client that cannot be made
+    now is left unwatched: its calls are then counted one request each.
+    """
+    connect = getattr(client, "set_session", None)
+    if connect is None:
+        return
+    try:
+        from fsspec.asyn import sync
+
+        botocore_client = sync(client.loop, connect)
+        watch_botocore(client.session)  # clients made later from the session (other regions)
+        watch_botocore(botocore_client.meta.events)
+    except Exception:  # the first request raises it again, as a listing's or a read's error
+        return
+    setattr(client, _WATCHED, True)
 
 
 def _attempt_timeouts(protocol: str, options: Mapping[str, Any], timeout: float) -> dict[str, Any]:

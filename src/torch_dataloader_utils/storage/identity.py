@@ -12,7 +12,9 @@ A reader announces the files of its next pass, in reading order
 (:meth:`FileChecks.schedule`, when a worker starts an epoch). Each file is checked once
 per pass, before its first chunk of the pass is read, so files a reader keeps open
 across passes are checked again. Local files cost one ``stat`` at that first read.
-Remote files cost a metadata request (a HEAD on S3): they are checked concurrently,
+Where a read's own response tells the file's size and time (S3:
+:meth:`FileChecks.read_checked`), the first read of the file in the pass checks it, at
+no request of its own. Other remote files cost a metadata request: they are checked concurrently,
 :data:`CHECKS_AHEAD` files ahead of the reads in the announced order (more are sent as
 files are read, so a pass of 100,000 files starts as fast as one of 100), and a read
 waits for its file's answer; a file read before its check was sent (or that no pass
@@ -34,12 +36,13 @@ manifest is stale (build the dataset again would read the same manifest).
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import multiprocessing
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -52,6 +55,7 @@ from torch_dataloader_utils.errors import (
 )
 from torch_dataloader_utils.storage.fetch import describe_failure
 from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.requests import count_request
 
 __all__ = [
     "CHECKS_AHEAD",
@@ -59,6 +63,7 @@ __all__ = [
     "FileChecks",
     "check_footer",
     "check_size",
+    "compare_state",
     "current_state",
     "mtime_of",
     "process_local",
@@ -71,6 +76,10 @@ CHECK_THREADS = 8
 CHECKS_AHEAD = 4 * CHECK_THREADS
 """Remote files of a pass checked ahead of the reads, at most, per reader: enough to keep
 the threads busy while the reads catch up, few enough that a pass starts at once."""
+
+T = TypeVar("T")
+Verify = Callable[[tuple[int | None, float | None] | None], None]
+"""Checks the state a read's response reported: ``(size, mtime)``, or ``None`` (no such file)."""
 
 _POOL_LOCK = threading.Lock()
 _POOL: list[tuple[int, ThreadPoolExecutor]] = []
@@ -96,6 +105,7 @@ def current_state(fs: FileSystemSpec, path: str) -> tuple[int, float | None]:
         st = os.stat(path)  # follows symlinks, as listing does
         return st.st_size, st.st_mtime
     if fs.native:
+        count_request("heads")
         info = fs.arrow().get_file_info(path)
         if info.type == pafs.FileType.NotFound:
             raise FileNotFoundError(path)
@@ -303,14 +313,7 @@ class FileChecks:
             _check_now(self.fs, path, size, mtime, manifest=self.manifest)
             done[path] = _OK
             return
-        owner = False
-        with self._lock:
-            found = self._done.get(path)
-            if found is None:
-                found = self._done[path] = Future()
-                owner = True
-            self._sent.discard(path)
-            self._send()
+        found, owner = self._claim(path, sent=True)
         if found is _OK:
             return
         if owner:
@@ -321,9 +324,73 @@ class FileChecks:
                 raise
             found.set_result(None)
         found.result()  # raises the check's error, on every read of the file in this pass
+        self._settled(path, found)
+
+    def _claim(self, path: str, *, sent: bool = False) -> tuple[Any, bool]:
+        """The pass's entry of ``path`` (``_OK`` or its check's future), and whether the caller checks it.
+
+        ``sent``: the file is being read, so its check sent ahead is no longer ahead
+        (another is sent in its place).
+        """
+        with self._lock:
+            found = self._done.get(path)
+            owner = found is None
+            if owner:
+                found = self._done[path] = Future()
+            if sent:
+                self._sent.discard(path)
+                self._send()
+        return found, owner
+
+    def _settled(self, path: str, found: Any) -> None:
+        """``path``'s check ``found`` passed: later reads of the pass need not wait for it."""
         with self._lock:
             if self._done.get(path) is found:
                 self._done[path] = _OK
+
+    def read_checked(
+        self, path: str, size: int, mtime: float | None, read: Callable[[Verify | None], T]
+    ) -> T:
+        """A read of ``path`` that also checks it against the plan, with no request of its own.
+
+        For storages whose reads tell the file's state (:attr:`FileSystemSpec.observes`):
+        the first read of ``path`` in the pass is called with a ``verify`` callable, which
+        the read calls with the state its response reported (raising
+        :class:`FileChangedError` when it differs from ``size`` and ``mtime``); the other
+        reads are called with ``None``, may run at the same time, and return only once
+        that first read found the file unchanged.
+
+        Args:
+            path: The file.
+            size: Its planned size.
+            mtime: Its planned modification time, or ``None``.
+            read: Reads the bytes; calls its argument, when given, with ``(size, mtime)``
+                reported by the storage, or ``None`` when the file does not exist.
+
+        Raises:
+            FileChangedError: the file is not the planned one (on every read of it in the pass).
+        """
+        self._check_process()
+        found, owner = self._claim(path)
+        if found is _OK:
+            return read(None)
+        if not owner:
+            try:
+                data = read(None)
+            except BaseException:
+                found.result()  # the file's own check failed: its error says more
+                raise
+            found.result()
+            return data
+        verify = functools.partial(compare_state, self.fs, path, size, mtime, manifest=self.manifest)
+        try:
+            data = read(lambda now: verify(now))
+        except BaseException as exc:
+            found.set_exception(exc)
+            raise
+        found.set_result(None)
+        self._settled(path, found)
+        return data
 
 
 _CACHE_HINT = (
@@ -361,10 +428,50 @@ def _check_now(
 ) -> None:
     remote = not fs.is_local
     try:
-        now_size, now_mtime = current_state(fs, path)
+        now = current_state(fs, path)
         if remote and on_request is not None:
             on_request()
     except FileNotFoundError as exc:
+        compare_state(fs, path, size, mtime, None, manifest, cause=exc)
+        return
+    except OSError as exc:
+        where = f" on {fs.endpoint}" if fs.endpoint else ""
+        raise ReadError(
+            f"cannot check {fs.display(path)!r}{where} against the plan (its size and modification "
+            f"time): {describe_failure(exc, fs.deadline)}"
+        ) from exc
+    compare_state(fs, path, size, mtime, now, manifest)
+
+
+def compare_state(
+    fs: FileSystemSpec,
+    path: str,
+    size: int,
+    mtime: float | None,
+    now: tuple[int | None, float | None] | None,
+    manifest: str | None = None,
+    *,
+    cause: BaseException | None = None,
+) -> None:
+    """Raise :class:`FileChangedError` when ``path`` as it is ``now`` is not the planned file.
+
+    Args:
+        fs: The file's filesystem.
+        path: The file.
+        size: Its planned size.
+        mtime: Its planned modification time (``None``: not compared).
+        now: ``(size, mtime)`` the storage reports now (either ``None``: not reported),
+            or ``None`` when the file does not exist.
+        manifest: The reshard manifest it was planned from, if any.
+        cause: The error that said the file does not exist.
+
+    Raises:
+        FileChangedError: the file was deleted, or its size or time differ.
+        IncompatibleOptionsError: a process-local filesystem (memory) seen empty by a
+            DataLoader worker that did not fork from the process holding it.
+    """
+    remote = not fs.is_local
+    if now is None:
         if process_local(fs) and multiprocessing.parent_process() is not None:
             raise IncompatibleOptionsError(
                 f"{fs.display(path)!r} is not in this process's {_local_kind(fs)}: such a filesystem "
@@ -372,7 +479,7 @@ def _check_now(
                 "DataLoader worker started with multiprocessing_context='spawn' or 'forkserver' sees "
                 "it empty. Pass multiprocessing_context='fork' (the worker starts as a copy of this "
                 "process), num_workers=0, or put the files on disk or object storage"
-            ) from exc
+            ) from cause
         advice = (
             stale_advice(manifest)
             if manifest is not None
@@ -380,13 +487,9 @@ def _check_now(
         )
         raise FileChangedError(
             f"{fs.display(path)!r} was deleted after the dataset was built (it was {size} bytes); {advice}"
-        ) from exc
-    except OSError as exc:
-        where = f" on {fs.endpoint}" if fs.endpoint else ""
-        raise ReadError(
-            f"cannot check {fs.display(path)!r}{where} against the plan (its size and modification "
-            f"time): {describe_failure(exc, fs.deadline)}"
-        ) from exc
+        ) from cause
+    now_size = size if now[0] is None else now[0]
+    now_mtime = now[1]
     changed = now_size != size or (
         mtime is not None and now_mtime is not None and not _same_time(mtime, now_mtime, remote)
     )

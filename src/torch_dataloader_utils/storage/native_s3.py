@@ -1,7 +1,9 @@
 """Whether pyarrow's native S3 client provably reaches the storage s3fs would.
 
-The native client (``pyarrow.fs.S3FileSystem``) reads bytes faster than s3fs, but it is a
-second client: it knows only the options it is given. It reaches the same storage with
+The native client (``pyarrow.fs.S3FileSystem``) reads the files pyarrow's own readers
+open (ORC, CSV / JSONL; Parquet ranges are direct GETs through s3fs's client, since a
+native file sends a HEAD when opened). It is a second client: it knows only the
+options it is given. It reaches the same storage with
 the same credentials only when
 
 * every s3fs option was translated (:func:`~torch_dataloader_utils.storage.fs.native_s3_options`

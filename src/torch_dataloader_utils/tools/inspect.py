@@ -36,6 +36,7 @@ from torch_dataloader_utils.plan.summary import (
 )
 from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.report import describe_files, size
+from torch_dataloader_utils.tools.cost import RequestPlan, predict_plan, render_requests
 from torch_dataloader_utils.tools.plan import _strategy, plan_of
 from torch_dataloader_utils.tools.source import Source, open_dataset
 
@@ -59,6 +60,9 @@ class InspectRequest:
         num_workers: Workers per rank the recommendation is for.
         top: Largest files listed.
         as_json: Print JSON instead of text.
+        price_per_1000: What 1,000 GET / HEAD requests cost (shown with the predicted
+            requests), or ``None``.
+        list_price_per_1000: What 1,000 LIST / PUT requests cost (``None``: ``price_per_1000``).
     """
 
     source: Source
@@ -66,6 +70,8 @@ class InspectRequest:
     num_workers: int = 1
     top: int = 5
     as_json: bool = False
+    price_per_1000: float | None = None
+    list_price_per_1000: float | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,8 @@ class Inspection:
         split_used: The split the options give (with ``--shuffle``, finer when the row
             mixing needs more chunks per reader).
         files_per_batch: Expected distinct files in a batch with these options, or ``None``.
+        requests: The requests of the start and of one epoch (:mod:`~.tools.cost`).
+        prices: ``(price_per_1000, list_price_per_1000)`` they are priced at, if given.
     """
 
     source: str
@@ -105,6 +113,8 @@ class Inspection:
     data_path: str = ""
     split_used: str = ""
     files_per_batch: float | None = None
+    requests: RequestPlan | None = None
+    prices: tuple[float | None, float | None] = (None, None)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON-ready)."""
@@ -131,6 +141,7 @@ class Inspection:
             "data_path": self.data_path,
             "split_used": self.split_used,
             "files_per_batch": self.files_per_batch,
+            "requests": None if self.requests is None else self.requests.as_dict(*self.prices),
         }
 
 
@@ -281,6 +292,8 @@ def inspect_dataset(request: InspectRequest) -> Inspection:
         data_path=_data_path(dataset),
         split_used=_strategy(dataset.split_strategy),
         files_per_batch=spread,
+        requests=predict_plan(dataset, 0, request.num_workers),
+        prices=(request.price_per_1000, request.list_price_per_1000),
     )
 
 
@@ -350,6 +363,8 @@ def render_text(found: Inspection) -> str:
             f"split with these options: {found.split_used}; "
             f"expected files per batch: {found.files_per_batch:.1f}"
         )
+    if found.requests is not None:
+        lines.append(render_requests(found.requests, *found.prices))
     for issue in found.issues:
         lines.append(f"warning: {issue.message}")
     lines.append("recommendation:")

@@ -14,7 +14,8 @@ The model, from the plan (the library's own) and a few numbers:
   (``receive_rate``) in the process that reads, beside its decoding (its fetch threads
   share its interpreter); parsing a file's footer when its first chunk is fetched
   (``footer_sec``); one metadata request per remote file and pass (is it the planned
-  file?), 8 at once, each open waiting for its file's answer.
+  file?), 8 at once, each open waiting for its file's answer, except on S3, where a
+  file's first GET checks it.
 * **The main process**: its own time per batch (the DataLoader's machinery, tags,
   metrics), and the start-up of the DataLoader workers, both measured on this machine
   (:mod:`torch_dataloader_utils.runtime.calibrate`).
@@ -62,6 +63,7 @@ from torch_dataloader_utils.runtime.dataset import PlannedDataset
 from torch_dataloader_utils.runtime.emit import FIRST_GROUP_BATCHES, GROUP_BYTES
 from torch_dataloader_utils.runtime.report import size
 from torch_dataloader_utils.storage.identity import CHECK_THREADS, CHECKS_AHEAD
+from torch_dataloader_utils.tools.cost import predict_plan, render_requests
 from torch_dataloader_utils.tools.plan import PlanView, plan_of
 from torch_dataloader_utils.tools.source import Source, open_dataset
 from torch_dataloader_utils.transfer import pack_group
@@ -416,6 +418,7 @@ def simulate_worker(
     first_rows: int,
     start: float = 0.0,
     footer_sec: float = 0.0,
+    checks: bool = True,
 ) -> tuple[float, float, float, float]:
     """One worker reading ``chunks`` in order: ``(first_batch, finish, storage_wait, decode)`` seconds.
 
@@ -425,14 +428,15 @@ def simulate_worker(
     chunk fetched of a file costs ``footer_sec`` when it is fetched. Remote files
     (``latency_sec > 0``) are checked once per pass, :data:`CHECK_THREADS` at once: the
     first :data:`CHECKS_AHEAD` files at the start, each next one when a file is first
-    opened; a chunk is opened once its file's check answered.
+    opened; a chunk is opened once its file's check answered. ``checks=False``: the
+    storage's reads check their files themselves (S3), no request of their own.
     """
     threads = [start] * max(1, storage.concurrency)
     heapq.heapify(threads)
     ready: dict[int, float] = {}
     fetched = [sum(r) for r in requests]
     receive = math.isfinite(storage.receive_rate) and storage.receive_rate > 0
-    remote = storage.latency_sec > 0
+    remote = storage.latency_sec > 0 and checks
     order = list(dict.fromkeys(c.path for c in chunks)) if remote else []
     checked: dict[str, float] = {}
     checkers = [start] * CHECK_THREADS
@@ -531,6 +535,8 @@ def simulate(
         # One process reads and hands out batches: its per-batch cost slows its rows.
         rate = 1.0 / (1.0 / rate + decode.batch_sec / batching.batch_size)
     cache: dict[str, pq.FileMetaData] = {}
+    fs = getattr(getattr(dataset, "discovered", None), "fs", None)
+    checks = not getattr(fs, "observes", False)  # S3: a file's first GET checks it
     workers: list[WorkerTime] = []
     ranks: list[RankTime] = []
     for r in range(view.num_ranks):
@@ -542,7 +548,7 @@ def simulate(
             rows = sum(c.num_rows or 0 for c in chunks)
             first_rows = min(rows, max(group_rows, min(read_rows, chunks[0].num_rows or 0) if chunks else 0))
             first, finish, wait, dec = simulate_worker(
-                chunks, requests, storage, rate, first_rows, start, decode.footer_sec
+                chunks, requests, storage, rate, first_rows, start, decode.footer_sec, checks=checks
             )
             mine.append(
                 WorkerTime(r, w, rows, len(chunks), sum(len(q) for q in requests), first, finish, wait, dec)
@@ -595,6 +601,9 @@ class SimulateRequest:
         picture: Draw the predicted epoch to this ``.png`` / ``.svg`` / ``.pdf`` file
             (a timeline per rank and worker, :func:`~.picture.draw_timeline`).
         picture_ranks: Ranks drawn at most.
+        price_per_1000: What 1,000 GET / HEAD requests cost (the predicted requests are
+            priced at it), or ``None``.
+        list_price_per_1000: What 1,000 LIST / PUT requests cost (``None``: ``price_per_1000``).
     """
 
     source: Source
@@ -610,6 +619,8 @@ class SimulateRequest:
     as_json: bool = False
     picture: Path | None = None
     picture_ranks: int = 16
+    price_per_1000: float | None = None
+    list_price_per_1000: float | None = None
 
     def __post_init__(self) -> None:
         if self.decode_rate is not None:
@@ -710,8 +721,10 @@ def render_text(request: SimulateRequest, sim: Simulation) -> str:
 
 
 def run_simulate(request: SimulateRequest) -> str:
-    """Simulate and return the report (text or JSON)."""
-    _, sim = run_simulation(request)
+    """Simulate and return the report (text or JSON), with the requests it sends and their cost."""
+    dataset, sim = run_simulation(request)
+    requests = predict_plan(dataset, request.epoch, request.num_workers)
+    prices = (request.price_per_1000, request.list_price_per_1000)
     note = ""
     if request.picture is not None:
         from torch_dataloader_utils.tools.picture import draw_timeline
@@ -726,5 +739,5 @@ def run_simulate(request: SimulateRequest) -> str:
         lanes = len({(b.rank, b.worker) for b in drawn})
         note = f"\npicture: {request.picture} ({lanes:,} workers drawn)"
     if request.as_json:
-        return json.dumps(sim.as_dict(), indent=1)
-    return render_text(request, sim) + note
+        return json.dumps({**sim.as_dict(), "requests": requests.as_dict(*prices)}, indent=1)
+    return render_text(request, sim) + "\n\n" + render_requests(requests, *prices) + note

@@ -39,6 +39,10 @@ class Tagger(Protocol):
         """The position after a yielded batch of ``rows`` rows (and ``nbytes`` Arrow bytes)."""
         ...
 
+    def take_removed(self) -> tuple[tuple[int, int], ...]:
+        """``(planned position, rows)`` runs left out since the last call (the training ledger's skips)."""
+        ...
+
 
 class Reading(NamedTuple):
     """What one reading process reads of a pass.

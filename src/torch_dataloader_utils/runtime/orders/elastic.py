@@ -12,16 +12,17 @@ the parts (:class:`~torch_dataloader_utils.runtime.elastic.Joiner`).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches
 from torch_dataloader_utils.errors import warn
-from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS
+from torch_dataloader_utils.io.pieces import MIX_WORKER_READ_ROWS, piece_reads
 from torch_dataloader_utils.plan.bounded import BoundedDict
 from torch_dataloader_utils.plan.elastic import Canonical
 from torch_dataloader_utils.plan.state import Segment
-from torch_dataloader_utils.plan.types import EpochPlan, WorkerChunks
+from torch_dataloader_utils.plan.types import Chunk, EpochPlan, WorkerChunks
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.elastic import (
     ElasticPlans,
@@ -149,6 +150,13 @@ class ElasticOrder(SegmentOrder):
         streams = self.streams.of_worker(epoch, self.live(epoch), slot.id, slot.count)
         return tuple(c for pieces in streams for p in pieces for c in p.chunks)
 
+    def next_chunks(self, slot: env.WorkerSlot, epoch: int) -> Sequence[Chunk]:
+        """The first chunks of the worker's streams of the next epoch, in turn (its batches draw from all)."""
+        streams = self.streams.of_worker(epoch + 1, (), slot.id, slot.count)
+        files = self.source.table if self.exact else None
+        reads = [[c for piece in stream for c in piece_reads(piece, files)] for stream in streams]
+        return [c for turn in itertools.zip_longest(*reads) for c in turn if c is not None]
+
     # -- reading -------------------------------------------------------------------------------
     def batches(self, slot: env.WorkerSlot, epoch: int, converted_parts: bool = False) -> Reading:
         """This process's streams read side by side: whole batches, or its parts of them."""
@@ -158,6 +166,7 @@ class ElasticOrder(SegmentOrder):
         flag = PADDING_COLUMN if batching.equal_batches is EqualBatches.PAD else None
         streams = self.streams.of_worker(epoch, self.live(epoch), slot.id, slot.count)
         work = WorkStats(reader, sum(map(len, streams)), flag)
+        self._warm_next(slot, epoch)
         joined = slot.in_worker and self.layout.readers(slot.count) > 1
         batches = interleave(
             reader,

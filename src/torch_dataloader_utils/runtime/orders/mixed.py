@@ -76,9 +76,18 @@ from torch_dataloader_utils.runtime.orders.source import SourcePlan
 from torch_dataloader_utils.runtime.state import Live, PassLog, Tagged
 from torch_dataloader_utils.runtime.workstats import WorkStats
 
-__all__ = ["AHEAD_ROWS", "MixStart", "MixedOrder", "PassStart", "Sequencer"]
+__all__ = [
+    "AHEAD_ROWS",
+    "ORDER_SALT",
+    "MixStart",
+    "MixedOrder",
+    "PassStart",
+    "Sequencer",
+    "complete_mix_state",
+]
 
-_ORDER_SALT = 0x6D6978  # keys the row order inside a mixed batch, apart from other draws
+ORDER_SALT = 0x6D6978
+"""Keys the row order inside a mixed batch, apart from other draws (the ledger's replay draws it too)."""
 _PHASE_SALT = 0x706861  # keys where a pass starts in the blend's cycle
 
 AHEAD_ROWS = 65536
@@ -643,7 +652,7 @@ class MixedOrder:
         shuffle = self.options.shuffle
         order = None
         if shuffle.shuffle and total >= 2:  # the batch's rows in a seeded order
-            order = permutation(total, shuffle.shuffle_seed, *key, _ORDER_SALT)
+            order = permutation(total, shuffle.shuffle_seed, *key, ORDER_SALT)
         if not parts:  # every row of the batch was a skipped unit's
             return BatchParts([pa.RecordBatch.from_pylist([], schema=self._schema())], order, tuple(rows))
         arrays = [v for v in views if v is not None]  # every slice's numpy views, when it has them
@@ -731,7 +740,7 @@ class MixedOrder:
             ResumeStateError: not a state of a mix, another version, or not every rank.
             StateMismatchError: saved for other sources or options (says what changed).
         """
-        state = _complete(state, self.world.num_ranks)
+        state = complete_mix_state(state, self.world.num_ranks)
         undo = self._adopt_splits(state)
         try:
             return self._load(MixState.parse(state, self.fingerprint(), self.mix.allow_recipe_change))
@@ -1064,7 +1073,7 @@ def _check_taken(state: MixState, plan: PassPlan, received: Sequence[int]) -> No
             )
 
 
-def _complete(state: Mapping[str, Any], num_ranks: int) -> Mapping[str, Any]:
+def complete_mix_state(state: Mapping[str, Any], num_ranks: int) -> Mapping[str, Any]:
     """A rank's own state completed with the other ranks' (under an initialized process group)."""
     if (
         num_ranks < 2

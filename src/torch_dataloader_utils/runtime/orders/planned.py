@@ -30,7 +30,7 @@ from torch_dataloader_utils.plan.planner import Planner, RankPlan, nondeterminis
 from torch_dataloader_utils.plan.resume import Resumer, group
 from torch_dataloader_utils.plan.spread import SPREAD_RANKS, FileSpread
 from torch_dataloader_utils.plan.state import ResumeState, Segment, saved_options, segments_of
-from torch_dataloader_utils.plan.types import EpochPlan, WorkerChunks
+from torch_dataloader_utils.plan.types import Chunk, EpochPlan, WorkerChunks
 from torch_dataloader_utils.runtime import env
 from torch_dataloader_utils.runtime.emit import Positions
 from torch_dataloader_utils.runtime.options import Options
@@ -288,6 +288,22 @@ class SegmentOrder:
 
     def _dropped(self, epoch: int) -> Sequence[Any]:
         return self.source.planner.dropped(epoch, self.readers())
+
+    def _warm_next(self, slot: env.WorkerSlot, epoch: int) -> None:
+        """Warm the node-local cache with this worker's first chunks of the next epoch (idle threads)."""
+        count = self.options.cache.data_cache_prefetch
+        if not count:
+            return
+        try:
+            chunks = list(self.next_chunks(slot, epoch))
+        except Exception as exc:  # best effort: never stop the epoch being read
+            log.debug("no cache warming for epoch %d: %s", epoch + 1, exc)
+            return
+        self.source.reader.warm(chunks[:count])
+
+    def next_chunks(self, slot: env.WorkerSlot, epoch: int) -> Sequence[Chunk]:
+        """The chunks the reading process ``slot`` reads first in the epoch after ``epoch``, in order."""
+        raise NotImplementedError
 
     def decodes_ahead(self, slot: env.WorkerSlot) -> bool:
         """Whether ``slot`` decodes ahead of its caller (it has a CPU to spare, or was told to).
@@ -642,17 +658,9 @@ class PlannedOrder(SegmentOrder):
         cpus = env.cpus_per_rank()
         return helpers(cpus // slot.count - 1 if slot.in_worker else cpus - 2)
 
-    def _warm_next(self, slot: env.WorkerSlot, epoch: int) -> None:
-        """Warm the node-local cache with this worker's first chunks of the next epoch (idle threads)."""
-        count = self.options.cache.data_cache_prefetch
-        if not count:
-            return
-        try:
-            chunks = self.rank_plan(epoch + 1, slot.count).chunks_for(slot.id)
-        except Exception as exc:  # best effort: never stop the epoch being read
-            log.debug("no cache warming for epoch %d: %s", epoch + 1, exc)
-            return
-        self.source.reader.warm(list(chunks[:count]))
+    def next_chunks(self, slot: env.WorkerSlot, epoch: int) -> Sequence[Chunk]:
+        """The chunks the reading process ``slot`` reads first in the epoch after ``epoch``, in order."""
+        return self.rank_plan(epoch + 1, slot.count).chunks_for(slot.id)
 
     def batches(self, slot: env.WorkerSlot, epoch: int, converted_parts: bool = False) -> Reading:
         """The batches the reading process ``slot`` reads of the current pass over ``epoch``."""
