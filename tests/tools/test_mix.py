@@ -101,3 +101,26 @@ def test_plan_explains_a_last_batch_filled_from_a_small_sources_epochs(
     assert "With batch_size <= 20 the epoch has 10 or more batches" in out
     assert main(["plan", "--mix", json.dumps(recipe), "--batch-size", "20"]) == 0
     assert "note:" not in capsys.readouterr().out  # batches of 20: the weights hold, nothing to explain
+
+
+def test_plan_shows_a_schedules_stages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A recipe's weights may be stages by step or a schedule by rows; plan shows where each starts."""
+    paths = [write_source(tmp_path / name, s, 100) for s, name in enumerate("ab")]
+    sources = [{"path": p} for p in paths]
+    for weights, second in (
+        ([[0, [1, 1]], [3, [3, 1]]], 3),
+        ({"unit": "rows", "stages": [[0, [1, 1]], [60, [3, 1]]]}, 6),
+    ):
+        assert (
+            main(
+                ["plan", "--mix", json.dumps({"sources": sources, "weights": weights}), "--batch-size", "10"]
+            )
+            == 0
+        )
+        out = capsys.readouterr().out
+        assert "  stage 0 from step 0: weights [1, 1]" in out
+        assert f"  stage 1 from step {second}: weights [3, 1]" in out  # rows: the first batch from row 60
+    bad = {"sources": sources, "weights": {"unit": "days", "stages": [[0, [1, 1]]]}}
+    with pytest.raises(SystemExit):
+        main(["plan", "--mix", json.dumps(bad)])
+    assert "\"weights\": unit='days' is not a schedule unit; use 'step'" in capsys.readouterr().err
