@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -93,7 +94,12 @@ class OrderedDataset(IterableDataset[Any]):
         ledger = options.loader.ledger
         self._ledger = None if ledger is None else PassLedger(ledger, options.world.rank)
         self._loaded: Mapping[str, Any] | None = None
-        self._pass: Pass | None = None
+        self._pass: weakref.ref[Pass] | None = None  # weak: a pass holds its dataset
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pass"] = None  # the main process's pass stays there (and a weak reference cannot travel)
+        return state
 
     # -- values -------------------------------------------------------------------------------
     @property
@@ -169,7 +175,8 @@ class OrderedDataset(IterableDataset[Any]):
         pinned = transport is not None and transport.every_size
         cap = group_cap(per_row, self._options.batching.batch_size, pinned)
         self._group_cap.fill_(cap)
-        opened = self._pass = Pass(self, progress, handoff)
+        opened = Pass(self, progress, handoff)
+        self._pass = weakref.ref(opened)
         if self._ledger is not None:  # the pass's record, before its workers start
             self._ledger.begin(self, epoch, num_workers, cap, self._loaded)
             opened.ledger = self._ledger
@@ -381,7 +388,8 @@ class OrderedDataset(IterableDataset[Any]):
             )
         state = self._order.state(self.epoch).to_json()
         if self._ledger is not None:  # the training ledger's step count goes on after a resume
-            handed = self._pass.handed if self._pass is not None and self._pass.ledger is not None else 0
+            live = self._pass() if self._pass is not None else None
+            handed = live.handed if live is not None and live.ledger is not None else 0
             state["steps"] = {str(self.world.rank): self._ledger.steps_at(handed)}
         return state
 
