@@ -24,10 +24,11 @@ slow"``, the ``quick`` Hypothesis profile); ``make test`` runs everything.
 The budget (``--tier-budget SECONDS``, 2 in ``make``): the tests with no tier whose call
 takes more CPU than that are listed, and the ten slowest tests of each tier are printed.
 ``--tier-budget-fail SECONDS`` fails the run when one takes more than that: 2 in ``make
-quick`` (the developer's loop), 5 in ``make test`` (what CI runs). CI's limit has a margin
-because CPU seconds differ from machine to machine and under contention (tests at 1.8-2.1 s
-measured on one machine): a correct suite must not fail on a slower CI machine, while a test
-that belongs in a tier (5 s and more) still fails it.
+quick`` (the developer's loop), 10 in ``make test`` (what CI runs). CI's limit has a margin
+because CPU seconds differ from machine to machine, under contention, and with the examples
+Hypothesis draws (one test took 1.7 and 4.95 CPU seconds in two runs on one machine): a
+correct suite must not fail on a slower CI machine, while a test that belongs in a tier (10
+s and more) still fails it.
 
 CPU, not wall time: the test's process (all its threads) plus the child
 processes that ended during it (DataLoader workers), which a loaded machine does not
@@ -203,6 +204,16 @@ SLOW_TESTS = {
     "tests/runtime/test_transfer_blocks.py::test_pinned_pool_releases_its_ranges_when_collected": 1.98,
     "tests/runtime/test_transfer_blocks.py::"
     "test_a_held_batch_keeps_its_segment_busy_after_its_group_is_dropped": 1.86,
+    # The whole suite after the ledger and mixture merges (load 4-5); Hypothesis draws new
+    # examples every run, and these went from 1.5-1.7 to 2-5 CPU seconds between two runs.
+    "tests/tools/test_reshard.py::test_every_source_row_lands_in_exactly_one_shard": 4.95,
+    "tests/runtime/test_order_contract.py::test_every_orders_state_round_trips": 2.45,
+    "tests/hostile/test_cache_findings.py::"
+    "test_item_5_loaders_with_their_own_cache_directories_leave_no_descriptor_open": 2.15,
+    "tests/runtime/test_recipes.py::test_resume_with_workers_into_other_workers_and_ranks": 1.99,
+    "tests/tools/test_ledger.py::test_where_finds_every_step_that_saw_a_row_and_no_other": 1.9,
+    "tests/test_doc_recipes.py::test_packed_training_recipe_runs": 1.71,
+    "tests/tools/test_ledger.py::test_replay_gives_back_every_batch_the_loop_received": 1.69,
 }
 
 
