@@ -22,7 +22,10 @@ No request is sent that a read does not need. On S3 a ranged read is one GET thr
 the s3fs client's botocore client (:meth:`FileSystemSpec.read_observed`): pyarrow's S3
 files send a HEAD when opened (its Python API opens by path, never with the listed
 size). The GET's own response tells the file's size and modification time, so checking
-a file against the plan costs no request of its own. Every request is counted by kind
+a file against the plan costs no request of its own. Parquet footers, thousands at
+once at discovery, are read through the native client where it is used
+(:attr:`FileSystemSpec.native_footers`): one GET each, no HEAD, at a fraction of
+botocore's CPU. Every request is counted by kind
 (:mod:`~torch_dataloader_utils.storage.requests`).
 """
 
