@@ -102,21 +102,24 @@ def ensure_data(root: Path, quick: bool) -> dict[str, str]:
 
 
 def resolve(ref: str) -> str:
-    """A commit for ``ref``: a git ref, or a released version (the last commit carrying it)."""
+    """A commit for ``ref``: a git ref, or a released version.
+
+    A version is its release tag (``v0.7.0``: the commit that landed, tagged when it was
+    released) or, in a clone without tags, the commit that set it in pyproject.toml (the
+    release's own commit; later fixes of the same release are left out). Never the last
+    commit before the next version: the next version's work is done under the old number.
+    """
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True).stdout.strip()
 
-    commit = git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
-    if commit:
-        return commit
-    # A version: newest first, the commits that changed pyproject's version line; the one
-    # that set `ref` is followed (newer) by the one that changed it again.
-    newer = "HEAD"
+    for name in (f"v{ref}", ref):
+        commit = git("rev-parse", "--verify", "--quiet", f"{name}^{{commit}}")
+        if commit:
+            return commit
     for c in git("log", "--format=%H", "-G", r"^version = ", "--", "pyproject.toml").split():
         if f'version = "{ref}"' in git("show", f"{c}:pyproject.toml").splitlines():
-            return git("rev-parse", newer if newer == "HEAD" else f"{newer}^")
-        newer = c
+            return c
     raise SystemExit(f"compare.py: {ref!r} is neither a git ref nor a version in pyproject.toml's history")
 
 

@@ -70,6 +70,7 @@ from torch_dataloader_utils.errors import (
     UnknownLengthError,
     UnknownOptionError,
 )
+from torch_dataloader_utils.plan.schedule import MixSchedule, ScheduleUnit, Stage
 from torch_dataloader_utils.plan.splits import LegacySplitStrategy, SplitStrategy
 from torch_dataloader_utils.plan.state import merge_states
 from torch_dataloader_utils.plan.types import (
@@ -179,6 +180,7 @@ __all__ = [
     "LegacySplitStrategy",
     "LoaderMetrics",
     "MissingDependencyError",
+    "MixSchedule",
     "MixedDataLoader",
     "MixedDataset",
     "MixedLoaderOptions",
@@ -204,6 +206,7 @@ __all__ = [
     "ResumeStateError",
     "RoundRobinSplitStrategy",
     "RowGroup",
+    "ScheduleUnit",
     "SchemaError",
     "SchemaMismatchError",
     "SequencePack",
@@ -212,6 +215,7 @@ __all__ = [
     "Split",
     "SplitKind",
     "SplitStrategy",
+    "Stage",
     "StateMismatchError",
     "StringLayout",
     "StructuredDataset",

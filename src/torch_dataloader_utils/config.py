@@ -29,6 +29,7 @@ from torch_dataloader_utils.errors import (
     OptionTypeError,
 )
 from torch_dataloader_utils.plan.mixing import DEFAULT_MIX_ROWS, RowMixing
+from torch_dataloader_utils.plan.schedule import MixSchedule
 from torch_dataloader_utils.plan.types import EqualBatches  # defined in pure plan/, coerced here
 from torch_dataloader_utils.storage.redact import RedactedRepr, redact
 
@@ -348,39 +349,66 @@ class MixConfig:
     """How the sources of :func:`~torch_dataloader_utils.create_mixed_dataloader` are mixed.
 
     Attributes:
-        weights: One weight > 0 per source: its share of every batch's rows is
-            ``weight / sum(weights)``.
+        weights: One weight > 0 per source (its share of every batch's rows is ``weight /
+            sum(weights)``), or a schedule of them (:class:`~torch_dataloader_utils.MixSchedule`;
+            a list of ``(step, weights)`` pairs and a function of the step are made one).
         on_exhausted: What happens when a source has read its epoch (:class:`OnExhausted`).
         source_column: Add an int32 column of this name holding each row's source index
             (its position in ``sources``), or ``None``.
+        allow_recipe_change: ``load_state_dict`` takes a state saved with other weights,
+            or with sources added or removed (matched by name).
     """
 
-    weights: tuple[float, ...]
+    weights: tuple[float, ...] | MixSchedule
     on_exhausted: OnExhausted = OnExhausted.CYCLE
     source_column: str | None = None
+    allow_recipe_change: bool = False
 
     def __post_init__(self) -> None:
-        weights = self.weights
-        if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence) or not weights:
-            raise ConfigError(
-                f"weights={weights!r} must be a non-empty list of numbers > 0, one per source, "
-                "e.g. weights=[0.5, 0.3, 0.2]"
-            )
-        for w in weights:
-            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not w > 0 or not math.isfinite(w):
-                raise ConfigError(
-                    f"weights={list(weights)!r}: every weight must be a finite number > 0 (got {w!r}); "
-                    "leave a source out instead of giving it weight 0"
-                )
-        object.__setattr__(
-            self, "weights", tuple(int(w) if isinstance(w, numbers.Integral) else float(w) for w in weights)
-        )
+        object.__setattr__(self, "weights", _mix_weights(self.weights))
         object.__setattr__(self, "on_exhausted", coerce_enum(self.on_exhausted, OnExhausted, "on_exhausted"))
         column = self.source_column
         if column is not None and (not isinstance(column, str) or not column):
             raise ConfigError(
                 f"source_column={column!r} must be a column name (str), e.g. source_column='source', or None"
             )
+        if not isinstance(self.allow_recipe_change, bool):
+            raise ConfigError(f"allow_recipe_change={self.allow_recipe_change!r} must be True or False")
+
+    @property
+    def schedule(self) -> MixSchedule:
+        """The weights as a schedule (fixed weights: one stage from step 0)."""
+        weights = self.weights
+        return weights if isinstance(weights, MixSchedule) else MixSchedule.constant(weights)
+
+    @property
+    def num_sources(self) -> int | None:
+        """Weights per stage (``None``: a function's, known when it is called)."""
+        weights = self.weights
+        return weights.num_sources if isinstance(weights, MixSchedule) else len(weights)
+
+
+def _mix_weights(weights: object) -> tuple[float, ...] | MixSchedule:
+    """``weights=`` of a mix: numbers (as a tuple), or a schedule (pairs and functions made one)."""
+    if isinstance(weights, MixSchedule):
+        return weights
+    if callable(weights) and not isinstance(weights, type):
+        return MixSchedule.of(weights)
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence) or not weights:
+        raise ConfigError(
+            f"weights={weights!r} must be a non-empty list of numbers > 0, one per source, e.g. "
+            "weights=[0.5, 0.3, 0.2]; or a schedule: [(0, [0.6, 0.4]), (50_000, [0.4, 0.6])] (stages by "
+            "step), MixSchedule(..., unit='rows'), or a function of the step"
+        )
+    if all(isinstance(w, Sequence) and not isinstance(w, (str, bytes)) for w in weights):
+        return MixSchedule(weights)
+    for w in weights:
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or float(w) <= 0:
+            raise ConfigError(
+                f"weights={list(weights)!r}: every weight must be a finite number > 0 (got {w!r}); "
+                "leave a source out instead of giving it weight 0"
+            )
+    return tuple(int(w) if isinstance(w, numbers.Integral) else float(w) for w in weights)
 
 
 DEFAULT_EQUAL_BATCHES = EqualBatches.DROP

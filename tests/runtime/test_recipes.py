@@ -491,3 +491,14 @@ def test_an_iceberg_table_with_deletes_mixed_with_files(iceberg_catalog: Any, tm
         assert set(from_table) == set(live)  # deleted rows never appear
         assert max(from_table.values()) - min(from_table.values()) <= 1  # once per its epoch
         assert sorted(i for i in ids if i < SOURCE_ID_BASE) == list(range(200))  # the anchor, once
+
+
+def test_sources_given_as_a_path_names_the_parameter_the_value_and_the_fix(mix_sources: list[str]) -> None:
+    with pytest.raises(
+        ConfigError, match=r"sources='.*s0' is one path, not a list of sources: write sources=\[\{'path'"
+    ):
+        create_mixed_dataloader(mix_sources[0], [1])  # type: ignore[arg-type]
+    with pytest.raises(
+        ConfigError, match=r"sources\[1\]='.*s1' is a path; each source is a mapping.*write \{'path'"
+    ):
+        create_mixed_dataloader([{"path": mix_sources[0]}, mix_sources[1]], [1, 1])  # type: ignore[list-item]

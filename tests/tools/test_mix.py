@@ -75,3 +75,52 @@ def test_mix_errors(recipe: tuple[Path, list[str]], capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit):
         main(["plan", "--mix", '{"sources": []}'])
     assert "weights" in capsys.readouterr().err
+
+
+def test_plan_explains_a_last_batch_filled_from_a_small_sources_epochs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two sources of 100 rows, batches of 1,024: the one batch holds 100 rows of a and 924 of b.
+
+    Documented (docs/recipes.md, "The last batch of an epoch"): the anchor's last batch is
+    filled up from the other sources by weight; the plan says so, and which batch size
+    keeps the weights.
+    """
+    for name, s in (("a", 0), ("b", 1)):
+        write_source(tmp_path / name, s, 100)
+    recipe = {"sources": [{"path": str(tmp_path / "a")}, {"path": str(tmp_path / "b")}], "weights": [1, 1]}
+    assert main(["plan", "--mix", json.dumps(recipe)]) == 0
+    out = capsys.readouterr().out
+    rows = {
+        line.split()[0]: line.split()[-1] for line in out.splitlines() if line.strip()[:2] in ("a ", "b ")
+    }
+    assert rows == {"a": "100", "b": "924"}
+    assert "'a', whose epoch ends the mix's, has 100 rows per lane" in out
+    assert "'b' takes 924 rows there, 412 more than a batch at the weights holds" in out
+    assert "9.24 of its epochs this epoch" in out
+    assert "With batch_size <= 20 the epoch has 10 or more batches" in out
+    assert main(["plan", "--mix", json.dumps(recipe), "--batch-size", "20"]) == 0
+    assert "note:" not in capsys.readouterr().out  # batches of 20: the weights hold, nothing to explain
+
+
+def test_plan_shows_a_schedules_stages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A recipe's weights may be stages by step or a schedule by rows; plan shows where each starts."""
+    paths = [write_source(tmp_path / name, s, 100) for s, name in enumerate("ab")]
+    sources = [{"path": p} for p in paths]
+    for weights, second in (
+        ([[0, [1, 1]], [3, [3, 1]]], 3),
+        ({"unit": "rows", "stages": [[0, [1, 1]], [60, [3, 1]]]}, 6),
+    ):
+        assert (
+            main(
+                ["plan", "--mix", json.dumps({"sources": sources, "weights": weights}), "--batch-size", "10"]
+            )
+            == 0
+        )
+        out = capsys.readouterr().out
+        assert "  stage 0 from step 0: weights [1, 1]" in out
+        assert f"  stage 1 from step {second}: weights [3, 1]" in out  # rows: the first batch from row 60
+    bad = {"sources": sources, "weights": {"unit": "days", "stages": [[0, [1, 1]]]}}
+    with pytest.raises(SystemExit):
+        main(["plan", "--mix", json.dumps(bad)])
+    assert "\"weights\": unit='days' is not a schedule unit; use 'step'" in capsys.readouterr().err

@@ -30,10 +30,11 @@ Pure: stdlib and numpy only; nothing here reads data or the environment.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -46,11 +47,14 @@ __all__ = [
     "WEIGHT_DENOMINATOR",
     "Blend",
     "PassPlan",
+    "Run",
+    "Stages",
     "advance",
     "apportion",
     "blend_for",
     "integer_weights",
     "plan_pass",
+    "plan_staged_pass",
 ]
 
 MAX_PERIOD = 1 << 16
@@ -195,10 +199,27 @@ class Blend:
         return counts
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=32)
 def blend_for(weights: tuple[int, ...]) -> Blend:
     """The :class:`Blend` of ``weights``, built once per process (its cycle takes up to 0.3 s)."""
     return Blend(weights)
+
+
+@dataclass(frozen=True)
+class Run:
+    """Batches of a pass taken from one blend: from batch ``first`` to the next run's first.
+
+    Attributes:
+        first: The run's first batch.
+        blend: The weights' cycle.
+        phase: Slot of the cycle where the run starts.
+        stage: The schedule's stage the run starts in (0 for fixed weights).
+    """
+
+    first: int
+    blend: Blend
+    phase: int
+    stage: int = 0
 
 
 @dataclass(frozen=True)
@@ -206,9 +227,10 @@ class PassPlan:
     """Rows of every source in every batch of one pass of a lane (the same on every lane).
 
     Attributes:
-        blend: The weights' cycle.
+        runs: The pass's runs, in order: a run per stage of other weights (one with fixed
+            weights); batch ``t`` of run ``r`` takes the slots ``[phase + (t - first) *
+            batch_size, ...)`` of its blend's repeated cycle.
         batch_size: Rows per batch.
-        phase: Slot of the cycle where the pass starts.
         last: Index of the pass's last batch (the one where a limited source runs out).
         last_counts: Rows of every source in that batch.
         batches: Batches yielded: ``last + 1``, or ``last`` when a short last batch is
@@ -216,28 +238,49 @@ class PassPlan:
         taken: Rows of every source the whole pass takes (a dropped batch's too).
     """
 
-    blend: Blend
+    runs: tuple[Run, ...]
     batch_size: int
-    phase: int
     last: int
     last_counts: np.ndarray
     batches: int
     taken: np.ndarray
 
+    @property
+    def blend(self) -> Blend:
+        """The first run's blend (the only one with fixed weights)."""
+        return self.runs[0].blend
+
+    @property
+    def phase(self) -> int:
+        """Slot of the first run's cycle where the pass starts."""
+        return self.runs[0].phase
+
+    def run_of(self, t: int) -> Run:
+        """The run batch ``t`` belongs to."""
+        return self.runs[bisect.bisect_right([r.first for r in self.runs], t) - 1]
+
     def counts(self, t: int) -> np.ndarray:
         """Rows of every source in batch ``t`` (``0 <= t < batches``)."""
         if t == self.last:
             return self.last_counts
-        start = self.phase + t * self.batch_size
-        return self.blend.between(start, start + self.batch_size)
+        run = self.run_of(t)
+        start = run.phase + (t - run.first) * self.batch_size
+        return run.blend.between(start, start + self.batch_size)
 
     def counts_of(self, first: int, stop: int) -> np.ndarray:
         """Rows of every source in batches ``[first, stop)``: ``[stop - first, sources]`` (vectorized)."""
         stop = min(stop, self.batches)
         if stop <= first:
             return np.zeros((0, self.blend.num_sources), dtype=np.int64)
-        edges = self.phase + np.arange(first, stop + 1, dtype=np.int64) * self.batch_size
-        counts: np.ndarray = np.diff(self.blend.counts_at(edges), axis=0)
+        parts = []
+        ends = [r.first for r in self.runs[1:]] + [stop]
+        for run, end in zip(self.runs, ends, strict=True):
+            lo, hi = max(first, run.first), min(stop, end)
+            if lo >= hi:
+                continue
+            edges = run.phase + (np.arange(lo, hi + 1, dtype=np.int64) - run.first) * self.batch_size
+            parts.append(np.diff(run.blend.counts_at(edges), axis=0))
+        counts: np.ndarray = np.concatenate(parts)
         if first <= self.last < stop:
             counts[self.last - first] = self.last_counts
         return counts
@@ -246,7 +289,13 @@ class PassPlan:
         """Rows of every source in the pass's first ``batches`` batches (all of it at its end)."""
         if batches >= self.batches:
             return self.taken
-        return self.blend.between(self.phase, self.phase + batches * self.batch_size)
+        out = np.zeros(self.blend.num_sources, dtype=np.int64)
+        ends = [r.first for r in self.runs[1:]] + [batches]
+        for run, end in zip(self.runs, ends, strict=True):
+            n = min(batches, end) - run.first
+            if n > 0:
+                out += run.blend.between(run.phase, run.phase + n * self.batch_size)
+        return out
 
     @property
     def short(self) -> bool:
@@ -278,28 +327,93 @@ def plan_pass(
     limits: Sequence[int | None],
     drop_last: bool = False,
 ) -> PassPlan:
-    """The batches of a pass that ends when a limited source runs out.
+    """The batches of a pass of fixed weights that ends when a limited source runs out.
+
+    :func:`plan_staged_pass` with one stage: ``blend`` from ``phase`` on.
+    """
+    weights = tuple(int(w) for w in blend.weights)
+    return plan_staged_pass(
+        [(0, 0, weights)], batch_size, limits, lambda first, b: phase, drop_last, lambda w: blend
+    )
+
+
+Stages = Iterable[tuple[int, int, tuple[int, ...]]]
+"""``(first batch, stage, integer weights)`` of every stage a pass meets, in order, from batch 0."""
+
+
+def plan_staged_pass(
+    stages: Stages,
+    batch_size: int,
+    limits: Sequence[int | None],
+    phase_of: Callable[[int, Blend], int],
+    drop_last: bool = False,
+    blend_of: Callable[[tuple[int, ...]], Blend] = blend_for,
+) -> PassPlan:
+    """The batches of a pass whose weights change by stage, ending when a limited source runs out.
 
     Args:
-        blend: The weights' cycle.
+        stages: Every stage the pass meets, in order (may be endless: it is read only up
+            to the batch where the pass ends); the first from batch 0. Consecutive stages
+            of equal weights are one run.
         batch_size: Rows per batch.
-        phase: Slot of the cycle where the pass starts.
         limits: Rows every source can give before the pass must end (``None``: no limit,
             the source starts its next epoch when it runs out). At least one is an int >= 1.
+        phase_of: Slot of a run's cycle where it starts, from its first batch and blend.
         drop_last: Do not yield a short last batch (its rows still count as taken).
+        blend_of: The blend of a stage's integer weights.
 
-    The last batch takes what the exhausted sources have left; the rows they lack come
-    from the other sources, shared by weight (:func:`apportion`) and within their own
-    limits, so the batch is short only when every source ran out.
+    In every run, consecutive batches take consecutive slots of its blend's cycle, so the
+    proportions hold within a run as with fixed weights. The last batch takes what the
+    exhausted sources have left; the rows they lack come from the other sources, shared
+    by the last run's weights (:func:`apportion`) and within their own limits, so the
+    batch is short only when every source ran out.
     """
+    items = iter(stages)
+    first, stage, weights = next(items)
+    blend = blend_of(weights)
     if len(limits) != blend.num_sources:
         raise ValueError(f"{len(limits)} limits for {blend.num_sources} sources")
-    ends = [(s, n) for s, n in enumerate(limits) if n is not None]
-    if not ends or any(n < 1 for _, n in ends):
+    left = list(limits)
+    ends = [n for n in left if n is not None]
+    if not ends or any(n < 1 for n in ends):
         raise ValueError(f"at least one limit, and every limit >= 1, is needed; got {list(limits)}")
-    last = min(_runs_out(blend, batch_size, phase, s, n) for s, n in ends)
-    before = blend.between(phase, phase + last * batch_size)
-    want = blend.between(phase + last * batch_size, phase + (last + 1) * batch_size)
+    run = Run(first, blend, phase_of(first, blend), stage)
+    runs: list[Run] = []
+    before = np.zeros(blend.num_sources, dtype=np.int64)
+    while True:
+        end = run.first + min(
+            _runs_out(run.blend, batch_size, run.phase, s, n) for s, n in enumerate(left) if n is not None
+        )
+        nxt = next(items, None)
+        while nxt is not None and nxt[0] <= end and nxt[2] == weights:  # the same weights: the run goes on
+            nxt = next(items, None)
+        if nxt is None or nxt[0] > end:
+            break
+        took = run.blend.between(run.phase, run.phase + (nxt[0] - run.first) * batch_size)
+        before += took
+        left = [None if n is None else n - int(t) for n, t in zip(left, took, strict=True)]
+        runs.append(run)
+        first, stage, weights = nxt
+        blend = blend_of(weights)
+        run = Run(first, blend, phase_of(first, blend), stage)
+    runs.append(run)
+    return _ending(tuple(runs), batch_size, end, before, limits, drop_last)
+
+
+def _ending(
+    runs: tuple[Run, ...],
+    batch_size: int,
+    last: int,
+    earlier: np.ndarray,
+    limits: Sequence[int | None],
+    drop_last: bool,
+) -> PassPlan:
+    """The pass whose last batch is ``last`` (``earlier``: rows the runs before the last took)."""
+    run = runs[-1]
+    blend = run.blend
+    at = run.phase + (last - run.first) * batch_size
+    before = earlier + blend.between(run.phase, at)
+    want = blend.between(at, at + batch_size)
     room = np.array(
         [np.iinfo(np.int64).max if n is None else n - int(b) for n, b in zip(limits, before, strict=True)],
         dtype=np.int64,
@@ -319,9 +433,8 @@ def plan_pass(
             short -= n
     batches = last if short > 0 and drop_last else last + 1
     return PassPlan(
-        blend=blend,
+        runs=runs,
         batch_size=batch_size,
-        phase=phase,
         last=last,
         last_counts=give,
         batches=batches,

@@ -18,7 +18,7 @@ from torch_dataloader_utils.errors import ResumeStateError
 from torch_dataloader_utils.plan.mixstate import MIX_STATE_FORMAT, MIX_STATE_VERSION, check_mix_state
 from torch_dataloader_utils.plan.state import Segment
 
-__all__ = ["MixState", "Segments", "SourcePosition", "position_of"]
+__all__ = ["MixState", "Removed", "SchedulePoint", "Segments", "SourcePosition", "position_of"]
 
 Segments = tuple[Segment, ...]
 """The segments of a source's own resume state for one of its epochs (``()``: the whole epoch)."""
@@ -92,8 +92,120 @@ def position_of(value: object, where: str) -> SourcePosition:
 
 
 @dataclass(frozen=True)
+class SchedulePoint:
+    """Where a pass (or an epoch) started in the weights' schedule.
+
+    Attributes:
+        step: Batches every rank had received since the start of training.
+        rows: Rows every rank together had taken from the sources since then.
+        stage: The schedule's stage in force there (``None`` where not recorded).
+        weights: That stage's integer weights (``None`` where not recorded).
+    """
+
+    step: int = 0
+    rows: int = 0
+    stage: int | None = None
+    weights: tuple[int, ...] | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """Plain JSON values (``stage`` and ``weights`` only where recorded)."""
+        out: dict[str, Any] = {"step": self.step, "rows": self.rows}
+        if self.stage is not None and self.weights is not None:
+            out.update(stage=self.stage, weights=list(self.weights))
+        return out
+
+    @classmethod
+    def parse(cls, value: object, where: str, staged: bool) -> SchedulePoint:
+        """From a state's JSON (``staged``: with ``stage`` and ``weights``).
+
+        Raises:
+            ResumeStateError: not such a point.
+        """
+        keys = {"step", "rows", "stage", "weights"} if staged else {"step", "rows"}
+        if not isinstance(value, Mapping) or set(value) != keys:
+            raise ResumeStateError(
+                f"resume state field {where} is not a schedule point ({sorted(keys)}); pass what "
+                "loader.state_dict() returned, unchanged"
+            )
+        ints = [value[k] for k in ("step", "rows", "stage") if k in value]
+        weights = value.get("weights", [1])
+        if (
+            not all(type(i) is int and i >= 0 for i in ints)
+            or not isinstance(weights, list)
+            or not weights
+            or not all(type(w) is int and w >= 1 for w in weights)
+        ):
+            raise ResumeStateError(f"resume state field {where}={str(dict(value))[:80]} is damaged")
+        if not staged:
+            return cls(int(value["step"]), int(value["rows"]))
+        return cls(int(value["step"]), int(value["rows"]), int(value["stage"]), tuple(weights))
+
+
+@dataclass(frozen=True)
+class Removed:
+    """A source a recipe change left out, kept so that adding it back resumes it.
+
+    Attributes:
+        fingerprint: The source's own fingerprint (it must match when it comes back).
+        position: Where it stood when the pass that removed it started.
+        lanes: Lanes of the job that read that pass.
+        rows: Rows every such lane had read of it since (one per lane).
+    """
+
+    fingerprint: Mapping[str, Any]
+    position: SourcePosition
+    lanes: int
+    rows: tuple[int, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        """Plain JSON values: ``rows`` as runs ``[rows, lanes]``."""
+        runs: list[list[int]] = []
+        for n in self.rows:
+            if runs and runs[-1][0] == n:
+                runs[-1][1] += 1
+            else:
+                runs.append([n, 1])
+        return {
+            "fingerprint": dict(self.fingerprint),
+            "position": self.position.as_json(),
+            "lanes": self.lanes,
+            "rows": runs,
+        }
+
+    @classmethod
+    def parse(cls, value: object, where: str) -> Removed:
+        """From a state's JSON.
+
+        Raises:
+            ResumeStateError: not a removed source's entry.
+        """
+        fail = ResumeStateError(
+            f"resume state field {where} is not a removed source ({{'fingerprint', 'position', 'lanes', "
+            "'rows'}}); pass what loader.state_dict() returned, unchanged"
+        )
+        if not isinstance(value, Mapping) or set(value) != {"fingerprint", "position", "lanes", "rows"}:
+            raise fail
+        lanes, runs = value["lanes"], value["rows"]
+        if (
+            not isinstance(value["fingerprint"], Mapping)
+            or type(lanes) is not int
+            or not isinstance(runs, list)
+        ):
+            raise fail
+        rows: list[int] = []
+        for run in runs:
+            if not (isinstance(run, list) and len(run) == 2 and all(type(i) is int and i >= 0 for i in run)):
+                raise fail
+            rows += [run[0]] * run[1]
+        if lanes < 1 or len(rows) != lanes:
+            raise fail
+        position = position_of(value["position"], f"{where}.position")
+        return cls(dict(value["fingerprint"]), position, lanes, tuple(rows))
+
+
+@dataclass(frozen=True)
 class MixState:
-    """The resume state of a mix, parsed (format ``torch_dataloader_utils.mix``, version 1).
+    """The resume state of a mix, parsed (format ``torch_dataloader_utils.mix``, version 2; 1 is read).
 
     See :mod:`~torch_dataloader_utils.plan.mixstate` for its JSON. Every source's
     position is a :class:`SourcePosition` in *its own* epochs, so what each source read
@@ -110,6 +222,13 @@ class MixState:
         lanes: Lanes of the saving job (ranks x reading processes per rank).
         consumed: Per rank, the batches the loop received from each of its lanes in the
             pass (empty at the start of a pass).
+        at: Where the pass started in the schedule (``None``: a version 1 state).
+        epoch_at: Where the epoch's first pass started (``None``: a version 1 state).
+        anchor: The name of the source whose epoch ends the mix's (``None``: version 1).
+        batches: Batches of every lane in the pass (``None``: version 1).
+        taken: For every batch count in ``consumed``, the rows of every source a lane's
+            first batches of that count hold.
+        removed: Sources a recipe change left out, by name.
     """
 
     fingerprint: Mapping[str, Any]
@@ -120,24 +239,42 @@ class MixState:
     num_ranks: int
     lanes: int
     consumed: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    at: SchedulePoint | None = None
+    epoch_at: SchedulePoint | None = None
+    anchor: str | None = None
+    batches: int | None = None
+    taken: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    removed: Mapping[str, Removed] = field(default_factory=dict)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names of the sources it was saved with, in order."""
+        return tuple(str(n) for n in self.fingerprint.get("names") or ())
 
     @classmethod
-    def parse(cls, value: object, expected: Mapping[str, Any]) -> MixState:
+    def parse(cls, value: object, expected: Mapping[str, Any], allow_change: bool = False) -> MixState:
         """``value`` (JSON values) checked and parsed; its fingerprint compared with ``expected``.
 
+        Args:
+            value: The state.
+            expected: The fingerprint of the mix loading it.
+            allow_change: Sources matched by name may be added, removed or added back,
+                and the weights may differ (``allow_recipe_change``).
+
         Raises:
-            ResumeStateError: not a state of a mix of this version, or damaged.
+            ResumeStateError: not a state of a mix of a version read here, or damaged.
             StateMismatchError: saved for other sources or options (says what changed).
         """
-        plain = check_mix_state(value, expected)
-        consumed: dict[int, tuple[int, ...]] = {}
-        for rank, counts in plain["consumed"].items():
-            if not (isinstance(rank, str) and rank.isdigit()) or not isinstance(counts, list):
-                raise ResumeStateError(
-                    f"the mix's resume state gives rank {rank!r} the batch counts {str(counts)[:60]}; "
-                    "pass what loader.state_dict() returned"
-                )
-            consumed[int(rank)] = tuple(counts)
+        plain = check_mix_state(value, expected, allow_change)
+        consumed = _per_rank(plain["consumed"], "consumed")
+        taken = _per_rank(plain["taken"], "taken")
+        width = len(plain["start"])
+        if not all(len(t) == width and all(type(n) is int and n >= 0 for n in t) for t in taken.values()):
+            raise ResumeStateError(
+                f"the mix's resume state field state.taken is damaged (a count of rows per source, {width} "
+                "sources); pass what loader.state_dict() returned"
+            )
+        v2 = plain["version"] == 2
         return cls(
             fingerprint=plain["fingerprint"],
             epoch=plain["epoch"],
@@ -149,6 +286,15 @@ class MixState:
             num_ranks=plain["num_ranks"],
             lanes=plain["lanes"],
             consumed=consumed,
+            at=SchedulePoint.parse(plain["at"], "state.at", True) if v2 else None,
+            epoch_at=SchedulePoint.parse(plain["epoch_at"], "state.epoch_at", False) if v2 else None,
+            anchor=plain["anchor"],
+            batches=plain["batches"],
+            taken=taken,
+            removed={
+                str(name): Removed.parse(entry, f"state.removed[{name!r}]")
+                for name, entry in plain["removed"].items()
+            },
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -161,9 +307,15 @@ class MixState:
             "segment": self.segment,
             "start": [p.as_json() for p in self.start],
             "epoch_start": [p.as_json() for p in self.epoch_start],
+            "at": None if self.at is None else self.at.as_json(),
+            "epoch_at": None if self.epoch_at is None else self.epoch_at.as_json(),
+            "anchor": self.anchor,
             "num_ranks": self.num_ranks,
             "lanes": self.lanes,
+            "batches": self.batches,
             "consumed": {str(r): list(c) for r, c in sorted(self.consumed.items())},
+            "taken": {str(n): list(t) for n, t in sorted(self.taken.items())},
+            "removed": {name: r.as_json() for name, r in sorted(self.removed.items())},
         }
 
     def source_fingerprints(self) -> tuple[Mapping[str, Any], ...]:
@@ -196,3 +348,16 @@ class MixState:
                 )
             out.extend(counts)
         return out
+
+
+def _per_rank(value: Mapping[str, Any], key: str) -> dict[int, tuple[int, ...]]:
+    """A state's ``consumed`` or ``taken``: ``{"<int>": [ints]}`` as ``{int: (ints)}``."""
+    out: dict[int, tuple[int, ...]] = {}
+    for entry, counts in value.items():
+        if not (isinstance(entry, str) and entry.isdigit()) or not isinstance(counts, list):
+            raise ResumeStateError(
+                f"the mix's resume state field state.{key} gives {entry!r} the counts {str(counts)[:60]}; "
+                "pass what loader.state_dict() returned"
+            )
+        out[int(entry)] = tuple(counts)
+    return out

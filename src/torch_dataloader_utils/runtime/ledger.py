@@ -49,6 +49,7 @@ from torch_dataloader_utils.plan.ledger import (
     rank_file,
     to_line,
 )
+from torch_dataloader_utils.plan.schedule import recorded_weights
 from torch_dataloader_utils.plan.table import FileTable
 from torch_dataloader_utils.storage.atomic import write_atomically
 from torch_dataloader_utils.storage.redact import HIDDEN, is_secret, redact
@@ -436,7 +437,7 @@ def describe(dataset: Any) -> tuple[dict[str, Any], list[tuple[FileTable, str]]]
         "sources": [source_config(m) for m in sources],
         "names": list(dataset.source_names),
         "mix": {
-            "weights": list(mix.weights),
+            "weights": recorded_weights(mix.weights),
             "on_exhausted": mix.on_exhausted.value,
             "source_column": mix.source_column,
         },

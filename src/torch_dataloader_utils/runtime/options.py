@@ -408,6 +408,12 @@ class MixedLoaderOptions(FileReadOptions, LoaderOptions, total=False):
     source_column: str | None
     """Add an int32 column of this name holding each row's source index (its position
     in ``sources``); default: none."""
+    allow_recipe_change: bool
+    """``load_state_dict`` takes a state saved with other weights (or schedule), or with
+    sources added or removed, matched by name: every source that goes on continues where
+    it stood in its own epoch, an added one starts its first epoch, a removed one's
+    position is kept in the state (adding it back resumes it). Default ``False``: such a
+    state raises ``StateMismatchError`` naming this option."""
 
 
 MIX_ONLY = frozenset(
@@ -435,6 +441,7 @@ MIX_ONLY = frozenset(
         "decode_ahead",
         "on_exhausted",
         "source_column",
+        "allow_recipe_change",
     }
 )
 """Options of the mix as a whole: they cannot differ between sources."""

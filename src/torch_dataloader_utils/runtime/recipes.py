@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias, Unpack
 
 import pyarrow as pa
@@ -25,6 +25,7 @@ import pyarrow as pa
 from torch_dataloader_utils.config import FileFormat, MixConfig, OnExhausted
 from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError, SchemaMismatchError
 from torch_dataloader_utils.plan.blend import Blend, PassPlan
+from torch_dataloader_utils.plan.schedule import MixSchedule
 from torch_dataloader_utils.runtime.dataset import OrderedDataset, PlannedDataset
 from torch_dataloader_utils.runtime.files import StructuredDataset, source_paths
 from torch_dataloader_utils.runtime.iceberg import IcebergDataset
@@ -41,7 +42,7 @@ from torch_dataloader_utils.runtime.options import (
 )
 from torch_dataloader_utils.runtime.orders.mixed import MixedOrder
 
-__all__ = ["MixedDataLoader", "MixedDataset", "create_mixed_dataloader"]
+__all__ = ["MixWeights", "MixedDataLoader", "MixedDataset", "create_mixed_dataloader"]
 
 
 class MixedDataset(OrderedDataset):
@@ -67,9 +68,10 @@ class MixedDataset(OrderedDataset):
         self, sources: Sequence[PlannedDataset], names: Sequence[str], mix: MixConfig, options: Options
     ) -> None:
         super().__init__()
-        if len(sources) != len(mix.weights):
+        if mix.num_sources not in (None, len(sources)):
+            shown = list(mix.weights) if isinstance(mix.weights, tuple) else mix.schedule.describe()
             raise ConfigError(
-                f"weights={list(mix.weights)!r} has {len(mix.weights)} weight(s) for {len(sources)} "
+                f"weights={shown!r} has {mix.num_sources} weight(s) for {len(sources)} "
                 "source(s); give one weight per source"
             )
         if options.canonical is not None:
@@ -142,13 +144,21 @@ class MixedDataset(OrderedDataset):
 
     @property
     def anchor(self) -> int:
-        """The source whose epoch ends an epoch of the mix (``cycle``: longest, ``stop``: shortest)."""
-        return self._order.anchor
+        """The source whose epoch ends the current epoch of the mix (``cycle``: longest, ``stop``: shortest).
+
+        Chosen by the weights in force when the epoch starts.
+        """
+        return self._order.start_of(self.epoch).anchor
 
     @property
     def blend(self) -> Blend:
-        """The weights' row-level cycle."""
-        return self._order.blend
+        """The row-level cycle of the weights the current epoch starts with."""
+        return self.pass_plan().blend
+
+    @property
+    def schedule(self) -> MixSchedule:
+        """The weights, as a schedule (fixed weights: one stage)."""
+        return self._mix.schedule
 
     @property
     def origin_token(self) -> int:
@@ -278,9 +288,46 @@ def _build_source(
     return StructuredDataset.from_config(source_paths(path, files), source_cfg, built, member=True)
 
 
+MixWeights: TypeAlias = (
+    Sequence[float] | MixSchedule | Sequence[tuple[int, Sequence[float]]] | Callable[[int], Sequence[float]]
+)
+"""What ``weights=`` of :func:`create_mixed_dataloader` takes: numbers, or a schedule of them."""
+
+
+def _check_sources(sources: object) -> None:
+    """``sources=`` is a non-empty list of mappings (a path, or a list of paths, is told how to write it).
+
+    Raises:
+        ConfigError: it is not (names the parameter, echoes the value, shows the fix).
+    """
+    if isinstance(sources, (str, bytes, os.PathLike)):
+        path = os.fsdecode(sources) if isinstance(sources, (bytes, os.PathLike)) else sources
+        raise ConfigError(
+            f"sources={sources!r} is one path, not a list of sources: write sources=[{{'path': {path!r}}}] "
+            "(a mapping per source: [{'path': 'data/web/'}, {'path': 'data/books/'}])"
+        )
+    if isinstance(sources, Mapping) or not isinstance(sources, Sequence) or not sources:
+        raise ConfigError(
+            f"sources={sources!r} must be a non-empty list of source mappings, e.g. "
+            "[{'path': 'data/web/'}, {'path': 'data/books/'}]"
+        )
+    for i, spec in enumerate(sources):
+        if isinstance(spec, (str, bytes, os.PathLike)):
+            path = os.fsdecode(spec) if isinstance(spec, (bytes, os.PathLike)) else spec
+            raise ConfigError(
+                f"sources[{i}]={spec!r} is a path; each source is a mapping of its options: write "
+                f"{{'path': {path!r}}} (or {{'table': 'db.books', 'catalog_config': {{...}}}})"
+            )
+        if not isinstance(spec, Mapping):
+            raise ConfigError(
+                f"sources[{i}]={spec!r} must be a mapping of source options, e.g. "
+                "{'path': 'data/web/', 'format': 'parquet'} or {'table': 'db.books', 'catalog_config': {...}}"
+            )
+
+
 def create_mixed_dataloader(
     sources: Sequence[Mapping[str, Any]],
-    weights: Sequence[float],
+    weights: MixWeights,
     **options: Unpack[MixedLoaderOptions],
 ) -> tuple[ResumableDataLoader[MixedDataset], MixedDataset]:
     """Several sources read as one, every batch mixing them by weight, exactly once per source epoch.
@@ -292,11 +339,15 @@ def create_mixed_dataloader(
             (``table``, ``catalog_config``, ``snapshot_id``, ...), and optionally a
             ``name`` (metrics, errors; default: the directory or table name).
         weights: One weight > 0 per source: each batch holds ``weight / sum(weights)``
-            of its rows from the source, within one row.
+            of its rows from the source, within one row. Or a schedule: a list of
+            ``(step, weights)`` stages from step 0 (a rank's batches since the start of
+            training), a :class:`~torch_dataloader_utils.MixSchedule` (by step or by rows),
+            or a pure function of the step giving the weights
+            (``docs/recipes.md``, "Schedules").
         **options: The mix's options, shared by every source: batching, shuffling,
             output, ranks, workers (:class:`~torch_dataloader_utils.runtime.options.MixedLoaderOptions`);
-            ``on_exhausted`` (``"cycle"``, default, or ``"stop"``) and
-            ``source_column``. A read option given here (``columns``, ``split_bytes``,
+            ``on_exhausted`` (``"cycle"``, default, or ``"stop"``), ``source_column``
+            and ``allow_recipe_change``. A read option given here (``columns``, ``split_bytes``,
             ``storage_options``, ...) is the default of every source.
 
     Returns:
@@ -306,30 +357,21 @@ def create_mixed_dataloader(
         received per source (``docs/recipes.md``).
 
     Raises:
-        ConfigError: a source or weight is invalid (named).
+        ConfigError: a source, weight or stage is invalid (named).
         SchemaMismatchError: the sources' columns differ (read the shared ones with ``columns``).
         IncompatibleOptionsError: an option of the whole mix set in a source, or a layout
             the mix cannot read (unknown row counts, ``equal_batches='off'`` with lanes).
     """
     given: dict[str, Any] = dict(options)
-    if isinstance(sources, (str, bytes, Mapping)) or not isinstance(sources, Sequence) or not sources:
-        raise ConfigError(
-            f"sources={sources!r} must be a non-empty list of source mappings, e.g. "
-            "[{'path': 'data/web/'}, {'path': 'data/books/'}]"
-        )
+    _check_sources(sources)
     mix = MixConfig(
-        weights=tuple(weights) if isinstance(weights, Sequence) and not isinstance(weights, str) else weights,
+        weights=weights,  # type: ignore[arg-type]  # checked and made a tuple or a schedule there
         on_exhausted=given.pop("on_exhausted", OnExhausted.CYCLE),
         source_column=given.pop("source_column", None),
+        allow_recipe_change=given.pop("allow_recipe_change", False),
     )
     built = build_options(given, MixedLoaderOptions, "create_mixed_dataloader", FileFormat.PARQUET)
     shared = {k: v for k, v in given.items() if k not in MIX_ONLY}
-    for i, spec in enumerate(sources):
-        if not isinstance(spec, Mapping):
-            raise ConfigError(
-                f"sources[{i}]={spec!r} must be a mapping of source options, e.g. "
-                "{'path': 'data/web/', 'format': 'parquet'} or {'table': 'db.books', 'catalog_config': {...}}"
-            )
     names = _names(sources)
     found = [_build_source(spec, i, names[i], shared, built) for i, spec in enumerate(sources)]
     dataset = MixedDataset(found, names, mix, built)

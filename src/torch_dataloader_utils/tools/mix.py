@@ -2,7 +2,8 @@
 
 A *recipe* is a JSON object: ``{"sources": [{"path": ...}, {"table": ..., "catalog_config":
 {...}}], "weights": [...]}`` plus any keyword of ``create_mixed_dataloader``
-(``on_exhausted``, ``source_column``, ``batch_size``, ...). A source may give
+(``on_exhausted``, ``source_column``, ``batch_size``, ...). ``"weights"`` may be a
+schedule: a list of ``[step, [weights]]`` stages, or ``{"unit": "rows", "stages": [...]}``. A source may give
 ``"filters": ["label >= 3", ...]`` as the command line's ``--filter`` texts (one text
 alone is a list of one). :func:`load_recipe` checks the shape and parses the filters,
 naming what is wrong by its place (``sources[1].filters[0]``). Options given on the
@@ -10,7 +11,10 @@ command line apply to the whole mix (and are every source's defaults).
 
 ``plan --mix`` shows what every epoch of the mix takes of each source: its weight and
 share, its rows per lane and epoch, where it stands when the mix's epoch starts, and the
-batches per lane and rank (:meth:`~torch_dataloader_utils.runtime.recipes.MixedDataset.describe`).
+batches per lane and rank (:meth:`~torch_dataloader_utils.runtime.recipes.MixedDataset.describe`);
+with a schedule, the stages the epoch meets and the step each starts at; and a note when
+the epoch's last batch, filled up from the other sources once the anchor has run out,
+takes much of a source's rows (sources of few rows per lane for the batch size).
 
 ``simulate --mix`` predicts each source as its own dataset on the same ranks and
 workers (:func:`~torch_dataloader_utils.tools.simulate.run_simulation`), then adds up,
@@ -29,6 +33,8 @@ from functools import reduce
 from pathlib import Path
 from typing import Any
 
+from torch_dataloader_utils.errors import ConfigError
+from torch_dataloader_utils.plan.schedule import MixSchedule
 from torch_dataloader_utils.runtime.recipes import MixedDataset, create_mixed_dataloader
 from torch_dataloader_utils.tools.source import Source, parse_filter
 
@@ -75,7 +81,27 @@ def load_recipe(text: str) -> dict[str, Any]:
             f"each an object such as {_SOURCE_EXAMPLE}"
         )
     recipe["sources"] = [_checked_source(spec, i) for i, spec in enumerate(sources)]
+    recipe["weights"] = _checked_weights(recipe["weights"])
     return recipe
+
+
+def _checked_weights(weights: object) -> Any:
+    """A recipe's ``"weights"``: a list (numbers, or ``[step, [weights]]`` stages) or a schedule object.
+
+    Raises:
+        ValueError: a schedule object of another shape (names the fix).
+    """
+    if not isinstance(weights, dict):
+        return weights
+    if set(weights) - {"unit", "stages"} or not isinstance(weights.get("stages"), list):
+        raise ValueError(
+            f'--mix: "weights" is {json.dumps(weights)[:80]}; a schedule is {{"unit": "step" or "rows", '
+            '"stages": [[0, [0.6, 0.4]], [50000, [0.4, 0.6]]]}, or a list of stages (by step)'
+        )
+    try:
+        return MixSchedule(weights["stages"], unit=weights.get("unit", "step"))
+    except ConfigError as exc:
+        raise ValueError(f'--mix: "weights": {exc}') from None
 
 
 def _checked_source(spec: object, index: int) -> dict[str, Any]:
@@ -119,9 +145,12 @@ def open_mix(source: Source, *, num_ranks: int = 1, rank: int = 0, num_workers: 
     """The mixed dataset of ``source.mix`` for ``num_ranks`` x ``num_workers``."""
     recipe = dict(source.mix or {})
     options = {k: v for k, v in recipe.items() if k not in ("sources", "weights")}
+    weights = recipe["weights"]
+    if isinstance(weights, dict):
+        weights = _checked_weights(weights)
     options.update(source.options)
     options.update(num_ranks=num_ranks, rank=rank, num_workers=num_workers)
-    _, dataset = create_mixed_dataloader(_sources(recipe), recipe["weights"], **options)
+    _, dataset = create_mixed_dataloader(_sources(recipe), weights, **options)
     return dataset
 
 
@@ -138,15 +167,19 @@ def plan_mix(
         f"plan of {source.describe()} for {num_ranks:,} ranks x {max(1, num_workers)} workers "
         f"({first['lanes']:,} lanes)",
         f"options: batch_size {first['batch_size']}, on_exhausted {first['on_exhausted']} (an epoch of the "
-        f"mix ends when {first['anchor']!r} has read its epoch"
-        + (")" if first["on_exhausted"] == "cycle" else ", or any source has)"),
+        f"mix ends when its anchor has read its epoch: {first['anchor']!r} in epoch {first['epoch']})",
     ]
     for view in views:
         lines += [
             "",
             f"epoch {view['epoch']}: {view['batches_per_rank']:,} batches per rank "
-            f"({view['batches_per_lane']:,} per lane)",
+            f"({view['batches_per_lane']:,} per lane), from step {view['step']:,}",
         ]
+        if len(view["stages"]) > 1 or view["stages"][0]["stage"]:
+            lines += [
+                f"  stage {st['stage']} from step {st['first_step']:,}: weights {st['weights']}"
+                for st in view["stages"]
+            ]
         table = [["source", "weight", "share", "rows", "rows/lane/epoch", "starts at", "rows this epoch"]]
         for s in view["sources"]:
             start = s["start"]
@@ -169,7 +202,46 @@ def plan_mix(
             )
             for r in table
         ]
+        lines += _fill_note(view)
     return "\n".join(lines)
+
+
+def _fill_note(view: Mapping[str, Any]) -> list[str]:
+    """Why a source takes more rows than its weight gives: the epoch's last batch is filled up.
+
+    When the anchor runs out, each lane's last batch takes what it has left and fills the
+    rest from the other sources by weight, so the batch stays full (documented ``cycle``
+    and ``stop`` behaviour). With sources of few rows per lane for the batch size, that
+    fill is much of the epoch (two sources of 100 rows, batches of 1,024: one batch, 100
+    rows of the anchor and 924 of the other, 9.24 of its epochs).
+    """
+    anchor = view["anchor"]
+    lanes = view["lanes"]
+    filled = [
+        s
+        for s in view["sources"]
+        if s["name"] != anchor and s["last_batch_fill"] * 10 > max(1, s["rows_this_epoch"] // lanes)
+    ]
+    if not filled:
+        return []
+    head = next(s for s in view["sources"] if s["name"] == anchor)
+    batch = view["batch_size"]
+    each = ", ".join(
+        f"{s['name']!r} takes {s['last_batch_rows']:,} rows there, {s['last_batch_fill']:,} more than a "
+        f"batch at the weights holds, and reads {s['epochs_this_epoch']:.2f} of its epochs this epoch "
+        "(each row once per its epoch)"
+        for s in filled
+    )
+    # At most this batch size, the anchor's epoch is 10 or more batches per lane.
+    fits = max(1, int(head["rows_per_lane_epoch"] / head["share"] / 10))
+    return [
+        f"  note: {anchor!r}, whose epoch ends the mix's, has {head['rows_per_lane_epoch']:,} rows per lane "
+        f"and its share of a batch is {round(head['share'] * batch):,} rows: every "
+        f"lane's last batch takes the {head['last_batch_rows']:,} rows it has left and fills the rest of its "
+        f"{batch:,} rows from the other sources, by weight, so that batches stay full: {each}. With "
+        f"batch_size <= {fits:,} the epoch has 10 or more batches and its last one is a small part of it "
+        '(docs/recipes.md, "The last batch of an epoch")'
+    ]
 
 
 def simulate_mix(request: Any) -> str:

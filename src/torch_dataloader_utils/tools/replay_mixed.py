@@ -32,10 +32,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches, FileFormat, MixConfig, OnExhausted
-from torch_dataloader_utils.errors import LedgerError
+from torch_dataloader_utils.errors import ConfigError, LedgerError
 from torch_dataloader_utils.io.pieces import gathered, read_piece
 from torch_dataloader_utils.plan.lineage import Span, WorkerStream
 from torch_dataloader_utils.plan.pieces import Piece
+from torch_dataloader_utils.plan.schedule import weights_of_record
 from torch_dataloader_utils.plan.shuffle import permutation
 from torch_dataloader_utils.runtime.ledger import decode, read_json
 from torch_dataloader_utils.runtime.options import (
@@ -91,10 +92,15 @@ class MixedReplay:
         self.tables = [ledger.table(name) for name in record.files]
         self.names = [str(n) for n in self.config["names"]]
         mix = self.config["mix"]
+        try:
+            weights = weights_of_record(mix["weights"], ledger.overrides.get("weights"))
+        except ConfigError as exc:
+            raise LedgerError(str(exc)) from None
         self.mix = MixConfig(
-            weights=tuple(mix["weights"]),
+            weights=weights,
             on_exhausted=OnExhausted(mix["on_exhausted"]),
             source_column=mix["source_column"],
+            allow_recipe_change=True,  # the job loaded the pass's start state: with a changed recipe, on it
         )
         world = {"num_ranks": record.num_ranks, "rank": record.rank, "num_workers": record.num_workers}
         self.keywords = {**decode(self.config.get("options", {})), **world}
@@ -107,7 +113,8 @@ class MixedReplay:
                 self.order.load(read_json(ledger.root / record.start))
         self.epoch = record.epoch
         self.plan = self.order.pass_plan(self.epoch)
-        self.start, self.segment = self.order.start_of(self.epoch)
+        start = self.order.start_of(self.epoch)
+        self.start, self.segment = start.positions, start.segment
         self.first = self.order.first_batches(self.epoch)
         self.readers = self.order.readers
         self.exact = True  # a mix's sources have exact row counts
@@ -249,7 +256,7 @@ class MixedReplay:
             warnings.simplefilter("ignore")
             _, dataset = create_mixed_dataloader(
                 specs,
-                list(self.mix.weights),
+                self.mix.weights,
                 on_exhausted=self.mix.on_exhausted.value,
                 source_column=self.mix.source_column,
                 **{k: v for k, v in mix_options.items() if not hasattr(v, "shown")},

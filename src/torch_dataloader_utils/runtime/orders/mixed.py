@@ -45,12 +45,26 @@ import pyarrow.compute as pc
 import torch.distributed as dist
 
 from torch_dataloader_utils.config import PADDING_COLUMN, EqualBatches, MixConfig, OnExhausted
-from torch_dataloader_utils.errors import ConfigError, IncompatibleOptionsError, warn
+from torch_dataloader_utils.errors import (
+    ConfigError,
+    IncompatibleOptionsError,
+    ResumeStateError,
+    StateMismatchError,
+    warn,
+)
 from torch_dataloader_utils.io.ahead import read_ahead
-from torch_dataloader_utils.plan.blend import Blend, PassPlan, advance, blend_for, integer_weights, plan_pass
+from torch_dataloader_utils.plan.blend import Blend, PassPlan, advance, plan_staged_pass
 from torch_dataloader_utils.plan.bounded import BoundedDict
-from torch_dataloader_utils.plan.mixposition import MixState, Segments, SourcePosition
-from torch_dataloader_utils.plan.mixstate import merge_mixed_states, partial_mix_state, saved_sources
+from torch_dataloader_utils.plan.mixposition import MixState, Removed, SchedulePoint, Segments, SourcePosition
+from torch_dataloader_utils.plan.mixstate import (
+    RECIPE_OPT_IN,
+    RecipeChange,
+    merge_mixed_states,
+    partial_mix_state,
+    recipe_change,
+    saved_sources,
+)
+from torch_dataloader_utils.plan.schedule import MixSchedule, ScheduleUnit
 from torch_dataloader_utils.plan.shuffle import permutation, random_offset
 from torch_dataloader_utils.runtime import env, share
 from torch_dataloader_utils.runtime.emit import BatchCount, BatchParts, parts_joinable, plain_arrays
@@ -62,7 +76,15 @@ from torch_dataloader_utils.runtime.orders.source import SourcePlan
 from torch_dataloader_utils.runtime.state import Live, PassLog, Tagged
 from torch_dataloader_utils.runtime.workstats import WorkStats
 
-__all__ = ["AHEAD_ROWS", "ORDER_SALT", "MixStart", "MixedOrder", "Sequencer", "complete_mix_state"]
+__all__ = [
+    "AHEAD_ROWS",
+    "ORDER_SALT",
+    "MixStart",
+    "MixedOrder",
+    "PassStart",
+    "Sequencer",
+    "complete_mix_state",
+]
 
 ORDER_SALT = 0x6D6978
 """Keys the row order inside a mixed batch, apart from other draws (the ledger's replay draws it too)."""
@@ -77,23 +99,42 @@ Start = tuple[SourcePosition, ...]
 
 
 @dataclass(frozen=True)
+class PassStart:
+    """Where a pass starts: every source's position, and the pass's place in the schedule.
+
+    Attributes:
+        positions: Where every source stands.
+        segment: The pass of its epoch (one more per resume in another world or recipe).
+        step: Batches every rank had received since the start of training.
+        rows: Rows every rank together had taken since then.
+        anchor: The source whose epoch ends the mix's epoch (chosen when the epoch starts).
+    """
+
+    positions: Start
+    segment: int = 0
+    step: int = 0
+    rows: int = 0
+    anchor: int = 0
+
+
+@dataclass(frozen=True)
 class MixStart:
-    """The start the epochs are counted from: epoch ``epoch`` starts at ``start`` (pass ``segment``).
+    """The start the epochs are counted from: epoch ``epoch`` starts at ``start``.
 
     Attributes:
         epoch: The epoch of the mix.
-        start: Where every source stood when the pass started.
-        segment: The pass of the epoch (one more per resume in another world).
-        full: Where that epoch's first pass started (in this world), when ``segment > 0``.
+        start: Where its pass starts.
+        full: Where that epoch's first pass started (in this world), when ``start.segment > 0``.
         lanes: Batches of the pass every lane of this world had already received (a state
             of the same world: every lane goes on from there), or ``None``.
+        removed: Sources a recipe change left out, by name (kept in every state after it).
     """
 
     epoch: int
-    start: Start
-    segment: int = 0
-    full: Start | None = None
+    start: PassStart
+    full: PassStart | None = None
     lanes: tuple[int, ...] | None = None
+    removed: Mapping[str, Removed] = dataclasses.field(default_factory=dict)
 
 
 class _LaneRows:
@@ -268,18 +309,14 @@ class MixedOrder:
         self._check(sources)
         self._choose_splits(sources)
         self.sources = [LaneSource(s, self.num_lanes) for s in sources]
-        self.weights = integer_weights(mix.weights)
+        self.schedule: MixSchedule = mix.schedule
         self.totals = [_rows(s) for s in sources]
         self._check_rows()
-        at_weight = [self.totals[s] / self.weights[s] for s in range(len(sources))]
-        if mix.on_exhausted is OnExhausted.CYCLE:  # the longest epoch at its weight ends the mix's
-            self.anchor = max(range(len(sources)), key=lambda s: (at_weight[s], -s))
-        else:  # the shortest
-            self.anchor = min(range(len(sources)), key=lambda s: (at_weight[s], s))
         self.passes = PassLog()
         self._live: Live[MixStart] = Live()
-        self._fresh = MixStart(0, tuple(SourcePosition() for _ in sources))
-        self._starts: BoundedDict[int, tuple[Start, int]] = BoundedDict(64)
+        fresh = tuple(SourcePosition() for _ in sources)
+        self._fresh = MixStart(0, PassStart(fresh, anchor=self.anchor_for(self.weights_at(0, 0))))
+        self._starts: BoundedDict[int, PassStart] = BoundedDict(64)
         self._plans: BoundedDict[int, PassPlan] = BoundedDict(8)
         self._full_batches: int | None = None
         self.pass_plan(0)  # a layout that cannot be mixed fails here
@@ -352,17 +389,38 @@ class MixedOrder:
         return self._live.token
 
     @property
-    def blend(self) -> Blend:
-        """The weights' row-level cycle."""
-        return blend_for(self.weights)
-
-    @property
     def readers(self) -> int:
         """Reading processes (lanes) per rank."""
         return max(1, self.num_workers)
 
-    def start_of(self, epoch: int) -> tuple[Start, int]:
-        """Where every source stands when ``epoch`` of the mix starts, and its pass number."""
+    # -- the schedule ---------------------------------------------------------------------------
+    def _units(self, readers: int, lanes: int) -> int:
+        """Steps (or rows) of one round of batches: every lane's batch ``t``."""
+        if self.schedule.unit is ScheduleUnit.ROWS:
+            return lanes * self.options.batching.batch_size
+        return readers
+
+    def weights_at(self, step: int, rows: int) -> tuple[int, ...]:
+        """The integer weights in force at ``step`` (``rows``, for a schedule by rows)."""
+        at = rows if self.schedule.unit is ScheduleUnit.ROWS else step
+        return self.schedule.weights_of(self.schedule.index_at(at), len(self.sources))
+
+    def stage_at(self, step: int, rows: int) -> int:
+        """The schedule's stage in force at ``step`` (``rows``)."""
+        return self.schedule.index_at(rows if self.schedule.unit is ScheduleUnit.ROWS else step)
+
+    def anchor_for(self, weights: Sequence[int]) -> int:
+        """The source whose epoch ends the mix's at ``weights``.
+
+        ``cycle``: the longest at its weight; ``stop``: the shortest.
+        """
+        at_weight = [self.totals[s] / weights[s] for s in range(len(self.sources))]
+        if self.mix.on_exhausted is OnExhausted.CYCLE:
+            return max(range(len(at_weight)), key=lambda s: (at_weight[s], -s))
+        return min(range(len(at_weight)), key=lambda s: (at_weight[s], s))
+
+    def start_of(self, epoch: int) -> PassStart:
+        """Where the pass over ``epoch`` of the mix starts."""
         found = self._starts.get(epoch)
         if found is not None:
             return found
@@ -370,30 +428,42 @@ class MixedOrder:
         if epoch < origin.epoch:
             raise ConfigError(f"epoch {epoch} precedes epoch {origin.epoch} of the state loaded")
         e = max([k for k in self._starts if origin.epoch <= k < epoch], default=origin.epoch)
-        start, segment = self._starts.get(e, (origin.start, origin.segment))
+        start = self._starts.get(e, origin.start)
         while e < epoch:
-            start = self._advance(start, self._plan(e, start, segment))
-            e, segment = e + 1, 0
-        self._starts[epoch] = (start, segment)
-        return start, segment
+            start = self._advance(start, self._plan(e, start))
+            e += 1
+        self._starts[epoch] = start
+        return start
 
-    def _plan(
-        self, epoch: int, start: Start, segment: int, sources: Sequence[LaneSource] | None = None
-    ) -> PassPlan:
-        """The pass of ``epoch`` from ``start`` (``sources``: planned for another world)."""
-        sources = self.sources if sources is None else sources
-        position = start[self.anchor]
+    def _plan(self, epoch: int, start: PassStart, saved: MixState | None = None) -> PassPlan:
+        """The pass of ``epoch`` from ``start`` (``saved``: in the world of that state)."""
+        lanes = self.num_lanes if saved is None else saved.lanes
+        readers = self.readers if saved is None else saved.lanes // saved.num_ranks
+        sources = (
+            self.sources if lanes == self.num_lanes else [LaneSource(s.source, lanes) for s in self.sources]
+        )
+        anchor = start.anchor
+        position = start.positions[anchor]
         epoch_of, segments = position.head()
-        limits: list[int | None] = [None] * len(start)
-        limits[self.anchor] = sources[self.anchor].rows(epoch_of, segments) - position.skip
-        blend = self.blend
-        phase = random_offset(blend.period, self.options.shuffle.shuffle_seed, epoch, segment, _PHASE_SALT)
+        limits: list[int | None] = [None] * len(self.sources)
+        limits[anchor] = sources[anchor].rows(epoch_of, segments) - position.skip
+        seed = self.options.shuffle.shuffle_seed
+
+        def phase_of(first: int, blend: Blend) -> int:  # where each run starts in its cycle
+            if first == 0:
+                return random_offset(blend.period, seed, epoch, start.segment, _PHASE_SALT)
+            return random_offset(blend.period, seed, epoch, start.segment, first, _PHASE_SALT)
+
+        unit = self.schedule.unit
+        base = start.rows if unit is ScheduleUnit.ROWS else start.step
+        per_round = self._units(readers, lanes)
+        stages = self.schedule.rounds(base, per_round, len(self.sources))
         batching = self.options.batching
         try:
-            return plan_pass(blend, batching.batch_size, phase, limits, batching.drop_last)
+            return plan_staged_pass(stages, batching.batch_size, limits, phase_of, batching.drop_last)
         except ValueError:
             raise IncompatibleOptionsError(
-                f"source {self.names[self.anchor]!r} holds no row for some of the mix's {self.num_lanes} "
+                f"source {self.names[anchor]!r} holds no row for some of the mix's {lanes} "
                 "lanes; every lane needs rows of every source: use fewer workers or ranks, or more data"
             ) from None
 
@@ -401,12 +471,15 @@ class MixedOrder:
         """The batches of every lane in ``epoch`` of the mix."""
         found = self._plans.get(epoch)
         if found is None:
-            start, segment = self.start_of(epoch)
-            found = self._plans[epoch] = self._plan(epoch, start, segment)
+            found = self._plans[epoch] = self._plan(epoch, self.start_of(epoch))
         return found
 
-    def _advance(self, start: Start, plan: PassPlan) -> Start:
-        return tuple(self._moved(s, position, int(plan.taken[s])) for s, position in enumerate(start))
+    def _advance(self, start: PassStart, plan: PassPlan) -> PassStart:
+        """Where the next epoch's pass starts, after ``plan`` read from ``start`` to its end."""
+        positions = tuple(self._moved(s, p, int(plan.taken[s])) for s, p in enumerate(start.positions))
+        step = start.step + plan.batches * self.readers
+        rows = start.rows + int(plan.taken.sum()) * self.num_lanes
+        return PassStart(positions, 0, step, rows, self.anchor_for(self.weights_at(step, rows)))
 
     def _moved(self, s: int, position: SourcePosition, rows: int) -> SourcePosition:
         """``position`` of source ``s`` after ``rows`` more rows of every lane."""
@@ -437,7 +510,7 @@ class MixedOrder:
         if epoch != origin.epoch or origin.full is None:
             return self.pass_plan(epoch).batches * self.readers
         if self._full_batches is None:
-            self._full_batches = self._plan(epoch, origin.full, 0).batches
+            self._full_batches = self._plan(epoch, origin.full).batches
         return self._full_batches * self.readers
 
     def remaining(self, epoch: int) -> int:
@@ -516,7 +589,8 @@ class MixedOrder:
 
     def _lane_batches(self, lane: int, epoch: int, first: int, in_worker: bool) -> Iterator[BatchParts]:
         """The mixed batches of ``lane`` in ``epoch`` from batch ``first`` on, as parts."""
-        start, segment = self.start_of(epoch)
+        start = self.start_of(epoch)
+        segment = start.segment
         plan = self.pass_plan(epoch)
         batching = self.options.batching
         columns = list(self.sources[0].source.schema.names)
@@ -533,7 +607,7 @@ class MixedOrder:
             _LaneRows(
                 source,
                 lane,
-                start[s] if done is None else self._moved(s, start[s], int(done[s])),
+                start.positions[s] if done is None else self._moved(s, start.positions[s], int(done[s])),
                 columns,
                 arrays,
                 batch_size=batching.batch_size,
@@ -599,7 +673,7 @@ class MixedOrder:
         return {
             "sources": [s.source.fingerprint() for s in self.sources],
             "names": list(self.names),
-            "weights": list(self.weights),
+            "weights": self.schedule.fingerprint(),
             "on_exhausted": self.mix.on_exhausted.value,
             "source_column": self.mix.source_column,
             "batch_size": batching.batch_size,
@@ -614,13 +688,13 @@ class MixedOrder:
 
         On one rank, a completed pass gives the next epoch's start.
         """
-        start, segment = self.start_of(epoch)
+        start = self.start_of(epoch)
         progress = self.passes.progress
         consumed: dict[int, tuple[int, ...]] = {}
         plan = self.pass_plan(epoch)
         if progress is not None and progress.done and self.world.num_ranks == 1:
-            epoch, segment = epoch + 1, 0
-            start = self._advance(start, plan)
+            epoch += 1
+            start, plan = self.start_of(epoch), self.pass_plan(epoch)
         elif progress is not None:
             first = self.first_batches(epoch)
             received = [
@@ -631,13 +705,36 @@ class MixedOrder:
         elif any(self.first_batches(epoch)):  # a loaded pass not read yet: where its lanes stood
             consumed[self.world.rank] = tuple(self.first_batches(epoch))
         origin = self.origin
-        full = origin.full if segment and epoch == origin.epoch and origin.full is not None else start
+        full = origin.full if start.segment and epoch == origin.epoch and origin.full is not None else start
+        taken = {n: tuple(int(x) for x in plan.consumed(n)) for c in consumed.values() for n in c}
+        at = SchedulePoint(
+            start.step,
+            start.rows,
+            self.stage_at(start.step, start.rows),
+            self.weights_at(start.step, start.rows),
+        )
         return MixState(
-            self.fingerprint(), epoch, segment, start, full, self.world.num_ranks, self.num_lanes, consumed
+            self.fingerprint(),
+            epoch,
+            start.segment,
+            start.positions,
+            full.positions,
+            self.world.num_ranks,
+            self.num_lanes,
+            consumed,
+            at=at,
+            epoch_at=SchedulePoint(full.step, full.rows),
+            anchor=self.names[start.anchor],
+            batches=plan.batches,
+            taken=taken,
+            removed=origin.removed,
         )
 
     def load(self, state: Mapping[str, Any]) -> int:
         """Resume from a (merged) state; returns its epoch. A refused state changes nothing.
+
+        With ``allow_recipe_change``, a state of other weights or sources (matched by name)
+        is taken: see :meth:`_changed`.
 
         Raises:
             ResumeStateError: not a state of a mix, another version, or not every rank.
@@ -646,7 +743,7 @@ class MixedOrder:
         state = complete_mix_state(state, self.world.num_ranks)
         undo = self._adopt_splits(state)
         try:
-            return self._load(MixState.parse(state, self.fingerprint()))
+            return self._load(MixState.parse(state, self.fingerprint(), self.mix.allow_recipe_change))
         except BaseException:  # a refused state changes nothing
             for s, back in undo:
                 back()
@@ -656,32 +753,64 @@ class MixedOrder:
     def _adopt_splits(self, state: Mapping[str, Any]) -> list[tuple[int, Callable[[], None]]]:
         """Every source takes the library's split the state was saved with (it depends on the world)."""
         saved = saved_sources(state)
-        if len(saved) != len(self.sources):
-            return []
         undo = []
-        for s, own in enumerate(saved):
-            back = self.sources[s].source.adopt({"fingerprint": own})
+        for s, name in enumerate(self.names):
+            own = saved.get(name)
+            back = None if own is None else self.sources[s].source.adopt({"fingerprint": own})
             if back is not None:
                 undo.append((s, back))
                 self.sources[s] = LaneSource(self.sources[s].source, self.num_lanes)
         return undo
 
     def _load(self, state: MixState) -> int:
+        change = recipe_change(state.fingerprint, self.fingerprint(), tuple(state.removed))
+        at = state.at
+        if not change and at is not None and at.weights is not None:
+            # A function's schedule is compared through the weights it gives where the pass started.
+            now = self.weights_at(at.step, at.rows)
+            if now != at.weights and not self.mix.allow_recipe_change:
+                raise StateMismatchError(
+                    f"the weights schedule ({self.schedule.describe()}) gives {list(now)} at step "
+                    f"{at.step:,} "
+                    f"(rows {at.rows:,}), where the state's pass started with {list(at.weights)}: the recipe "
+                    f"changed. To go on with the new weights, every source where it stood, pass "
+                    f"{RECIPE_OPT_IN} to create_mixed_dataloader"
+                )
+            change = RecipeChange(weights=now != at.weights)
+        loaded = self._changed(state) if change else self._same(state)
+        self._live.set(loaded.epoch, loaded)
+        self._starts.clear()
+        self._plans.clear()
+        self._full_batches = None
+        self.passes.reset()
+        self.pass_plan(loaded.epoch)
+        return loaded.epoch
+
+    def _same(self, state: MixState) -> MixStart:
+        """The start a state of this recipe gives: the same pass goes on, or its rest is re-dealt."""
         start = tuple(self._checked(s, p) for s, p in enumerate(state.start))
         full = tuple(self._checked(s, p) for s, p in enumerate(state.epoch_start))
         epoch, segment, lanes = state.epoch, state.segment, state.lanes
-        saved = self.sources
-        if lanes != self.num_lanes:
-            saved = [LaneSource(s.source, lanes) for s in self.sources]
+        at, epoch_at = state.at or SchedulePoint(), state.epoch_at or SchedulePoint()
+        anchor = self._anchor_named(state.anchor, at)
+        saved = (
+            self.sources if lanes == self.num_lanes else [LaneSource(s.source, lanes) for s in self.sources]
+        )
         rows = [[p.skip] * lanes for p in start]  # rows of every saved lane read so far
+        step, taken = at.step, at.rows
         continued = None
         if state.consumed:
-            plan = self._plan(epoch, start, segment, saved)
+            plan = self._plan(epoch, PassStart(start, segment, at.step, at.rows, anchor), state)
             received = state.received(plan.batches)
+            _check_taken(state, plan, received)
+            step += self._steps(received, state)
+            taken += sum(int(plan.consumed(n).sum()) for n in received)
             if all(n == plan.batches for n in received):
                 epoch, segment = epoch + 1, 0  # the pass ended on every lane
+                anchor = self.anchor_for(self.weights_at(step, taken))
             elif self._continues(state, received):
                 continued = tuple(received)  # the same world: every lane goes on with the same pass
+                step, taken = at.step, at.rows
             else:
                 segment += 1
             if continued is None:
@@ -692,14 +821,107 @@ class MixedOrder:
             start = tuple(self._settled(s, _rest(saved[s], p, rows[s])) for s, p in enumerate(start))
         whole = None
         if segment:  # where the epoch's first pass started, in this world: len() is that pass's batches
-            whole = tuple(self._settled(s, _rest(saved[s], p, [p.skip] * lanes)) for s, p in enumerate(full))
-        self._live.set(epoch, MixStart(epoch, start, segment, whole, continued))
-        self._starts.clear()
-        self._plans.clear()
-        self._full_batches = None
-        self.passes.reset()
-        self.pass_plan(epoch)
-        return epoch
+            heads = tuple(self._settled(s, _rest(saved[s], p, [p.skip] * lanes)) for s, p in enumerate(full))
+            whole = PassStart(heads, 0, epoch_at.step, epoch_at.rows, anchor)
+        return MixStart(
+            epoch, PassStart(start, segment, step, taken, anchor), whole, continued, state.removed
+        )
+
+    def _changed(self, state: MixState) -> MixStart:
+        """The start a state of another recipe gives (``allow_recipe_change``).
+
+        Sources are matched by name. Every source that goes on stands where the saved
+        job's lanes left it (its own epochs' rests, re-dealt over this world's lanes); a
+        source added back stands where it stood when it was removed; an added one starts
+        its first epoch; a removed one is kept in the state, where it stood. The rest of
+        the epoch is a new pass of the new recipe (or, when the saved pass had ended on
+        every lane, the next epoch).
+
+        Raises:
+            ResumeStateError: a version 1 state saved in the middle of a pass (it does
+                not record the rows of every source its lanes took).
+        """
+        if state.consumed and state.batches is None:
+            raise ResumeStateError(
+                "this resume state was saved by 0.7.0 (version 1) in the middle of a pass: it does not "
+                "record the rows of every source its lanes took, which a recipe change needs. Resume it with "
+                "its own recipe, save again (any state of this version works), then load that with the new "
+                "recipe"
+            )
+        lanes, batches = state.lanes, state.batches or 0
+        received = state.received(batches) if state.consumed else []
+        missing = sorted({n for n in received if n not in state.taken})
+        if missing:
+            raise ResumeStateError(
+                f"the mix's resume state field state.taken lacks the batch counts {missing[:10]}; pass what "
+                "loader.state_dict() returned"
+            )
+        at, epoch_at = state.at or SchedulePoint(), state.epoch_at or SchedulePoint()
+
+        def read(i: int, position: SourcePosition) -> list[int]:  # rows every saved lane read of source i
+            if not received:
+                return [position.skip] * lanes
+            return [position.skip + state.taken[n][i] for n in received]
+
+        positions, heads = self._positions_after(state, read)
+        removed = {n: r for n, r in state.removed.items() if n not in self.names}
+        mine = state.source_fingerprints()
+        for i, name in enumerate(state.names):
+            if name not in self.names:
+                removed[name] = Removed(mine[i], state.start[i], lanes, tuple(read(i, state.start[i])))
+        step = at.step + self._steps(received, state)
+        rows = at.rows + sum(sum(state.taken[n]) for n in received)
+        anchor = self.anchor_for(self.weights_at(step, rows))
+        if received and all(n == batches for n in received):  # the saved pass had ended: the next epoch
+            return MixStart(state.epoch + 1, PassStart(positions, 0, step, rows, anchor), None, None, removed)
+        segment = state.segment + 1 if received else state.segment
+        whole = PassStart(heads, 0, epoch_at.step, epoch_at.rows, anchor) if segment else None
+        return MixStart(state.epoch, PassStart(positions, segment, step, rows, anchor), whole, None, removed)
+
+    def _positions_after(
+        self, state: MixState, read: Callable[[int, SourcePosition], list[int]]
+    ) -> tuple[Start, Start]:
+        """Where every source of this recipe stands after the saved job, and at the epoch's start.
+
+        ``read(i, position)``: the rows every saved lane read of the state's source ``i``
+        from ``position`` on.
+        """
+        index = {name: i for i, name in enumerate(state.names)}
+        positions: list[SourcePosition] = []
+        heads: list[SourcePosition] = []
+        for s, name in enumerate(self.names):
+            i = index.get(name)
+            back = state.removed.get(name)
+            if i is not None:
+                wide = LaneSource(self.sources[s].source, state.lanes)
+                at = self._checked(s, state.start[i])
+                head = self._checked(s, state.epoch_start[i])
+                positions.append(self._settled(s, _rest(wide, at, read(i, at))))
+                heads.append(self._settled(s, _rest(wide, head, [head.skip] * state.lanes)))
+            elif back is not None:
+                wide = LaneSource(self.sources[s].source, back.lanes)
+                positions.append(self._settled(s, _rest(wide, self._checked(s, back.position), back.rows)))
+                heads.append(positions[-1])
+            else:  # added: its first epoch
+                positions.append(SourcePosition())
+                heads.append(SourcePosition())
+        return tuple(positions), tuple(heads)
+
+    def _anchor_named(self, name: str | None, at: SchedulePoint) -> int:
+        """The anchor a state names (``None``, a version 1 state: chosen as 0.7.0 did)."""
+        if name is None:
+            return self.anchor_for(self.weights_at(at.step, at.rows))
+        if name not in self.names:
+            raise ResumeStateError(
+                f"the mix's resume state names the anchor {name!r}, which is not one of its sources "
+                f"{list(self.names)}; pass what loader.state_dict() returned"
+            )
+        return self.names.index(name)
+
+    def _steps(self, received: Sequence[int], state: MixState) -> int:
+        """Steps the saving job took in the pass: the most batches a rank received (ranks are equal)."""
+        per_rank = state.lanes // state.num_ranks
+        return max((sum(received[r : r + per_rank]) for r in range(0, len(received), per_rank)), default=0)
 
     def _continues(self, state: MixState, received: Sequence[int]) -> bool:
         """Whether every lane can go on with the saved pass: the same world, every rank at the same step.
@@ -730,36 +952,61 @@ class MixedOrder:
             entries = entries[1:]
         return dataclasses.replace(position, entries=entries)
 
+    def raw_weights(self, stage: int) -> tuple[float, ...]:
+        """Stage ``stage``'s weights as given (a function's: as it returns them)."""
+        if self.schedule.function is None:
+            return self.schedule.stages[stage].weights
+        return tuple(float(w) for w in self.schedule.function(stage * self.schedule.every))
+
     def describe(self, epoch: int) -> dict[str, Any]:
         """The mix's plan of ``epoch`` as plain values (``plan --json``)."""
         plan = self.pass_plan(epoch)
-        start, segment = self.start_of(epoch)
+        start = self.start_of(epoch)
         lanes = self.num_lanes
+        first = plan.runs[0]
+        given = self.raw_weights(first.stage)
+        batch = self.options.batching.batch_size
+        fair = first.blend.shares * batch if plan.last == 0 else plan.run_of(plan.last).blend.shares * batch
         sources = []
         for s, name in enumerate(self.names):
-            position = start[s]
+            position = start.positions[s]
+            per_epoch = self.sources[s].rows(position.next_epoch, ())
             sources.append(
                 {
                     "name": name,
-                    "weight": self.mix.weights[s],
-                    "share": float(self.blend.shares[s]),
+                    "weight": given[s],
+                    "share": float(first.blend.shares[s]),
                     "rows": self.totals[s],
-                    "rows_per_lane_epoch": self.sources[s].rows(position.next_epoch, ()),
+                    "rows_per_lane_epoch": per_epoch,
                     "start": {"epoch": position.head()[0], "rows_read": position.skip},
                     "rows_this_epoch": int(plan.taken[s]) * lanes,
+                    "epochs_this_epoch": int(plan.taken[s]) / max(1, per_epoch),
+                    "last_batch_rows": int(plan.last_counts[s]),
+                    "last_batch_fill": max(0, int(plan.last_counts[s]) - round(float(fair[s]))),
                 }
             )
         return {
             "epoch": epoch,
-            "pass": segment,
+            "pass": start.segment,
             "on_exhausted": self.mix.on_exhausted.value,
-            "anchor": self.names[self.anchor],
+            "anchor": self.names[start.anchor],
             "num_ranks": self.world.num_ranks,
             "lanes": lanes,
-            "batch_size": self.options.batching.batch_size,
+            "batch_size": batch,
             "batches_per_lane": plan.batches,
             "batches_per_rank": plan.batches * self.readers,
-            "period": self.blend.period,
+            "period": first.blend.period,
+            "step": start.step,
+            "schedule_unit": self.schedule.unit.value,
+            "stages": [
+                {
+                    "stage": run.stage,
+                    "first_batch_per_lane": run.first,
+                    "first_step": start.step + run.first * self.readers,
+                    "weights": [int(w) for w in run.blend.weights],
+                }
+                for run in plan.runs
+            ],
             "sources": sources,
         }
 
@@ -807,6 +1054,23 @@ def _rest(source: LaneSource, position: SourcePosition, rows: Sequence[int]) -> 
             entries.append((epoch, (*segments, source.segment(epoch, segments, read))))
         begin += length
     return SourcePosition(tuple(entries), next_epoch, 0)
+
+
+def _check_taken(state: MixState, plan: PassPlan, received: Sequence[int]) -> None:
+    """The rows a state says its lanes took agree with its pass (a version 1 state says none).
+
+    Raises:
+        ResumeStateError: they do not (a damaged state).
+    """
+    if state.batches is None:
+        return
+    for n in sorted(set(received)):
+        if state.taken.get(n) != tuple(int(x) for x in plan.consumed(n)) or state.batches != plan.batches:
+            raise ResumeStateError(
+                f"the mix's resume state says its lanes took {state.taken.get(n)} rows of its sources in "
+                f"{n} batches, but its pass takes {[int(x) for x in plan.consumed(n)]}: the state is "
+                "damaged; pass what loader.state_dict() returned"
+            )
 
 
 def complete_mix_state(state: Mapping[str, Any], num_ranks: int) -> Mapping[str, Any]:
