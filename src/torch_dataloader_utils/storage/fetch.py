@@ -30,6 +30,7 @@ __all__ = [
     "fetch_range",
     "is_transient",
     "lacks_credentials",
+    "read_error",
     "retry_call",
 ]
 
@@ -278,19 +279,31 @@ def fetch_range(
     try:
         return retry_call(attempt, config, on_retry)
     except GaveUp as failed:
-        endpoint = fs.endpoint or "its storage"
-        descriptors = too_many_open_files(failed.error)
-        where = "in storage_options" if fs.user is None else f"of filesystem={fs.user.name}"
-        advice = "" if fs.user is None else fs.user.advice
-        if descriptors is not None:
-            hint = f": {descriptors}"
-        elif lacks_credentials(failed.error):
-            hint = f"; no credentials were found: {CREDENTIALS_FIX}"
-        elif failed.transient:
-            hint = f"; check that {endpoint} is up and reachable, or raise retries= / request_timeout="
-            hint += advice
-        else:
-            hint = f"; check the path, the credentials and the endpoint ({endpoint}) {where}"
-        raise ReadError(
-            f"reading {fs.display(path)!r} bytes [{start}, {stop}) failed {failed.how(config)}{hint}"
-        ) from failed.error
+        raise read_error(fs, path, start, stop, failed, config) from failed.error
+
+
+def read_error(
+    fs: FileSystemSpec, path: str, start: int, stop: int, failed: GaveUp, config: FetchConfig
+) -> ReadError:
+    """The :class:`ReadError` of bytes ``[start, stop)`` of ``path`` whose request gave up.
+
+    It names the file, the byte range and the endpoint, and says the fix: the process's
+    limit of open files, the credentials, the endpoint's reachability (with the retries
+    and time spent) or, for a permanent error, the path and the options.
+    """
+    endpoint = fs.endpoint or "its storage"
+    descriptors = too_many_open_files(failed.error)
+    where = "in storage_options" if fs.user is None else f"of filesystem={fs.user.name}"
+    advice = "" if fs.user is None else fs.user.advice
+    if descriptors is not None:
+        hint = f": {descriptors}"
+    elif lacks_credentials(failed.error):
+        hint = f"; no credentials were found: {CREDENTIALS_FIX}"
+    elif failed.transient:
+        hint = f"; check that {endpoint} is up and reachable, or raise retries= / request_timeout="
+        hint += advice
+    else:
+        hint = f"; check the path, the credentials and the endpoint ({endpoint}) {where}"
+    return ReadError(
+        f"reading {fs.display(path)!r} bytes [{start}, {stop}) failed {failed.how(config)}{hint}"
+    )

@@ -1,17 +1,33 @@
-"""Parquet footers read from storage in one ranged request (two for a large footer)."""
+"""Parquet footers read from storage in one ranged request (two for a large footer).
+
+On S3 the footer is read by pyarrow's native client wherever it provably reaches what
+s3fs reaches (:attr:`~torch_dataloader_utils.storage.fs.FileSystemSpec.native_footers`):
+the file is opened with its listed size, so the client sends one ranged GET of the
+file's last 64 KiB (a second GET of the whole metadata when it is larger) and no HEAD,
+spending a fraction of botocore's CPU per request outside the GIL. Elsewhere, and with
+the node-local cache, the footer is read with :func:`fetch_range`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
 
 from torch_dataloader_utils.config import FetchConfig
-from torch_dataloader_utils.storage.fetch import fetch_range
+from torch_dataloader_utils.storage.fetch import GaveUp, fetch_range, read_error, retry_call
 from torch_dataloader_utils.storage.fs import FileSystemSpec
+from torch_dataloader_utils.storage.requests import count_request
 
 __all__ = ["FOOTER_READ_BYTES", "NotParquetError", "read_footer"]
 
 FOOTER_READ_BYTES = 64 * 1024
-"""Bytes read from a file's end to get its footer in one request (most footers fit)."""
+"""Bytes read from a file's end to get its footer in one request (most footers fit).
+
+pyarrow's own Parquet reader reads as much (its default footer read size), which is
+what makes the native path's requests predictable."""
 
 
 class NotParquetError(ValueError):
@@ -43,6 +59,8 @@ def read_footer(
     """
     if size < 12:
         raise NotParquetError(f"{size} bytes is too small for a Parquet file")
+    if fetch is None and fs.native_footers:
+        return _native_footer(fs, path, size, config, on_request)
 
     def get(start: int, stop: int) -> bytes:
         if fetch is not None:
@@ -62,3 +80,58 @@ def read_footer(
         head = get(size - 8 - length, size - len(tail))
         tail = head + tail
     return b"PAR1" + tail[-(length + 8) :]
+
+
+def _native_footer(
+    fs: FileSystemSpec,
+    path: str,
+    size: int,
+    config: FetchConfig,
+    on_request: Callable[[int], None] | None,
+) -> bytes:
+    """The footer through pyarrow's native S3 client: no HEAD, one GET (two for a large footer).
+
+    The file is opened as a fragment of its listed size, which pyarrow's S3 client
+    trusts (a file opened by path alone costs a HEAD first). pyarrow's Parquet reader
+    reads the last ``FOOTER_READ_BYTES`` (the whole file when smaller) and, when the
+    metadata is longer than that, the whole metadata in a second GET: the requests are
+    counted by that rule once the metadata is known. A failed attempt is counted as one
+    GET (a large footer whose second GET fails sent two). The metadata is written back
+    into the buffer :func:`read_footer` returns (the footer's own bytes).
+    """
+    client = fs.arrow()
+    tail = min(size, FOOTER_READ_BYTES)
+
+    def attempt() -> pa.Buffer | NotParquetError:
+        fragment: Any = ds.ParquetFileFormat().make_fragment(path, filesystem=client, file_size=size)
+        try:
+            fragment.ensure_complete_metadata()
+        except pa.ArrowInvalid as exc:  # the bytes arrived: they are not a Parquet footer
+            _counted(on_request, tail)
+            return NotParquetError(str(exc).split(": ", 1)[-1])
+        except Exception:
+            count_request("gets")  # sent (and retried: another request), received nothing
+            raise
+        metadata = fragment.metadata
+        length = metadata.serialized_size
+        _counted(on_request, tail)
+        if length + 8 > tail:
+            _counted(on_request, length)
+        sink = pa.BufferOutputStream()
+        metadata.write_metadata_file(sink)
+        return sink.getvalue()
+
+    try:
+        got = retry_call(attempt, config)
+    except GaveUp as failed:
+        raise read_error(fs, path, size - tail, size, failed, config) from failed.error
+    if isinstance(got, NotParquetError):
+        raise got
+    return got.to_pybytes()
+
+
+def _counted(on_request: Callable[[int], None] | None, nbytes: int) -> None:
+    """Count one GET of ``nbytes`` (in the process's requests, and for the caller)."""
+    count_request("gets", nbytes)
+    if on_request is not None:
+        on_request(nbytes)

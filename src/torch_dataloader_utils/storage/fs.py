@@ -22,7 +22,10 @@ No request is sent that a read does not need. On S3 a ranged read is one GET thr
 the s3fs client's botocore client (:meth:`FileSystemSpec.read_observed`): pyarrow's S3
 files send a HEAD when opened (its Python API opens by path, never with the listed
 size). The GET's own response tells the file's size and modification time, so checking
-a file against the plan costs no request of its own. Every request is counted by kind
+a file against the plan costs no request of its own. Parquet footers, thousands at
+once at discovery, are read through the native client where it is used
+(:attr:`FileSystemSpec.native_footers`): one GET each, no HEAD, at a fraction of
+botocore's CPU. Every request is counted by kind
 (:mod:`~torch_dataloader_utils.storage.requests`).
 """
 
@@ -292,12 +295,13 @@ class FileSystemSpec(RedactedRepr):
     def data_path_description(self) -> str:
         """How data bytes are read here, and why (logged at INFO, shown by ``inspect``)."""
         ranged = "; Parquet ranges by direct GETs through s3fs's client (one request each, no HEAD)"
+        footers = "; Parquet footers by pyarrow's native S3 client (one GET each, no HEAD)"
         if self.user is not None:
             return f"filesystem= {self.user.data_path}" + (ranged if self.observes else "")
         if self.is_local:
             return "local files (pyarrow)"
         if self.protocol in _S3:
-            return self._native_decision[1] + ranged
+            return self._native_decision[1] + ranged + (footers if self.native_footers else "")
         return f"fsspec ({self.protocol}; no native client is used for it)"
 
     def _client_options(self) -> dict[str, Any]:
@@ -344,6 +348,20 @@ class FileSystemSpec(RedactedRepr):
         if self.user is not None:
             return self.user.native
         return self.is_local or self._native_options is not None
+
+    @property
+    def native_footers(self) -> bool:
+        """Whether Parquet footers are read through pyarrow's native S3 client (:meth:`arrow`).
+
+        On S3 wherever that client provably reaches what s3fs reaches (the options
+        translate, no mock intercepts botocore, the same endpoint:
+        :mod:`~torch_dataloader_utils.storage.native_s3`). A footer is then one ranged GET
+        of a file opened with its listed size (no HEAD), at a fraction of botocore's CPU
+        per request and outside the GIL, so thousands of footers no longer queue on one
+        event loop. Elsewhere (``data_path="fsspec"``, a ``filesystem=`` object, an option
+        with no native equivalent) footers are GETs through the fsspec client.
+        """
+        return self.user is None and self.protocol in _S3 and self._native_options is not None
 
     def _key(self, kind: str) -> tuple[int, str, str]:
         return (os.getpid(), kind, self._options_key)

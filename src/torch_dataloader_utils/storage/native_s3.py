@@ -1,8 +1,9 @@
 """Whether pyarrow's native S3 client provably reaches the storage s3fs would.
 
 The native client (``pyarrow.fs.S3FileSystem``) reads the files pyarrow's own readers
-open (ORC, CSV / JSONL; Parquet ranges are direct GETs through s3fs's client, since a
-native file sends a HEAD when opened). It is a second client: it knows only the
+open (ORC, CSV / JSONL) and Parquet footers (a fragment of the listed size: no HEAD);
+Parquet ranges are direct GETs through s3fs's client, since a native file sends a HEAD
+when opened. It is a second client: it knows only the
 options it is given. It reaches the same storage with
 the same credentials only when
 

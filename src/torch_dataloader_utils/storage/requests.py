@@ -10,7 +10,10 @@ is counted in this process's :func:`process_requests`, by kind, where it is sent
   (:func:`watch_botocore`), so the count is what the server receives;
 * through pyarrow's native S3 client: each call the library makes is one request (the
   client is built with one attempt per call, and files are opened with their known
-  size, so no HEAD precedes a read), counted by the caller (:func:`count_request`);
+  size, so no HEAD precedes a read), counted by the caller (:func:`count_request`); a
+  Parquet footer by pyarrow's own rule (:mod:`~torch_dataloader_utils.storage.footers`).
+  Not seen: libcurl resends a request once on its own when a reused connection dies
+  before any answer (a server that read it and reset the connection saw two);
 * through any other fsspec filesystem (GCS, Azure, a user's object): each call of the
   filesystem's API the library makes, counted as one request of its kind
   (:data:`CALL_KINDS`); a client that pages or retries inside one call sends more.
