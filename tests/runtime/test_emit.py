@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -152,3 +153,31 @@ def test_parts_with_nulls_or_strings_are_converted_as_one_batch() -> None:
     assert BatchParts([with_nulls]).arrays() is None
     strings = pa.record_batch({"s": pa.array(["x", "y"])})
     assert BatchParts([strings]).arrays() is None
+
+
+def test_first_pass_groups_are_sized_from_the_widths_of_the_columns_read(tmp_path: Path) -> None:
+    """Before any batch arrived, fixed-width columns read count their width, not the files' bytes.
+
+    The files hold a wide string column that is not read: the estimate was twice the files'
+    bytes per row (about 20 times too many here), which made the first pass's groups small.
+    """
+    import pyarrow.parquet as pq
+
+    from torch_dataloader_utils import create_dataloader
+    from torch_dataloader_utils.runtime.passes import files_bytes_per_row
+
+    n = 4096
+    table = pa.table({
+        "id": pa.array(np.arange(n, dtype=np.int64)),
+        "x": pa.array(np.ones(n, dtype=np.float32)),
+        "vec": pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(4 * n, dtype=np.float32)), 4),
+        "text": pa.array([f"{i:0200d}" for i in range(n)]),
+    })  # fmt: skip
+    pq.write_table(table, tmp_path / "a.parquet", compression="none")
+    _, numeric = create_dataloader(str(tmp_path), columns=["id", "x", "vec"], batch_size=64)
+    assert files_bytes_per_row(numeric.order) == 8 + 4 + 16
+    _, everything = create_dataloader(str(tmp_path), batch_size=64)
+    on_disk = (tmp_path / "a.parquet").stat().st_size / n
+    assert (
+        files_bytes_per_row(everything.order) == 8 + 4 + 16 + 2 * on_disk
+    )  # a string read: as before, plus widths

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
+import pyarrow as pa
+
 from torch_dataloader_utils.runtime.ledger import PassLedger
 from torch_dataloader_utils.runtime.orders import Delivery, Order
 from torch_dataloader_utils.runtime.state import EpochProgress, PassLog, Tagged
@@ -25,16 +27,47 @@ MEASURED_ROWS = 65536
 
 
 def files_bytes_per_row(order: Order) -> float:
-    """The bytes per row of an order's files on disk, twice (before any batch was received).
+    """The Arrow bytes per row an order's first batches will have, estimated before any arrived.
 
-    Decoded rows are larger than compressed ones; groups sized from it are of about the
-    right size in the first pass, and later passes use the bytes measured.
+    Per source: the columns read of a fixed width count their width (exact); if any column
+    read has a variable width (strings, lists), twice the bytes per row of the files on
+    disk are added for them (decoded rows are larger than compressed ones, and the files'
+    bytes include columns not read). Later passes use the bytes measured.
     """
     sources = getattr(order, "sources", None)
-    tables = [s.source.table for s in sources] if sources is not None else [order.source.table]  # type: ignore[attr-defined]
-    size = sum(int(t.size.sum()) for t in tables)
-    rows = sum(int(t.live[t.live > 0].sum()) for t in tables)
-    return 2.0 * size / max(1, rows)
+    plans = [s.source for s in sources] if sources is not None else [order.source]  # type: ignore[attr-defined]
+    total = rows = 0.0
+    for plan in plans:
+        table = plan.table
+        live = float(table.live[table.live > 0].sum())
+        fixed, variable = _fixed_width_bytes(plan.schema)
+        per_row = fixed + (2.0 * float(table.size.sum()) / max(1.0, live) if variable else 0.0)
+        total += per_row * live
+        rows += live
+    return total / max(1.0, rows)
+
+
+def _fixed_width_bytes(schema: pa.Schema) -> tuple[float, bool]:
+    """Bytes per row of ``schema``'s fixed-width columns, and whether it has any other."""
+    fixed, variable = 0.0, False
+    for field in schema:
+        width = _width(field.type)
+        if width is None:
+            variable = True
+        else:
+            fixed += width
+    return fixed, variable
+
+
+def _width(kind: pa.DataType) -> float | None:
+    """Bytes of one value of ``kind`` (``None``: not of a fixed width)."""
+    if pa.types.is_fixed_size_list(kind):
+        inner = _width(kind.value_type)
+        return None if inner is None else inner * kind.list_size
+    try:
+        return kind.bit_width / 8
+    except ValueError:
+        return None
 
 
 class PassOwner(Protocol):
