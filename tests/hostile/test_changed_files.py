@@ -65,6 +65,26 @@ def test_case_1_parquet_rewritten_after_planning(tmp_path: Path, rewrite: str, n
     _assert_changed(exc, path, before, path.stat().st_size)
 
 
+def test_a_pass_failed_in_a_worker_has_stopped_its_workers_when_the_error_arrives(tmp_path: Path) -> None:
+    """The failed pass's workers are shut down before its error reaches the loop.
+
+    Left to the garbage collector (the traceback holds the pass in a cycle), torch's
+    shutdown ran after its queues were finalized: the workers never got their stop and
+    ``del loader`` waited 5 s per worker (10 s here, since 0.5.0).
+    """
+    import multiprocessing
+
+    path = tmp_path / "a.parquet"
+    _parquet(path, pa.array(np.arange(ROWS)))
+    loader, _ = create_dataloader(
+        str(path), batch_size=100, split_rows=500, num_workers=2, multiprocessing_context="fork"
+    )
+    _parquet(path, pa.array(np.arange(ROWS, dtype=np.float64)))
+    with pytest.raises(FileChangedError):
+        list(loader)
+    assert multiprocessing.active_children() == []
+
+
 def test_case_1_parquet_rewritten_with_other_row_groups_same_size(tmp_path: Path) -> None:
     """Same size, new modification time: still refused (the time tells)."""
     path = tmp_path / "a.parquet"

@@ -368,12 +368,7 @@ class ResumableDataLoader(DataLoader[Any], Generic[D]):
         iterator, self._iterator = self._iterator, None
         self._receiver = self._pass = None
         self._transport = None  # the failed pass's segments may still be leased
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            try:
-                shutdown()
-            except Exception:  # already shut down or half gone: nothing left to stop
-                log.debug("shutting down the workers of a failed pass", exc_info=True)
+        _shut_down(iterator)
 
     def _batches(self, completed: list[bool], passes: list[Pass]) -> Iterator[Any]:
         """This pass's items, tagged (``__iter__`` records them); its :class:`Pass` goes to ``passes``."""
@@ -383,9 +378,11 @@ class ResumableDataLoader(DataLoader[Any], Generic[D]):
         passes.append(opened)
         receiver: _Receiver | None = None
         stage: DeviceStage | None = None
+        workers: Iterator[Any] | None = None  # torch's iterator, which owns this pass's workers
         try:
             try:
                 source: Iterator[Any] = super().__iter__()  # starts (or resets) the workers, here
+                workers = source
             except BaseException:
                 self._transport = None  # workers may have started: a fresh pool next time
                 raise
@@ -414,6 +411,11 @@ class ResumableDataLoader(DataLoader[Any], Generic[D]):
         except BaseException:
             if self.persistent_workers and (receiver is None or not receiver.superseded):
                 self._drop_workers()  # the next pass starts new workers, never a hang
+            elif not self.persistent_workers and workers is not None:
+                # Now, while its queues are open: the traceback holds this frame in a cycle,
+                # and torch's own shutdown in the garbage collector ran after the queues'
+                # finalizers, so the workers never got their stop and the join waited 5 s each.
+                _shut_down(workers)
             raise
         finally:
             opened.end()
@@ -546,3 +548,13 @@ def build_loader(dataset: D, num_workers: int, loader: LoaderConfig) -> Resumabl
     result.device = device
     result._pinner = pinner
     return result
+
+
+def _shut_down(iterator: Any) -> None:
+    """Stop the workers of torch's ``iterator`` (if it has any), whatever state they are in."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        try:
+            shutdown()
+        except Exception:  # already shut down or half gone: nothing left to stop
+            log.debug("shutting down the workers of a failed pass", exc_info=True)
