@@ -8,6 +8,12 @@ answers stream back at once. Request lines are counted by kind (``LIST``: a GET 
 bucket, ``HEAD``, ``GET``, ``PUT``: PUT or POST, ``other``), from the bytes the clients
 send, so the counts are what the server receives.
 
+The proxy runs in a process of its own (``python -m testsupport.latency_proxy``), driven
+over its standard input: a network adds latency without taking the client's
+interpreter, so the proxy must not either (in a thread of the measured process it held
+the GIL for every request it forwarded, which the library's Python threads then waited
+for and pyarrow's native threads did not).
+
     proxy = LatencyProxy("127.0.0.1", 8333, delay=0.020)
     endpoint = proxy.start()        # "http://127.0.0.1:PORT"
     ...
@@ -18,9 +24,14 @@ send, so the counts are what the server receives.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import re
+import subprocess
+import sys
 import threading
 from collections import Counter
+from pathlib import Path
 
 __all__ = ["LatencyProxy"]
 
@@ -46,57 +57,96 @@ class LatencyProxy:
     """
 
     def __init__(self, host: str, port: int, delay: float = 0.0) -> None:
-        self.host, self.port, self.delay = host, port, delay
-        self._counts: Counter[str] = Counter()
+        self.host, self.port, self._delay = host, port, delay
+        self._child: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._server: asyncio.base_events.Server | None = None
-        self._thread: threading.Thread | None = None
+
+    def _ask(self, command: str) -> str:
+        if self._child is None or self._child.stdin is None or self._child.stdout is None:
+            raise RuntimeError("the latency proxy is not started")
+        with self._lock:
+            self._child.stdin.write(command + "\n")
+            self._child.stdin.flush()
+            answer = self._child.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the latency proxy exited (code {self._child.poll()})")
+        return answer.strip()
+
+    @property
+    def delay(self) -> float:
+        """Seconds added to every request (set it at any time; the next request pays it)."""
+        return self._delay
+
+    @delay.setter
+    def delay(self, value: float) -> None:
+        self._delay = value
+        if self._child is not None:
+            self._ask(f"delay {value!r}")
 
     def counts(self) -> Counter[str]:
         """Requests received so far, by kind."""
-        with self._lock:
-            return Counter(self._counts)
+        return Counter(json.loads(self._ask("counts")))
 
     def reset(self) -> None:
         """Forget the counts."""
-        with self._lock:
-            self._counts.clear()
+        self._ask("reset")
 
     def start(self) -> str:
-        """Serve on a free port of 127.0.0.1; returns the endpoint URL."""
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._server = self._loop.run_until_complete(
-                asyncio.start_server(self._serve, "127.0.0.1", 0, limit=1 << 20)
-            )
-            ready.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, name="latency-proxy", daemon=True)
-        self._thread.start()
-        ready.wait()
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        """Serve on a free port of 127.0.0.1 (in a child process); returns the endpoint URL."""
+        root = str(Path(__file__).resolve().parents[1])
+        self._child = subprocess.Popen(
+            [sys.executable, "-m", "testsupport.latency_proxy", self.host, str(self.port), repr(self._delay)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=root,
+        )
+        return self._ask("endpoint")
 
     def stop(self) -> None:
-        """Stop serving: close the connections, end the thread."""
-        if self._thread is None:
+        """Stop serving: the child closes its connections and exits."""
+        if self._child is None:
             return
-        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        self._thread = None
+        with contextlib.suppress(RuntimeError, OSError):
+            self._ask("stop")
+        try:
+            self._child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._child.kill()
+            self._child.wait()
+        self._child = None
 
-    async def _shutdown(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+
+class _Proxy:
+    """The child process's proxy: an asyncio server, driven by commands on stdin."""
+
+    def __init__(self, host: str, port: int, delay: float) -> None:
+        self.host, self.port, self.delay = host, port, delay
+        self.counts: Counter[str] = Counter()
+        self.server: asyncio.base_events.Server | None = None
+
+    async def main(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0, limit=1 << 20)
+        loop = asyncio.get_running_loop()
+        while True:
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            command, _, arg = line.strip().partition(" ")
+            if command == "endpoint":
+                answer = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+            elif command == "delay":
+                self.delay = float(arg)
+                answer = "ok"
+            elif command == "counts":
+                answer = json.dumps(dict(self.counts))
+            elif command == "reset":
+                self.counts.clear()
+                answer = "ok"
+            else:  # "stop", or the parent's end of the pipe closed (no one to answer)
+                self.server.close()
+                if command == "stop":
+                    print("ok", flush=True)
+                return
+            print(answer, flush=True)
 
     async def _serve(self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter) -> None:
         try:
@@ -117,11 +167,8 @@ class LatencyProxy:
         """Client to server: each piece waits ``delay``; request lines are counted."""
         try:
             while data := await source.read(1 << 16):
-                found = _REQUEST.findall(data)
-                if found:
-                    with self._lock:
-                        for method, target in found:
-                            self._counts[_kind(method, target)] += 1
+                for method, target in _REQUEST.findall(data):
+                    self.counts[_kind(method, target)] += 1
                 if self.delay > 0:
                     await asyncio.sleep(self.delay)
                 sink.write(data)
@@ -140,3 +187,8 @@ class LatencyProxy:
                 await sink.drain()
         except (ConnectionError, asyncio.CancelledError):
             pass
+
+
+if __name__ == "__main__":
+    host, port, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    asyncio.run(_Proxy(host, port, delay).main())

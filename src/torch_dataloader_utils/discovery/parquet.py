@@ -25,7 +25,7 @@ from torch_dataloader_utils.discovery.listing import ListedFile
 from torch_dataloader_utils.discovery.metadata import FileRows, SharedError, files_table
 from torch_dataloader_utils.errors import CorruptFileError, SchemaMismatchError
 from torch_dataloader_utils.plan.types import FileInfo, RowGroup
-from torch_dataloader_utils.storage.footers import NotParquetError, read_footer
+from torch_dataloader_utils.storage.footers import NotParquetError, read_footer_parsed
 from torch_dataloader_utils.storage.fs import METADATA_CONCURRENCY, FileSystemSpec
 from torch_dataloader_utils.storage.partitions import Partitions
 from torch_dataloader_utils.storage.schemas import same_but_nullability
@@ -91,9 +91,11 @@ def _parse(fs: FileSystemSpec, path: str, footer: bytes) -> pq.FileMetaData:
         raise _corrupt(fs, path, exc) from exc
 
 
-def _fetch_footer(fs: FileSystemSpec, listed: ListedFile, fetch: FetchConfig) -> bytes:
+def _fetch_footer(
+    fs: FileSystemSpec, listed: ListedFile, fetch: FetchConfig
+) -> tuple[bytes, pq.FileMetaData | None]:
     try:
-        return read_footer(fs, listed.path, listed.size, fetch)
+        return read_footer_parsed(fs, listed.path, listed.size, fetch)
     except (NotParquetError, OSError) as exc:
         raise _corrupt(fs, listed.path, exc) from exc
 
@@ -180,9 +182,15 @@ def _kept_groups(footer: bytes, check: FooterCheck, path: str) -> set[int]:
 
 
 def _check_one(
-    fs: FileSystemSpec, listed: ListedFile, footer: bytes, check: FooterCheck, parquet_schema: Any, keep: bool
+    fs: FileSystemSpec,
+    listed: ListedFile,
+    footer: bytes,
+    parsed: pq.FileMetaData | None,
+    check: FooterCheck,
+    parquet_schema: Any,
+    keep: bool,
 ) -> FileRows:
-    meta = _parse(fs, listed.path, footer)
+    meta = parsed if parsed is not None else _parse(fs, listed.path, footer)
     schema_bytes = None
     if not meta.schema.equals(parquet_schema):
         try:
@@ -292,11 +300,13 @@ class _ShareReader:
         self._failed = len(files)  # the first failed position: later files are not read
         self._ready = threading.Event()
         self.check: FooterCheck | None = None
+        self._parquet_schema: Any = None  # the first file's, parsed once
         self.error: SharedError | None = None
 
     def _resolve(self, footer: bytes) -> None:
         try:
             self.check = self.make_check(footer)
+            self._parquet_schema = self.check.first.parquet_schema
         except Exception as exc:  # a bad request: every rank meets the same
             index = -1 if not isinstance(exc, CorruptFileError) else 0
             self.error = SharedError(index, type(exc).__name__, str(exc))
@@ -318,8 +328,9 @@ class _ShareReader:
         while (i := self._next()) is not None:
             listed = self.first if i < 0 else self.files[i]
             first = i < 0 or (i == 0 and self.own_first)
+            parsed: pq.FileMetaData | None = None
             try:
-                footer = _fetch_footer(self.fs, listed, self.config)
+                footer, parsed = _fetch_footer(self.fs, listed, self.config)
             except Exception as exc:
                 if not first:
                     self._fail(i, exc)
@@ -340,7 +351,7 @@ class _ShareReader:
                 return
             try:
                 self.results[i] = _check_one(
-                    self.fs, listed, footer, self.check, self.check.first.parquet_schema, self.keep
+                    self.fs, listed, footer, parsed, self.check, self._parquet_schema, self.keep
                 )
             except Exception as exc:  # passed on to every rank, raised there
                 self._fail(i, exc)
