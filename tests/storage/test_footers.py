@@ -14,8 +14,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from testsupport.s3_server import KEY, SECRET
 
 from tests.bounds import assert_ends_within
 from tests.fixtures.s3 import FaultProxy, S3Server
@@ -25,6 +27,7 @@ from torch_dataloader_utils.config import FetchConfig
 from torch_dataloader_utils.storage.footers import FOOTER_READ_BYTES, read_footer
 from torch_dataloader_utils.storage.fs import resolve
 from torch_dataloader_utils.storage.requests import RequestCounts
+from torch_dataloader_utils.tools.cost import predict_plan
 
 FILES = 12
 ROWS = 40  # per file: one row group, every column in one GET
@@ -210,6 +213,35 @@ def test_an_option_with_no_native_equivalent_keeps_footers_on_s3fs(
     assert s3_proxy.clients[("GET", "aws-sdk-cpp")] == 0
     assert s3_proxy.clients[("GET", "botocore")] == 1 + 2 * FILES
     assert _kinds(counted) == +s3_proxy.kinds
+
+
+@pytest.mark.slow
+def test_a_pyarrow_s3_filesystem_object_reads_footers_with_no_head_and_is_counted_by_kind(
+    s3_server: S3Server, s3_proxy: FaultProxy
+) -> None:
+    """``filesystem=pyarrow.fs.S3FileSystem(...)``: footers through it, sized (no HEAD); metrics = server.
+
+    Before: each footer cost a HEAD and a GET (the file opened by path), and the reshard
+    manifest looked for (a HEAD through pyarrow, which found nothing) was counted as a GET.
+    Reading a file still costs its HEADs through such an object (pyarrow opens a file by
+    path with one; the file is checked with another): per file and epoch, 2 HEADs and its GETs.
+    """
+    prefix = _data(s3_server)
+    client = pafs.S3FileSystem(
+        endpoint_override=s3_proxy.endpoint, access_key=KEY, secret_key=SECRET, region="us-east-1"
+    )
+    s3_proxy.reset()
+    loader, dataset = create_dataloader(f"s3://{prefix}", filesystem=client, num_workers=0)
+    assert dataset.discovered.fs.native_footers
+    assert "footers by that client" in dataset.discovered.fs.data_path_description
+    # The manifest looked for (a HEAD, nothing there), the listing, one GET per footer.
+    assert +s3_proxy.kinds == Counter({"HEAD": 1, "LIST": 1, "GET": FILES})
+    assert _kinds(loader.metrics().request_counts) == +s3_proxy.kinds
+    ids = [int(i) for batch in loader for i in batch["id"].tolist()]
+    assert sorted(ids) == list(range(FILES * ROWS))
+    assert +s3_proxy.kinds == Counter({"HEAD": 1 + 2 * FILES, "LIST": 1, "GET": 2 * FILES})
+    assert _kinds(loader.metrics().request_counts) == +s3_proxy.kinds
+    assert _kinds(predict_plan(dataset, 0, 0).total()) == +s3_proxy.kinds  # inspect's prediction
 
 
 @pytest.mark.slow

@@ -297,7 +297,11 @@ class FileSystemSpec(RedactedRepr):
         ranged = "; Parquet ranges by direct GETs through s3fs's client (one request each, no HEAD)"
         footers = "; Parquet footers by pyarrow's native S3 client (one GET each, no HEAD)"
         if self.user is not None:
-            return f"filesystem= {self.user.data_path}" + (ranged if self.observes else "")
+            return (
+                f"filesystem= {self.user.data_path}"
+                + (ranged if self.observes else "")
+                + ("; Parquet footers by that client (one GET each, no HEAD)" if self.native_footers else "")
+            )
         if self.is_local:
             return "local files (pyarrow)"
         if self.protocol in _S3:
@@ -358,10 +362,17 @@ class FileSystemSpec(RedactedRepr):
         :mod:`~torch_dataloader_utils.storage.native_s3`). A footer is then one ranged GET
         of a file opened with its listed size (no HEAD), at a fraction of botocore's CPU
         per request and outside the GIL, so thousands of footers no longer queue on one
-        event loop. Elsewhere (``data_path="fsspec"``, a ``filesystem=`` object, an option
-        with no native equivalent) footers are GETs through the fsspec client.
+        event loop. A ``filesystem=`` object whose data bytes go through a pyarrow S3
+        client (a ``pyarrow.fs.S3FileSystem``, or an s3fs object whose options translate)
+        has its footers read through that client the same way. Elsewhere
+        (``data_path="fsspec"``, another filesystem object, an option with no native
+        equivalent) footers are GETs through the fsspec client.
         """
-        return self.user is None and self.protocol in _S3 and self._native_options is not None
+        if self.protocol not in _S3:
+            return False
+        if self.user is not None:
+            return self.user.native and not self.user.is_local
+        return self._native_options is not None
 
     def _key(self, kind: str) -> tuple[int, str, str]:
         return (os.getpid(), kind, self._options_key)
@@ -408,12 +419,17 @@ class FileSystemSpec(RedactedRepr):
         """
         client = self.fsspec()
         watched = getattr(client, _WATCHED, False)
+        # A pyarrow filesystem object (behind fsspec's ArrowFSWrapper) opens a file with a
+        # HEAD before it reads it: a ``cat_file`` is a HEAD, then a GET when the file exists.
+        opens = self.user is not None and self.user.kind == "arrow" and name in ("cat_file", "cat")
         try:
             out = bounded_call(client, name, *args, deadline=self.deadline, **kwargs)
         except BaseException:
             if not watched and name in CALL_KINDS:
-                count_request(CALL_KINDS[name])
+                count_request("heads" if opens else CALL_KINDS[name])
             raise
+        if opens and not watched:
+            count_request("heads")
         received = len(out) if name in ("cat_file", "cat") and isinstance(out, bytes) else 0
         sent = len(args[1]) if name in ("pipe_file", "pipe") and len(args) > 1 else 0
         if watched:

@@ -16,7 +16,9 @@ Parquet on S3:
   than 1,024 files, or a metadata cache without them); a file no larger than 64 KiB
   whose footer is not known comes whole in one GET. Elsewhere (GCS, Azure, other
   fsspec filesystems) each reading process also checks each file once per pass: one
-  HEAD (or its store's equivalent) per file it reads.
+  HEAD (or its store's equivalent) per file it reads; through a pyarrow filesystem
+  object (``filesystem=pyarrow.fs.S3FileSystem(...)``) one more, pyarrow's open of the
+  file by path.
 
 ORC, CSV and JSONL are read through pyarrow's file objects, whose requests the library
 does not choose: their count is an estimate (one GET per 8 MiB of each chunk and one
@@ -190,6 +192,8 @@ def predict_requests(
         start = RequestCounts(*(v * num_ranks for v in startup.as_tuple()))
         notes.append(f"each of the {num_ranks} rank(s) builds the dataset alone")
     checks_by_get = bool(getattr(fs, "observes", False))
+    user = getattr(fs, "user", None)
+    opens_by_head = user is not None and getattr(user, "kind", None) == "arrow"  # pyarrow opens by path
     files = {f.path: f for f in dataset.files}
     parquet = getattr(getattr(dataset, "discovered", None), "format", None) is FileFormat.PARQUET
     meta = _footer_of(dataset)
@@ -203,6 +207,7 @@ def predict_requests(
                 g, b, known = _parquet_gets(dataset, chunks, files, meta)
                 exact = exact and known
                 heads += 0 if checks_by_get else opened
+                heads += opened if opens_by_head else 0
             else:  # checked by a metadata request, then opened (pyarrow's open: a HEAD)
                 b = sum(max(1, c.num_bytes) for c in chunks)
                 g = sum(math.ceil(max(1, c.num_bytes) / MAX_PART_BYTES) for c in chunks)
@@ -211,6 +216,8 @@ def predict_requests(
             nbytes += b
     if not checks_by_get:
         notes.append("each reading process checks each file it reads with a metadata request per pass")
+    if opens_by_head and parquet:
+        notes.append("the pyarrow filesystem object opens each file by path: one HEAD per file and process")
     if not exact:
         notes.append(
             "an estimate in part: footers fetched by the readers (or a format read through pyarrow's "
