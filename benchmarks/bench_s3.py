@@ -165,6 +165,8 @@ def bench_latency(store: Store, root: Path, repeats: int, delay: float) -> list[
     }
     times: dict[tuple[str, float], list[float]] = {}
     requests: dict[tuple[str, float], Any] = {}
+    chains: dict[tuple[int, float], list[float]] = {}
+    wire = _WireChain(store, url)
     loads = [load()]
     for name, fn in cases.items():  # warm-up: connections, imports
         assert fn()[0] == rows_total, name
@@ -178,6 +180,8 @@ def bench_latency(store: Store, root: Path, repeats: int, delay: float) -> list[
                 times.setdefault((name, d), []).append(time.perf_counter() - began)
                 assert rows == rows_total, name
                 requests[(name, d)] = (store.proxy.counts(), counted)
+            for steps in (2, 3):
+                chains.setdefault((steps, d), []).append(wire.run(steps))
     loads.append(load())
     ms = f"{delay * 1000:g} ms"
     lines = [
@@ -198,8 +202,62 @@ def bench_latency(store: Store, root: Path, repeats: int, delay: float) -> list[
     lines += [
         "",
         "Ratio: rows/s at the added latency over rows/s at 0 ms (time at 0 ms / time at the latency).",
+        "",
+        "**Wire floor** (same runs): requests that each wait for the one before, which no reader "
+        "given a directory can avoid: its names (LIST), then bytes. What the latency adds to such a "
+        "chain, and the best ratio a reader whose epoch takes the 0 ms time above could then reach, "
+        "`t0 / (t0 + added)`:",
+        "",
+        f"| chain | 0 ms | {ms} | added by the latency (median) | best ratio, library nw=0 / nw=2 |",
+        "|---|---|---|---|---|",
     ]
+    for steps, what in (
+        (2, "LIST, then one GET (any reader: the names, then bytes)"),
+        (3, "LIST, a footer GET, a column-chunk GET (a Parquet reader reading the columns asked)"),
+    ):
+        zero, slow = chains[(steps, 0.0)], chains[(steps, delay)]
+        added = statistics.median(slow) - statistics.median(zero)
+        best = [
+            statistics.median(times[(n, 0.0)]) / (statistics.median(times[(n, 0.0)]) + added)
+            for n in ("library, num_workers=0", "library, num_workers=2")
+        ]
+        lines.append(
+            f"| {what} | {_spread(zero)} | {_spread(slow)} | {added * 1000:.0f} ms | "
+            f"{best[0]:.3f} / {best[1]:.3f} |"
+        )
     return lines
+
+
+class _WireChain:
+    """Dependent requests through s3fs's client (no HEAD: sizes come from the listing)."""
+
+    def __init__(self, store: Store, url: str) -> None:
+        import s3fs
+
+        self.fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **store.options())
+        self.prefix = url.removeprefix("s3://")
+        self.proxy = store.proxy
+
+    def run(self, steps: int) -> float:
+        """Seconds for the chain of ``steps`` requests (checked: exactly that many reach the server)."""
+        self.proxy.reset()
+        began = time.perf_counter()
+        listed = self.fs.ls(self.prefix, detail=True, refresh=True)
+        first = min((f for f in listed if f["name"].endswith(".parquet")), key=lambda f: f["name"])
+        size = int(first["size"])
+        if steps == 2:
+            data = self.fs.cat_file(first["name"], start=0, end=min(size, 65536))
+        else:
+            tail = self.fs.cat_file(first["name"], start=size - 65536, end=size)
+            length = int.from_bytes(tail[-8:-4], "little")
+            meta = pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-(length + 8) :]))
+            column = meta.row_group(0).column(0)
+            start = column.dictionary_page_offset or column.data_page_offset
+            data = self.fs.cat_file(first["name"], start=start, end=start + column.total_compressed_size)
+        took = time.perf_counter() - began
+        assert data
+        assert sum(self.proxy.counts().values()) == steps, self.proxy.counts()
+        return took
 
 
 _REQUESTS_RUN = """
@@ -271,12 +329,15 @@ def bench_startup(store: Store, tmp: Path, repeats: int, files: int, delay: floa
 
     def library(where: str) -> float:
         t = time.perf_counter()
-        if where in ("s3", "s3fs"):
+        if where in ("s3", "s3fs", "s3-workers"):
             store.proxy.delay = delay
             options = store.options()
             if where == "s3fs":  # an option with no native equivalent: footers through s3fs
                 options["s3_additional_kwargs"] = {}
-            loader, _ = create_dataloader(url, storage_options=options, num_workers=0)
+            workers: dict[str, Any] = {"num_workers": 0}
+            if where == "s3-workers":
+                workers = {"num_workers": 2, "multiprocessing_context": "fork"}
+            loader, _ = create_dataloader(url, storage_options=options, **workers)
         else:
             options = {"delay": delay, "stats_key": uuid.uuid4().hex}
             loader, _ = create_dataloader(f"latency://{small}", storage_options=options, num_workers=0)
@@ -321,6 +382,7 @@ def bench_startup(store: Store, tmp: Path, repeats: int, files: int, delay: floa
         ("library", "latency"): [],
         ("library", "s3"): [],
         ("library", "s3fs"): [],
+        ("library", "s3-workers"): [],
         ("raw", "latency"): [],
         ("raw", "s3"): [],
         ("footers", "s3"): [],
@@ -333,6 +395,7 @@ def bench_startup(store: Store, tmp: Path, repeats: int, files: int, delay: floa
         "latency": f"`latency://` (local files, {delay * 1000:g} ms per request)",
         "s3": f"SeaweedFS behind the proxy ({delay * 1000:g} ms per request)",
         "s3fs": "same, footers through s3fs (`s3_additional_kwargs={}`: the fallback)",
+        "s3-workers": "same, `num_workers=2` (forked workers read the first chunks)",
     }
     lines = [
         f"{files:,} files of 50 rows; median (range) of {repeats} interleaved runs; {before} before, "

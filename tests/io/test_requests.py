@@ -12,6 +12,7 @@ being under 64 KiB), after one GET for a reshard manifest that is not there.
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import torch_dataloader_utils.discovery.dataset as discovery_dataset
 from tests.fixtures.s3 import FaultProxy, S3Server
 from tests.fixtures.stores import ServerLog
 from torch_dataloader_utils import create_dataloader
@@ -187,3 +189,61 @@ def test_a_warm_start_reads_the_footers_from_the_metadata_cache(
     # No footer read, by discovery or by the readers: they come with the cache.
     assert moto_log.counts() == Counter({"LIST": 1, "GET": 2 + data_gets})
     assert _as_kinds(warm) == moto_log.counts()
+
+
+@pytest.mark.slow
+def test_the_listing_is_sent_beside_the_search_for_a_reshard_manifest(
+    s3_server: S3Server, s3_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two round trips become one: the LIST is in flight before the manifest's GET is sent.
+
+    The search is held until the server has seen the listing's request; on the previous
+    code (search, then listing) it never does and the test fails.
+    """
+    prefix = fresh_data(s3_server)
+    s3_proxy.reset()
+    seen_first: list[bool] = []
+    search = discovery_dataset.find_manifest
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + 10
+        while not s3_proxy.kinds["LIST"] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        seen_first.append(s3_proxy.kinds["LIST"] == 1)
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(discovery_dataset, "find_manifest", held)
+    loader, _ = create_dataloader(
+        f"s3://{prefix}", storage_options=s3_server.options(s3_proxy.endpoint), num_workers=0
+    )
+    assert seen_first == [True]  # the listing was on the wire before the search began
+    ids = sorted(int(i) for batch in loader for i in batch["id"].tolist())
+    assert ids == list(range(ROWS))
+    # The same requests as before, no more: one LIST, the search's GET (404), footers, data.
+    assert +s3_proxy.kinds == Counter({"LIST": 1, "GET": 1 + 2 * FILES})  # a file is one chunk: one GET
+    assert _as_kinds(loader.metrics().request_counts) == +s3_proxy.kinds
+
+
+@pytest.mark.slow
+def test_a_resharded_directory_stops_the_listing_sent_beside_its_manifest(
+    s3_server: S3Server, s3_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """A manifest found: the dataset comes from it, and the listing sent beside it is stopped."""
+    from torch_dataloader_utils import reshard
+
+    source = tmp_path / "source"
+    source.mkdir()
+    for i in range(3):
+        pq.write_table(pa.table({"id": np.arange(i * 100, (i + 1) * 100)}), source / f"part-{i}.parquet")
+    prefix = s3_server.new_prefix()
+    reshard(str(source), f"s3://{prefix}", target_file_size="1KiB", dst_storage_options=s3_server.options())
+    s3_proxy.reset()
+    loader, dataset = create_dataloader(
+        f"s3://{prefix}", storage_options=s3_server.options(s3_proxy.endpoint), num_workers=0
+    )
+    assert dataset.discovered.manifest is not None  # read from the manifest
+    assert s3_proxy.kinds["LIST"] <= 1  # at most the first page, sent beside the search
+    assert s3_proxy.kinds["GET"] == 1  # the manifest, no footer
+    ids = sorted(int(i) for batch in loader for i in batch["id"].tolist())
+    assert ids == list(range(300))
+    assert _as_kinds(loader.metrics().request_counts) == +s3_proxy.kinds

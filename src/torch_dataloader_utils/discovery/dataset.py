@@ -26,7 +26,7 @@ from torch_dataloader_utils.discovery.cache import (
 )
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
 from torch_dataloader_utils.discovery.exchange import LOCAL, Exchange
-from torch_dataloader_utils.discovery.listing import list_files
+from torch_dataloader_utils.discovery.listing import EarlyListing, list_files, start_listing
 from torch_dataloader_utils.discovery.manifest import MANIFEST_NAME, Manifest, find_manifest
 from torch_dataloader_utils.discovery.metadata import (
     FILES_SCHEMA,
@@ -541,6 +541,26 @@ def _parquet_head(
     user: GivenFileSystem | None,
 ) -> _Head:
     """Rank 0: the manifest, or the listing and what the metadata cache holds of it."""
+    early = None
+    if source.use_manifest is None and (listed is None or source.metadata_cache_check != "on_open"):
+        # The listing goes out beside the manifest's search: one round trip, not two.
+        early = start_listing(path, dict(source.storage_options or {}), fetch, user)
+    try:
+        return _parquet_head_listed(path, source, fetch, listed, key, user, early)
+    finally:
+        if early is not None:
+            early.cancel()  # a no-op once it was used
+
+
+def _parquet_head_listed(
+    path: str | Sequence[str],
+    source: FileSourceConfig,
+    fetch: FetchConfig,
+    listed: tuple[FileSystemSpec, str] | None,
+    key: CacheKey,
+    user: GivenFileSystem | None,
+    early: EarlyListing | None,
+) -> _Head:
     if source.use_manifest is not False:
         found = find_manifest(
             path, source.storage_options, required=source.use_manifest is True, fetch=fetch, filesystem=user
@@ -554,7 +574,7 @@ def _parquet_head(
         if isinstance(got, _Head):
             return got
         trusted = got
-    listing = list_files(path, dict(source.storage_options or {}), fetch, filesystem=user)
+    listing = list_files(path, dict(source.storage_options or {}), fetch, filesystem=user, early=early)
     table = listing_table(listing.files)
     cache = _cache_spec(source, listing.fs, fetch)
     loaded = load_cache(*cache, table, key, fetch) if cache is not None else None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import glob as _glob
 import os
 import posixpath
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,7 +20,16 @@ from torch_dataloader_utils.storage.fs import FileSystemSpec, GivenFileSystem, r
 from torch_dataloader_utils.storage.identity import mtime_of
 from torch_dataloader_utils.storage.redact import redact
 
-__all__ = ["DATA_SUFFIXES", "ListedFile", "Listing", "list_files", "parse_hive_keys", "remote_request"]
+__all__ = [
+    "DATA_SUFFIXES",
+    "EarlyListing",
+    "ListedFile",
+    "Listing",
+    "list_files",
+    "parse_hive_keys",
+    "remote_request",
+    "start_listing",
+]
 
 _MARKERS = frozenset({"_SUCCESS", "_metadata", "_common_metadata", "_committed", "_started"})
 _GLOB_CHARS = set("*?[")
@@ -141,13 +152,97 @@ def remote_request(fs: FileSystemSpec, config: FetchConfig, path: str, call: Cal
         ) from error
 
 
+class EarlyListing:
+    """A directory's listing, sent before it is known to be needed (:func:`start_listing`).
+
+    Its first attempt is the request already in flight; a retry is a new call.
+    :meth:`cancel` stops it between two pages when it is not needed after all.
+    """
+
+    def __init__(self, fs: FileSystemSpec, root: str, future: concurrent.futures.Future[Any]) -> None:
+        self.fs, self.root, self._future = fs, root, future
+        self._started = time.monotonic()
+        self._used = False
+
+    def cancel(self) -> None:
+        """Not needed: stop it (the pages already sent stay counted)."""
+        self._future.cancel()
+
+    def call(self, root: str) -> Callable[[], Any]:
+        """The listing of ``root`` as :func:`remote_request` calls it: the early one first."""
+
+        def again() -> Any:
+            return self.fs.call("find", root, withdirs=False, detail=True)
+
+        def first() -> Any:
+            if self._used or root != self.root:
+                return again()
+            self._used = True
+            deadline = self.fs.deadline
+            wait = (
+                None if deadline is None or deadline <= 0 else deadline - (time.monotonic() - self._started)
+            )
+            try:
+                return self._future.result(timeout=None if wait is None else max(0.0, wait))
+            except concurrent.futures.TimeoutError:
+                self._future.cancel()
+                from fsspec.exceptions import FSTimeoutError
+
+                raise FSTimeoutError(f"listing {root!r} took over {deadline} s") from None
+
+        return first
+
+
+def start_listing(
+    path: object,
+    storage_options: dict[str, Any] | None,
+    fetch: FetchConfig,
+    filesystem: GivenFileSystem | None,
+) -> EarlyListing | None:
+    """Start listing the remote directory ``path`` now, beside another request (the manifest's search).
+
+    Looking for a reshard manifest and listing the directory would otherwise be two
+    round trips one after the other, before the first footer: with the listing sent
+    beside the search, a directory that has no manifest costs the same requests one
+    round trip sooner; one that has is read from its manifest and the listing stopped
+    (after at most its first page). ``None`` where the listing cannot be stopped (a
+    client the library did not make, a local path) or is not a plain directory listing
+    (a list, a glob, a name that looks like a data file).
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        return None
+    text = os.fspath(path)
+    if _is_glob(text) or text.rstrip("/").lower().endswith(DATA_SUFFIXES):
+        return None
+    try:
+        fs, stripped = resolve(
+            text,
+            storage_options,
+            timeout=fetch.attempt_timeout,
+            deadline=fetch.request_timeout,
+            filesystem=filesystem,
+        )
+        root = stripped.rstrip("/")
+        future = fs.start_call("find", root, withdirs=False, detail=True)
+    except Exception:  # the listing proper will meet it again, and report it
+        return None
+    return None if future is None else EarlyListing(fs, root, future)
+
+
 def _list_dir(
-    fs: FileSystemSpec, root: str, config: FetchConfig
+    fs: FileSystemSpec, root: str, config: FetchConfig, early: EarlyListing | None = None
 ) -> Iterable[tuple[str, int, float | None, str | None]]:
     if fs.is_local:
         yield from _walk_local(root)
         return
-    found = remote_request(fs, config, root, lambda: fs.call("find", root, withdirs=False, detail=True))
+    if early is not None:
+        call = early.call(root)
+    else:
+
+        def call() -> Any:
+            return fs.call("find", root, withdirs=False, detail=True)
+
+    found = remote_request(fs, config, root, call)
     for path, info in found.items():
         yield path, int(info.get("size") or 0), mtime_of(info), _etag(info)
 
@@ -159,7 +254,9 @@ def _exists(fs: FileSystemSpec, path: str, config: FetchConfig) -> bool:
     return bool(remote_request(fs, config, path, lambda: fs.call("exists", path)))
 
 
-def _list_one(fs: FileSystemSpec, path: str, config: FetchConfig) -> tuple[list[ListedFile], int]:
+def _list_one(
+    fs: FileSystemSpec, path: str, config: FetchConfig, early: EarlyListing | None = None
+) -> tuple[list[ListedFile], int]:
     fs.fsspec()  # built first: a client that refuses its options raises as it does, not as a listing
     # A path that exists as spelled is that path, even with glob characters in its name
     # (``run[1]`` is a directory, not the pattern matching ``run1``).
@@ -200,7 +297,7 @@ def _list_one(fs: FileSystemSpec, path: str, config: FetchConfig) -> tuple[list[
                 "or the working directory"
             )
     else:
-        found = _find_remote(fs, path, config)
+        found = _find_remote(fs, path, config, early)
         if isinstance(found, ListedFile):
             return [found], 0
         return _under(path, found)
@@ -211,7 +308,7 @@ def _list_one(fs: FileSystemSpec, path: str, config: FetchConfig) -> tuple[list[
 
 
 def _find_remote(
-    fs: FileSystemSpec, path: str, config: FetchConfig
+    fs: FileSystemSpec, path: str, config: FetchConfig, early: EarlyListing | None = None
 ) -> ListedFile | list[tuple[str, int, float | None, str | None]]:
     """A remote ``path``: the file it names, or the files of the directory it names.
 
@@ -226,7 +323,7 @@ def _find_remote(
     """
     root = path.rstrip("/")
     if not root.lower().endswith(DATA_SUFFIXES):
-        listed = list(_list_dir(fs, root, config))
+        listed = list(_list_dir(fs, root, config, early))
         under = [row for row in listed if row[0].rstrip("/") != root]
         if under:
             return under
@@ -270,6 +367,7 @@ def list_files(
     fetch: FetchConfig | None = None,
     *,
     filesystem: GivenFileSystem | None = None,
+    early: EarlyListing | None = None,
 ) -> Listing:
     """List the data files of ``path``.
 
@@ -282,6 +380,8 @@ def list_files(
         fetch: Retries and the time budget of each request to remote storage.
         filesystem: The user's filesystem object (``filesystem=``), used for every
             request instead of one built from ``storage_options``.
+        early: The listing of ``path`` already sent (:func:`start_listing`): its first
+            attempt is that request.
 
     Returns:
         The filesystem and the files, sorted and without duplicates. Hidden files and
@@ -328,7 +428,8 @@ def list_files(
     fs = spec
     files: dict[str, ListedFile] = {}
     skipped = 0
-    for found, n_skipped in _map(fs, lambda p: _list_one(fs, p, config), stripped_paths):
+    first = early if len(stripped_paths) == 1 else None
+    for found, n_skipped in _map(fs, lambda p: _list_one(fs, p, config, first), stripped_paths):
         skipped += n_skipped
         for f in found:
             files.setdefault(f.path, f)

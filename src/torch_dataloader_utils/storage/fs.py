@@ -31,7 +31,10 @@ botocore's CPU. Every request is counted by kind
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import functools
+import inspect
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -437,6 +440,23 @@ class FileSystemSpec(RedactedRepr):
         elif name in CALL_KINDS:
             count_request(CALL_KINDS[name], received, sent)
         return out
+
+    def start_call(self, name: str, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | None:
+        """:meth:`call`, started on the client's event loop and returned at once, or ``None``.
+
+        Only through the library's own asynchronous client, whose every request is
+        counted by its botocore hook (s3fs): the result is then the same as
+        :meth:`call`'s, whoever waits for it, and cancelling the future stops the call
+        (a listing between two pages). The caller bounds its wait (:attr:`deadline`).
+        """
+        if self.is_local or self.user is not None:
+            return None
+        client = self.fsspec()
+        coroutine = getattr(client, f"_{name}", None)
+        if not getattr(client, _WATCHED, False) or not inspect.iscoroutinefunction(coroutine):
+            return None
+        assert coroutine is not None
+        return asyncio.run_coroutine_threadsafe(coroutine(*args, **kwargs), client.loop)
 
     @property
     def observes(self) -> bool:
