@@ -51,6 +51,7 @@ from torch_dataloader_utils.storage.handles import Handles
 from torch_dataloader_utils.storage.native_s3 import check_native
 from torch_dataloader_utils.storage.redact import RedactedRepr, redact
 from torch_dataloader_utils.storage.requests import CALL_KINDS, count_bytes, count_request, watch_botocore
+from torch_dataloader_utils.storage.timestamps import use_fast_timestamps
 
 __all__ = [
     "METADATA_CONCURRENCY",
@@ -625,6 +626,7 @@ def _watch_s3fs(client: Any) -> None:
         botocore_client = sync(client.loop, connect)
         watch_botocore(client.session)  # clients made later from the session (other regions)
         watch_botocore(botocore_client.meta.events)
+        use_fast_timestamps(client.session, botocore_client)
     except Exception:  # the first request raises it again, as a listing's or a read's error
         return
     setattr(client, _WATCHED, True)
