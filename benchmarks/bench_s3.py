@@ -4,7 +4,7 @@ Run one section per command (each is one command, for reruns on a quiet machine)
 
     PYTHONPATH=src:. python benchmarks/bench_s3.py --section latency --repeats 5 [--baseline-src OLD/src]
     PYTHONPATH=src:. python benchmarks/bench_s3.py --section requests --baseline-src /path/to/old/src
-    PYTHONPATH=src:. python benchmarks/bench_s3.py --section startup --repeats 5
+    PYTHONPATH=src:. python benchmarks/bench_s3.py --section startup --repeats 5 [--baseline-src OLD/src]
     PYTHONPATH=src:. python benchmarks/bench_s3.py --section coalesce
     PYTHONPATH=src:. python benchmarks/bench_s3.py --section data-path --repeats 3
 
@@ -357,7 +357,37 @@ def bench_requests(
     return lines
 
 
-def bench_startup(store: Store, tmp: Path, repeats: int, files: int, delay: float) -> list[str]:
+_FIRST_BATCH_RUN = """
+import json, sys, time
+from torch_dataloader_utils import create_dataloader
+url, options = json.loads(sys.argv[1])
+seconds = []
+for _ in range(2):  # the first warms imports and clients up; the second is timed
+    began = time.perf_counter()
+    loader, _ = create_dataloader(url, storage_options=options, num_workers=0)
+    next(iter(loader))
+    seconds.append(time.perf_counter() - began)
+print(json.dumps(seconds[-1]))
+"""
+
+
+def _first_batch_in(src: str, url: str, options: dict[str, Any]) -> float:
+    """Seconds to the first batch (after a warm-up start) in a process importing the library from ``src``."""
+    here = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(here)])}
+    out = subprocess.run(
+        [sys.executable, "-c", _FIRST_BATCH_RUN, json.dumps([url, options])],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def bench_startup(
+    store: Store, tmp: Path, repeats: int, files: int, delay: float, baseline: str | None = None
+) -> list[str]:
     """Seconds to the first batch over many small files, on ``latency://`` and on S3 behind the proxy."""
     import uuid
 
@@ -428,8 +458,17 @@ def bench_startup(store: Store, tmp: Path, repeats: int, files: int, delay: floa
         ("footers", "s3"): [],
     }
     run = {"library": library, "raw": raw}
+    trees: dict[str, str] = {}
+    if baseline:  # this tree and the baseline alike, in processes of their own
+        trees = {"this tree": str(Path(__file__).resolve().parents[1] / "src"), "baseline": baseline}
+        for tree in trees:
+            cases[(tree, "s3")] = []
     for _ in range(repeats):
         for who, where in cases:
+            if who in trees:
+                store.proxy.delay = delay
+                cases[(who, where)].append(_first_batch_in(trees[who], url, store.options()))
+                continue
             cases[(who, where)].append(footers() if who == "footers" else run[who](where))
     where_text = {
         "latency": f"`latency://` (local files, {delay * 1000:g} ms per request)",
@@ -449,6 +488,8 @@ def bench_startup(store: Store, tmp: Path, repeats: int, files: int, delay: floa
             "library": f"library (listing, {files:,} footers read concurrently, then the first chunk)",
             "raw": "raw pyarrow dataset (lists, reads only the first file)",
             "footers": f"raw pyarrow, every footer (lists, {files:,} sized fragments' metadata, 64 threads)",
+            "this tree": "this tree, in a process of its own (second start of the process)",
+            "baseline": f"baseline ({baseline}), the same way",
         }[who]
         lines.append(f"| {name} | {where_text[where]} | {_spread(values)} |")
     return lines
@@ -556,8 +597,8 @@ def main() -> None:
     parser.add_argument("--startup-ms", type=float, default=10.0)
     parser.add_argument(
         "--baseline-src",
-        help="another copy of the library's src/ (requests section; latency section: both trees' epochs "
-        "then run in processes of their own, interleaved)",
+        help="another copy of the library's src/ (requests section; latency and startup sections: both "
+        "trees then run in processes of their own, interleaved)",
     )
     args = parser.parse_args()
     wanted = set(sections) if args.section == "all" else {args.section}
@@ -573,7 +614,9 @@ def main() -> None:
         if store is not None and "requests" in wanted:
             out += ["## Requests per epoch", "", *bench_requests(store, big, args.baseline_src), ""]
         if store is not None and "startup" in wanted:
-            lines = bench_startup(store, tmp, args.repeats, args.startup_files, args.startup_ms / 1000)
+            lines = bench_startup(
+                store, tmp, args.repeats, args.startup_files, args.startup_ms / 1000, args.baseline_src
+            )
             out += ["## Startup", "", *lines, ""]
         if "coalesce" in wanted:
             out += ["## Coalescing", "", *bench_coalesce(tmp), ""]
