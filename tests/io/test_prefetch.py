@@ -18,6 +18,7 @@ from torch_dataloader_utils.config import FetchConfig, parse_read_ahead
 from torch_dataloader_utils.io.ahead import AHEAD_ITEMS
 from torch_dataloader_utils.io.prefetch import (
     COALESCE_HOLE,
+    FETCH_THREADS,
     READ_AHEAD_CHUNKS,
     ChunkSource,
     PlanOrderPool,
@@ -209,7 +210,24 @@ def test_read_ahead_survives_a_fork(tmp_path: Path) -> None:
     source._pid = -1  # as seen from a DataLoader worker forked after the source was used
     source.schedule(chunks)
     source.open(chunks[0])
-    assert sorted(source._pending) == list(range(1, min(len(chunks), 1 + READ_AHEAD_CHUNKS)))
+    assert sorted(source._pending) == list(range(1, min(len(chunks), 1 + source.ahead_chunks(1))))
+    source.close()
+
+
+def test_a_pass_starts_fetching_as_many_chunks_ahead_as_requests_in_flight_then_more(tmp_path: Path) -> None:
+    """Small chunks: 8 ahead at the start (the first batch's chunks first), up to 32 as the pass goes on."""
+    write_parquet_files(tmp_path, [100] * 60, row_group_size=100)
+    _loader, dataset, _ = _latency_dataset(tmp_path)
+    source: ChunkSource = dataset._reader._source  # type: ignore[attr-defined]
+    chunks = dataset.worker_chunks()  # type: ignore[attr-defined]
+    assert len(chunks) == 60
+    source.schedule(chunks)
+    source.open(chunks[0])
+    assert sorted(source._pending) == list(range(1, 1 + FETCH_THREADS))  # 8, not 32
+    for i in range(1, 41):
+        source.open(chunks[i])
+    assert sorted(source._pending) == list(range(41, 41 + FETCH_THREADS + 41 // 4))
+    assert source.ahead_chunks(10_000) == READ_AHEAD_CHUNKS
     source.close()
 
 
