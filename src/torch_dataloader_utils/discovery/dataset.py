@@ -26,7 +26,7 @@ from torch_dataloader_utils.discovery.cache import (
 )
 from torch_dataloader_utils.discovery.columns import check_columns, check_filter, filter_fields
 from torch_dataloader_utils.discovery.exchange import LOCAL, Exchange
-from torch_dataloader_utils.discovery.listing import EarlyListing, list_files, start_listing
+from torch_dataloader_utils.discovery.listing import list_files, start_listing
 from torch_dataloader_utils.discovery.manifest import MANIFEST_NAME, Manifest, find_manifest
 from torch_dataloader_utils.discovery.metadata import (
     FILES_SCHEMA,
@@ -546,45 +546,37 @@ def _parquet_head(
         # The listing goes out beside the manifest's search: one round trip, not two.
         early = start_listing(path, dict(source.storage_options or {}), fetch, user)
     try:
-        return _parquet_head_listed(path, source, fetch, listed, key, user, early)
+        if source.use_manifest is not False:
+            found = find_manifest(
+                path,
+                source.storage_options,
+                required=source.use_manifest is True,
+                fetch=fetch,
+                filesystem=user,
+            )
+            if found is not None:
+                return _Head(b"", None, None, None, found)
+        trusted: str | None = None
+        trust = _cache_spec(source, listed[0], fetch) if listed is not None else None
+        if trust is not None and source.metadata_cache_check == "on_open":
+            got = _trusted_head(trust, key, fetch)
+            if isinstance(got, _Head):
+                return got
+            trusted = got
+        listing = list_files(path, dict(source.storage_options or {}), fetch, filesystem=user, early=early)
+        table = listing_table(listing.files)
+        cache = _cache_spec(source, listing.fs, fetch)
+        loaded = load_cache(*cache, table, key, fetch) if cache is not None else None
+        if isinstance(loaded, CacheHit):
+            if trusted is not None:  # usable with the listing only (e.g. written by an older version)
+                log.info("%s; listed the files to validate it", trusted)
+            kept = loaded.table.drop_columns(list(_LISTING_COLUMNS))
+            return _Head(to_ipc(table), loaded.first_footer, to_ipc(kept), None)
+        note = f"{loaded}; reading the footers again and rewriting it" if isinstance(loaded, str) else None
+        return _Head(to_ipc(table), None, None, note)
     finally:
         if early is not None:
             early.cancel()  # a no-op once it was used
-
-
-def _parquet_head_listed(
-    path: str | Sequence[str],
-    source: FileSourceConfig,
-    fetch: FetchConfig,
-    listed: tuple[FileSystemSpec, str] | None,
-    key: CacheKey,
-    user: GivenFileSystem | None,
-    early: EarlyListing | None,
-) -> _Head:
-    if source.use_manifest is not False:
-        found = find_manifest(
-            path, source.storage_options, required=source.use_manifest is True, fetch=fetch, filesystem=user
-        )
-        if found is not None:
-            return _Head(b"", None, None, None, found)
-    trusted: str | None = None
-    trust = _cache_spec(source, listed[0], fetch) if listed is not None else None
-    if trust is not None and source.metadata_cache_check == "on_open":
-        got = _trusted_head(trust, key, fetch)
-        if isinstance(got, _Head):
-            return got
-        trusted = got
-    listing = list_files(path, dict(source.storage_options or {}), fetch, filesystem=user, early=early)
-    table = listing_table(listing.files)
-    cache = _cache_spec(source, listing.fs, fetch)
-    loaded = load_cache(*cache, table, key, fetch) if cache is not None else None
-    if isinstance(loaded, CacheHit):
-        if trusted is not None:  # usable with the listing only (e.g. written by an older version)
-            log.info("%s; listed the files to validate it", trusted)
-        kept = loaded.table.drop_columns(list(_LISTING_COLUMNS))
-        return _Head(to_ipc(table), loaded.first_footer, to_ipc(kept), None)
-    note = f"{loaded}; reading the footers again and rewriting it" if isinstance(loaded, str) else None
-    return _Head(to_ipc(table), None, None, note)
 
 
 class _FirstFooter:
