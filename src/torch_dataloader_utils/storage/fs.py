@@ -46,6 +46,7 @@ import fsspec
 import pyarrow.fs as pafs
 
 from torch_dataloader_utils.errors import ConfigError
+from torch_dataloader_utils.storage.botocore_data import session_with_shared_data
 from torch_dataloader_utils.storage.calls import bounded_call, describe_endpoint
 from torch_dataloader_utils.storage.handles import Handles
 from torch_dataloader_utils.storage.native_s3 import check_native
@@ -621,6 +622,8 @@ def _watch_s3fs(client: Any) -> None:
     if connect is None:
         return
     try:
+        if getattr(client, "session", False) is None:  # s3fs makes its session in set_session
+            client.session = session_with_shared_data(getattr(client, "kwargs", {}))
         from fsspec.asyn import sync
 
         botocore_client = sync(client.loop, connect)
