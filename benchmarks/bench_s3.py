@@ -159,29 +159,38 @@ def load() -> str:
 _EPOCH_RUN = """
 import json, sys, time
 from torch_dataloader_utils import create_dataloader
-url, options, columns, workers = json.loads(sys.argv[1])
+url, options, columns, workers, more = json.loads(sys.argv[1])
 def epoch():
     extra = {"multiprocessing_context": "fork"} if workers else {}
+    extra.update(more)
+    began = time.perf_counter()
     loader, _ = create_dataloader(url, storage_options=options, batch_size=65536, output_format="arrow",
         columns=columns, num_workers=workers, **extra)
-    return sum(b.num_rows for b in loader)
+    built = time.perf_counter() - began
+    return sum(b.num_rows for b in loader), built
 epoch()  # warm-up at the same latency: imports, clients, connections
 began = time.perf_counter()
-rows = epoch()
-print(json.dumps([rows, time.perf_counter() - began]))
+rows, built = epoch()
+print(json.dumps([rows, time.perf_counter() - began, built]))
 """
 
 
-def _epoch_in(src: str, url: str, options: dict[str, Any], workers: int) -> tuple[int, Any, float]:
-    """One epoch (after a warm-up one) in a process of its own importing the library from ``src``."""
+def _epoch_in(
+    src: str, url: str, options: dict[str, Any], workers: int, **more: Any
+) -> tuple[int, Any, float, float]:
+    """One epoch (after a warm-up one) in a process of its own importing the library from ``src``.
+
+    ``more``: other keywords of ``create_dataloader``. Returns its rows, ``None``, its
+    seconds and the seconds ``create_dataloader`` took.
+    """
     here = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(here)])}
-    args = json.dumps([url, options, COLUMNS, workers])
+    args = json.dumps([url, options, COLUMNS, workers, more])
     out = subprocess.run(
         [sys.executable, "-c", _EPOCH_RUN, args], env=env, capture_output=True, text=True, check=True
     )
-    rows, seconds = json.loads(out.stdout.strip().splitlines()[-1])
-    return int(rows), None, float(seconds)
+    rows, seconds, built = json.loads(out.stdout.strip().splitlines()[-1])
+    return int(rows), None, float(seconds), float(built)
 
 
 def bench_latency(
@@ -190,7 +199,7 @@ def bench_latency(
     url, paths = store.upload(root, "latency")
     rows_total = sum(pq.read_metadata(p).num_rows for p in sorted(root.glob("*.parquet")))
     floor_fs = native_fs(store.endpoint)
-    cases: dict[str, Callable[[], tuple[int, Any] | tuple[int, Any, float]]] = {
+    cases: dict[str, Callable[[], tuple[int, Any] | tuple[int, Any, float, float]]] = {
         "library, num_workers=0": lambda: library_rows(url, store.options(), columns=COLUMNS),
         "library, num_workers=2": lambda: library_rows(url, store.options(), columns=COLUMNS, num_workers=2),
         "floor: pyarrow pre_buffer=True": lambda: (raw_rows(floor_fs, paths, COLUMNS, pre_buffer=True), None),
@@ -203,9 +212,18 @@ def bench_latency(
                 cases[f"{tree}, num_workers={workers}"] = functools.partial(
                     _epoch_in, src, url, store.options(), workers
                 )
+        # The start made for restarts: footers and file list from a warm metadata cache,
+        # each file checked by its first read's response (no listing, no footer GET).
+        meta = str(root.parent / "latency-meta.parquet")
+        cached = {"metadata_cache": meta, "metadata_cache_check": "on_open"}
+        for workers in (0, 2):
+            cases[f"this tree, num_workers={workers}, warm metadata_cache (on_open)"] = functools.partial(
+                _epoch_in, here, url, store.options(), workers, **cached
+            )
     times: dict[tuple[str, float], list[float]] = {}
     requests: dict[tuple[str, float], Any] = {}
     chains: dict[tuple[int, float], list[float]] = {}
+    builds: dict[tuple[str, float], list[float]] = {}  # seconds in create_dataloader (own processes)
     wire = _WireChain(store, url)
     loads = [load()]
     for name, fn in cases.items():  # warm-up: connections, imports
@@ -220,9 +238,11 @@ def bench_latency(
                 store.proxy.reset()
                 began = time.perf_counter()
                 got = fn()
-                took = got[2] if len(got) == 3 else time.perf_counter() - began
+                took = got[2] if len(got) == 4 else time.perf_counter() - began
                 rows, counted = got[0], got[1]
                 times.setdefault((name, d), []).append(took)
+                if len(got) == 4:
+                    builds.setdefault((name, d), []).append(got[3])
                 assert rows == rows_total, name
                 requests[(name, d)] = (store.proxy.counts(), counted)
             for steps in (2, 3):
@@ -250,6 +270,30 @@ def bench_latency(
         "",
         "Ratio: rows/s at the added latency over rows/s at 0 ms (time at 0 ms / time at the latency).",
         "",
+    ]
+    if builds:
+        lines += [
+            "**Before any worker starts** (same runs): `create_dataloader` lists the directory and reads "
+            "the footers, each round trip waiting for the one before, and a DataLoader's workers are "
+            "forked only when the loop starts, with the plan those make. What the latency adds there "
+            "shows in the epoch whatever the workers hide after it: the last column is the ratio an "
+            "epoch would have if nothing else showed it.",
+            "",
+            f"| reader | building the dataset, 0 ms | {ms} | added | ratio if only that showed |",
+            "|---|---|---|---|---|",
+        ]
+        for name in cases:
+            if (name, 0.0) not in builds:
+                continue
+            zero, slow = builds[(name, 0.0)], builds[(name, delay)]
+            added = statistics.median(slow) - statistics.median(zero)
+            epoch0 = statistics.median(times[(name, 0.0)])
+            lines.append(
+                f"| {name} | {_spread(zero)} | {_spread(slow)} | {added * 1000:.0f} ms | "
+                f"{epoch0 / (epoch0 + added):.2f} |"
+            )
+        lines.append("")
+    lines += [
         "**The wire** (same runs): requests that each wait for the one before, which no reader "
         "given a directory avoids (its names, then bytes), and what the latency adds to them. A reader "
         "whose epoch is longer than the chain can hide part of it behind its own work (the footers "

@@ -145,7 +145,7 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__version__ = "0.8.1"
+__version__ = "0.8.2"
 
 __all__ = [
     "BadDataError",
