@@ -159,7 +159,7 @@ def load() -> str:
 _EPOCH_RUN = """
 import json, sys, time
 from torch_dataloader_utils import create_dataloader
-url, options, columns, workers, more = json.loads(sys.argv[1])
+url, options, columns, workers, more, again = json.loads(sys.argv[1])
 def epoch():
     extra = {"multiprocessing_context": "fork"} if workers else {}
     extra.update(more)
@@ -167,30 +167,38 @@ def epoch():
     loader, _ = create_dataloader(url, storage_options=options, batch_size=65536, output_format="arrow",
         columns=columns, num_workers=workers, **extra)
     built = time.perf_counter() - began
-    return sum(b.num_rows for b in loader), built
-epoch()  # warm-up at the same latency: imports, clients, connections
-began = time.perf_counter()
-rows, built = epoch()
-print(json.dumps([rows, time.perf_counter() - began, built]))
+    return sum(b.num_rows for b in loader), built, loader
+rows, built, loader = epoch()  # warm-up at the same latency: imports, clients, connections
+if again:  # the next epoch of that loader: nothing listed or read but the epoch's own bytes
+    loader.set_epoch(1)
+    began = time.perf_counter()
+    rows = sum(b.num_rows for b in loader)
+    print(json.dumps([rows, time.perf_counter() - began, 0.0, loader.metrics().request_counts.total]))
+else:
+    began = time.perf_counter()
+    rows, built, _ = epoch()
+    print(json.dumps([rows, time.perf_counter() - began, built, None]))
 """
 
 
 def _epoch_in(
-    src: str, url: str, options: dict[str, Any], workers: int, **more: Any
+    src: str, url: str, options: dict[str, Any], workers: int, again: bool = False, **more: Any
 ) -> tuple[int, Any, float, float]:
     """One epoch (after a warm-up one) in a process of its own importing the library from ``src``.
 
-    ``more``: other keywords of ``create_dataloader``. Returns its rows, ``None``, its
-    seconds and the seconds ``create_dataloader`` took.
+    ``more``: other keywords of ``create_dataloader``. ``again``: the timed epoch is the
+    warm-up loader's next one (no dataset built). Returns its rows, its requests as the
+    loader's metrics count them when ``again`` (else ``None``), its seconds and the
+    seconds ``create_dataloader`` took (0 when ``again``).
     """
     here = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(here)])}
-    args = json.dumps([url, options, COLUMNS, workers, more])
+    args = json.dumps([url, options, COLUMNS, workers, more, again])
     out = subprocess.run(
         [sys.executable, "-c", _EPOCH_RUN, args], env=env, capture_output=True, text=True, check=True
     )
-    rows, seconds, built = json.loads(out.stdout.strip().splitlines()[-1])
-    return int(rows), None, float(seconds), float(built)
+    rows, seconds, built, counted = json.loads(out.stdout.strip().splitlines()[-1])
+    return int(rows), counted, float(seconds), float(built)
 
 
 def bench_latency(
@@ -220,6 +228,11 @@ def bench_latency(
             cases[f"this tree, num_workers={workers}, warm metadata_cache (on_open)"] = functools.partial(
                 _epoch_in, here, url, store.options(), workers, **cached
             )
+        # A training run's every epoch after its first: the same loader, nothing built.
+        for workers in (0, 2):
+            cases[f"this tree, num_workers={workers}, the same loader's next epoch"] = functools.partial(
+                _epoch_in, here, url, store.options(), workers, True
+            )
     times: dict[tuple[str, float], list[float]] = {}
     requests: dict[tuple[str, float], Any] = {}
     chains: dict[tuple[int, float], list[float]] = {}
@@ -241,7 +254,7 @@ def bench_latency(
                 took = got[2] if len(got) == 4 else time.perf_counter() - began
                 rows, counted = got[0], got[1]
                 times.setdefault((name, d), []).append(took)
-                if len(got) == 4:
+                if len(got) == 4 and got[3] > 0:
                     builds.setdefault((name, d), []).append(got[3])
                 assert rows == rows_total, name
                 requests[(name, d)] = (store.proxy.counts(), counted)
@@ -260,11 +273,14 @@ def bench_latency(
         zero, slow = times[(name, 0.0)], times[(name, delay)]
         ratio = statistics.median(zero) / statistics.median(slow)
         seen, counted = requests[(name, delay)]
-        if name.startswith(("this tree", "baseline")):  # the warm-up epoch and the timed one
-            seen = Counter({k: v // 2 for k, v in seen.items()})
-        kinds = ", ".join(f"{v} {k}" for k, v in sorted(seen.items()))
-        if counted is not None:
-            kinds += f" (metrics: {counted.total})"
+        if isinstance(counted, int):  # the next epoch of a loader: the process also built it
+            kinds = f"{counted} (its metrics)"
+        else:
+            if name.startswith(("this tree", "baseline")):  # the warm-up epoch and the timed one
+                seen = Counter({k: v // 2 for k, v in seen.items()})
+            kinds = ", ".join(f"{v} {k}" for k, v in sorted(seen.items()))
+            if counted is not None:
+                kinds += f" (metrics: {counted.total})"
         lines.append(f"| {name} | {_spread(zero)} | {_spread(slow)} | **{ratio:.2f}** | {kinds} |")
     lines += [
         "",
