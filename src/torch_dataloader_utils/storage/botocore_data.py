@@ -14,34 +14,27 @@ session a user passes keeps its own.
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["session_with_shared_data"]
 
 _LOADER: Any = None
-_LOCK = threading.Lock()
-
-
-def _after_fork() -> None:
-    global _LOCK
-    _LOCK = threading.Lock()  # a thread of the parent may have held it at the fork
-
-
-os.register_at_fork(after_in_child=_after_fork)
+"""This process's botocore data loader (a forked worker inherits its parent's, parsed)."""
 
 
 def session_with_shared_data(kwargs: Mapping[str, Any]) -> Any:
-    """A new aiobotocore session (``AioSession(**kwargs)``) that loads botocore's data once per process."""
+    """A new aiobotocore session (``AioSession(**kwargs)``) that loads botocore's data once per process.
+
+    Two threads making the first sessions at once may each keep a loader of their own;
+    either is a complete one, and the later sessions share whichever was kept.
+    """
     from aiobotocore.session import AioSession  # type: ignore[import-untyped]
 
     global _LOADER
     session = AioSession(**kwargs)
-    with _LOCK:
-        if _LOADER is None:
-            _LOADER = session.get_component("data_loader")
-        else:
-            session.register_component("data_loader", _LOADER)
+    if _LOADER is None:
+        _LOADER = session.get_component("data_loader")
+    else:
+        session.register_component("data_loader", _LOADER)
     return session
